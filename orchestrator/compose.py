@@ -1,0 +1,79 @@
+"""Compose a typed config from conf/, a recipe and command-line overrides (Hydra).
+
+The root schema (schema.AudioLLMConfig) is registered as `base_config`, so a key
+that does not exist or a value of the wrong type fails here with its full path.
+recipes/*.yaml are registered as the `recipe` group (they live outside conf/ so
+that a recipe is one visible file per reproducible run).
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+from omegaconf import DictConfig, OmegaConf
+
+from orchestrator import paths
+
+DEFAULT_RECIPE = "tiny_cpu"
+
+
+class ComposeError(ValueError):
+    """The configuration could not be composed (unknown key, wrong type, unknown recipe)."""
+
+
+_registered = False
+
+
+def _register() -> None:
+    global _registered
+    if _registered:
+        return
+    from hydra.core.config_store import ConfigStore
+
+    from orchestrator.schema import AudioLLMConfig
+
+    store = ConfigStore.instance()
+    store.store(name="base_config", node=AudioLLMConfig)
+    for path in sorted(paths.recipes_dir().glob("*.yaml")):
+        store.store(group="recipe", name=path.stem, node=OmegaConf.load(path), package="_global_")
+    _registered = True
+
+
+def with_default_recipe(overrides: Sequence[str]) -> list[str]:
+    """`recipe=X` is accepted for `+recipe=X`; no recipe at all means the default one."""
+    out: list[str] = []
+    has_recipe = False
+    for item in overrides:
+        key = item.split("=", 1)[0]
+        if key in ("recipe", "+recipe", "++recipe"):
+            has_recipe = True
+            item = "+recipe=" + item.split("=", 1)[1] if "=" in item else item
+        out.append(item)
+    if not has_recipe:
+        out.insert(0, f"+recipe={DEFAULT_RECIPE}")
+    return out
+
+
+def compose(overrides: Sequence[str] = ()) -> DictConfig:
+    """Compose the config for `overrides` (Hydra override syntax). Raises ComposeError."""
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
+
+    _register()
+    overrides = with_default_recipe(overrides)
+    try:
+        with initialize_config_dir(str(paths.conf_dir()), version_base=None):
+            cfg = hydra_compose("config", overrides=overrides)
+    except (HydraException, OmegaConfBaseException) as exc:
+        raise ComposeError(_explain(exc, overrides)) from None
+    return cfg
+
+
+def _explain(exc: Exception, overrides: Sequence[str]) -> str:
+    text = str(exc).strip()
+    cause = exc.__cause__ or exc.__context__
+    if cause is not None and str(cause).strip() and str(cause).strip() not in text:
+        text += "\n" + str(cause).strip()
+    return f"invalid configuration (overrides: {' '.join(overrides)}):\n{text}"

@@ -1,0 +1,35 @@
+"""Typed schemas of the configuration: one dataclass per Hydra group.
+
+YAML under conf/ and recipes/ holds values; these dataclasses hold types, defaults
+and the meaning of every field. Python computes derived values (resolve.py).
+A key that is not declared here, or a value of the wrong type, fails at compose
+time with the key's full path.
+"""
+
+from orchestrator.schema.data import DataConfig, DatasetEntry
+from orchestrator.schema.launcher import LauncherConfig
+from orchestrator.schema.logger import LoggerConfig
+from orchestrator.schema.lora import LoraConfig, LrGroup
+from orchestrator.schema.model import AdapterConfig, DecoderConfig, EncoderConfig, ModelConfig
+from orchestrator.schema.optim import OptimConfig
+from orchestrator.schema.parallel import ParallelConfig, RecomputeConfig
+from orchestrator.schema.root import AudioLLMConfig, RunConfig, TrainConfig
+
+__all__ = [
+    "AdapterConfig",
+    "AudioLLMConfig",
+    "DataConfig",
+    "DatasetEntry",
+    "DecoderConfig",
+    "EncoderConfig",
+    "LauncherConfig",
+    "LoggerConfig",
+    "LoraConfig",
+    "LrGroup",
+    "ModelConfig",
+    "OptimConfig",
+    "ParallelConfig",
+    "RecomputeConfig",
+    "RunConfig",
+    "TrainConfig",
+]

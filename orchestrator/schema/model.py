@@ -1,0 +1,68 @@
+"""`model` group: the AudioLLM = Whisper-style speech encoder -> adapter -> Gemma2 decoder."""
+
+from dataclasses import dataclass, field
+from typing import Optional
+
+from omegaconf import MISSING
+
+
+@dataclass
+class DecoderConfig:
+    """Gemma2 decoder. HF `Gemma2Config` names are given where ours differ."""
+
+    hidden_size: int = MISSING
+    num_layers: int = MISSING  # HF num_hidden_layers
+    num_attention_heads: int = MISSING
+    num_query_groups: int = MISSING  # HF num_key_value_heads (grouped-query attention)
+    kv_channels: int = MISSING  # HF head_dim; Gemma2 uses 256, not hidden/heads
+    ffn_hidden_size: int = MISSING  # HF intermediate_size (GeGLU, tanh GELU)
+    vocab_size: int = MISSING  # before padding; padded to a multiple of 128*TP
+    max_position_embeddings: int = 8192
+    rope_theta: float = 10000.0
+    norm_eps: float = 1e-6  # RMSNorm computes x*rsqrt(mean(x^2)+eps)*(1+w) in fp32
+    # Sliding-window attention on layers whose 0-based index is even (HF layer_types);
+    # the window includes the current token: 4096 means Megatron window_size=(4095, 0).
+    sliding_window: int = 4096
+    query_pre_attn_scalar: float = 256.0  # queries scaled by query_pre_attn_scalar**-0.5
+    attn_logit_softcap: Optional[float] = 50.0  # cap*tanh(score/cap) before the mask
+    final_logit_softcap: Optional[float] = 30.0  # cap*tanh(logit/cap) before the loss
+    tie_embeddings: bool = True
+    freeze: bool = False  # freeze every base decoder weight (LoRA adapters stay trainable)
+
+
+@dataclass
+class EncoderConfig:
+    """Whisper encoder (HF `WhisperEncoder`), run in fp32."""
+
+    d_model: int = MISSING
+    num_layers: int = MISSING  # HF encoder_layers
+    num_heads: int = MISSING  # HF encoder_attention_heads
+    ffn_dim: int = MISSING  # HF encoder_ffn_dim
+    num_mel_bins: int = 128  # whisper-large-v3: 128; the data side computes this many bins
+    # Positions after the stride-2 conv: 1500 for 30-s windows (3000 mel frames).
+    # A small encoder can use a shorter window sized to its clips.
+    max_source_positions: int = 1500
+    freeze: bool = True
+
+
+@dataclass
+class AdapterConfig:
+    """Weighted sum of encoder layer outputs -> LayerNorm -> concat `frame_stack`
+    frames -> Linear(k*d, k*d) -> SiLU -> Dropout -> Linear(k*d, decoder hidden)."""
+
+    frame_stack: int = 5  # 1500 encoder frames -> 300 tokens per 30 s
+    dropout: float = 0.1
+    freeze: bool = False
+
+
+@dataclass
+class ModelConfig:
+    name: str = MISSING
+    # local: pure PyTorch attention (CPU and GPU; the reference). te: TransformerEngine (GPU only).
+    backend: str = "local"
+    decoder: DecoderConfig = field(default_factory=DecoderConfig)
+    encoder: EncoderConfig = field(default_factory=EncoderConfig)
+    adapter: AdapterConfig = field(default_factory=AdapterConfig)
+    # Optional initial weights: a converted megatron checkpoint directory
+    # (`audiollm convert hf-to-megatron`). None means random initialisation.
+    init_checkpoint: Optional[str] = None

@@ -1,0 +1,45 @@
+"""The root config: every group plus the run and training-loop sections."""
+
+from dataclasses import dataclass, field
+from typing import Optional
+
+from orchestrator.schema.data import DataConfig
+from orchestrator.schema.launcher import LauncherConfig
+from orchestrator.schema.logger import LoggerConfig
+from orchestrator.schema.lora import LoraConfig
+from orchestrator.schema.model import ModelConfig
+from orchestrator.schema.optim import OptimConfig
+from orchestrator.schema.parallel import ParallelConfig
+
+
+@dataclass
+class TrainConfig:
+    iters: int = 1000  # optimizer steps
+    log_interval: int = 10
+    eval_interval: int = 0  # 0: evaluate only at the end
+    eval_iters: int = 10
+    save_interval: int = 0  # 0: save only at the end and on preemption
+    keep_last: int = 2  # checkpoints kept
+    seed: int = 1234
+
+
+@dataclass
+class RunConfig:
+    experiment: str = "default"
+    name: Optional[str] = None  # default: recipe name + timestamp
+    output_root: str = "outputs"  # run directory: <output_root>/<experiment>/<name>/
+    resume: str = "auto"  # auto: continue the run directory's latest checkpoint | never
+
+
+@dataclass
+class AudioLLMConfig:
+    recipe: Optional[str] = None  # name of the recipe this config came from
+    model: ModelConfig = field(default_factory=ModelConfig)
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    lora: LoraConfig = field(default_factory=LoraConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    launcher: LauncherConfig = field(default_factory=LauncherConfig)
+    logger: LoggerConfig = field(default_factory=LoggerConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    run: RunConfig = field(default_factory=RunConfig)
