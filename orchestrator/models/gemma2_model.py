@@ -14,7 +14,6 @@ block, pipeline stages, vocab-parallel cross entropy. What this subclass adds:
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Optional
 
@@ -24,6 +23,7 @@ from megatron.core import parallel_state, tensor_parallel
 from megatron.core.models.gpt import GPTModel
 from megatron.core.transformer import TransformerConfig
 
+from orchestrator.model_params import padded_vocab
 from orchestrator.models.gemma2_spec import gemma2_block_spec
 
 
@@ -43,8 +43,8 @@ class Gemma2TransformerConfig(TransformerConfig):
 
 
 def padded_vocab_size(vocab_size: int, tp: int, divisible_by: int = 128) -> int:
-    multiple = divisible_by * tp
-    return int(math.ceil(vocab_size / multiple) * multiple)
+    """Vocabulary rows of the embedding: a multiple of 128*tp."""
+    return padded_vocab(vocab_size, tp, divisible_by)
 
 
 def gemma2_transformer_config(decoder, tp: int = 1, pp: int = 1, sp: bool = False,

@@ -1,0 +1,254 @@
+"""Parity of our megatron models with plain HF references (CPU, fp32), several parallel
+layouts and deliberately wrong variants in one process launch:
+
+- Gemma2 decoder vs HF Gemma2ForCausalLM (eager) on the same weights;
+- AudioLLM vs a reference assembled from HF modules: HF WhisperEncoder -> the adapter
+  math written out here -> HF Gemma2 with inputs_embeds.
+
+Prints one `RESULT <json>` line per case from the rank holding the full logits.
+Run: torchrun --nproc_per_node=2 tests/models/parity_script.py"""
+
+from __future__ import annotations
+
+import json
+
+import torch
+import torch.nn.functional as F
+
+from orchestrator.runtime.distributed import ParallelSizes, init_distributed, shutdown
+from tests.models.tiny_models import decoder_config, hf_gemma2
+
+SEQ, BATCH, DOCS = 24, 2, (11, 13)  # longer than the window (8)
+
+
+def cases():
+    good = [dict(name="tp1"), dict(name="tp2", tp=2), dict(name="pp2", pp=2), dict(name="tp2_sp", tp=2, sp=True),
+            dict(name="packed_tp1", packed=True), dict(name="packed_tp2_sp", tp=2, sp=True, packed=True)]
+    bad = [dict(name="bad_norm_offset", weights="norm_offset"),
+           dict(name="bad_window_parity", attention="inverted_parity"),
+           dict(name="bad_window_off_by_one", overrides={"sliding_window": 9}),
+           dict(name="bad_swiglu", overrides={"activation_func": F.silu}),
+           dict(name="bad_no_attn_softcap", overrides={"attn_logit_softcapping": None}),
+           dict(name="bad_no_final_softcap", overrides={"final_logit_softcapping": None})]
+    return good + bad
+
+
+def main() -> None:
+    from megatron.core import parallel_state as ps
+    from megatron.core.packed_seq_params import PackedSeqParams
+
+    from orchestrator.convert.gemma2_mapping import Gemma2Shape, hf_to_megatron_full, shard_megatron
+    from orchestrator.convert.megatron_forward import pipeline_forward
+    from orchestrator.models.attention import SoftcapDotProductAttention
+    from orchestrator.models.gemma2_model import Gemma2Model, gemma2_transformer_config
+
+    class InvertedParityAttention(SoftcapDotProductAttention):
+        """The known porting mistake: windows on odd layers instead of even ones."""
+
+        def __init__(self, config, *args, **kwargs):
+            super().__init__(config, *args, **kwargs)
+            self.window = None if self.window else config.sliding_window
+
+    hf = hf_gemma2(seed=0)
+    shape = Gemma2Shape.from_hf_config(hf.config)
+    dec = decoder_config(hf.config)
+    full = hf_to_megatron_full(hf.state_dict(), shape)
+    gen = torch.Generator().manual_seed(1)
+    tokens = torch.randint(0, shape.vocab_size, (BATCH, SEQ), generator=gen)
+    packed_tokens = torch.randint(0, shape.vocab_size, (1, sum(DOCS)), generator=gen)
+    with torch.no_grad():
+        ref = hf(tokens, labels=tokens)
+        docs = torch.split(packed_tokens, DOCS, dim=1)
+        doc_out = [hf(d, labels=d) for d in docs]
+        packed_ref_logits = torch.cat([o.logits for o in doc_out], dim=1)
+        # per-token loss summed over both documents (each predicts len-1 tokens)
+        packed_ref_loss = sum(o.loss * (d.shape[1] - 1) for o, d in zip(doc_out, docs)) / (sum(DOCS) - len(DOCS))
+
+    for case in cases():
+        tp, pp, sp, packed = case.get("tp", 1), case.get("pp", 1), case.get("sp", False), case.get("packed", False)
+        if ps.model_parallel_is_initialized():
+            ps.destroy_model_parallel()
+        init_distributed(ParallelSizes(tp=tp, pp=pp), seed=0)
+        cfg = gemma2_transformer_config(dec, tp=tp, pp=pp, sp=sp, **case.get("overrides", {}))
+        model = Gemma2Model(
+            cfg, dec.vocab_size, dec.max_position_embeddings,
+            pre_process=ps.is_pipeline_first_stage(), post_process=ps.is_pipeline_last_stage(),
+            rope_theta=dec.rope_theta,
+            core_attention=InvertedParityAttention if case.get("attention") == "inverted_parity" else None,
+        ).eval()
+        weights = dict(full)
+        if case.get("weights") == "norm_offset":  # model computing x*w: same as 1+w with w-1 stored
+            weights = {k: (v - 1.0 if "norm" in k else v) for k, v in weights.items()}
+        shard = shard_megatron(weights, shape, tp, pp)[(ps.get_tensor_model_parallel_rank(), ps.get_pipeline_model_parallel_rank())]
+        missing, unexpected = model.load_state_dict(shard, strict=False)
+        missing = [k for k in missing if not k.endswith("_extra_state")]
+        assert not missing and not unexpected, (missing, unexpected)
+
+        if packed:
+            toks = packed_tokens
+            cu = torch.tensor([0, DOCS[0], sum(DOCS)], dtype=torch.int32)
+            psp = PackedSeqParams(qkv_format="thd", cu_seqlens_q=cu, cu_seqlens_kv=cu,
+                                  max_seqlen_q=max(DOCS), max_seqlen_kv=max(DOCS))
+            positions = torch.cat([torch.arange(n) for n in DOCS])[None]
+            labels = torch.cat([torch.cat([d[:, 1:], d[:, :1]], dim=1) for d in docs], dim=1)
+            loss_mask = torch.ones_like(labels, dtype=torch.float)
+            loss_mask[0, DOCS[0] - 1] = 0.0
+            loss_mask[0, -1] = 0.0
+            ref_logits, ref_loss = packed_ref_logits, packed_ref_loss
+        else:
+            toks, psp = tokens, None
+            positions = torch.arange(SEQ)[None].expand(BATCH, -1)
+            labels = torch.cat([tokens[:, 1:], tokens[:, :1]], dim=1)
+            loss_mask = torch.ones_like(labels, dtype=torch.float)
+            loss_mask[:, -1] = 0.0
+            ref_logits, ref_loss = ref.logits, ref.loss
+
+        logits = pipeline_forward(model, lambda m: m(toks, positions, None, packed_seq_params=psp),
+                                  toks.shape[1], toks.shape[0])
+        token_loss = pipeline_forward(model, lambda m: m(toks, positions, None, labels=labels, packed_seq_params=psp),
+                                      toks.shape[1], toks.shape[0], gather_vocab=False)
+        if logits is not None and ps.get_tensor_model_parallel_rank() == 0 and ps.get_data_parallel_rank() == 0:
+            logits = logits[..., : shape.vocab_size]
+            loss = (token_loss * loss_mask).sum() / loss_mask.sum()
+            print("RESULT " + json.dumps({
+                "case": case["name"], "tp": tp, "pp": pp, "sp": sp, "packed": packed,
+                "max_abs_logit_diff": (logits - ref_logits).abs().max().item(),
+                "loss_diff": abs(loss.item() - ref_loss.item()), "loss": loss.item(),
+            }), flush=True)
+    audiollm_cases(hf, shape, full)
+    inventory_check(hf)
+    shutdown()
+
+
+AUDIO_TOKEN = 249  # last id of the tiny vocabulary (250)
+MEL_FRAMES, MEL_LENGTHS = 80, (80, 67)  # shorter than the encoder window (100): padded
+
+
+def reference_adapter(states, weights, lengths, frame_stack=5):
+    """The adapter written out with plain torch ops, independently of AudioAdapter."""
+    mix = torch.softmax(weights["adapter.layer_weights"], 0)
+    x = sum(mix[i] * s for i, s in enumerate(states))
+    x = F.layer_norm(x, x.shape[-1:], weights["adapter.norm.weight"], weights["adapter.norm.bias"], 1e-5)
+    rows = []
+    for i, n in enumerate(lengths):
+        tokens = ((n - 1) // 2 + 1) // frame_stack
+        rows.append(x[i, : tokens * frame_stack].reshape(tokens, -1))
+    y = F.linear(torch.cat(rows), weights["adapter.linear_1.weight"], weights["adapter.linear_1.bias"])
+    return F.linear(F.silu(y), weights["adapter.linear_2.weight"], weights["adapter.linear_2.bias"])
+
+
+def audiollm_cases(hf, shape, full) -> None:
+    from megatron.core import parallel_state as ps
+    from transformers.models.whisper.modeling_whisper import WhisperEncoder
+
+    from orchestrator.convert.gemma2_mapping import shard_megatron
+    from orchestrator.convert.megatron_forward import pipeline_forward
+    from orchestrator.models.audiollm import AudioLLM, build_audiollm
+    from orchestrator.models.fusion import fuse_audio
+    from orchestrator.schema.parallel import ParallelConfig
+    from tests.models.tiny_models import randomize, tiny_model_config, whisper_config
+
+    class ScaleBeforeFusion(AudioLLM):
+        """The known mistake: embeddings scaled before the audio is scattered in."""
+
+        def embed(self, input_ids, audio_features=None, audio_lengths=None, audio_clip_rows=None):
+            lm = self.language_model
+            emb = lm.embed_tokens(input_ids)
+            emb = emb * torch.tensor(lm.config.hidden_size**0.5, dtype=emb.dtype)
+            audio = self.audio_embeddings(audio_features, audio_lengths)
+            emb = fuse_audio(emb, input_ids, audio, self.audio_token_id,
+                             [self.adapter_tokens(n) for n in audio_lengths], audio_clip_rows)
+            return emb.transpose(0, 1).contiguous()
+
+    wcfg = whisper_config()
+    model_cfg = tiny_model_config(hf.config, wcfg)
+    hf_encoder = randomize(WhisperEncoder(wcfg), seed=2).eval()
+    gen = torch.Generator().manual_seed(3)
+    kd = 5 * wcfg.d_model
+    adapter_weights = {
+        "adapter.layer_weights": torch.randn(wcfg.encoder_layers, generator=gen),
+        "adapter.norm.weight": 1 + 0.3 * torch.randn(wcfg.d_model, generator=gen),
+        "adapter.norm.bias": 0.3 * torch.randn(wcfg.d_model, generator=gen),
+        "adapter.linear_1.weight": 0.1 * torch.randn(kd, kd, generator=gen),
+        "adapter.linear_1.bias": 0.1 * torch.randn(kd, generator=gen),
+        "adapter.linear_2.weight": 0.1 * torch.randn(shape.hidden_size, kd, generator=gen),
+        "adapter.linear_2.bias": 0.1 * torch.randn(shape.hidden_size, generator=gen),
+    }
+    features = torch.randn(2, wcfg.num_mel_bins, MEL_FRAMES, generator=gen)
+    tokens = torch.randint(0, AUDIO_TOKEN, (2, SEQ), generator=gen)
+    counts = [((n - 1) // 2 + 1) // 5 for n in MEL_LENGTHS]
+    tokens[0, 2: 2 + counts[0]] = AUDIO_TOKEN
+    tokens[1, 5: 5 + counts[1]] = AUDIO_TOKEN
+    with torch.no_grad():
+        window = 2 * wcfg.max_source_positions
+        padded = F.pad(features, (0, window - MEL_FRAMES))
+        states = hf_encoder(padded, output_hidden_states=True).hidden_states[1:]
+        audio = reference_adapter(states, adapter_weights, MEL_LENGTHS)
+        embeds = hf.model.embed_tokens(tokens)
+        embeds[tokens == AUDIO_TOKEN] = audio
+        ref = hf(inputs_embeds=embeds, labels=tokens)
+
+    encoder_weights = {"encoder." + k: v for k, v in hf_encoder.state_dict().items()}
+    for name, tp, pp, sp, cls in [("audiollm_tp1", 1, 1, False, AudioLLM), ("audiollm_tp2_sp", 2, 1, True, AudioLLM),
+                                  ("audiollm_pp2", 1, 2, False, AudioLLM),
+                                  ("bad_audiollm_scale_before_fusion", 1, 1, False, ScaleBeforeFusion)]:
+        if ps.model_parallel_is_initialized():
+            ps.destroy_model_parallel()
+        init_distributed(ParallelSizes(tp=tp, pp=pp), seed=0)
+        first, last = ps.is_pipeline_first_stage(), ps.is_pipeline_last_stage()
+        model = build_audiollm(model_cfg, ParallelConfig(tp=tp, pp=pp, sp=sp), pre_process=first,
+                               post_process=last, audio_token_id=AUDIO_TOKEN)
+        model = cls(model.language_model, model.encoder, model.adapter, AUDIO_TOKEN).eval()
+        shard = shard_megatron(full, shape, tp, pp)[(ps.get_tensor_model_parallel_rank(), ps.get_pipeline_model_parallel_rank())]
+        weights = {"language_model." + k: v for k, v in shard.items()}
+        if first:
+            weights.update(encoder_weights)
+            weights.update(adapter_weights)
+        missing, unexpected = model.load_state_dict(weights, strict=False)
+        missing = [k for k in missing if not k.endswith("_extra_state")]
+        assert not missing and not unexpected, (missing, unexpected)
+        positions = torch.arange(SEQ)[None].expand(2, -1)
+        labels = torch.cat([tokens[:, 1:], tokens[:, :1]], dim=1)
+        audio_args = dict(audio_features=features, audio_lengths=list(MEL_LENGTHS))
+        logits = pipeline_forward(model, lambda m: m(tokens, positions, None, **audio_args), SEQ, 2)
+        token_loss = pipeline_forward(model, lambda m: m(tokens, positions, None, labels=labels, **audio_args),
+                                      SEQ, 2, gather_vocab=False)
+        if logits is not None and ps.get_tensor_model_parallel_rank() == 0 and ps.get_data_parallel_rank() == 0:
+            loss = token_loss[:, :-1].mean()
+            print("RESULT " + json.dumps({
+                "case": name, "tp": tp, "pp": pp, "sp": sp, "packed": False,
+                "max_abs_logit_diff": (logits[..., : shape.vocab_size] - ref.logits).abs().max().item(),
+                "loss_diff": abs(loss.item() - ref.loss.item()), "loss": loss.item(),
+            }), flush=True)
+
+
+def inventory_check(hf) -> None:
+    """orchestrator.model_params' analytic inventory == the real AudioLLM at TP=1, PP=1
+    (names, full shapes, requires_grad), with the encoder trainable and frozen."""
+    import dataclasses
+
+    import torch.distributed as dist
+    from megatron.core import parallel_state as ps
+
+    from orchestrator.model_params import parameter_inventory
+    from orchestrator.models.audiollm import build_audiollm
+    from orchestrator.schema.parallel import ParallelConfig
+    from tests.models.tiny_models import tiny_model_config, whisper_config
+
+    if ps.model_parallel_is_initialized():
+        ps.destroy_model_parallel()
+    init_distributed(ParallelSizes(tp=1, pp=1), seed=0)
+    base = tiny_model_config(hf.config, whisper_config())
+    report = {}
+    for label, cfg in [("trainable_encoder", base),
+                       ("frozen_encoder", dataclasses.replace(base, encoder=dataclasses.replace(base.encoder, freeze=True)))]:
+        model = build_audiollm(cfg, ParallelConfig(tp=1, pp=1), audio_token_id=AUDIO_TOKEN)
+        real = [(n, list(p.shape), p.requires_grad) for n, p in model.named_parameters()]
+        analytic = [(i.name, list(i.shape), i.trainable) for i in parameter_inventory(cfg, None, tp=1)]
+        report[label] = {"real": sorted(real), "analytic": sorted(analytic)}
+    if dist.get_rank() == 0:
+        print("INVENTORY " + json.dumps(report), flush=True)
+
+
+if __name__ == "__main__":
+    main()
