@@ -189,3 +189,27 @@ def unshard_megatron(shards: Dict[Tuple[int, int], Dict[str, torch.Tensor]], sha
             full[name] = merged
     full["embedding.word_embeddings.weight"] = full["embedding.word_embeddings.weight"][: shape.vocab_size].contiguous()
     return full
+
+
+def hf_gemma2_config(config_dict: dict):
+    """transformers Gemma2Config of a config.json dict (defaults filled in)."""
+    from transformers import Gemma2Config
+
+    if config_dict.get("model_type") != "gemma2":
+        raise ValueError(f"config.json has model_type {config_dict.get('model_type')!r}; only 'gemma2' converts")
+    return Gemma2Config.from_dict(config_dict)
+
+
+def decoder_config_from_hf(hf_cfg):
+    """The project's `model.decoder` section for a HF Gemma2Config."""
+    from orchestrator.schema.model import DecoderConfig
+
+    return DecoderConfig(
+        hidden_size=hf_cfg.hidden_size, num_layers=hf_cfg.num_hidden_layers,
+        num_attention_heads=hf_cfg.num_attention_heads, num_query_groups=hf_cfg.num_key_value_heads,
+        kv_channels=hf_cfg.head_dim, ffn_hidden_size=hf_cfg.intermediate_size, vocab_size=hf_cfg.vocab_size,
+        max_position_embeddings=hf_cfg.max_position_embeddings, rope_theta=hf_cfg.rope_theta,
+        norm_eps=hf_cfg.rms_norm_eps, sliding_window=hf_cfg.sliding_window,
+        query_pre_attn_scalar=hf_cfg.query_pre_attn_scalar, attn_logit_softcap=hf_cfg.attn_logit_softcapping,
+        final_logit_softcap=hf_cfg.final_logit_softcapping, tie_embeddings=True,
+    )

@@ -48,7 +48,11 @@ def decoder_config(hf_cfg: Gemma2Config) -> DecoderConfig:
 
 
 WHISPER = dict(d_model=32, encoder_layers=2, encoder_attention_heads=4, encoder_ffn_dim=64,
-               num_mel_bins=16, max_source_positions=50)
+               num_mel_bins=16, max_source_positions=50,
+               # decoder sizes only matter for the full WhisperModel saved in conversion tests
+               decoder_layers=1, decoder_attention_heads=4, decoder_ffn_dim=64, vocab_size=100, pad_token_id=99,
+               bos_token_id=98, eos_token_id=99, decoder_start_token_id=98,
+               max_target_positions=32)
 
 
 def whisper_config(**overrides) -> WhisperConfig:
