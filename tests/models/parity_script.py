@@ -23,7 +23,9 @@ SEQ, BATCH, DOCS = 24, 2, (11, 13)  # longer than the window (8)
 
 def cases():
     good = [dict(name="tp1"), dict(name="tp2", tp=2), dict(name="pp2", pp=2), dict(name="tp2_sp", tp=2, sp=True),
-            dict(name="packed_tp1", packed=True), dict(name="packed_tp2_sp", tp=2, sp=True, packed=True)]
+            dict(name="packed_tp1", packed=True), dict(name="packed_tp2_sp", tp=2, sp=True, packed=True),
+            # the GPU attention path (flex_attention) runs its forward eagerly on CPU too
+            dict(name="flex_tp1", attention="flex"), dict(name="flex_packed_tp2", tp=2, packed=True, attention="flex")]
     bad = [dict(name="bad_norm_offset", weights="norm_offset"),
            dict(name="bad_window_parity", attention="inverted_parity"),
            dict(name="bad_window_off_by_one", overrides={"sliding_window": 9}),
@@ -39,7 +41,7 @@ def main() -> None:
 
     from orchestrator.convert.gemma2_mapping import Gemma2Shape, hf_to_megatron_full, shard_megatron
     from orchestrator.convert.megatron_forward import pipeline_forward
-    from orchestrator.models.attention import SoftcapDotProductAttention
+    from orchestrator.models.attention import FlexSoftcapAttention, SoftcapDotProductAttention
     from orchestrator.models.gemma2_model import Gemma2Model, gemma2_transformer_config
 
     class InvertedParityAttention(SoftcapDotProductAttention):
@@ -74,8 +76,11 @@ def main() -> None:
             cfg, dec.vocab_size, dec.max_position_embeddings,
             pre_process=ps.is_pipeline_first_stage(), post_process=ps.is_pipeline_last_stage(),
             rope_theta=dec.rope_theta,
-            core_attention=InvertedParityAttention if case.get("attention") == "inverted_parity" else None,
+            core_attention={"inverted_parity": InvertedParityAttention, "flex": FlexSoftcapAttention}.get(
+                case.get("attention")),
         ).eval()
+        if case.get("attention") == "flex":
+            assert isinstance(model.decoder.layers[0].self_attention.core_attention, FlexSoftcapAttention)
         weights = dict(full)
         if case.get("weights") == "norm_offset":  # model computing x*w: same as 1+w with w-1 stored
             weights = {k: (v - 1.0 if "norm" in k else v) for k, v in weights.items()}
@@ -115,9 +120,57 @@ def main() -> None:
                 "max_abs_logit_diff": (logits - ref_logits).abs().max().item(),
                 "loss_diff": abs(loss.item() - ref_loss.item()), "loss": loss.item(),
             }), flush=True)
+    norm_grad_cases(shape, full, dec, tokens)
     audiollm_cases(hf, shape, full)
     inventory_check(hf)
     shutdown()
+
+
+def norm_grad_cases(shape, full, dec, tokens) -> None:
+    """Norm-weight gradients under TP=2 + sequence parallel equal TP=1's, through megatron
+    DDP and its finalize_model_grads (which sums the sequence_parallel-tagged norm grads
+    over TP); without that step they are partial sums."""
+    import torch.distributed as dist
+    from megatron.core import parallel_state as ps
+    from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig, finalize_model_grads
+    from megatron.core.pipeline_parallel import get_forward_backward_func
+
+    from orchestrator.convert.gemma2_mapping import shard_megatron
+    from orchestrator.models.gemma2_model import Gemma2Model, gemma2_transformer_config
+
+    positions = torch.arange(SEQ)[None].expand(BATCH, -1)
+    labels = torch.cat([tokens[:, 1:], tokens[:, :1]], dim=1)
+    grads = {}
+    for name, tp, sp, finalize in [("grad_tp1", 1, False, True), ("grad_tp2_sp", 2, True, True),
+                                   ("bad_grad_tp2_sp_without_finalize", 2, True, False)]:
+        if ps.model_parallel_is_initialized():
+            ps.destroy_model_parallel()
+        init_distributed(ParallelSizes(tp=tp), seed=0)
+        cfg = gemma2_transformer_config(dec, tp=tp, sp=sp)
+        model = Gemma2Model(cfg, dec.vocab_size, dec.max_position_embeddings, rope_theta=dec.rope_theta)
+        model.load_state_dict(shard_megatron(full, shape, tp, 1)[(ps.get_tensor_model_parallel_rank(), 0)], strict=False)
+        model = DistributedDataParallel(config=cfg, ddp_config=DistributedDataParallelConfig(), module=model)
+        cfg.finalize_model_grads_func = finalize_model_grads if finalize else None
+
+        def forward_step(data_iterator, module):
+            next(data_iterator)
+            out = module(tokens, positions, None, labels=labels)
+            return out, lambda o: (o[:, :-1].mean(), {})
+
+        model.zero_grad_buffer()
+        get_forward_backward_func()(forward_step_func=forward_step, data_iterator=iter([None]), model=[model],
+                                    num_microbatches=1, seq_length=SEQ, micro_batch_size=BATCH, forward_only=False)
+        norm_grads = {n: p.main_grad.clone() for n, p in model.module.named_parameters() if "layernorm" in n}
+        assert all(getattr(p, "sequence_parallel", None) is sp
+                   for n, p in model.module.named_parameters() if "layernorm" in n)
+        if name == "grad_tp1":
+            grads = norm_grads
+            continue
+        if dist.get_rank() == 0:
+            diff = max((norm_grads[n] - grads[n]).abs().max().item() for n in grads)
+            scale = max(g.abs().max().item() for g in grads.values())
+            print("RESULT " + json.dumps({"case": name, "tp": tp, "pp": 1, "sp": sp, "packed": False,
+                                          "max_abs_grad_diff": diff, "max_abs_grad": scale}), flush=True)
 
 
 AUDIO_TOKEN = 249  # last id of the tiny vocabulary (250)

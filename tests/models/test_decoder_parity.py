@@ -3,7 +3,7 @@ sequence parallel, packed sequences; each known porting mistake breaks parity.""
 
 import pytest
 
-GOOD = ["tp1", "tp2", "pp2", "tp2_sp", "packed_tp1", "packed_tp2_sp"]
+GOOD = ["tp1", "tp2", "pp2", "tp2_sp", "packed_tp1", "packed_tp2_sp", "flex_tp1", "flex_packed_tp2"]
 BAD = ["bad_norm_offset", "bad_window_parity", "bad_window_off_by_one", "bad_swiglu",
        "bad_no_attn_softcap", "bad_no_final_softcap"]
 
@@ -21,3 +21,15 @@ def test_logits_and_loss_match_hf(parity_results, case):
 def test_known_mistake_breaks_parity(parity_results, case):
     r = parity_results[case]
     assert r["max_abs_logit_diff"] > 1e-2, r
+
+
+@pytest.mark.multiprocess
+def test_sequence_parallel_norm_grads_equal_tp1_after_finalize(parity_results):
+    r = parity_results["grad_tp2_sp"]
+    assert r["max_abs_grad_diff"] <= 1e-6 * max(1.0, r["max_abs_grad"]), r
+
+
+@pytest.mark.multiprocess
+def test_sequence_parallel_norm_grads_are_partial_without_finalize(parity_results):
+    r = parity_results["bad_grad_tp2_sp_without_finalize"]
+    assert r["max_abs_grad_diff"] > 1e-3, r
