@@ -291,10 +291,13 @@ def inventory_check(hf) -> None:
     if ps.model_parallel_is_initialized():
         ps.destroy_model_parallel()
     init_distributed(ParallelSizes(tp=1, pp=1), seed=0)
+    from orchestrator.compose import compose
+
     base = tiny_model_config(hf.config, whisper_config())
     report = {}
     for label, cfg in [("trainable_encoder", base),
-                       ("frozen_encoder", dataclasses.replace(base, encoder=dataclasses.replace(base.encoder, freeze=True)))]:
+                       ("frozen_encoder", dataclasses.replace(base, encoder=dataclasses.replace(base.encoder, freeze=True))),
+                       ("tiny_cpu_recipe", compose(["+recipe=tiny_cpu"]).model)]:
         model = build_audiollm(cfg, ParallelConfig(tp=1, pp=1), audio_token_id=AUDIO_TOKEN)
         real = [(n, list(p.shape), p.requires_grad) for n, p in model.named_parameters()]
         analytic = [(i.name, list(i.shape), i.trainable) for i in parameter_inventory(cfg, None, tp=1)]
