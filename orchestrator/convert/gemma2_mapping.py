@@ -32,7 +32,7 @@ from typing import Dict, Tuple
 
 import torch
 
-from orchestrator.models.gemma2_model import padded_vocab_size
+from orchestrator.model_params import padded_vocab as padded_vocab_size
 
 LAYER_NORMS = {
     "input_layernorm": "input_layernorm",
@@ -197,7 +197,11 @@ def hf_gemma2_config(config_dict: dict):
 
     if config_dict.get("model_type") != "gemma2":
         raise ValueError(f"config.json has model_type {config_dict.get('model_type')!r}; only 'gemma2' converts")
-    return Gemma2Config.from_dict(config_dict)
+    cfg = Gemma2Config.from_dict(config_dict)
+    if cfg.hidden_activation != "gelu_pytorch_tanh":
+        raise ValueError(f"config.json hidden_activation {cfg.hidden_activation!r}: the decoder implements "
+                         "Gemma2's 'gelu_pytorch_tanh' only")
+    return cfg
 
 
 def decoder_config_from_hf(hf_cfg):

@@ -123,6 +123,7 @@ def main() -> None:
     norm_grad_cases(shape, full, dec, tokens)
     audiollm_cases(hf, shape, full)
     inventory_check(hf)
+    load_checkpoint_check(hf)
     shutdown()
 
 
@@ -304,6 +305,50 @@ def inventory_check(hf) -> None:
         report[label] = {"real": sorted(real), "analytic": sorted(analytic)}
     if dist.get_rank() == 0:
         print("INVENTORY " + json.dumps(report), flush=True)
+
+
+def load_checkpoint_check(hf) -> None:
+    """A converted checkpoint (Gemma2 + Whisper encoder, tp=2) loads into the AudioLLM:
+    every rank reads its own shard; only the adapter stays at its initial values."""
+    import tempfile
+    from pathlib import Path
+
+    import torch.distributed as dist
+    from megatron.core import parallel_state as ps
+    from transformers import WhisperModel
+
+    from orchestrator.convert.checkpoint import load_converted_checkpoint
+    from orchestrator.convert.hf_to_megatron import convert
+    from orchestrator.models.audiollm import build_audiollm
+    from orchestrator.schema.parallel import ParallelConfig
+    from tests.models.tiny_models import randomize, tiny_model_config, whisper_config
+
+    if ps.model_parallel_is_initialized():
+        ps.destroy_model_parallel()
+    init_distributed(ParallelSizes(tp=2), seed=0)
+    with tempfile.TemporaryDirectory() as tmp:  # each rank converts its own copy
+        hf.save_pretrained(Path(tmp) / "hf")
+        whisper = randomize(WhisperModel(whisper_config()), seed=5)
+        whisper.save_pretrained(Path(tmp) / "whisper")
+        convert(Path(tmp) / "hf", Path(tmp) / "mg", tp=2, pp=1, whisper_dir=Path(tmp) / "whisper")
+        model = build_audiollm(tiny_model_config(hf.config, whisper_config()), ParallelConfig(tp=2), audio_token_id=AUDIO_TOKEN)
+        rank = ps.get_tensor_model_parallel_rank()
+        left = load_converted_checkpoint(model, Path(tmp) / "mg", rank, 0, 2, 1)
+        try:
+            load_converted_checkpoint(model, Path(tmp) / "mg", rank, 0, 1, 1)
+            wrong_layout_error = ""
+        except ValueError as err:
+            wrong_layout_error = str(err)
+    qkv = model.language_model.decoder.layers[1].self_attention.linear_qkv.weight
+    expected_rows = qkv.shape[0]
+    ok_encoder = torch.equal(model.encoder.layers[0].fc1.weight, whisper.encoder.layers[0].fc1.weight)
+    ok_embedding = torch.equal(model.language_model.embedding.word_embeddings.weight[: 125 if rank == 0 else 0],
+                               hf.model.embed_tokens.weight[:125] if rank == 0 else hf.model.embed_tokens.weight[:0])
+    if dist.get_rank() == 0:
+        print("RESULT " + json.dumps({"case": "load_converted_audiollm_tp2", "left_at_init": left,
+                                      "encoder_loaded": ok_encoder, "embedding_loaded": ok_embedding,
+                                      "qkv_rows_per_rank": expected_rows, "wrong_layout_error": wrong_layout_error}),
+              flush=True)
 
 
 if __name__ == "__main__":

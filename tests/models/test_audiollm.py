@@ -58,3 +58,14 @@ def test_fusion_count_mismatch_names_the_sample():
     ids = torch.tensor([[9, 9, 1], [9, 2, 3]])
     with pytest.raises(ValueError, match=r"sample 1: 1 placeholder tokens \(id 9\) but its audio \(clip 1: 2\) gives 2"):
         fuse_audio(torch.zeros(2, 3, 4), ids, torch.zeros(4, 4), 9, tokens_per_clip=[2, 2])
+
+
+@pytest.mark.multiprocess
+def test_converted_checkpoint_loads_into_the_audiollm(parity_results):
+    r = parity_results["load_converted_audiollm_tp2"]
+    assert r["encoder_loaded"] and r["embedding_loaded"], r
+    assert r["qkv_rows_per_rank"] == (4 + 2 * 2) * 16 // 2
+    assert sorted(r["left_at_init"]) == sorted(
+        ["adapter.layer_weights", "adapter.norm.weight", "adapter.norm.bias", "adapter.linear_1.weight",
+         "adapter.linear_1.bias", "adapter.linear_2.weight", "adapter.linear_2.bias"])
+    assert "sharded for tp=2, pp=1 but the job runs tp=1, pp=1" in r["wrong_layout_error"]
