@@ -119,3 +119,13 @@ def test_compare_weights_flags_the_norm_offset_mistake(tmp_path, hf_dir, capsys)
     hf_names = load_file(str(hf_dir / "model.safetensors"))
     norms = sorted(n for n in hf_names if "norm" in n)
     assert len(norms) == 4 * 4 + 1 and sorted(flagged) == norms
+
+
+def test_bad_sources_get_clear_errors(tmp_path):
+    with pytest.raises(FileNotFoundError, match="config.json not found: --hf must be a HF checkpoint directory"):
+        hf_to_megatron.main(["--hf", str(tmp_path), "--out", str(tmp_path / "out")])
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "llama"}))
+    with pytest.raises(ValueError, match="model_type 'llama'; only 'gemma2' converts"):
+        hf_to_megatron.main(["--hf", str(tmp_path), "--out", str(tmp_path / "out")])
+    with pytest.raises(FileNotFoundError, match="not a checkpoint written by `audiollm convert hf-to-megatron`"):
+        megatron_to_hf.main(["--megatron", str(tmp_path), "--out", str(tmp_path / "back")])
