@@ -193,6 +193,7 @@ def reference_adapter(states, weights, lengths, frame_stack=5):
 
 def audiollm_cases(hf, shape, full) -> None:
     from megatron.core import parallel_state as ps
+    from megatron.core.packed_seq_params import PackedSeqParams
     from transformers.models.whisper.modeling_whisper import WhisperEncoder
 
     from orchestrator.convert.gemma2_mapping import shard_megatron
@@ -243,9 +244,10 @@ def audiollm_cases(hf, shape, full) -> None:
         ref = hf(inputs_embeds=embeds, labels=tokens)
 
     encoder_weights = {"encoder." + k: v for k, v in hf_encoder.state_dict().items()}
-    for name, tp, pp, sp, cls in [("audiollm_tp1", 1, 1, False, AudioLLM), ("audiollm_tp2_sp", 2, 1, True, AudioLLM),
-                                  ("audiollm_pp2", 1, 2, False, AudioLLM),
-                                  ("bad_audiollm_scale_before_fusion", 1, 1, False, ScaleBeforeFusion)]:
+    for name, tp, pp, sp, cls, packed in [
+            ("audiollm_tp1", 1, 1, False, AudioLLM, False), ("audiollm_tp2_sp", 2, 1, True, AudioLLM, False),
+            ("audiollm_pp2", 1, 2, False, AudioLLM, False), ("audiollm_packed_tp2", 2, 1, False, AudioLLM, True),
+            ("bad_audiollm_scale_before_fusion", 1, 1, False, ScaleBeforeFusion, False)]:
         if ps.model_parallel_is_initialized():
             ps.destroy_model_parallel()
         init_distributed(ParallelSizes(tp=tp, pp=pp), seed=0)
@@ -264,13 +266,23 @@ def audiollm_cases(hf, shape, full) -> None:
         positions = torch.arange(SEQ)[None].expand(2, -1)
         labels = torch.cat([tokens[:, 1:], tokens[:, :1]], dim=1)
         audio_args = dict(audio_features=features, audio_lengths=list(MEL_LENGTHS))
-        logits = pipeline_forward(model, lambda m: m(tokens, positions, None, **audio_args), SEQ, 2)
-        token_loss = pipeline_forward(model, lambda m: m(tokens, positions, None, labels=labels, **audio_args),
-                                      SEQ, 2, gather_vocab=False)
+        if packed:  # both rows as two documents of one packed row, both clips in it
+            cu = torch.tensor([0, SEQ, 2 * SEQ], dtype=torch.int32)
+            extra = dict(packed_seq_params=PackedSeqParams(qkv_format="thd", cu_seqlens_q=cu, cu_seqlens_kv=cu,
+                                                           max_seqlen_q=SEQ, max_seqlen_kv=SEQ),
+                         audio_clip_rows=[0, 0], **audio_args)
+            run_tokens, run_positions, run_labels = tokens.reshape(1, -1), positions.reshape(1, -1), labels.reshape(1, -1)
+        else:
+            extra, run_tokens, run_positions, run_labels = audio_args, tokens, positions, labels
+        logits = pipeline_forward(model, lambda m: m(run_tokens, run_positions, None, **extra),
+                                  run_tokens.shape[1], run_tokens.shape[0])
+        token_loss = pipeline_forward(model, lambda m: m(run_tokens, run_positions, None, labels=run_labels, **extra),
+                                      run_tokens.shape[1], run_tokens.shape[0], gather_vocab=False)
         if logits is not None and ps.get_tensor_model_parallel_rank() == 0 and ps.get_data_parallel_rank() == 0:
+            logits, token_loss = logits.reshape(2, SEQ, -1), token_loss.reshape(2, SEQ)
             loss = token_loss[:, :-1].mean()
             print("RESULT " + json.dumps({
-                "case": name, "tp": tp, "pp": pp, "sp": sp, "packed": False,
+                "case": name, "tp": tp, "pp": pp, "sp": sp, "packed": packed,
                 "max_abs_logit_diff": (logits[..., : shape.vocab_size] - ref.logits).abs().max().item(),
                 "loss_diff": abs(loss.item() - ref.loss.item()), "loss": loss.item(),
             }), flush=True)

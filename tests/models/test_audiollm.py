@@ -7,7 +7,7 @@ import torch
 from orchestrator.model_params import audio_token_count, encoder_frame_count
 from orchestrator.models.fusion import fuse_audio
 
-AUDIO_CASES = ["audiollm_tp1", "audiollm_tp2_sp", "audiollm_pp2"]
+AUDIO_CASES = ["audiollm_tp1", "audiollm_tp2_sp", "audiollm_pp2", "audiollm_packed_tp2"]
 
 
 @pytest.mark.multiprocess
