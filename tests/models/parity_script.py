@@ -121,6 +121,7 @@ def main() -> None:
                 "loss_diff": abs(loss.item() - ref_loss.item()), "loss": loss.item(),
             }), flush=True)
     norm_grad_cases(shape, full, dec, tokens)
+    recompute_check(shape, full, dec, tokens)
     audiollm_cases(hf, shape, full)
     inventory_check(hf)
     load_checkpoint_check(hf)
@@ -172,6 +173,35 @@ def norm_grad_cases(shape, full, dec, tokens) -> None:
             scale = max(g.abs().max().item() for g in grads.values())
             print("RESULT " + json.dumps({"case": name, "tp": tp, "pp": 1, "sp": sp, "packed": False,
                                           "max_abs_grad_diff": diff, "max_abs_grad": scale}), flush=True)
+
+
+def recompute_check(shape, full, dec, tokens) -> None:
+    """Full (uniform, 1 layer) and selective (core attention) recomputation through the
+    Gemma2 layer give the gradients of no recomputation."""
+    import torch.distributed as dist
+    from megatron.core import parallel_state as ps
+
+    from orchestrator.convert.gemma2_mapping import shard_megatron
+    from orchestrator.models.gemma2_model import Gemma2Model, gemma2_transformer_config
+
+    if ps.model_parallel_is_initialized():
+        ps.destroy_model_parallel()
+    init_distributed(ParallelSizes(tp=1), seed=0)
+    positions = torch.arange(SEQ)[None].expand(BATCH, -1)
+    labels = torch.cat([tokens[:, 1:], tokens[:, :1]], dim=1)
+    grads = {}
+    for name, kw in [("none", {}),
+                     ("full", dict(recompute_granularity="full", recompute_method="uniform", recompute_num_layers=1)),
+                     ("selective", dict(recompute_granularity="selective", recompute_modules=["core_attn"]))]:
+        model = Gemma2Model(gemma2_transformer_config(dec, **kw), dec.vocab_size, dec.max_position_embeddings,
+                            rope_theta=dec.rope_theta).train()
+        model.load_state_dict(shard_megatron(full, shape, 1, 1)[(0, 0)], strict=False)
+        model(tokens, positions, None, labels=labels)[:, :-1].mean().backward()
+        grads[name] = torch.cat([p.grad.flatten() for p in model.parameters()])
+    if dist.get_rank() == 0:
+        print("RESULT " + json.dumps({"case": "recompute", "full_vs_none": (grads["full"] - grads["none"]).abs().max().item(),
+                                      "selective_vs_none": (grads["selective"] - grads["none"]).abs().max().item(),
+                                      "grad_scale": grads["none"].abs().max().item()}), flush=True)
 
 
 AUDIO_TOKEN = 249  # last id of the tiny vocabulary (250)

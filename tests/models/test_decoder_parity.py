@@ -33,3 +33,9 @@ def test_sequence_parallel_norm_grads_equal_tp1_after_finalize(parity_results):
 def test_sequence_parallel_norm_grads_are_partial_without_finalize(parity_results):
     r = parity_results["bad_grad_tp2_sp_without_finalize"]
     assert r["max_abs_grad_diff"] > 1e-3, r
+
+
+@pytest.mark.multiprocess
+def test_activation_recomputation_keeps_gradients(parity_results):
+    r = parity_results["recompute"]
+    assert r["grad_scale"] > 0 and r["full_vs_none"] <= 1e-6 and r["selective_vs_none"] <= 1e-6, r
