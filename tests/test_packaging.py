@@ -33,10 +33,12 @@ def test_wheel_ships_configuration_and_plans_from_another_directory(tmp_path):
     subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(tmp_path), str(source)],
                    check=True, timeout=300, capture_output=True)
     wheel = next(tmp_path.glob("audiollm-*.whl"))
-    names = zipfile.ZipFile(wheel).namelist()
-    assert "orchestrator/_conf/config.yaml" in names
-    assert "orchestrator/_conf/model/gemma2_9b_whisper_large_v3.yaml" in names
-    assert "orchestrator/_recipes/gemma2_whisper_tp4pp2.yaml" in names
+    names = set(zipfile.ZipFile(wheel).namelist())
+    shipped = {f"orchestrator/_conf/{p.relative_to(REPO / 'conf')}" for p in (REPO / "conf").rglob("*.yaml")}
+    shipped |= {f"orchestrator/_recipes/{p.name}" for p in (REPO / "recipes").glob("*.yaml")}
+    assert "orchestrator/_conf/model/gemma2_9b_whisper_large_v3.yaml" in shipped
+    missing = sorted(shipped - names)
+    assert not missing, f"not in the wheel (list the folder in pyproject.toml packages): {missing}"
     target = tmp_path / "site"
     zipfile.ZipFile(wheel).extractall(target)
     elsewhere = tmp_path / "elsewhere"
