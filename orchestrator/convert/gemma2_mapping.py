@@ -32,7 +32,7 @@ from typing import Dict, Tuple
 
 import torch
 
-from orchestrator.model_params import padded_vocab as padded_vocab_size
+from orchestrator.megatron_args import padded_vocab_size
 
 LAYER_NORMS = {
     "input_layernorm": "input_layernorm",

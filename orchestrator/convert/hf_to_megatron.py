@@ -20,7 +20,7 @@ from orchestrator.convert.checkpoint import write_checkpoint
 from orchestrator.convert.gemma2_mapping import (Gemma2Shape, check_divisibility, hf_gemma2_config,
                                                  hf_to_megatron_full, shard_megatron)
 from orchestrator.convert.hf_io import read_hf_config, read_hf_state_dict
-from orchestrator.model_params import padded_vocab as padded_vocab_size
+from orchestrator.megatron_args import padded_vocab_size
 
 WHISPER_PREFIXES = ("model.encoder.", "encoder.")
 

@@ -110,7 +110,7 @@ def build_audiollm(model_cfg, parallel_cfg, pre_process: bool = True, post_proce
     )
     language_model = Gemma2Model(config, dec.vocab_size, dec.max_position_embeddings, pre_process=pre_process,
                                  post_process=post_process, backend=model_cfg.backend, rope_theta=dec.rope_theta,
-                                 vp_stage=vp_stage)
+                                 vp_stage=vp_stage, tie_embeddings=dec.tie_embeddings)
     if dec.freeze:
         language_model.requires_grad_(False)
     encoder = adapter = None

@@ -23,7 +23,7 @@ from megatron.core import parallel_state, tensor_parallel
 from megatron.core.models.gpt import GPTModel
 from megatron.core.transformer import TransformerConfig
 
-from orchestrator.model_params import padded_vocab
+from orchestrator.megatron_args import padded_vocab_size as padded_vocab
 from orchestrator.models.gemma2_spec import gemma2_block_spec
 
 
@@ -42,9 +42,9 @@ class Gemma2TransformerConfig(TransformerConfig):
     sliding_window: Optional[int] = None
 
 
-def padded_vocab_size(vocab_size: int, tp: int, divisible_by: int = 128) -> int:
-    """Vocabulary rows of the embedding: a multiple of 128*tp."""
-    return padded_vocab(vocab_size, tp, divisible_by)
+def padded_vocab_size(vocab_size: int, tp: int) -> int:
+    """Vocabulary rows of the embedding: a multiple of 128*tp (as Megatron-LM pads)."""
+    return padded_vocab(vocab_size, tp)
 
 
 def gemma2_transformer_config(decoder, tp: int = 1, pp: int = 1, sp: bool = False,
@@ -94,7 +94,7 @@ def gemma2_transformer_config(decoder, tp: int = 1, pp: int = 1, sp: bool = Fals
 class Gemma2Model(GPTModel):
     def __init__(self, config: Gemma2TransformerConfig, vocab_size: int, max_sequence_length: int,
                  pre_process: bool = True, post_process: bool = True, backend: str = "local",
-                 rope_theta: float = 10000.0, vp_stage=None, core_attention=None):
+                 rope_theta: float = 10000.0, vp_stage=None, core_attention=None, tie_embeddings: bool = True):
         tp = config.tensor_model_parallel_size
         pp_rank = parallel_state.get_pipeline_model_parallel_rank() if config.pipeline_model_parallel_size > 1 else 0
         super().__init__(
@@ -106,7 +106,7 @@ class Gemma2Model(GPTModel):
             pre_process=pre_process,
             post_process=post_process,
             parallel_output=True,
-            share_embeddings_and_output_weights=True,
+            share_embeddings_and_output_weights=tie_embeddings,  # Gemma2 ties them
             position_embedding_type="rope",
             rotary_base=rope_theta,
             # Our embedding code scatters after fusion and scaling (see scale_embeddings).

@@ -327,6 +327,7 @@ def inventory_check(hf) -> None:
     from megatron.core import parallel_state as ps
 
     from orchestrator.model_params import parameter_inventory
+    from orchestrator.schema.lora import LoraConfig
     from orchestrator.models.audiollm import build_audiollm
     from orchestrator.schema.parallel import ParallelConfig
     from tests.models.tiny_models import tiny_model_config, whisper_config
@@ -340,10 +341,11 @@ def inventory_check(hf) -> None:
     report = {}
     for label, cfg in [("trainable_encoder", base),
                        ("frozen_encoder", dataclasses.replace(base, encoder=dataclasses.replace(base.encoder, freeze=True))),
+                       ("untied_output", dataclasses.replace(base, decoder=dataclasses.replace(base.decoder, tie_embeddings=False))),
                        ("tiny_cpu_recipe", compose(["+recipe=tiny_cpu"]).model)]:
         model = build_audiollm(cfg, ParallelConfig(tp=1, pp=1), audio_token_id=AUDIO_TOKEN)
         real = [(n, list(p.shape), p.requires_grad) for n, p in model.named_parameters()]
-        analytic = [(i.name, list(i.shape), i.trainable) for i in parameter_inventory(cfg, None, tp=1)]
+        analytic = [(i.name, list(i.shape), i.trainable) for i in parameter_inventory(cfg, LoraConfig(), tp=1)]
         report[label] = {"real": sorted(real), "analytic": sorted(analytic)}
     if dist.get_rank() == 0:
         print("INVENTORY " + json.dumps(report), flush=True)

@@ -24,7 +24,7 @@ def test_scaling_embeddings_before_fusion_breaks_parity(parity_results):
 
 
 @pytest.mark.multiprocess
-@pytest.mark.parametrize("label", ["trainable_encoder", "frozen_encoder", "tiny_cpu_recipe"])
+@pytest.mark.parametrize("label", ["trainable_encoder", "frozen_encoder", "untied_output", "tiny_cpu_recipe"])
 def test_parameter_inventory_equals_real_model(parity_results, label):
     inv = parity_results["inventory"][label]
     real, analytic = inv["real"], inv["analytic"]
