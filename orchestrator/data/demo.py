@@ -27,6 +27,7 @@ num_val_samples, seed): same arguments, same bytes, whatever the worker count.
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import os
@@ -188,8 +189,8 @@ def write_corpus(out_dir: str | Path, num_samples: int = 3000, num_val_samples: 
     counts: Dict[str, int] = {}
     seconds: Dict[str, float] = {}
     ctx = get_context("spawn")  # no fork of a process that may hold torch threads
-    with ctx.Pool(workers, initializer=_worker_init) as pool:
-        results = pool.imap(_encode, utterances, chunksize=8)
+    with (ctx.Pool(workers, initializer=_worker_init) if workers > 1 else contextlib.nullcontext()) as pool:
+        results = pool.imap(_encode, utterances, chunksize=8) if pool else map(_encode, utterances)
         for utt, sample in tqdm(zip(utterances, results), total=len(utterances), disable=not progress,
                                 desc="espeak-ng", unit="utt"):
             if utt.dataset not in writers:
