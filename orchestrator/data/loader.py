@@ -167,7 +167,13 @@ class TrainLoader:
         return raw
 
     def _fill(self) -> None:
+        drawn_without_use = 0
         while not self.packer.full():
+            drawn_without_use += 1
+            if drawn_without_use > self.epoch_size + self.dp_size:
+                raise BadSampleError(f"a whole epoch of the training mixture ({self.epoch_size} samples) gave no "
+                                     f"usable sample for data-parallel rank {self.dp_rank}; skipped so far: "
+                                     f"{self.bad.as_dict()}")
             raw = self._draw()
             position = self.next_position
             self.next_position += 1
@@ -183,6 +189,7 @@ class TrainLoader:
                 self.bad.handle(where, str(err))
                 continue
             self.packer.add(example)
+            drawn_without_use = 0
 
     # ---------------------------------------------------------------- iterator
     def __iter__(self) -> "TrainLoader":

@@ -86,15 +86,51 @@ def resolve_entries(entries: Sequence[Any]) -> List[ResolvedDataset]:
     return out
 
 
+class _NoDistributed:
+    """Stands in for torch.distributed inside mosaic while a single-rank view is built."""
+
+    def __getattr__(self, name):
+        import torch.distributed
+
+        return getattr(torch.distributed, name)
+
+    @staticmethod
+    def is_available() -> bool:
+        return False
+
+    @staticmethod
+    def is_initialized() -> bool:
+        return False
+
+
+# Mosaic modules that call torch.distributed barriers while a dataset is built.
+_MOSAIC_DIST_USERS = ("streaming.base.shared.prefix", "streaming.base.dataset", "streaming.base.util",
+                      "streaming.base.distributed")
+
+
 @contextlib.contextmanager
 def single_rank_world():
-    """Mosaic reads its world from these variables when a dataset is built."""
+    """Build mosaic datasets as rank 0 of a world of 1.
+
+    Mosaic reads its world from RANK/WORLD_SIZE/LOCAL_* and, when torch.distributed is
+    initialized, puts barriers into dataset construction. Each process here builds its
+    own single-rank view, possibly at other moments than its peers (validation sets),
+    so both are hidden from mosaic while the dataset is built and restored after.
+    """
+    import importlib
+
     keys = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE")
     saved = {k: os.environ.get(k) for k in keys}
+    modules = [importlib.import_module(m) for m in _MOSAIC_DIST_USERS]
+    saved_dist = [m.dist for m in modules]
     os.environ.update({"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1"})
+    for m in modules:
+        m.dist = _NoDistributed()
     try:
         yield
     finally:
+        for m, d in zip(modules, saved_dist):
+            m.dist = d
         for k, v in saved.items():
             if v is None:
                 os.environ.pop(k, None)

@@ -210,3 +210,38 @@ def test_corrupt_shard_names_the_shard(tmp_path, tokenizer_dir, encoder_cfg, ada
     for _ in range(4):
         next(loader)
     assert loader.bad_samples()["corrupt"] >= 1
+
+
+@pytest.mark.multiprocess
+def test_torchrun_ranks_read_disjoint_shares_of_one_order(three_datasets, tmp_path, tokenizer_dir, encoder_cfg,
+                                                          adapter_cfg):
+    import json
+    import socket
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from omegaconf import OmegaConf
+
+    cfg = data_config(_entries(three_datasets), tokenizer=str(tokenizer_dir), packing=False,
+                      validation=[DatasetEntry(name="val_beta", path=str(three_datasets / "beta"))])
+    spec = {"data": OmegaConf.to_container(cfg), "seed": 11, "batches": 6}
+    (tmp_path / "spec.json").write_text(json.dumps(spec))
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    repo = Path(__file__).resolve().parents[2]
+    env = dict(os.environ, PYTHONPATH=str(repo), OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2",
+                           "--master_addr=127.0.0.1", f"--master_port={port}",
+                           str(Path(__file__).with_name("dp_loader_script.py")), str(tmp_path / "spec.json"),
+                           str(tmp_path)], capture_output=True, text=True, timeout=300, env=env, cwd=repo)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
+    single = build_train_loader(cfg, encoder_cfg, adapter_cfg, micro_batch_size=1, seed=11)
+    order = [next(single)["tokens"][0].tolist() for _ in range(12)]
+    assert ranks[0]["train"] == order[0::2] and ranks[1]["train"] == order[1::2]
+    assert ranks[0]["total"] == 12
+    v0, v1 = ranks[0]["val"]["val_beta"], ranks[1]["val"]["val_beta"]
+    full = [t for b in build_validation_loaders(cfg, encoder_cfg, adapter_cfg, 2)["val_beta"] for t in b["transcripts"]]
+    assert len(v0) == len(v1) == 15 and sorted(v0 + v1) == sorted(full)
