@@ -19,7 +19,6 @@ resumed loader rebuilds the buffer exactly and repeats or drops nothing.
 
 from __future__ import annotations
 
-import math
 from collections import Counter
 from typing import Any, Dict, Iterator, List, Optional, Sequence
 
@@ -237,43 +236,65 @@ def build_train_loader(data_cfg, encoder_cfg, adapter_cfg, micro_batch_size: int
                        data_cfg.seed if seed is None else seed, tokenizer_path)
 
 
-class ValidationSet:
-    """One validation dataset, read in order (no shuffle), opened only while iterated."""
+class ValidationSuite:
+    """All validation datasets as streams of ONE StreamingDataset, opened on first use and
+    kept for the run: evaluating again opens nothing new, and hundreds of validation
+    datasets cost no more files than one. Samples are read by index (no shuffle, no
+    epoch machinery): dataset k owns the contiguous sample ids of its stream."""
 
-    def __init__(self, dataset: sources.ResolvedDataset, processor: SampleProcessor, data_cfg, micro_batch_size: int,
+    def __init__(self, datasets: Sequence[sources.ResolvedDataset], cache_dir: Optional[str]):
+        self.datasets = list(datasets)
+        self.cache_dir = cache_dir
+        self._mixture = None
+
+    @property
+    def mixture(self):
+        if self._mixture is None:
+            self._mixture = sources.open_mixture(self.datasets, seed=0, shuffle=False,
+                                                 cache_root=sources.process_cache_root(self.cache_dir),
+                                                 proportional=False)
+        return self._mixture
+
+    def sample_ids(self, k: int) -> range:
+        m = self.mixture
+        first = int(m.shard_offset_per_stream[k])
+        last = first + int(m.shards_per_stream[k])
+        start = int(m.samples_per_shard[:first].sum())
+        return range(start, start + int(m.samples_per_shard[first:last].sum()))
+
+
+class ValidationSet:
+    """One validation dataset, read in order; data-parallel rank r reads samples r, r+dp, ..."""
+
+    def __init__(self, suite: ValidationSuite, k: int, processor: SampleProcessor, data_cfg, micro_batch_size: int,
                  dp_rank: int, dp_size: int):
-        self.dataset, self.processor, self.cfg = dataset, processor, data_cfg
+        self.suite, self.k, self.processor, self.cfg = suite, k, processor, data_cfg
         self.mbs, self.dp_rank, self.dp_size = micro_batch_size, dp_rank, dp_size
         self.bad = BadSamples(data_cfg.on_bad_sample)
-        self.name = dataset.name
+        self.name = suite.datasets[k].name
 
     def __iter__(self) -> Iterator[Dict[str, Any]]:
-        mixture = sources.open_mixture([self.dataset], seed=0, shuffle=False,
-                                       cache_root=sources.process_cache_root(self.cfg.cache_dir))
+        ids = self.suite.sample_ids(self.k)
         limit = self.cfg.validation_max_samples
-        total = mixture.epoch_size if limit is None else min(limit, mixture.epoch_size)
+        if limit is not None:
+            ids = ids[:limit]
+        mixture = self.suite.mixture
         packer = Packer(self.cfg.seq_length, self.mbs, max(self.cfg.packing_buffer, self.mbs), self.cfg.packing,
                         self.processor.pad_multiple)
         transcripts: Dict[int, str] = {}
-        try:
-            for position, raw in enumerate(mixture):
-                if position >= total:
-                    break
-                if position % self.dp_size != self.dp_rank:
-                    continue
-                where = sources.locate(mixture, int(raw["__sample_id__"]), [self.dataset])
-                try:
-                    packer.add(self.processor(raw, position, 0))
-                except (AudioError, ValueError) as err:
-                    self.bad.handle(where, str(err))
-                    continue
-                transcripts[position] = str(raw.get(self.cfg.text_field, "")).strip()
-                if packer.full():
-                    yield self._batch(packer.pop_rows(), transcripts)
-            while packer.buffer:
+        for position in range(self.dp_rank, len(ids), self.dp_size):
+            sample_id = ids[position]
+            raw = mixture[sample_id]
+            try:
+                packer.add(self.processor(raw, position, 0))
+            except (AudioError, ValueError) as err:
+                self.bad.handle(sources.locate(mixture, sample_id, self.suite.datasets), str(err))
+                continue
+            transcripts[position] = str(raw.get(self.cfg.text_field, "")).strip()
+            if packer.full():
                 yield self._batch(packer.pop_rows(), transcripts)
-        finally:
-            del mixture
+        while packer.buffer:
+            yield self._batch(packer.pop_rows(), transcripts)
 
     def _batch(self, rows, transcripts: Dict[int, str]) -> Dict[str, Any]:
         batch = collate(rows, self.cfg.seq_length, self.processor.pad_id, self.processor.pad_multiple, [self.name],
@@ -286,11 +307,18 @@ class ValidationSet:
 def build_validation_loaders(data_cfg, encoder_cfg, adapter_cfg, micro_batch_size: int, dp_rank: int = 0,
                              dp_size: int = 1, cp_size: int = 1,
                              tokenizer_path: Optional[str] = None) -> Dict[str, ValidationSet]:
-    """One iterable per validation dataset (glob entries: one per match), keyed by name."""
+    """One iterable per validation dataset (glob entries: one per match), keyed by name.
+
+    Every batch also carries `transcripts` (the reference text of each sample, in
+    token order) for word error rates; the prompt of a sample is its tokens before
+    the first trained label (loss_mask).
+    """
     pad_multiple = 2 * cp_size if (cp_size > 1 and data_cfg.packing) else 1
     processor = SampleProcessor(data_cfg, encoder_cfg, adapter_cfg, _tokenizer(data_cfg, tokenizer_path), pad_multiple)
-    return {d.name: ValidationSet(d, processor, data_cfg, micro_batch_size, dp_rank, dp_size)
-            for d in sources.resolve_entries(data_cfg.validation)}
+    datasets = sources.resolve_entries(data_cfg.validation)
+    suite = ValidationSuite(datasets, data_cfg.cache_dir)
+    return {d.name: ValidationSet(suite, k, processor, data_cfg, micro_batch_size, dp_rank, dp_size)
+            for k, d in enumerate(datasets)}
 
 
 def packing_utilization(loader: TrainLoader, micro_batches: int) -> float:
@@ -303,9 +331,4 @@ def packing_utilization(loader: TrainLoader, micro_batches: int) -> float:
     return used / max(slots, 1)
 
 
-def ceil_div(a: int, b: int) -> int:
-    return -(-a // b)
-
-
-__all__ = ["BadSampleError", "TrainLoader", "ValidationSet", "build_train_loader", "build_validation_loaders",
-           "math"]
+__all__ = ["BadSampleError", "TrainLoader", "ValidationSet", "build_train_loader", "build_validation_loaders"]

@@ -113,7 +113,11 @@ def test_validation_sets_read_everything_in_order_once(three_datasets, tokenizer
     assert list(sets) == ["val_beta", "val_gamma"]
     got = [t for b in sets["val_gamma"] for t in b["transcripts"]]
     assert len(got) == 20 and all(t.startswith("g") for t in got)
-    assert got == [t for b in sets["val_gamma"] for t in b["transcripts"]]  # same order every time
+    fds = len(os.listdir("/proc/self/fd"))
+    for _ in range(10):  # evaluating again opens nothing new
+        assert got == [t for b in sets["val_gamma"] for t in b["transcripts"]]  # same order every time
+        assert len([t for b in sets["val_beta"] for t in b["transcripts"]]) == 30
+    assert len(os.listdir("/proc/self/fd")) == fds
     halves = [build_validation_loaders(cfg, encoder_cfg, adapter_cfg, 2, dp_rank=r, dp_size=2)["val_beta"]
               for r in range(2)]
     per_rank = [[t for b in h for t in b["transcripts"]] for h in halves]
