@@ -23,9 +23,9 @@ from typing import Sequence, Tuple
 import numpy as np
 import torch
 
-SAMPLE_RATE = 16000
+from orchestrator.data.frames import HOP_LENGTH, SAMPLE_RATE, valid_frames, window_frames_for  # noqa: F401
+
 N_FFT = 400
-HOP_LENGTH = 160
 
 
 def _hz_to_slaney_mel(hz: np.ndarray) -> np.ndarray:
@@ -55,16 +55,6 @@ def mel_filters(num_mel_bins: int, sample_rate: int = SAMPLE_RATE, n_fft: int = 
     filters = np.maximum(0.0, np.minimum(rising, falling))
     filters *= (2.0 / (upper - lower))  # equal area per filter
     return torch.from_numpy(filters.astype(np.float32))
-
-
-def window_frames_for(max_source_positions: int) -> int:
-    """Mel frames of the encoder window: the stride-2 conv halves them to the positions."""
-    return 2 * max_source_positions
-
-
-def valid_frames(num_samples: int) -> int:
-    """Mel frames that carry a clip of `num_samples` (HF attention-mask length)."""
-    return math.ceil(num_samples / HOP_LENGTH)
 
 
 def pad_or_trim(clips: Sequence[np.ndarray], window_frames: int) -> torch.Tensor:

@@ -9,34 +9,14 @@ response: transcript, suffix and eos).
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from typing import List, Sequence
 
 import numpy as np
 
-from orchestrator.data.mel import HOP_LENGTH, window_frames_for
+from orchestrator.data.frames import audio_placeholder_count  # noqa: F401  (re-exported)
 
 SPEECH_MARKER = "<SpeechHere>"
-
-
-def audio_placeholder_count(num_samples: int, max_source_positions: int, frame_stack: int,
-                            mode: str = "clip") -> int:
-    """Audio tokens the adapter makes for a clip of `num_samples` 16-kHz samples.
-
-    mel frames: ceil(samples / 160) for mode "clip" (capped at the window), the whole
-    window (2 * max_source_positions) for mode "window"; the encoder's stride-2 conv
-    (kernel 3, padding 1) makes ceil(mel / 2) frames; the adapter stacks `frame_stack`
-    of them and drops a partial stack: // frame_stack.
-    """
-    window = window_frames_for(max_source_positions)
-    if mode == "window":
-        mel = window
-    elif mode == "clip":
-        mel = min(math.ceil(num_samples / HOP_LENGTH), window)
-    else:
-        raise ValueError(f"data.audio_tokens={mode!r}; use 'clip' or 'window'")
-    return math.ceil(mel / 2) // frame_stack
 
 
 @dataclass
