@@ -18,7 +18,8 @@ def _parser() -> argparse.ArgumentParser:
                           description="Synthesize spoken digit strings and short sentences with espeak-ng "
                                       "(48 training voices; validation on held-out accents and variants), "
                                       "written as several MDS datasets with a small HF tokenizer.")
-    demo.add_argument("out_dir", help="new (or empty) directory to write")
+    demo.add_argument("out_dir", help="new (or empty) directory to write; the demo data config reads "
+                                      "$AUDIOLLM_DEMO_DATA, default outputs/demo_data")
     demo.add_argument("--num-samples", type=int, default=3000, help="training utterances (default 3000)")
     demo.add_argument("--num-val-samples", type=int, default=100,
                       help="utterances per validation dataset (4 datasets; default 100)")

@@ -81,9 +81,17 @@ def test_data_parallel_ranks_split_the_samples(three_datasets, tokenizer_dir, en
     order = [next(full)["tokens"][0] for _ in range(12)]
     ranks = [build_train_loader(cfg, encoder_cfg, adapter_cfg, micro_batch_size=1, dp_rank=r, dp_size=3, seed=1)
              for r in range(3)]
+    states = []
     for step in range(4):
+        states.append([ranks[r].state_dict() for r in range(3)])
         for r in range(3):
             assert torch.equal(next(ranks[r])["tokens"][0], order[3 * step + r])
+    # A rank resumed from its checkpoint continues with its own next sample.
+    resumed = build_train_loader(cfg, encoder_cfg, adapter_cfg, micro_batch_size=1, dp_rank=1, dp_size=3, seed=1)
+    resumed.load_state_dict(states[2][1])
+    assert torch.equal(next(resumed)["tokens"][0], order[3 * 2 + 1])
+    with pytest.raises(ValueError, match="dp_rank: saved 0, now 1"):
+        resumed.load_state_dict(states[2][0])
 
 
 def test_seven_hundred_datasets_in_one_mixture(tmp_path, tokenizer_dir, encoder_cfg, adapter_cfg):
