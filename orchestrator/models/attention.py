@@ -164,6 +164,10 @@ class SoftcapDotProductAttention(_Gemma2CoreAttentionBase):
         return context
 
 
+_BLOCK_MASKS: dict = {}
+_BLOCK_MASK_CACHE_SIZE = 16
+
+
 class FlexSoftcapAttention(_Gemma2CoreAttentionBase):
     """Gemma2 core attention on torch's flex_attention: the softcap is a `score_mod`
     (applied to the scaled score, before masking, as in HF) and causal + window +
@@ -223,10 +227,22 @@ class FlexSoftcapAttention(_Gemma2CoreAttentionBase):
         def score_mod(score, batch, head, q_idx, kv_idx):
             return torch.tanh(score / cap) * cap
 
-        block_mask = self._flex.create_block_mask(
-            mask_mod, B=b if extra is not None and extra.shape[0] > 1 else None, H=None,
-            Q_LEN=sq, KV_LEN=key.shape[0], device=device,
-        )
+        # Block masks depend only on lengths, window and documents: build each once and
+        # share it between layers and steps (not when an explicit attention_mask is given).
+        cache_key = None
+        if extra is None:
+            docs = None if cu_seqlens is None else tuple(cu_seqlens.tolist())
+            cache_key = (sq, key.shape[0], window, docs, str(device))
+        block_mask = _BLOCK_MASKS.get(cache_key) if cache_key is not None else None
+        if block_mask is None:
+            block_mask = self._flex.create_block_mask(
+                mask_mod, B=b if extra is not None and extra.shape[0] > 1 else None, H=None,
+                Q_LEN=sq, KV_LEN=key.shape[0], device=device,
+            )
+            if cache_key is not None:
+                if len(_BLOCK_MASKS) >= _BLOCK_MASK_CACHE_SIZE:
+                    _BLOCK_MASKS.pop(next(iter(_BLOCK_MASKS)))
+                _BLOCK_MASKS[cache_key] = block_mask
         out = self._attention_kernel(device)(
             query.permute(1, 2, 0, 3), key.permute(1, 2, 0, 3), value.permute(1, 2, 0, 3),
             score_mod=score_mod if cap is not None else None, block_mask=block_mask,

@@ -28,6 +28,11 @@ def _linears(backend: str):
         return ColumnParallelLinear, RowParallelLinear, SoftcapDotProductAttention
     if backend == "te":
         try:
+            import torch
+
+            if not torch.cuda.is_available():
+                raise ImportError("CUDA is not available")
+            import transformer_engine  # noqa: F401  (megatron's wrappers import without it and fail later)
             from megatron.core.extensions.transformer_engine import TEColumnParallelLinear, TERowParallelLinear
         except Exception as err:  # TE raises more than ImportError when CUDA libraries are missing
             raise ImportError(

@@ -51,3 +51,13 @@ def test_document_mask_from_cu_seqlens_and_padding_mask():
 def test_unequal_query_and_key_lengths_are_refused():
     with pytest.raises(ValueError, match=r"query \(3\) and key \(4\)"):
         allowed_attention(3, 4, "cpu", None)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU-only error")
+def test_te_backend_without_transformer_engine_says_what_to_do():
+    from orchestrator.models.gemma2_spec import gemma2_layer_spec
+
+    with pytest.raises((ImportError, ValueError), match="model.backend='local' on CPU"):
+        gemma2_layer_spec("te")
+    with pytest.raises(ValueError, match=r"model.backend='cuda' is not one of \('local', 'te'\)"):
+        gemma2_layer_spec("cuda")
