@@ -19,9 +19,21 @@ DELEGATED: dict[str, tuple[str, str, str]] = {
     "cancel": ("launchers.commands", "cancel_main", "cancel the jobs of a run or sweep directory"),
     "eval": ("orchestrator.train.evaluate", "main", "greedy decoding and WER of a run's checkpoint"),
     "data": ("orchestrator.data.cli", "main", "data tools: `audiollm data demo OUT_DIR` makes the speech demo corpus"),
-    "convert": ("orchestrator.convert.cli", "main", "hf-to-megatron / megatron-to-hf checkpoint conversion"),
-    "compare-weights": ("orchestrator.convert.cli", "compare_weights_main", "list parameters that differ between two checkpoints"),
+    "compare-weights": ("orchestrator.convert.compare_weights", "main", "list parameters whose statistics differ between two checkpoints"),
 }
+# `audiollm convert DIRECTION ...`
+CONVERSIONS: dict[str, tuple[str, str]] = {
+    "hf-to-megatron": ("orchestrator.convert.hf_to_megatron", "main"),
+    "megatron-to-hf": ("orchestrator.convert.megatron_to_hf", "main"),
+}
+
+
+def convert_main(argv: Sequence[str]) -> int:
+    if not argv or argv[0] not in CONVERSIONS:
+        print("usage: audiollm convert {" + ",".join(CONVERSIONS) + "} [--help] ...", file=sys.stderr)
+        return 0 if argv and argv[0] in ("-h", "--help") else 2
+    module_name, function_name = CONVERSIONS[argv[0]]
+    return int(getattr(importlib.import_module(module_name), function_name)(list(argv[1:])) or 0)
 
 
 def _plan_parser() -> argparse.ArgumentParser:
@@ -75,6 +87,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     signal.signal(signal.SIGPIPE, signal.SIG_DFL)
     commands = {"plan": "what would run, and will it fit (--json for scripts)"}
     commands.update({name: text for name, (_, _, text) in DELEGATED.items()})
+    commands["convert"] = "checkpoint conversion: convert hf-to-megatron | megatron-to-hf (--verify)"
     parser = _top_parser(commands)
     if not argv or argv[0] in ("-h", "--help"):
         parser.print_help()
@@ -83,6 +96,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     rest = argv[1:]
     if ns.command == "plan":
         return plan_main(rest)
+    if ns.command == "convert":
+        return convert_main(rest)
     module_name, function_name, _ = DELEGATED[ns.command]
     handler: Callable[[list[str]], int] = getattr(importlib.import_module(module_name), function_name)
     return int(handler(rest) or 0)
