@@ -114,7 +114,7 @@ class RankJob:
             state = {"launch": launch_index, "requeues": 0, "attempt": 0}
         attempt = int(state.get("attempt", 0)) + 1
         print(
-            f"[launcher] attempt {attempt} rank {rank}/{dist_env.world_size} job {env.job_id} "
+            f"[launcher] attempt {attempt} rank {rank}/{dist_env.world_size} pid {os.getpid()} job {env.job_id} "
             f"on {env.hostname} master {dist_env.master_addr}:{dist_env.master_port}",
             flush=True,
         )
@@ -160,7 +160,7 @@ class RankJob:
             raise RuntimeError(message)
         print(f"[launcher] rank {rank}: checkpoint written after {signame}; exiting for requeue", flush=True)
         if rank == 0:
-            _update_state(run_path, state="PREEMPTED", requeues=requeues + 1, signal=signame)
+            _update_state(run_path, state="PREEMPTED", requeues=requeues + 1, signal=signame, stopped_at=time.time())
             if on_slurm and signame == "SIGUSR2":
                 # Requeue this job (array element ids "A_i" are accepted as they are).
                 subprocess.run(["scontrol", "requeue", env.job_id], check=False, timeout=60)

@@ -133,6 +133,7 @@ def record_launch(run_dir: Path, entry: Mapping[str, Any]) -> None:
     record["launches"].append(
         {
             "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            "submitted_at": time.time(),
             "command": [Path(sys.argv[0]).name, *sys.argv[1:]],
             "version": project_version(),
             **entry,

@@ -159,7 +159,8 @@ def main(run_dir: str) -> dict:
             if save_interval and step % save_interval == 0 and step < iters:
                 _save(run_path, step, model, optim, keep_last)
     if rank == 0:
-        _save(run_path, step, model, optim, keep_last)
-        print(f"[minimal_job] done: step {step} loss {loss_value:.6f}", flush=True)
+        if step > start or ckpt is None:
+            _save(run_path, step, model, optim, keep_last)
+        print(f"[minimal_job] done: step {step}" + (f" loss {loss_value:.6f}" if step > start else " (nothing left to train)"), flush=True)
     dist.barrier()
     return {"step": step, "loss": loss_value}
