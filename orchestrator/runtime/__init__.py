@@ -1,0 +1,1 @@
+"""Job-side runtime: process-group set-up and the CPU compatibility layer."""
