@@ -63,11 +63,15 @@ def prepare(overrides: Sequence[str], run_dir: Path | None = None) -> tuple[Prep
         cfg = _compose(overrides)
     except ComposeError as exc:
         return None, [str(exc)]
-    errors = validate(cfg)
+    # A dry run shows what would run (like `audiollm plan`); a real launch is checked for training.
+    purpose = "plan" if cfg.launcher.dry_run else "train"
+    errors, warnings = validate(cfg, purpose)
     if errors:
         return None, errors
+    for warning in warnings:
+        print(warning, file=sys.stderr)
     try:
-        plan = make_plan(cfg)
+        plan = make_plan(cfg, purpose)
     except ValueError as exc:
         return None, [str(exc)]
     container = OmegaConf.to_container(cfg, resolve=True)
@@ -102,7 +106,8 @@ def dry_run_text(run: PreparedRun, array_size: int | None = None) -> str:
     parts = [
         f"# dry run: nothing written, nothing submitted\n# run directory: {run.run_dir}",
         "# composed config (config.yaml)\n" + _config_yaml(run),
-        "# plan (plan.json)\n" + json.dumps(run.plan, indent=2, default=str),
+        # The plan's copy of the config is left out: it is printed just above.
+        "# plan (plan.json)\n" + json.dumps({k: v for k, v in run.plan.items() if k != "config"}, indent=2, default=str),
         "# argv\n" + " ".join(str(a) for a in run.plan.get("argv") or []),
     ]
     if launcher["kind"] == "slurm":
@@ -381,3 +386,38 @@ def cancel(path: str | os.PathLike) -> int:
                   + ("" if ok else f" ({detail})"))
             code = code if ok else EXIT_FAILED
     return code
+
+
+# ---------------------------------------------------------------------------- argv entry points (cli.py)
+
+
+def train_main(argv: Sequence[str]) -> int:
+    """`audiollm train [-m|--multirun] OVERRIDES...`"""
+    import argparse
+
+    parser = argparse.ArgumentParser(
+        prog="audiollm train",
+        description="Compose, validate, resolve and launch a run; with -m, one run per point of a sweep. "
+        "launcher=local (default recipe) runs here and streams rank 0; launcher=slurm returns once queued. "
+        "launcher.dry_run=true prints the config, plan, argv and sbatch script and submits nothing.",
+    )
+    parser.add_argument("-m", "--multirun", action="store_true", help="sweep: a=1,2 b=x,y runs every combination")
+    parser.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. +recipe=tiny_cpu optim.lr=1e-3")
+    args = parser.parse_args(list(argv))
+    return train(args.overrides, multirun=args.multirun)
+
+
+def _path_main(argv: Sequence[str], prog: str, text: str, fn) -> int:
+    import argparse
+
+    parser = argparse.ArgumentParser(prog=prog, description=text)
+    parser.add_argument("path", help="a run directory (outputs/<experiment>/<run>) or a sweep directory")
+    return fn(parser.parse_args(list(argv)).path)
+
+
+def status_main(argv: Sequence[str]) -> int:
+    return _path_main(argv, "audiollm status", "State, last step and last loss of a run, or a sweep's table.", status)
+
+
+def cancel_main(argv: Sequence[str]) -> int:
+    return _path_main(argv, "audiollm cancel", "Cancel the job of a run, or every job of a sweep.", cancel)

@@ -1,7 +1,7 @@
 """Validation and planning, as the launcher needs them.
 
-`orchestrator.validate.validate(cfg) -> list[str]` and `orchestrator.resolve.resolve(cfg)
--> Plan` are used when present; until then, launcher-level checks and a stand-in
+`orchestrator.validate.validate(cfg, purpose) -> list[Finding]` and
+`orchestrator.resolve.resolve(cfg, purpose) -> Plan` are used when present; until then, launcher-level checks and a stand-in
 plan ({"world_size", "nodes", "gpus_per_node", "tp", "pp", "cp", "dp", "argv": []}).
 """
 
@@ -29,14 +29,25 @@ def _project_module(name: str):
 ACCELERATORS = ("cpu", "gpu")
 
 
-def check_launcher(launcher: Mapping[str, Any]) -> list[str]:
-    """Errors in the launcher section alone (each names the values and the fix)."""
+def check_launcher(launcher: Mapping[str, Any], generic: bool = True) -> list[str]:
+    """Errors in the launcher section alone (each names the values and the fix).
+
+    generic=False leaves out the rules orchestrator.validate also checks (kind,
+    accelerator, nodes of a local run, max_requeues), so each error is said once."""
     errors = []
+    entry = str(launcher.get("entry") or "")
+    if "." not in entry.replace(":", "."):
+        errors.append(f"launcher.entry={entry!r} must be a dotted path 'package.module.function'")
+    for key in ("cpus_per_task", "timeout_min", "signal_delay_s", "array_parallelism"):
+        if int(launcher[key]) < 1:
+            errors.append(f"launcher.{key}={launcher[key]} must be at least 1")
+    if not generic:
+        return errors
     if launcher["kind"] not in KINDS:
         errors.append(f"launcher.kind={launcher['kind']!r} is not one of {', '.join(KINDS)}")
     if launcher["accelerator"] not in ACCELERATORS:
         errors.append(f"launcher.accelerator={launcher['accelerator']!r} is not one of {', '.join(ACCELERATORS)}")
-    for key in ("nodes", "gpus_per_node", "cpus_per_task", "timeout_min"):
+    for key in ("nodes", "gpus_per_node"):
         if int(launcher[key]) < 1:
             errors.append(f"launcher.{key}={launcher[key]} must be at least 1")
     if int(launcher["max_requeues"]) < 0:
@@ -46,23 +57,27 @@ def check_launcher(launcher: Mapping[str, Any]) -> list[str]:
             f"launcher.kind=local runs on this machine only, but launcher.nodes={launcher['nodes']}: "
             "set launcher.nodes=1 (and launcher.gpus_per_node to the number of ranks), or use launcher=slurm"
         )
-    entry = str(launcher.get("entry") or "")
-    if "." not in entry.replace(":", "."):
-        errors.append(f"launcher.entry={entry!r} must be a dotted path 'package.module.function'")
     return errors
 
 
-def validate(cfg) -> list[str]:
-    """All errors of a composed config: the launcher's own, then the project validator's."""
-    errors = check_launcher(cfg.launcher)
+def validate(cfg, purpose: str = "train") -> tuple[list[str], list[str]]:
+    """(errors, warnings) of a composed config: the launcher's own checks, then the
+    project validator's (orchestrator.validate, purpose "train" or "plan")."""
     module = _project_module("validate")
+    errors = check_launcher(cfg.launcher, generic=module is None)
     if module is None:
-        return errors
-    return errors + [str(e) for e in module.validate(cfg)]
+        return errors, []
+    resolve_module = _project_module("resolve")
+    obj = resolve_module.to_object(cfg) if resolve_module is not None else cfg
+    findings = module.validate(obj, purpose)
+    project_errors = [str(f) for f in findings if f.severity == "error"]
+    warnings = [str(f) for f in findings if f.severity != "error"]
+    # The project validator repeats some launcher rules; keep each message once.
+    return errors + project_errors, warnings
 
 
-def make_plan(cfg) -> dict:
-    """JSON-able plan of a composed config."""
+def make_plan(cfg, purpose: str = "train") -> dict:
+    """JSON-able plan of a composed (and validated) config."""
     module = _project_module("resolve")
     if module is None:
         launcher, parallel = cfg.launcher, cfg.parallel
@@ -72,5 +87,5 @@ def make_plan(cfg) -> dict:
             "world_size": world, "nodes": int(launcher.nodes), "gpus_per_node": int(launcher.gpus_per_node),
             "tp": tp, "pp": pp, "cp": cp, "dp": max(1, world // (tp * pp * cp)), "argv": [],
         }
-    plan = module.resolve(cfg)
-    return plan.to_dict() if hasattr(plan, "to_dict") else dict(plan)
+    plan = module.resolve(cfg, purpose=purpose)
+    return plan.to_dict()
