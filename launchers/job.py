@@ -113,9 +113,11 @@ class RankJob:
         if state.get("launch") != launch_index:
             state = {"launch": launch_index, "requeues": 0, "attempt": 0}
         attempt = int(state.get("attempt", 0)) + 1
+        # Only rank 0 owns state.json, so only its attempt number is reliable.
         print(
-            f"[launcher] attempt {attempt} rank {rank}/{dist_env.world_size} pid {os.getpid()} job {env.job_id} "
-            f"on {env.hostname} master {dist_env.master_addr}:{dist_env.master_port}",
+            f"[launcher {time.strftime('%H:%M:%S')}] rank {rank}/{dist_env.world_size} pid {os.getpid()} "
+            f"job {env.job_id} on {env.hostname} master {dist_env.master_addr}:{dist_env.master_port}"
+            + (f" attempt {attempt}" if rank == 0 else ""),
             flush=True,
         )
         if rank == 0:
@@ -158,7 +160,7 @@ class RankJob:
                 _update_state(run_path, state="FAILED", error=message)
                 _refresh_sweep_summary(run_path)
             raise RuntimeError(message)
-        print(f"[launcher] rank {rank}: checkpoint written after {signame}; exiting for requeue", flush=True)
+        print(f"[launcher {time.strftime('%H:%M:%S')}] rank {rank}: checkpoint written after {signame}; exiting for requeue", flush=True)
         if rank == 0:
             _update_state(run_path, state="PREEMPTED", requeues=requeues + 1, signal=signame, stopped_at=time.time())
             if on_slurm and signame == "SIGUSR2":

@@ -24,8 +24,11 @@ from pathlib import Path
 
 # Set by the signal handlers (local to this rank).
 _requested: str | None = None
-# Set when should_stop() returned True: every rank agreed to stop early.
+# Set when should_stop() returned True: every rank agreed to stop early, and on
+# which signal (the strongest one any rank got: SIGUSR2 asks for a requeue).
 _agreed = False
+_agreed_signal: str | None = None
+_SIGNAL_CODES = {None: 0, "SIGTERM": 1, "SIGUSR2": 2}
 
 
 def request_stop(signum: int, _frame=None) -> None:
@@ -40,27 +43,28 @@ def install_handlers(signals=(signal.SIGUSR2, signal.SIGTERM)) -> None:
 
 
 def stop_signal() -> str | None:
-    """Name of the signal received on this rank, if any."""
-    return _requested
+    """The signal the ranks agreed to stop on (or, before that, the one this rank got)."""
+    return _agreed_signal or _requested
 
 
 def should_stop() -> bool:
     """Collective: True on every rank when any rank was asked to stop."""
-    global _agreed
-    local = 1 if _requested is not None else 0
+    global _agreed, _agreed_signal
+    code = _SIGNAL_CODES.get(_requested, 1)
     import torch.distributed as dist  # job side only
 
     if dist.is_available() and dist.is_initialized():
         import torch
 
-        flag = torch.tensor([local], dtype=torch.int32)
+        flag = torch.tensor([code], dtype=torch.int32)
         if dist.get_backend() == "nccl":
             flag = flag.cuda()
         dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-        local = int(flag.item())
-    if local:
+        code = int(flag.item())
+    if code:
         _agreed = True
-    return bool(local)
+        _agreed_signal = {v: k for k, v in _SIGNAL_CODES.items()}[code]
+    return bool(code)
 
 
 def stopped_early() -> bool:
@@ -70,8 +74,8 @@ def stopped_early() -> bool:
 
 def reset() -> None:
     """Forget any stop request (a new attempt in the same process, tests)."""
-    global _requested, _agreed
-    _requested, _agreed = None, False
+    global _requested, _agreed, _agreed_signal
+    _requested, _agreed, _agreed_signal = None, False, None
 
 
 def wandb_run_id(run_dir: str | os.PathLike) -> str:

@@ -36,11 +36,16 @@ def slurm_state(job_id: str) -> str | None:
 
 
 def _local_alive(job_id: str) -> bool:
+    """Is the local job's controller process running (an unreaped zombie is not)?"""
     try:
         os.kill(int(job_id), 0)
     except (ValueError, ProcessLookupError, PermissionError):
         return False
-    return True
+    try:
+        stat = Path(f"/proc/{int(job_id)}/stat").read_text()
+        return stat.rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return True
 
 
 def run_state(run_dir: Path, query_scheduler: bool = True) -> dict:
@@ -65,6 +70,8 @@ def run_state(run_dir: Path, query_scheduler: bool = True) -> dict:
         state = scheduler
     elif scheduler == "ENDED" and state in ("RUNNING", "SUBMITTED"):
         state = "DIED"  # a local job ended without saying how
+    elif scheduler == "ENDED" and state == "PREEMPTED":
+        state = "STOPPED"  # a local run stopped with a checkpoint: run the same command to continue
     metrics = read_metrics(run_dir)
     cfg_iters = None
     cfg_path = run_dir / "config.yaml"

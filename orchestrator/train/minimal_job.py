@@ -96,8 +96,11 @@ def main(run_dir: str) -> dict:
     gpu = cfg["launcher"]["accelerator"] == "gpu" and torch.cuda.is_available()
     torch.set_num_threads(1)  # deterministic and polite on a shared machine
 
+    started = time.time()
     dist.init_process_group(backend="nccl" if gpu else "gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
+    if rank == 0:
+        print(f"[minimal_job] process group of {world} ranks ready in {time.time() - started:.1f} s", flush=True)
     if plan.get("world_size") not in (None, world):
         raise RuntimeError(f"plan.json world_size {plan['world_size']} != WORLD_SIZE {world} of this job")
     device = torch.device("cuda", 0) if gpu else torch.device("cpu")
