@@ -139,9 +139,10 @@ def submit_run(run: PreparedRun):
     return job
 
 
-def _follow_hint(path: Path) -> str:
+def _follow_hint(path: Path, sweep: bool = False) -> str:
+    logs = f"{path}/<point>/logs/rank0.log" if sweep else f"{path}/logs/rank0.log"
     return (f"  follow:  audiollm status {path}\n"
-            f"  logs:    tail -f {path}/logs/rank0.log\n"
+            f"  logs:    tail -f {logs}\n"
             f"  cancel:  audiollm cancel {path}")
 
 
@@ -323,7 +324,7 @@ def train_sweep(overrides: Sequence[str]) -> int:
     if launcher["kind"] == "slurm":
         jobs = submit_sweep(sweep_dir, points)
         print(f"sweep {sweep_dir}: {len(points)} points\nsubmitted SLURM job array "
-              f"{jobs[0].job_id.split('_')[0]}\n{_follow_hint(sweep_dir)}")
+              f"{jobs[0].job_id.split('_')[0]}\n{_follow_hint(sweep_dir, sweep=True)}")
         return _wait_slurm(jobs) if launcher.get("wait") else EXIT_OK
     # local: one point after another (they share this machine's cores)
     rd.write_json(sweep_dir / "sweep.json", {
