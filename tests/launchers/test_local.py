@@ -82,3 +82,30 @@ def test_cancelled_run_continues_when_the_same_command_runs_again(reference, tmp
     assert losses(run_dir) == losses(ref_dir)
     assert commands.status(run_dir) == 0
     assert f"step      {ITERS}/{ITERS}" in capsys.readouterr().out
+
+
+def test_requeues_are_bounded_by_max_requeues(tmp_path, tiny, monkeypatch):
+    monkeypatch.setenv("AUDIOLLM_MINIMAL_STEP_DELAY_S", "0.25")
+    run_dir = tmp_path / "tiny_cpu" / "bounded"
+    overrides = tiny(tmp_path, "run.name=bounded", "launcher.wait=false", "launcher.max_requeues=0", iters=ITERS)
+    assert commands.train(overrides) == 0
+    wait_for_step(run_dir, 2, timeout=120)
+    os.kill(rank_pids(run_dir, 0)[0], signal.SIGUSR2)
+    info = wait_for_end(run_dir, timeout=120)
+    assert info["state"] == "FAILED", info
+    assert "launcher.max_requeues=0" in info["error"] and "run.resume=auto" in info["error"]
+    assert len(rank_pids(run_dir, 0)) == 1  # not restarted
+    stopped = int((run_dir / "checkpoints" / "latest").read_text().strip().split("_")[1])
+    assert 2 <= stopped < ITERS and max(losses(run_dir)) == stopped
+
+
+def test_local_sweep_runs_each_point_and_writes_the_summary(tmp_path, tiny, capsys):
+    code = commands.train(tiny(tmp_path, "run.name=sw", "train.seed=1,2", ranks=1, iters=3), multirun=True)
+    assert code == 0
+    sweep_dir = tmp_path / "tiny_cpu" / "sw"
+    rows = (sweep_dir / "summary.txt").read_text().splitlines()[2:]
+    assert [row.split()[:4] for row in rows] == [
+        ["000", "train.seed=1", "COMPLETED", "3/3"], ["001", "train.seed=2", "COMPLETED", "3/3"],
+    ]
+    assert losses(sweep_dir / "000") != losses(sweep_dir / "001")
+    assert "=== point 001: train.seed=2" in capsys.readouterr().out
