@@ -124,10 +124,30 @@ def dry_run_text(run: PreparedRun, array_size: int | None = None) -> str:
 # ---------------------------------------------------------------------------- single runs
 
 
+ACTIVE_STATES = ("PENDING", "RUNNING", "SUBMITTED")
+
+
+class RunActive(RuntimeError):
+    """The run already has a queued or running job."""
+
+
+def ensure_not_active(run_dir: Path) -> None:
+    """Two jobs must never write one run directory's checkpoints."""
+    if not rd.last_launch(run_dir):
+        return
+    info = run_state(run_dir)
+    if info["state"] in ACTIVE_STATES and info["scheduler"] not in (None, "ENDED", "COMPLETED"):
+        raise RunActive(
+            f"run {run_dir} already has job {info['job_id']} ({info['state']}); "
+            f"follow it with `audiollm status {run_dir}` or stop it with `audiollm cancel {run_dir}` first"
+        )
+
+
 def submit_run(run: PreparedRun):
     """Write the run directory, submit, record the launch. Returns the submitit job."""
     from launchers.executors import make_executor
 
+    ensure_not_active(run.run_dir)
     rd.prepare(run.run_dir, _config_yaml(run), run.plan)
     index = _launch_index(run.run_dir)
     executor = make_executor(run.launcher, run.run_dir / "submitit", run.job_name)
@@ -223,7 +243,11 @@ def train(overrides: Sequence[str], multirun: bool = False) -> int:
     if launcher["dry_run"]:
         print(dry_run_text(run), end="")
         return EXIT_OK
-    job = submit_run(run)
+    try:
+        job = submit_run(run)
+    except RunActive as exc:
+        _print_errors([str(exc)], header="not submitted")
+        return EXIT_INVALID
     verb = "resuming" if run.resumes else "starting"
     if launcher["kind"] == "slurm":
         print(f"{verb} run {run.run_dir}\nsubmitted SLURM job {job.job_id} "
@@ -321,6 +345,12 @@ def train_sweep(overrides: Sequence[str]) -> int:
             print(f"#   {run.run_dir.name}: {' '.join(swept)}")
         print(dry_run_text(points[0][1], array_size=len(points)), end="")
         return EXIT_OK
+    try:
+        for _, run in points:
+            ensure_not_active(run.run_dir)
+    except RunActive as exc:
+        _print_errors([str(exc)], header="sweep not submitted")
+        return EXIT_INVALID
     if launcher["kind"] == "slurm":
         jobs = submit_sweep(sweep_dir, points)
         print(f"sweep {sweep_dir}: {len(points)} points\nsubmitted SLURM job array "

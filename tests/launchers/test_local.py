@@ -11,7 +11,7 @@ import pytest
 from launchers import commands
 from launchers.rundir import read_json
 
-from .helpers import launches, losses, rank_pids, wait_for_end, wait_for_step
+from .helpers import launches, losses, rank_pids, tiny_overrides, wait_for_end, wait_for_step
 
 pytestmark = pytest.mark.multiprocess
 
@@ -21,8 +21,6 @@ ITERS = 12
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory):
     """One uninterrupted 2-rank run; its per-step losses are what interrupted runs must reproduce."""
-    from .conftest import tiny_overrides
-
     root = tmp_path_factory.mktemp("local-ref")
     code = commands.train(tiny_overrides(root, "run.name=ref", iters=ITERS))
     return code, root / "tiny_cpu" / "ref"
@@ -68,6 +66,8 @@ def test_cancelled_run_continues_when_the_same_command_runs_again(reference, tmp
     assert commands.train([*overrides, "launcher.wait=false"]) == 0
     (run_dir,) = (tmp_path / "tiny_cpu").iterdir()
     wait_for_step(run_dir, 3, timeout=120)
+    assert commands.train(overrides) == 2  # a second job may not write the same run directory
+    assert "already has job" in capsys.readouterr().err
     assert commands.cancel(run_dir) == 0  # SIGTERM: checkpoint at the next step boundary, then stop
     info = wait_for_end(run_dir, timeout=120)
     assert info["state"] == "STOPPED" and info["step"] < ITERS, info

@@ -14,8 +14,7 @@ import pytest
 
 from launchers import commands
 from launchers.rundir import read_json, read_metrics
-from tests.launchers.conftest import tiny_overrides
-from tests.launchers.helpers import launches, losses, wait_for_end, wait_for_step, wait_until
+from tests.launchers.helpers import launches, losses, tiny_overrides, wait_for_end, wait_for_step, wait_until
 
 pytestmark = [pytest.mark.slurm, pytest.mark.multiprocess]
 
@@ -51,12 +50,12 @@ def test_two_rank_job_trains_to_completion(submitted, capsys):
     assert sorted(losses(run_dir)) == list(range(1, ITERS + 1))
     for rank in (0, 1):
         assert f"rank {rank}/2 pid" in (run_dir / "logs" / f"rank{rank}.log").read_text()
-    first_step = read_metrics(run_dir)[0]["time"]
-    print(f"measured: SLURM submit -> first step {first_step - launch['submitted_at']:.1f} s")
     capsys.readouterr()
     assert commands.status(run_dir) == 0
     out = capsys.readouterr().out
     assert "COMPLETED" in out and f"{ITERS}/{ITERS}" in out
+    first_step = read_metrics(run_dir)[0]["time"]
+    print(f"measured: SLURM submit -> first step {first_step - launch['submitted_at']:.1f} s")
 
 
 def test_sweep_is_one_job_array_with_a_summary(submitted):
