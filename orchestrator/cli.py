@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
+import signal
 import sys
 from typing import Callable, Sequence
 
@@ -70,6 +71,8 @@ def _top_parser(commands: dict[str, str]) -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    # `audiollm plan --json | head` should end quietly, like other command-line tools.
+    signal.signal(signal.SIGPIPE, signal.SIG_DFL)
     commands = {"plan": "what would run, and will it fit (--json for scripts)"}
     commands.update({name: text for name, (_, _, text) in DELEGATED.items()})
     parser = _top_parser(commands)
