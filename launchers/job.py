@@ -145,12 +145,11 @@ class RankJob:
                 _update_state(run_path, state="COMPLETED")
                 _refresh_sweep_summary(run_path)
             return {"rank": rank, "result": result}
-        return self._requeue(run_path, env, rank, on_slurm)
+        # The count read at start: rank 0 rewrites state.json while the others decide.
+        return self._requeue(run_path, env, rank, on_slurm, int(state.get("requeues", 0)))
 
-    def _requeue(self, run_path: Path, env, rank: int, on_slurm: bool) -> dict:
-        signame = runtime.stop_signal() or "a peer rank's signal"
-        state = read_json(run_path / "state.json", default={}) or {}
-        requeues = int(state.get("requeues", 0))
+    def _requeue(self, run_path: Path, env, rank: int, on_slurm: bool, requeues: int) -> dict:
+        signame = runtime.stop_signal() or "SIGTERM"
         if requeues >= self.max_requeues:
             message = (
                 f"stopped by {signame} after {requeues} requeues (launcher.max_requeues={self.max_requeues}); "
