@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
-# Idempotent single-node SLURM bring-up for CI (root, no systemd). Only localhost/127.0.0.1 is used.
+# Idempotent single-node SLURM bring-up for the tests (root, no systemd), loopback only.
+#   bash tests/slurm/start_slurm.sh      (tests/slurm/conftest.py runs it when no cluster answers)
 # SLURM_ACCOUNTING=1 (default) also runs MariaDB + slurmdbd so that `sacct` works
 # (submitit polls sacct to notice jobs that died without a result file). SLURM_ACCOUNTING=0: no DB.
+# SLURM_TEST_BASE (default /tmp/audiollm-slurm) holds config, state, logs and the PID list.
 set -euo pipefail
 
 BASE=${SLURM_TEST_BASE:-/tmp/audiollm-slurm}
