@@ -1,0 +1,1 @@
+"""Job side: code that runs on every rank (may import torch)."""
