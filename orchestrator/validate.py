@@ -348,10 +348,12 @@ def check_backend(model: ModelConfig, launcher: LauncherConfig) -> Iterator[Find
 
 # --------------------------------------------------------------------------- data
 def audio_tokens_per_clip(seconds: float, model: ModelConfig) -> int:
-    """Decoder tokens the adapter makes for a clip: 100 mel frames/s, conv stride 2, frame stack."""
-    mel_frames = math.ceil(seconds * 100)
-    encoder_frames = min(math.ceil(mel_frames / 2), model.encoder.max_source_positions)
-    return encoder_frames // model.adapter.frame_stack
+    """Decoder tokens the adapter makes for a clip of `seconds` (100 mel frames per second,
+    capped at the encoder window)."""
+    from orchestrator.model_params import audio_token_count
+
+    mel_frames = min(math.ceil(seconds * 100), 2 * model.encoder.max_source_positions)
+    return audio_token_count(mel_frames, model.adapter.frame_stack)
 
 
 def check_data(data: DataConfig, model: ModelConfig, purpose: str) -> Iterator[Finding]:

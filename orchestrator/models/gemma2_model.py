@@ -23,7 +23,7 @@ from megatron.core import parallel_state, tensor_parallel
 from megatron.core.models.gpt import GPTModel
 from megatron.core.transformer import TransformerConfig
 
-from orchestrator.megatron_args import padded_vocab_size as padded_vocab
+from orchestrator.megatron_args import padded_vocab_size
 from orchestrator.models.gemma2_spec import gemma2_block_spec
 
 
@@ -40,11 +40,6 @@ class Gemma2TransformerConfig(TransformerConfig):
     final_logit_softcapping: Optional[float] = None  # cap*tanh(logit/cap) before the loss
     # Sliding window (tokens, current one included) on layers with even 0-based index.
     sliding_window: Optional[int] = None
-
-
-def padded_vocab_size(vocab_size: int, tp: int) -> int:
-    """Vocabulary rows of the embedding: a multiple of 128*tp (as Megatron-LM pads)."""
-    return padded_vocab(vocab_size, tp)
 
 
 def gemma2_transformer_config(decoder, tp: int = 1, pp: int = 1, sp: bool = False,
