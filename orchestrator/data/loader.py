@@ -39,7 +39,7 @@ class SampleProcessor:
     """Raw MDS sample -> Example (decode, resample, chunk, tokenize), or a reason it is bad."""
 
     def __init__(self, data_cfg, encoder_cfg, adapter_cfg, tokenizer, pad_multiple: int = 1):
-        self.cfg = data_cfg
+        self.cfg = _plain(data_cfg)  # attribute reads on a DictConfig are slow in this per-sample path
         self.max_source_positions = int(encoder_cfg.max_source_positions)
         self.num_mel_bins = int(encoder_cfg.num_mel_bins)
         self.frame_stack = int(adapter_cfg.frame_stack)
@@ -126,6 +126,17 @@ class FeatureCache:
         self.items[ex.sample_id] = Example(-1, ex.dataset_id, ex.tokenized, [], ex.sample_id, ex.features,
                                            ex.feature_lengths)
         self.used += size
+
+
+def _plain(cfg):
+    """A read-only attribute view with plain Python values of a config section."""
+    from types import SimpleNamespace
+
+    from omegaconf import DictConfig, OmegaConf
+
+    if isinstance(cfg, DictConfig):
+        return SimpleNamespace(**OmegaConf.to_container(cfg, resolve=True))
+    return cfg
 
 
 class BadSamples:
