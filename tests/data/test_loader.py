@@ -1,8 +1,6 @@
 """The training and validation loaders over real MDS datasets (mosaic streaming)."""
 
 import os
-import resource
-import time
 from collections import Counter
 
 import pytest
@@ -115,15 +113,12 @@ def test_seven_hundred_datasets_in_one_mixture(tmp_path, tokenizer_dir, encoder_
     resolved = resolve_entries(cfg.train)
     assert len(resolved) == 700 and resolved[0].name == "many/part0000"
     fds_before = len(os.listdir("/proc/self/fd"))
-    start = time.perf_counter()
     loader = build_train_loader(cfg, encoder_cfg, adapter_cfg, micro_batch_size=4, seed=0)
-    opened = time.perf_counter() - start
     names = set()
     for _ in range(10):
         names.update(next(loader)["sample_datasets"])
     assert len(names) > 100  # the mixture draws from many of them
     assert len(os.listdir("/proc/self/fd")) - fds_before < 100
-    assert resource.getrlimit(resource.RLIMIT_NOFILE)[0] > 0 and opened < 60
 
 
 def test_validation_sets_read_everything_in_order_once(three_datasets, tokenizer_dir, encoder_cfg, adapter_cfg):
