@@ -43,7 +43,7 @@ def to_mono(samples: np.ndarray) -> np.ndarray:
         samples = (samples.astype(np.float32) - (info.min + info.max + 1) / 2) / ((info.max - info.min + 1) / 2)
     samples = samples.astype(np.float32, copy=False)
     if samples.ndim == 2:
-        samples = samples.mean(axis=1)
+        samples = samples[:, 0] if samples.shape[1] == 1 else samples.mean(axis=1)
     if samples.ndim != 1:
         raise AudioError(f"audio array must be [time] or [time, channels], got shape {samples.shape}")
     return samples

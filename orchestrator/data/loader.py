@@ -23,6 +23,7 @@ from collections import Counter
 from typing import Any, Dict, Iterator, List, Optional, Sequence
 
 import numpy as np
+import torch
 
 from orchestrator.data import mel, sources
 from orchestrator.data.audio import AudioError, load_audio
@@ -38,7 +39,7 @@ class SampleProcessor:
     """Raw MDS sample -> Example (decode, resample, chunk, tokenize), or a reason it is bad."""
 
     def __init__(self, data_cfg, encoder_cfg, adapter_cfg, tokenizer, pad_multiple: int = 1):
-        self.cfg = data_cfg
+        self.cfg = _plain(data_cfg)  # attribute reads on a DictConfig are slow in this per-sample path
         self.max_source_positions = int(encoder_cfg.max_source_positions)
         self.num_mel_bins = int(encoder_cfg.num_mel_bins)
         self.frame_stack = int(adapter_cfg.frame_stack)
@@ -81,8 +82,61 @@ class SampleProcessor:
                              f"data.seq_length ({cfg.seq_length}); raise data.seq_length or shorten the clip")
         return Example(position, dataset_id, tokenized, clips)
 
-    def features(self, clips: Sequence[np.ndarray]):
-        return mel.features(list(clips), self.num_mel_bins, self.window_frames)
+    def features(self, examples: Sequence[Example], cache: Optional["FeatureCache"] = None):
+        """Log-mel of every clip of `examples`, in order; computed in one batch for those
+        not cached (and cached when there is room)."""
+        todo = [ex for ex in examples if ex.features is None]
+        clips = [c for ex in todo for c in ex.clips]
+        if clips:
+            feats, lengths = mel.features(clips, self.num_mel_bins, self.window_frames)
+            at = 0
+            for ex in todo:
+                n = len(ex.clips)
+                ex.features, ex.feature_lengths = feats[at:at + n].clone(), lengths[at:at + n].clone()
+                at += n
+                if cache is not None:
+                    cache.put(ex)
+        if not examples:
+            return torch.zeros(0, self.num_mel_bins, self.window_frames), torch.zeros(0, dtype=torch.long)
+        return (torch.cat([ex.features for ex in examples]), torch.cat([ex.feature_lengths for ex in examples]))
+
+
+class FeatureCache:
+    """Tokenized samples with their log-mel features, by mosaic sample id, up to a memory
+    budget (data.feature_cache_mb). A corpus that fits is decoded once and then every
+    later epoch skips decoding, resampling and the STFT."""
+
+    def __init__(self, budget_mb: int):
+        self.budget = int(budget_mb) * (1 << 20)
+        self.used = 0
+        self.items: Dict[int, Example] = {}
+
+    def get(self, sample_id: int, position: int, dataset_id: int) -> Optional[Example]:
+        hit = self.items.get(sample_id)
+        if hit is None:
+            return None
+        return Example(position, dataset_id, hit.tokenized, [], sample_id, hit.features, hit.feature_lengths)
+
+    def put(self, ex: Example) -> None:
+        if ex.sample_id < 0 or ex.sample_id in self.items:
+            return
+        size = ex.features.numel() * ex.features.element_size() + ex.tokenized.tokens.nbytes * 3
+        if self.used + size > self.budget:
+            return
+        self.items[ex.sample_id] = Example(-1, ex.dataset_id, ex.tokenized, [], ex.sample_id, ex.features,
+                                           ex.feature_lengths)
+        self.used += size
+
+
+def _plain(cfg):
+    """A read-only attribute view with plain Python values of a config section."""
+    from types import SimpleNamespace
+
+    from omegaconf import DictConfig, OmegaConf
+
+    if isinstance(cfg, DictConfig):
+        return SimpleNamespace(**OmegaConf.to_container(cfg, resolve=True))
+    return cfg
 
 
 class BadSamples:
@@ -138,6 +192,7 @@ class TrainLoader:
         self.packer = Packer(data_cfg.seq_length, micro_batch_size, data_cfg.packing_buffer, data_cfg.packing,
                              pad_multiple)
         self.bad = BadSamples(data_cfg.on_bad_sample)
+        self.cache = FeatureCache(data_cfg.feature_cache_mb) if data_cfg.feature_cache_mb > 0 else None
         self.next_position = 0  # global position of the next sample to draw
         self._skip_below = 0  # after a resume: positions below this were emitted unless pending
         self._pending_resume: set = set()
@@ -182,8 +237,14 @@ class TrainLoader:
                 continue  # emitted before the checkpoint
             sample_id = int(raw["__sample_id__"])
             where = sources.locate(self.mixture, sample_id, self.datasets)
+            cached = self.cache.get(sample_id, position, where["stream_id"]) if self.cache else None
+            if cached is not None:
+                self.packer.add(cached)
+                drawn_without_use = 0
+                continue
             try:
                 example = self.processor(raw, position, where["stream_id"])
+                example.sample_id = sample_id
             except (AudioError, ValueError) as err:
                 self.bad.handle(where, str(err))
                 continue
@@ -200,7 +261,8 @@ class TrainLoader:
         self.micro_batches += 1
         return collate(rows, self.cfg.seq_length, self.processor.pad_id, self.processor.pad_multiple, self.names,
                        self.processor.prompts.audio_token_id, num_rows=self.mbs,
-                       features_fn=self.processor.features, packed=self.cfg.packing)
+                       features_fn=lambda examples: self.processor.features(examples, self.cache),
+                       packed=self.cfg.packing)
 
     # ---------------------------------------------------------------- checkpoint
     def state_dict(self) -> Dict[str, Any]:

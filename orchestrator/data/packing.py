@@ -44,6 +44,9 @@ class Example:
     dataset_id: int
     tokenized: Tokenized
     clips: List[np.ndarray] = field(default_factory=list)  # 16-kHz audio per clip
+    sample_id: int = -1  # mosaic's global sample id (feature cache key)
+    features: Optional[torch.Tensor] = None  # [clips, mels, frames] when already computed (cache)
+    feature_lengths: Optional[torch.Tensor] = None
 
     def __len__(self) -> int:
         return len(self.tokenized)
@@ -111,7 +114,7 @@ def collate(rows: Sequence[Sequence[Example]], seq_length: int, pad_id: int, pad
     positions = np.zeros((b, seq_length), dtype=np.int64)
     dataset_index = np.full((b, seq_length), -1, dtype=np.int64)
     seqlens: List[int] = []
-    clips: List[np.ndarray] = []
+    examples: List[Example] = []
     clip_tokens: List[int] = []
     sample_datasets: List[str] = []
     num_tokens = 0
@@ -125,7 +128,7 @@ def collate(rows: Sequence[Sequence[Example]], seq_length: int, pad_id: int, pad
             positions[r, at:at + span] = np.arange(span)
             dataset_index[r, at:at + n] = ex.dataset_id
             seqlens.append(span)
-            clips.extend(ex.clips)
+            examples.append(ex)
             clip_tokens.extend(t.audio_tokens)
             sample_datasets.append(dataset_names[ex.dataset_id])
             num_tokens += n
@@ -145,7 +148,8 @@ def collate(rows: Sequence[Sequence[Example]], seq_length: int, pad_id: int, pad
         "num_samples": len(sample_datasets), "num_tokens": num_tokens, "packed": packed,
     }
     if features_fn is not None:
-        batch["audio_features"], batch["audio_lengths"] = features_fn(clips)
+        # features_fn(examples) -> ([clips, mels, frames], [clips]) in placeholder order.
+        batch["audio_features"], batch["audio_lengths"] = features_fn(examples)
     return batch
 
 

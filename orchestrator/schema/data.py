@@ -42,6 +42,9 @@ class DataConfig:
     # Local cache of remote (s3://, gs://, ...) datasets; local datasets are read in place.
     # None: a directory under the system temp dir, unique per process.
     cache_dir: Optional[str] = None
+    # Keep tokenized samples and their log-mel features in memory up to this many MiB,
+    # so later epochs of a small corpus skip decoding and the STFT. 0: off.
+    feature_cache_mb: int = 0
     validation_max_samples: Optional[int] = None  # per validation dataset; None: all of it
     num_workers: int = 0
     seed: int = 17

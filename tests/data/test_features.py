@@ -32,6 +32,18 @@ def test_log_mel_matches_hf_whisper_feature_extractor(bins, seconds):
     assert lengths.tolist() == ref["attention_mask"].sum(-1).tolist()
 
 
+@pytest.mark.parametrize("bins,seconds", [(80, 5), (128, 30)])
+def test_short_clips_computed_over_their_own_length_match_hf(bins, seconds):
+    # Blocks of short clips take the path that runs the STFT only over the clips.
+    clips = [_speechlike(n, i) for i, n in enumerate((1, 159, 160, 3000, 16000, 16201, 47123))]
+    clips.append(np.zeros(8000, np.float32))  # silence: every frame at the floor
+    hf = WhisperFeatureExtractor(feature_size=bins, chunk_length=seconds)
+    ref = hf(clips, sampling_rate=16000, return_tensors="np")["input_features"]
+    for block in (1, 3, 4):
+        ours, _ = mel.features(clips, bins, window_frames=seconds * 100, block=block)
+        assert np.abs(ours.numpy() - ref).max() < 1e-3
+
+
 def test_mel_filters_match_hf():
     for bins in (80, 128):
         hf = WhisperFeatureExtractor(feature_size=bins)

@@ -1,8 +1,6 @@
 """The training and validation loaders over real MDS datasets (mosaic streaming)."""
 
 import os
-import resource
-import time
 from collections import Counter
 
 import pytest
@@ -75,6 +73,19 @@ def test_same_seed_same_batches_and_resume_mid_stream_and_across_epochs(three_da
         other.load_state_dict(states[3])
 
 
+def test_feature_cache_gives_the_same_batches(three_datasets, tokenizer_dir, encoder_cfg, adapter_cfg):
+    plain = build_train_loader(data_config(_entries(three_datasets), tokenizer=str(tokenizer_dir)),
+                               encoder_cfg, adapter_cfg, micro_batch_size=2, seed=4)
+    cached = build_train_loader(data_config(_entries(three_datasets), tokenizer=str(tokenizer_dir),
+                                            feature_cache_mb=64), encoder_cfg, adapter_cfg, micro_batch_size=2, seed=4)
+    for _ in range(30):  # more than two epochs: later ones come from the cache
+        a, b = next(plain), next(cached)
+        assert torch.equal(a["tokens"], b["tokens"]) and torch.equal(a["audio_features"], b["audio_features"])
+        assert torch.equal(a["audio_lengths"], b["audio_lengths"])
+    # Weighted sampling repeats gamma and skips some of alpha and beta: most samples were seen.
+    assert 50 < len(cached.cache.items) <= 90 and 0 < cached.cache.used <= 64 << 20
+
+
 def test_data_parallel_ranks_split_the_samples(three_datasets, tokenizer_dir, encoder_cfg, adapter_cfg):
     cfg = data_config(_entries(three_datasets), tokenizer=str(tokenizer_dir), packing=False)
     full = build_train_loader(cfg, encoder_cfg, adapter_cfg, micro_batch_size=1, seed=1)
@@ -102,15 +113,12 @@ def test_seven_hundred_datasets_in_one_mixture(tmp_path, tokenizer_dir, encoder_
     resolved = resolve_entries(cfg.train)
     assert len(resolved) == 700 and resolved[0].name == "many/part0000"
     fds_before = len(os.listdir("/proc/self/fd"))
-    start = time.perf_counter()
     loader = build_train_loader(cfg, encoder_cfg, adapter_cfg, micro_batch_size=4, seed=0)
-    opened = time.perf_counter() - start
     names = set()
     for _ in range(10):
         names.update(next(loader)["sample_datasets"])
     assert len(names) > 100  # the mixture draws from many of them
     assert len(os.listdir("/proc/self/fd")) - fds_before < 100
-    assert resource.getrlimit(resource.RLIMIT_NOFILE)[0] > 0 and opened < 60
 
 
 def test_validation_sets_read_everything_in_order_once(three_datasets, tokenizer_dir, encoder_cfg, adapter_cfg):
