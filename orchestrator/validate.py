@@ -359,6 +359,15 @@ def audio_tokens_per_clip(seconds: float, model: ModelConfig) -> int:
 def check_data(data: DataConfig, model: ModelConfig, purpose: str) -> Iterator[Finding]:
     yield from _one_of("data", "data.on_bad_sample", data.on_bad_sample, ("error", "skip"))
     yield from _one_of("data", "data.long_audio", data.long_audio, ("refuse", "chunk"))
+    yield from _one_of("data", "data.audio_tokens", data.audio_tokens, ("clip", "window"))
+    yield from _one_of("data", "data.wrong_sample_rate", data.wrong_sample_rate, ("resample", "refuse"))
+    if data.num_workers != 0:
+        yield _error(
+            "data_workers",
+            f"data.num_workers={data.num_workers}: decoding runs in the training process; set data.num_workers=0",
+        )
+    if data.feature_cache_mb < 0:
+        yield _error("data", f"data.feature_cache_mb={data.feature_cache_mb} must be >= 0 (0 disables the cache)")
     if data.max_audio_seconds <= 0:
         yield _error("data", f"data.max_audio_seconds={data.max_audio_seconds} must be positive")
         return
@@ -371,11 +380,13 @@ def check_data(data: DataConfig, model: ModelConfig, purpose: str) -> Iterator[F
             f"lower data.max_audio_seconds or use data.long_audio=chunk with max_audio_seconds <= {window_seconds:g}",
         )
     if model.adapter.frame_stack >= 1:
-        audio_tokens = audio_tokens_per_clip(min(data.max_audio_seconds, window_seconds), model)
+        # "window" counts every clip as a full encoder window, whatever its length.
+        seconds = window_seconds if data.audio_tokens == "window" else min(data.max_audio_seconds, window_seconds)
+        audio_tokens = audio_tokens_per_clip(seconds, model)
         if audio_tokens >= data.seq_length:
             yield _error(
                 "audio_tokens",
-                f"a {data.max_audio_seconds:g}-s clip becomes {audio_tokens} audio tokens, not fewer than "
+                f"a {seconds:g}-s clip (data.audio_tokens={data.audio_tokens}) becomes {audio_tokens} audio tokens, not fewer than "
                 f"data.seq_length ({data.seq_length}): no room for the prompt and the response",
             )
     if "<SpeechHere>" not in data.prompt_template:
@@ -393,6 +404,15 @@ def check_data(data: DataConfig, model: ModelConfig, purpose: str) -> Iterator[F
 
 
 # --------------------------------------------------------------------------- optimizer and loop
+def check_packing(data: DataConfig, optim: OptimConfig) -> Iterator[Finding]:
+    if data.packing and data.packing_buffer < optim.micro_batch_size:
+        yield _error(
+            "packing_buffer",
+            f"data.packing_buffer ({data.packing_buffer}) is smaller than optim.micro_batch_size "
+            f"({optim.micro_batch_size}): the packer needs at least one sample per row to fill a micro-batch",
+        )
+
+
 def check_optim(optim: OptimConfig, train: TrainConfig) -> Iterator[Finding]:
     yield from _one_of("optim", "optim.optimizer", optim.optimizer, ("adam", "sgd"))
     yield from _one_of("optim", "optim.lr_decay_style", optim.lr_decay_style, ("cosine", "linear", "constant"))
@@ -548,6 +568,7 @@ def validate(cfg: AudioLLMConfig, purpose: str = "plan") -> list[Finding]:
         lambda: check_encoder(m),
         lambda: check_backend(m, l),
         lambda: check_data(cfg.data, m, purpose),
+        lambda: check_packing(cfg.data, cfg.optim),
         lambda: check_optim(cfg.optim, cfg.train),
         lambda: check_train(cfg.train, cfg.run),
         lambda: check_launcher(l),
