@@ -1,0 +1,62 @@
+"""The training job under test, on every rank (torchrun). Modes:
+  train RUN_DIR                         train to the end (entry.main's path)
+  kill RUN_DIR STEP                     train, then exit the process hard after STEP's checkpoint
+  poison RUN_DIR SAMPLE                 synthetic sample SAMPLE has a NaN loss mask
+  eval RUN_DIR CKPT_RUN_DIR             load CKPT_RUN_DIR's latest model weights into this
+                                        (maybe differently parallel) plan; print val loss
+Prints `RESULT <json>` on rank 0."""
+
+import json
+import os
+import sys
+
+import torch.distributed as dist
+
+
+def main() -> int:
+    mode, run_dir = sys.argv[1], sys.argv[2]
+    from orchestrator.runtime.distributed import shutdown
+    from orchestrator.train import entry
+    from orchestrator.train.loop import TrainingDiverged
+
+    entry.setup_logging(int(os.environ["RANK"]))
+    factory = None
+    if mode == "poison":
+        sample = int(sys.argv[3])
+        factory = lambda plan, r, n: entry.build_components(plan, r, n, poison_sample=sample)  # noqa: E731
+    trainer = entry.make_trainer(run_dir, factory)
+    result = {}
+    if mode == "kill":
+        kill_step = int(sys.argv[3])
+
+        def kill(trainer, step):
+            if step == kill_step:
+                dist.barrier()
+                os._exit(17)  # a real crash: no clean-up, no atexit
+
+        trainer.callbacks.append(kill)
+    if mode == "eval":
+        from orchestrator.train import checkpoint as ckpt
+
+        ckpt.load_model_weights(ckpt.latest_checkpoint(sys.argv[3]), trainer.chunks)
+        trainer._val_initial_state = trainer.components.val_source.state_dict()
+        result["eval"] = trainer.evaluate()
+    else:
+        try:
+            history = trainer.run()
+        except TrainingDiverged as exc:
+            print(f"DIVERGED {exc}", flush=True)
+            shutdown()
+            return 3
+        result["losses"] = [h["loss"] for h in history]
+        result["history"] = history
+        result["group_members"] = trainer.group_members
+        result["eval"] = trainer.evaluate()
+    if dist.get_rank() == 0:
+        print("RESULT " + json.dumps(result), flush=True)
+    shutdown()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
