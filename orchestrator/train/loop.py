@@ -96,7 +96,7 @@ class Trainer:
             self.adapted += apply_lora(chunk, plan.section("lora"), self.seed, b_std=components.lora_b_init_std)
         _freeze_model_parts(chunks, plan.section("model"))
         ocfg = mcfg.optimizer_config(plan, on_gpu)
-        overrides, self.group_members = lrg.apply_lr_groups(
+        overrides, self.group_members, self.group_scales = lrg.apply_lr_groups(
             chunks, plan.section("lora").get("lr_groups") or [{"name": "default", "patterns": ["*"], "lr_scale": 1.0}],
             ocfg.lr, ocfg.min_lr,
         )
@@ -199,7 +199,7 @@ class Trainer:
             chunk.train()
             chunk.zero_grad_buffer()
         self.optimizer.zero_grad()
-        lrs = lrg.group_learning_rates(self.optimizer)  # the rates this step uses
+        lrs = lrg.group_learning_rates(self.optimizer, self.group_scales)  # the rates this step uses
         self._run_schedule(microbatches, forward_only=False)
         _, grad_norm, _ = self.optimizer.step()
         self.scheduler.step(increment=1)

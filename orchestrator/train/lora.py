@@ -8,6 +8,8 @@ y = W x + (alpha / rank) * B (A x), with A [rank, in] and B [out, rank].
   TP ranks (each rank's B shard contributes a part).
 - Row-parallel (linear_proj, linear_fc2; input split over TP): A is split on its
   input dim like W, B is replicated. A x is all-reduced over TP before B.
+- Gated fc1 (GLU, output [gate; up]): TP rank r holds [gate_r; up_r] of W, so B is
+  split the same way and checkpointed with megatron's swiglu factory, as W is.
 - Sequence parallel: the column case applies A to the local sequence shard and
   all-gathers the rank-wide result; the row case reduce-scatters A x to sequence
   shards. The replicated factor then sees only its shard's gradient, so it is marked
@@ -95,10 +97,19 @@ class _LoraMixin:
             axes = {"weight": 0, "bias": 0, "lora_b.weight": 0}
         else:
             axes = {"weight": 1, "lora_a.weight": 1}
-        return make_sharded_tensors_for_checkpoint(
+        sharded = make_sharded_tensors_for_checkpoint(
             state_dict, prefix, axes, sharded_offsets, tp_group=self._lora_tp_group,
             dp_cp_group=(metadata or {}).get("dp_cp_group"),
         )
+        if self._lora_glu:
+            # Like megatron's MLP does for fc1's weight: each rank holds [gate_r; up_r],
+            # so B is saved as two separately sharded halves (reshardable over TP).
+            from megatron.core.transformer.mlp import apply_swiglu_sharded_factory
+
+            key = f"{prefix}lora_b.weight"
+            sharded[key] = apply_swiglu_sharded_factory(
+                sharded[key], sharded_offsets, (metadata or {}).get("singleton_local_shards", False))
+        return sharded
 
 
 def _lora_class(cls):
@@ -125,7 +136,12 @@ def add_lora(layer, name: str, rank: int, alpha: float, dropout: float, seed: in
     # Kaiming-uniform-like scale for A (as the reference LoRA), B zero.
     a_full = _seeded_full((rank, in_full), seed, name + ".lora_a", 1.0 / math.sqrt(in_full))
     b_full = _seeded_full((out_full, rank), seed, name + ".lora_b", b_std) if b_std else torch.zeros(out_full, rank)
-    if column:
+    # A gated fc1 (GLU: output [gate; up]) holds [gate_r; up_r] on TP rank r.
+    glu = column and name.endswith("linear_fc1") and bool(getattr(getattr(layer, "config", None), "gated_linear_unit", False))
+    if glu:
+        gate, up = b_full.chunk(2, dim=0)
+        a_local, b_local = a_full, torch.cat([gate.chunk(tp_size, 0)[tp_rank], up.chunk(tp_size, 0)[tp_rank]])
+    elif column:
         a_local, b_local = a_full, b_full.chunk(tp_size, dim=0)[tp_rank]
     else:
         a_local, b_local = a_full.chunk(tp_size, dim=1)[tp_rank], b_full
@@ -149,6 +165,7 @@ def add_lora(layer, name: str, rank: int, alpha: float, dropout: float, seed: in
     layer.lora_scaling = alpha / rank
     layer.lora_enabled = True
     layer._lora_column = column
+    layer._lora_glu = glu
     layer._lora_tp_group = group
     for param_name in ("weight", "bias"):
         param = getattr(layer, param_name, None)

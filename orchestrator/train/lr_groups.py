@@ -11,8 +11,14 @@ get_megatron_optimizer(config_overrides={ParamKey: ParamGroupOverride}): each
 optimizer param group then carries max_lr / min_lr, which OptimizerParamScheduler
 reads per group (warmup to max_lr, decay to min_lr). ParamKey matching merges EVERY
 matching key (no first-match), so we decide membership ourselves and tag each
-parameter with a per-group attribute that a ParamKey(attr=...) selects exactly. The
-override also carries `lr_group` (the group's name), which the loop logs.
+parameter with an attribute that a ParamKey(attr=...) selects exactly.
+
+Config groups with the same lr_scale share one megatron param group, and each megatron
+group carries lr_mult = lr_scale. The 0.16.1 scheduler does not read lr_mult (it
+uses max_lr/min_lr), but megatron's optimizer load_state_dict matches saved param
+groups to live ones by (wd_mult, lr_mult, is_expert_parallel, is_decoupled_lr): groups
+that differ only in max_lr would be confused on resume. One lr_mult per distinct scale
+keeps that key unique.
 """
 
 from __future__ import annotations
@@ -75,13 +81,13 @@ def assign_groups(named_trainable: Iterable[str], groups: Sequence[LrGroup]) -> 
     return assignment
 
 
-def _attr(index: int) -> str:
-    return f"_audiollm_lr_group_{index}"
+def _attr(scale: float) -> str:
+    return f"_audiollm_lr_scale_{scale!r}"
 
 
 def apply_lr_groups(model_chunks: Sequence, lr_groups: Sequence, lr: float, min_lr: float) -> tuple:
     """Freeze lr_scale-0 groups, tag the rest, and return (config_overrides for
-    get_megatron_optimizer, {group name: [local parameter names]}).
+    get_megatron_optimizer, {group name: [local parameter names]}, {group name: lr_scale}).
 
     Call on the unwrapped model chunks, before DDP wraps them (DDP only allocates
     gradient buffers for parameters that require grad)."""
@@ -98,20 +104,18 @@ def apply_lr_groups(model_chunks: Sequence, lr_groups: Sequence, lr: float, min_
             if group.lr_scale == 0.0:
                 param.requires_grad_(False)
             else:
-                setattr(param, _attr(groups.index(group)), True)
+                setattr(param, _attr(group.lr_scale), True)
+    scales = sorted({g.lr_scale for g in groups if g.lr_scale > 0})
     trainable = sum(1 for c in model_chunks for p in c.parameters() if p.requires_grad)
     tagged = sum(1 for c in model_chunks for p in c.parameters()
-                 if p.requires_grad and sum(hasattr(p, _attr(i)) for i in range(len(groups))) == 1)
+                 if p.requires_grad and sum(hasattr(p, _attr(s)) for s in scales) == 1)
     assert trainable == tagged, f"{trainable} trainable parameters but {tagged} in exactly one lr group"
 
-    overrides = {}
-    for index, group in enumerate(groups):
-        if group.lr_scale == 0.0:
-            continue
-        overrides[ParamKey(attr=_attr(index))] = {
-            "max_lr": lr * group.lr_scale, "min_lr": min_lr * group.lr_scale, "lr_group": group.name,
-        }
-    return overrides, members
+    overrides = {
+        ParamKey(attr=_attr(scale)): {"max_lr": lr * scale, "min_lr": min_lr * scale, "lr_mult": scale}
+        for scale in scales
+    }
+    return overrides, members, {g.name: g.lr_scale for g in groups}
 
 
 def optimizer_overrides(config, group_overrides: dict) -> dict:
@@ -124,12 +128,11 @@ def optimizer_overrides(config, group_overrides: dict) -> dict:
     return merged
 
 
-def group_learning_rates(optimizer) -> dict:
-    """{group name: current lr} from the optimizer's param groups (one rank's view;
-    megatron aligns param groups over ranks, so every group is present everywhere)."""
-    rates = {}
+def group_learning_rates(optimizer, scales: dict) -> dict:
+    """{group name: current lr} of the trainable groups, read from the optimizer's
+    param groups (megatron aligns param groups over ranks, so every one is present on
+    every rank, with or without parameters there)."""
+    by_scale = {}
     for group in optimizer.param_groups:
-        name = group.get("lr_group")
-        if name is not None:
-            rates[name] = group["lr"]
-    return rates
+        by_scale.setdefault(group.get("lr_mult"), group["lr"])
+    return {name: by_scale[scale] for name, scale in scales.items() if scale > 0}

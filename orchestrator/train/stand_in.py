@@ -59,7 +59,12 @@ class StandInProvider:
         self._mask = torch.triu(torch.ones(seq_length, seq_length, dtype=torch.bool), diagonal=1)[None, None]
 
     def transformer_fields(self) -> dict:
-        return dict(normalization="RMSNorm")
+        # Gemma-like: RMSNorm and a gated MLP with tanh-GELU (fc1 = [gate; up]).
+        import torch.nn.functional as F
+        from functools import partial
+
+        return dict(normalization="RMSNorm", gated_linear_unit=True,
+                    activation_func=partial(F.gelu, approximate="tanh"), bias_activation_fusion=False)
 
     def build(self, config, pre_process, post_process, vp_stage):
         return StandInGPT(config, self.vocab_size, self.seq_length, pre_process, post_process, vp_stage)

@@ -42,6 +42,10 @@ def main() -> int:
         trainer._val_initial_state = trainer.components.val_source.state_dict()
         result["eval"] = trainer.evaluate()
     else:
+        frozen_before = {n: p.detach().clone() for c in trainer.unwrapped for n, p in c.named_parameters()
+                         if not p.requires_grad}
+        trainable_before = {n: p.detach().clone() for c in trainer.unwrapped for n, p in c.named_parameters()
+                            if p.requires_grad}
         try:
             history = trainer.run()
         except TrainingDiverged as exc:
@@ -50,7 +54,13 @@ def main() -> int:
             return 3
         result["losses"] = [h["loss"] for h in history]
         result["history"] = history
-        result["group_members"] = trainer.group_members
+        params = {n: p for c in trainer.unwrapped for n, p in c.named_parameters()}
+        changes = {n: (params[n].detach() - before).abs().max().item()
+                   for n, before in {**frozen_before, **trainable_before}.items()}
+        everyone = [None] * dist.get_world_size()
+        dist.all_gather_object(everyone, {"members": trainer.group_members, "changes": changes,
+                                          "frozen": sorted(frozen_before)})
+        result["ranks"] = everyone
         result["eval"] = trainer.evaluate()
     if dist.get_rank() == 0:
         print("RESULT " + json.dumps(result), flush=True)
