@@ -64,3 +64,16 @@ def test_lr_scale_zero_freezes_and_the_rest_get_scaled_overrides():
     assert scales == {"encoder": 0.0, "adapter": 0.5}
     (key,) = overrides
     assert key.matches(model.adapter.weight, "adapter.weight") and not key.matches(model.encoder.weight, "x")
+
+
+def test_groups_with_equal_scales_share_one_optimizer_group():
+    model = _Model()
+    overrides, _, scales = apply_lr_groups(
+        [model],
+        [{"name": "encoder", "patterns": ["encoder.*"], "lr_scale": 0.1},
+         {"name": "adapter", "patterns": ["adapter.*"], "lr_scale": 0.1}],
+        lr=1e-3, min_lr=0.0,
+    )
+    # megatron matches saved optimizer groups by (wd_mult, lr_mult, ...): one entry per scale
+    assert [v["lr_mult"] for v in overrides.values()] == [0.1]
+    assert scales == {"encoder": 0.1, "adapter": 0.1}

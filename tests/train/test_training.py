@@ -150,17 +150,23 @@ def test_lora_tp2_forward_equals_tp1_and_merge_reproduces_it(tmp_path):
 
 
 @pytest.mark.multiprocess
-def test_interleaved_pipeline_pp2_vpp2_trains(tmp_path):
-    """PP=2 with two virtual stages per rank (interleaved 1F1B), full fine-tuning."""
-    run_dir = write_run_dir(tmp_path / "pp", pp=2, vpp=2, num_layers=4, iters=12, num_microbatches=4,
-                            lr=3e-3, warmup=0)
+@pytest.mark.parametrize("vpp,recompute", [(None, "full"), (2, None)], ids=["1f1b-recompute", "interleaved"])
+def test_pipeline_pp2_trains(tmp_path, vpp, recompute):
+    """PP=2: 1F1B with full activation recompute, and interleaved 1F1B with two
+    virtual stages per rank; full fine-tuning, falling loss, both stages train."""
+    run_dir = write_run_dir(tmp_path / "pp", pp=2, vpp=vpp, num_layers=4, iters=12, num_microbatches=4,
+                            lr=3e-3, warmup=0, recompute=recompute)
     out = result(launch("job_script.py", 2, "train", str(run_dir), log_dir=tmp_path))
     losses = out["losses"]
-    print("pp2 vpp2 losses:", losses)
+    print(f"pp2 vpp={vpp} recompute={recompute} losses:", losses)
     assert len(losses) == 12 and sum(losses[-3:]) / 3 < sum(losses[:3]) / 3 - 0.05, losses
-    # each stage trained its own layers: both ranks report changed parameters
     for rank_report in out["ranks"]:
         assert rank_report["changes"] and all(v > 0 for v in rank_report["changes"].values())
+    last = metrics(run_dir)[-1]
+    if recompute == "full":  # recomputation is hardware work, not model work
+        assert last["hardware_tflops_per_gpu"] > last["model_tflops_per_gpu"]
+    else:
+        assert last["hardware_tflops_per_gpu"] == last["model_tflops_per_gpu"]
 
 
 @pytest.mark.multiprocess
