@@ -119,6 +119,7 @@ class Trainer:
         self.step = 0
         self.flops = provider.flops_per_sample(self.config, plan.seq_length, plan.padded_vocab_size)
         self.callbacks: list = []  # called as cb(trainer, step) after each step (and its checkpoint)
+        self._val_initial_state = components.val_source.state_dict() if components.val_source else None
 
     # ---- construction -------------------------------------------------------------
     def _build_chunks(self, provider):
@@ -280,12 +281,12 @@ class Trainer:
         """Train to train_iters; returns the per-step metrics (rank 0; others get [])."""
         run_id_from_ckpt = self.resume()
         self.run_id = self._run_id(run_id_from_ckpt)
-        if self.components.val_source is not None:
-            self._val_initial_state = self.components.val_source.state_dict()
         writer = None
         if self.rank == 0:
+            layout = {k: self.plan.plan.get(k) for k in ("world_size", "tp", "pp", "cp", "dp", "vpp", "sp",
+                                                          "num_microbatches", "tokens_per_step")}
             writer = MetricsWriter(self.plan.run_dir, self.plan.section("logger"), self.plan.section("run"),
-                                   self.run_id, self.step)
+                                   self.run_id, self.step, config_for_wandb={**self.plan.config, "plan": layout})
         save_interval = int(self.train_cfg.get("save_interval", 0))
         eval_interval = int(self.train_cfg.get("eval_interval", 0))
         log_interval = max(int(self.train_cfg.get("log_interval", 1)), 1)

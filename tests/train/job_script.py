@@ -39,7 +39,6 @@ def main() -> int:
         from orchestrator.train import checkpoint as ckpt
 
         ckpt.load_model_weights(ckpt.latest_checkpoint(sys.argv[3]), trainer.chunks)
-        trainer._val_initial_state = trainer.components.val_source.state_dict()
         result["eval"] = trainer.evaluate()
     else:
         frozen_before = {n: p.detach().clone() for c in trainer.unwrapped for n, p in c.named_parameters()

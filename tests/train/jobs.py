@@ -24,8 +24,10 @@ def launch(script: str, nproc: int, *args: str, log_dir: Path, env: dict | None 
     full_env["PYTHONWARNINGS"] = "ignore"
     full_env.update(env or {})
     log_path = Path(log_dir) / f"{Path(script).stem}-{'-'.join(a.replace('/', '_')[-20:] for a in args[:1])}-{free_port()}.log"
+    # "pkg.module" (no .py) runs a module of the project, as the launchers do.
+    target = ["-m", script] if not script.endswith(".py") else [str(HERE / script)]
     cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}",
-           "--master_addr=127.0.0.1", f"--master_port={free_port()}", str(HERE / script), *args]
+           "--master_addr=127.0.0.1", f"--master_port={free_port()}", *target, *args]
     with open(log_path, "w") as log:
         proc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, timeout=timeout, env=full_env, cwd=REPO)
     output = log_path.read_text()

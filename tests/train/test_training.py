@@ -4,6 +4,7 @@ spec) on deterministic synthetic rows; see orchestrator/train/stand_in.py."""
 
 from __future__ import annotations
 
+import json
 import math
 
 import pytest
@@ -186,6 +187,11 @@ def test_nan_loss_stops_without_saving_then_resumes_with_distributed_optimizer(t
     assert (run_dir / "checkpoints" / "latest").read_text().strip() == "step_000002"
     assert [m["step"] for m in metrics(run_dir)] == [1, 2]
 
-    resumed = result(launch("job_script.py", 2, "train", str(run_dir), log_dir=tmp_path))
-    assert len(resumed["losses"]) == 3 and all(math.isfinite(x) for x in resumed["losses"])
-    assert [m["step"] for m in metrics(run_dir)] == [1, 2, 3, 4, 5]
+    # the real job entry (as the launchers call it), then the evaluation entry
+    launch("orchestrator.train.entry", 2, str(run_dir), log_dir=tmp_path)
+    rows = metrics(run_dir)
+    assert [m["step"] for m in rows] == [1, 2, 3, 4, 5] and all(math.isfinite(m["loss"]) for m in rows)
+    assert (run_dir / "checkpoints" / "latest").read_text().strip() == "step_000005"
+    launch("orchestrator.train.evaluate", 2, str(run_dir), log_dir=tmp_path)
+    evaluated = json.loads((run_dir / "eval" / "step_000005.json").read_text())
+    assert evaluated["val_loss"] == pytest.approx(rows[-1]["val_loss"], abs=1e-6)
