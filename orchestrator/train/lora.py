@@ -112,6 +112,44 @@ class _LoraMixin:
         return sharded
 
 
+class _LoraPlainLinearMixin:
+    """LoRA on a plain torch.nn.Linear (encoder and adapter linears, replicated over TP)."""
+
+    def forward(self, input_):
+        output = super().forward(input_)
+        if self.lora_enabled:
+            x = self.lora_dropout(input_)
+            output = output + torch.nn.functional.linear(
+                torch.nn.functional.linear(x, self.lora_a.weight.to(x.dtype)), self.lora_b.weight.to(x.dtype)
+            ) * self.lora_scaling
+        return output
+
+
+def _plain_class(cls):
+    if cls not in _lora_classes:
+        _lora_classes[cls] = type("Lora" + cls.__name__, (_LoraPlainLinearMixin, cls), {})
+    return _lora_classes[cls]
+
+
+def _add_plain_lora(layer, name, rank, alpha, dropout, seed, b_std):
+    out_features, in_features = layer.weight.shape
+    a = _seeded_full((rank, in_features), seed, name + ".lora_a", 1.0 / math.sqrt(in_features))
+    b = _seeded_full((out_features, rank), seed, name + ".lora_b", b_std) if b_std else torch.zeros(out_features, rank)
+    dtype, device = layer.weight.dtype, layer.weight.device
+    layer.lora_a = torch.nn.Linear(in_features, rank, bias=False, device=device, dtype=dtype)
+    layer.lora_b = torch.nn.Linear(rank, out_features, bias=False, device=device, dtype=dtype)
+    with torch.no_grad():
+        layer.lora_a.weight.copy_(a)
+        layer.lora_b.weight.copy_(b)
+    layer.lora_dropout = torch.nn.Dropout(dropout) if dropout else torch.nn.Identity()
+    layer.lora_scaling = alpha / rank
+    layer.lora_enabled = True
+    for param in (layer.weight, layer.bias):
+        if param is not None:
+            param.requires_grad_(False)
+    layer.__class__ = _plain_class(type(layer))
+
+
 def _lora_class(cls):
     if cls not in _lora_classes:
         _lora_classes[cls] = type("Lora" + cls.__name__, (_LoraMixin, cls), {})
@@ -127,6 +165,9 @@ def add_lora(layer, name: str, rank: int, alpha: float, dropout: float, seed: in
     """Adapt one megatron parallel linear in place. `name` is its full module name
     (it seeds the initial values). B starts at zero (b_std 0): the adapted model
     starts equal to the base model."""
+    if isinstance(layer, torch.nn.Linear):
+        _add_plain_lora(layer, name, rank, alpha, dropout, seed, b_std)
+        return
     column = _is_column(layer)
     tp_rank, tp_size, group = _tp_rank_size(layer)
     weight = layer.weight
@@ -186,17 +227,34 @@ def lora_target_names(model: torch.nn.Module, targets: Iterable[str], extra_patt
     return names
 
 
+# HF WhisperEncoder's attention and MLP linears; the adapter's two linears.
+ENCODER_PATTERNS = ("encoder.layers.*.self_attn.q_proj", "encoder.layers.*.self_attn.k_proj",
+                    "encoder.layers.*.self_attn.v_proj", "encoder.layers.*.self_attn.out_proj",
+                    "encoder.layers.*.fc1", "encoder.layers.*.fc2")
+ADAPTER_PATTERNS = ("adapter.linear_1", "adapter.linear_2")
+
+
 def apply_lora(model: torch.nn.Module, lora_cfg: dict, seed: int, b_std: float = 0.0,
                extra_patterns: Iterable[str] = ()) -> list:
-    """Adapt every target linear of `model` (a no-op when lora.rank is 0). Returns the
-    adapted module names."""
+    """Adapt every target linear of `model` (a no-op when lora.rank is 0): decoder
+    linears named in lora.targets, plus the encoder's (lora.encoder) and the
+    adapter's (lora.adapter) linears. Returns the adapted module names."""
     rank = int(lora_cfg.get("rank", 0))
     if rank <= 0:
         return []
-    targets = lora_cfg.get("targets") or DECODER_TARGETS
+    targets = lora_cfg.get("targets")
+    targets = DECODER_TARGETS if targets is None else targets  # [] adapts no decoder linear
+    extra_patterns = list(extra_patterns)
+    if lora_cfg.get("encoder"):
+        extra_patterns += ENCODER_PATTERNS
+    if lora_cfg.get("adapter"):
+        extra_patterns += ADAPTER_PATTERNS
     names = lora_target_names(model, targets, extra_patterns)
     if not names:
-        raise ValueError(f"lora.targets {list(targets)} matched no module of the model")
+        raise ValueError(
+            f"lora.rank is {rank} but nothing to adapt: lora.targets {list(targets)}, lora.encoder "
+            f"{bool(lora_cfg.get('encoder'))}, lora.adapter {bool(lora_cfg.get('adapter'))} match no module of the "
+            f"model; name megatron linears ({', '.join(DECODER_TARGETS)}) or set lora.rank 0")
     modules = dict(model.named_modules())
     for name in names:
         add_lora(modules[name], name, rank, float(lora_cfg.get("alpha", rank)), float(lora_cfg.get("dropout", 0.0)),
@@ -210,7 +268,7 @@ def merge_lora(model: torch.nn.Module) -> int:
     shard) and remove it, restoring the plain megatron class. Returns how many."""
     count = 0
     for module in model.modules():
-        if isinstance(module, _LoraMixin):
+        if isinstance(module, (_LoraMixin, _LoraPlainLinearMixin)):
             a = module.lora_a.weight.float()
             b = module.lora_b.weight.float()
             delta = (b @ a) * module.lora_scaling
