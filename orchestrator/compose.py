@@ -21,13 +21,8 @@ class ComposeError(ValueError):
     """The configuration could not be composed (unknown key, wrong type, unknown recipe)."""
 
 
-_registered = False
-
-
 def _register() -> None:
-    global _registered
-    if _registered:
-        return
+    """(Re-)register the schema and the recipes; cheap, and always reflects the files."""
     from hydra.core.config_store import ConfigStore
 
     from orchestrator.schema import AudioLLMConfig
@@ -36,7 +31,6 @@ def _register() -> None:
     store.store(name="base_config", node=AudioLLMConfig)
     for path in sorted(paths.recipes_dir().glob("*.yaml")):
         store.store(group="recipe", name=path.stem, node=OmegaConf.load(path), package="_global_")
-    _registered = True
 
 
 def with_default_recipe(overrides: Sequence[str]) -> list[str]:

@@ -17,10 +17,31 @@ class DataConfig:
     train: List[DatasetEntry] = field(default_factory=list)
     validation: List[DatasetEntry] = field(default_factory=list)
     tokenizer: Optional[str] = None  # local HF tokenizer directory
+    # The user turn; <SpeechHere> becomes as many audio placeholder tokens as the
+    # adapter makes for the clip. The response is the transcript + response_suffix.
     prompt_template: str = "<start_of_turn>user\nTranscribe: <SpeechHere><end_of_turn>\n<start_of_turn>model\n"
+    response_suffix: str = "<end_of_turn>"
+    add_bos: bool = True  # prepend the tokenizer's bos token to every sample
+    add_eos: bool = True  # append the tokenizer's eos token after the response
+    loss_on_prompt: bool = False  # false: the loss covers the response tokens only
     max_audio_seconds: float = 30.0
     long_audio: str = "refuse"  # refuse | chunk: clips longer than max_audio_seconds
+    # Audio tokens per clip: "clip" counts the clip's own mel frames (short clips make
+    # fewer tokens; the adapter output is cut to that count), "window" always counts
+    # the whole encoder window (Whisper style: 300 tokens per clip at 30 s).
+    audio_tokens: str = "clip"
+    sample_rate: int = 16000  # features are computed at this rate
+    wrong_sample_rate: str = "resample"  # resample | refuse: audio stored at another rate
+    audio_field: str = "audio"  # MDS column with encoded audio bytes (wav/flac/mp3) or a raw array
+    sample_rate_field: str = "sample_rate"  # MDS column with the rate of a raw-array audio column
+    text_field: str = "text"  # MDS column with the transcript
     packing: bool = True
+    packing_buffer: int = 256  # samples looked ahead to fill packed rows
+    shuffle: bool = True  # shuffle the training mixture (validation is never shuffled)
     on_bad_sample: str = "error"  # error | skip (skipped samples are counted in the metrics)
+    # Local cache of remote (s3://, gs://, ...) datasets; local datasets are read in place.
+    # None: a directory under the system temp dir, unique per process.
+    cache_dir: Optional[str] = None
+    validation_max_samples: Optional[int] = None  # per validation dataset; None: all of it
     num_workers: int = 0
     seed: int = 17

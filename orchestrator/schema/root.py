@@ -26,7 +26,7 @@ class TrainConfig:
 @dataclass
 class RunConfig:
     experiment: str = "default"
-    name: Optional[str] = None  # default: recipe name + timestamp
+    name: Optional[str] = None  # default: <recipe>-<config hash>, see launchers/rundir.py
     output_root: str = "outputs"  # run directory: <output_root>/<experiment>/<name>/
     resume: str = "auto"  # auto: continue the run directory's latest checkpoint | never
 

@@ -1,0 +1,454 @@
+"""`audiollm train | status | cancel`: what the CLI routes to.
+
+    train(overrides, multirun=False) -> exit code
+        compose -> validate (every point of a sweep, before anything is submitted)
+        -> plan -> run directory written -> submit. launcher=local blocks and streams
+        rank 0's output; launcher=slurm returns once the job is queued (unless
+        launcher.wait=true). launcher.dry_run=true prints and submits nothing.
+    status(path) -> exit code      a run directory or a sweep directory
+    cancel(path) -> exit code      the run's (or every sweep point's) job
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Sequence
+
+from launchers import rundir as rd
+from launchers.summary import format_run, run_state, write_sweep_summary
+
+EXIT_OK, EXIT_FAILED, EXIT_INVALID = 0, 1, 2
+
+
+@dataclass
+class PreparedRun:
+    overrides: list[str]
+    cfg: Any  # DictConfig
+    container: dict
+    plan: dict
+    run_dir: Path
+    resumes: bool = False
+
+    @property
+    def launcher(self) -> dict:
+        return self.container["launcher"]
+
+    @property
+    def job_name(self) -> str:
+        return f"audiollm-{self.run_dir.name}"
+
+
+def _compose(overrides: Sequence[str]):
+    from orchestrator.compose import compose
+
+    return compose(list(overrides))
+
+
+def prepare(overrides: Sequence[str], run_dir: Path | None = None) -> tuple[PreparedRun | None, list[str]]:
+    """Compose, validate and plan one run; (None, errors) when it is not valid."""
+    from omegaconf import OmegaConf
+
+    from launchers.hooks import make_plan, validate
+    from orchestrator.compose import ComposeError
+
+    try:
+        cfg = _compose(overrides)
+    except ComposeError as exc:
+        return None, [str(exc)]
+    # A dry run shows what would run (like `audiollm plan`); a real launch is checked for training.
+    purpose = "plan" if cfg.launcher.dry_run else "train"
+    errors, warnings = validate(cfg, purpose)
+    if errors:
+        return None, errors
+    for warning in warnings:
+        print(warning, file=sys.stderr)
+    try:
+        plan = make_plan(cfg, purpose)
+    except ValueError as exc:
+        return None, [str(exc)]
+    container = OmegaConf.to_container(cfg, resolve=True)
+    run_dir = Path(run_dir or rd.run_dir_for(container)).absolute()
+    try:
+        resumes = rd.check_resume(run_dir, container["run"]["resume"])
+    except rd.RunDirError as exc:
+        return None, [str(exc)]
+    return PreparedRun(list(overrides), cfg, container, plan, run_dir, resumes), []
+
+
+def _config_yaml(run: PreparedRun) -> str:
+    from omegaconf import OmegaConf
+
+    return OmegaConf.to_yaml(run.cfg, resolve=True)
+
+
+def _launch_index(run_dir: Path) -> int:
+    return len((rd.read_json(run_dir / "launch.json", default={}) or {}).get("launches") or [])
+
+
+def _job(launcher: dict):
+    from launchers.job import RankJob
+
+    return RankJob(launcher["entry"], launcher["accelerator"], int(launcher["max_requeues"]))
+
+
+def dry_run_text(run: PreparedRun, array_size: int | None = None) -> str:
+    from launchers.executors import render_sbatch
+
+    launcher = run.launcher
+    parts = [
+        f"# dry run: nothing written, nothing submitted\n# run directory: {run.run_dir}",
+        "# composed config (config.yaml)\n" + _config_yaml(run),
+        # The plan's copy of the config is left out: it is printed just above.
+        "# plan (plan.json)\n" + json.dumps({k: v for k, v in run.plan.items() if k != "config"}, indent=2, default=str),
+        "# argv\n" + " ".join(str(a) for a in run.plan.get("argv") or []),
+    ]
+    if launcher["kind"] == "slurm":
+        parts.append("# sbatch script\n" + render_sbatch(
+            launcher, run.run_dir / "submitit", run.job_name, array_size=array_size))
+    else:
+        from launchers.executors import world_size
+
+        parts.append(f"# local: {world_size(launcher)} processes on this machine "
+                     f"({'gloo' if launcher['accelerator'] == 'cpu' else 'nccl'}), entry {launcher['entry']}")
+    return "\n\n".join(parts) + "\n"
+
+
+# ---------------------------------------------------------------------------- single runs
+
+
+ACTIVE_STATES = ("PENDING", "RUNNING", "SUBMITTED")
+
+
+class RunActive(RuntimeError):
+    """The run already has a queued or running job."""
+
+
+def ensure_not_active(run_dir: Path) -> None:
+    """Two jobs must never write one run directory's checkpoints."""
+    if not rd.last_launch(run_dir):
+        return
+    info = run_state(run_dir)
+    if info["state"] in ACTIVE_STATES and info["scheduler"] not in (None, "ENDED", "COMPLETED"):
+        raise RunActive(
+            f"run {run_dir} already has job {info['job_id']} ({info['state']}); "
+            f"follow it with `audiollm status {run_dir}` or stop it with `audiollm cancel {run_dir}` first"
+        )
+
+
+def submit_run(run: PreparedRun):
+    """Write the run directory, submit, record the launch. Returns the submitit job."""
+    from launchers.executors import make_executor
+
+    ensure_not_active(run.run_dir)
+    rd.prepare(run.run_dir, _config_yaml(run), run.plan)
+    index = _launch_index(run.run_dir)
+    executor = make_executor(run.launcher, run.run_dir / "submitit", run.job_name)
+    job = executor.submit(_job(run.launcher), str(run.run_dir), index)
+    rd.record_launch(run.run_dir, {
+        "kind": run.launcher["kind"], "job_ids": [str(job.job_id)], "launch_index": index,
+        "submitit_folder": str(run.run_dir / "submitit"), "overrides": run.overrides, "resumed": run.resumes,
+    })
+    return job
+
+
+def _follow_hint(path: Path, sweep: bool = False) -> str:
+    logs = f"{path}/<point>/logs/rank0.log" if sweep else f"{path}/logs/rank0.log"
+    return (f"  follow:  audiollm status {path}\n"
+            f"  logs:    tail -f {logs}\n"
+            f"  cancel:  audiollm cancel {path}")
+
+
+def _stream_local(job, timeout_s: float | None = None) -> int:
+    """Print rank 0's stdout/stderr while the local job runs; Ctrl-C stops it gracefully."""
+    from submitit.core.utils import JobPaths
+
+    paths = JobPaths(job.paths.folder, job_id=job.job_id, task_id=0)
+    offsets = {paths.stdout: 0, paths.stderr: 0}
+    deadline = None if timeout_s is None else time.time() + timeout_s
+
+    def pump() -> None:
+        for path, stream in ((paths.stdout, sys.stdout), (paths.stderr, sys.stderr)):
+            try:
+                with open(path, "rb") as handle:
+                    handle.seek(offsets[path])
+                    data = handle.read()
+            except FileNotFoundError:
+                continue
+            if data:
+                offsets[path] += len(data)
+                stream.write(data.decode(errors="replace"))
+                stream.flush()
+
+    try:
+        while not job.done():
+            pump()
+            if deadline is not None and time.time() > deadline:
+                job.cancel()
+                print(f"local job {job.job_id} exceeded {timeout_s} s; cancelled", file=sys.stderr)
+                return EXIT_FAILED
+            time.sleep(0.2)
+    except KeyboardInterrupt:
+        print("\ninterrupted: asking the job to checkpoint and stop ...", file=sys.stderr)
+        _signal_local(str(job.job_id), signal.SIGTERM)
+        for _ in range(600):
+            if job.done():
+                break
+            time.sleep(0.1)
+        pump()
+        return 130
+    pump()
+    try:
+        job.results()
+    except Exception as exc:  # noqa: BLE001 - submitit re-raises the task's failure
+        last = str(exc).strip().splitlines()
+        print(f"job failed: {last[-1] if last else exc}", file=sys.stderr)
+        return EXIT_FAILED
+    return EXIT_OK
+
+
+def _wait_slurm(jobs) -> int:
+    failed = 0
+    for job in jobs:
+        try:
+            job.results()
+        except Exception as exc:  # noqa: BLE001
+            failed += 1
+            print(f"job {job.job_id} failed: {str(exc).strip().splitlines()[-1]}", file=sys.stderr)
+    return EXIT_FAILED if failed else EXIT_OK
+
+
+def _print_errors(errors: Sequence[str], header: str = "invalid configuration") -> None:
+    print(f"{header}:", file=sys.stderr)
+    for error in errors:
+        print("  - " + error.replace("\n", "\n    "), file=sys.stderr)
+
+
+def train(overrides: Sequence[str], multirun: bool = False) -> int:
+    """`audiollm train [-m] OVERRIDES...`; returns the process exit code."""
+    if multirun:
+        return train_sweep(overrides)
+    run, errors = prepare(overrides)
+    if run is None:
+        _print_errors(errors)
+        return EXIT_INVALID
+    launcher = run.launcher
+    if launcher["dry_run"]:
+        print(dry_run_text(run), end="")
+        return EXIT_OK
+    try:
+        job = submit_run(run)
+    except RunActive as exc:
+        _print_errors([str(exc)], header="not submitted")
+        return EXIT_INVALID
+    verb = "resuming" if run.resumes else "starting"
+    if launcher["kind"] == "slurm":
+        print(f"{verb} run {run.run_dir}\nsubmitted SLURM job {job.job_id} "
+              f"({launcher['nodes']} node(s) x {launcher['gpus_per_node']} tasks)\n{_follow_hint(run.run_dir)}")
+        return _wait_slurm([job]) if launcher.get("wait") else EXIT_OK
+    print(f"{verb} run {run.run_dir} ({launcher['nodes'] * launcher['gpus_per_node']} local processes, "
+          f"job {job.job_id})", flush=True)
+    if launcher.get("wait") is False:
+        print(_follow_hint(run.run_dir))
+        return EXIT_OK
+    return _stream_local(job)
+
+
+# ---------------------------------------------------------------------------- sweeps
+
+
+def _sweep_dir(points: list[PreparedRun], overrides: Sequence[str]) -> Path:
+    first = points[0].container
+    name = first["run"].get("name")
+    if not name:
+        digest = hashlib.sha256("\n".join(rd.config_identity(p.container) for p in points).encode()).hexdigest()
+        name = f"sweep-{first.get('recipe') or 'run'}-{digest[:8]}"
+    return (Path(first["run"]["output_root"]) / str(first["run"]["experiment"]) / str(name)).absolute()
+
+
+def prepare_sweep(overrides: Sequence[str]) -> tuple[Path | None, list[tuple[list[str], PreparedRun]], list[str]]:
+    """Expand, compose, validate and plan every point; all errors of all points together."""
+    from launchers.sweep import SweepError, expand, swept_keys
+
+    try:
+        point_overrides = expand(overrides)
+        keys = swept_keys(overrides)
+    except SweepError as exc:
+        return None, [], [str(exc)]
+    composed: list[tuple[list[str], list[str], Any]] = []
+    errors: list[str] = []
+    for i, point in enumerate(point_overrides):
+        swept = [o for o in point if o.split("=", 1)[0] in keys]
+        run, point_errors = prepare(point, run_dir=Path(f"/nonexistent-point-{i}"))
+        errors += [f"point {i} ({' '.join(swept)}): {e}" for e in point_errors]
+        composed.append((point, swept, run))
+    if errors:
+        return None, [], errors
+    sweep_dir = _sweep_dir([c[2] for c in composed], overrides)
+    points = []
+    for i, (point, swept, run) in enumerate(composed):
+        run.run_dir = sweep_dir / f"{i:03d}"
+        try:
+            run.resumes = rd.check_resume(run.run_dir, run.container["run"]["resume"])
+        except rd.RunDirError as exc:
+            errors.append(f"point {i} ({' '.join(swept)}): {exc}")
+        points.append((swept, run))
+    return (None, [], errors) if errors else (sweep_dir, points, [])
+
+
+def submit_sweep(sweep_dir: Path, points: list[tuple[list[str], PreparedRun]]) -> list:
+    """One SLURM job array per distinct launcher section (usually one); local: sequential."""
+    from launchers.executors import make_executor
+
+    rd.write_json(sweep_dir / "sweep.json", {
+        "points": [{"dir": run.run_dir.name, "swept": swept, "overrides": run.overrides} for swept, run in points],
+        "command": [Path(sys.argv[0]).name, *sys.argv[1:]],
+    })
+    for _, run in points:
+        rd.prepare(run.run_dir, _config_yaml(run), run.plan)
+    groups: dict[str, list[PreparedRun]] = {}
+    for _, run in points:
+        groups.setdefault(json.dumps(run.launcher, sort_keys=True), []).append(run)
+    jobs = []
+    for runs in groups.values():
+        launcher = runs[0].launcher
+        indices = [_launch_index(run.run_dir) for run in runs]
+        executor = make_executor(launcher, sweep_dir / "submitit", f"audiollm-{sweep_dir.name}")
+        group_jobs = executor.map_array(_job(launcher), [str(r.run_dir) for r in runs], indices)
+        for run, index, job in zip(runs, indices, group_jobs):
+            rd.record_launch(run.run_dir, {
+                "kind": launcher["kind"], "job_ids": [str(job.job_id)], "launch_index": index,
+                "submitit_folder": str(sweep_dir / "submitit"), "overrides": run.overrides,
+                "resumed": run.resumes, "sweep": str(sweep_dir),
+            })
+        jobs += group_jobs
+    write_sweep_summary(sweep_dir, query_scheduler=False)
+    return jobs
+
+
+def train_sweep(overrides: Sequence[str]) -> int:
+    sweep_dir, points, errors = prepare_sweep(overrides)
+    if errors:
+        _print_errors(errors, header="invalid sweep; nothing was submitted")
+        return EXIT_INVALID
+    launcher = points[0][1].launcher
+    if launcher["dry_run"]:
+        print(f"# sweep of {len(points)} points in {sweep_dir}")
+        for swept, run in points:
+            print(f"#   {run.run_dir.name}: {' '.join(swept)}")
+        print(dry_run_text(points[0][1], array_size=len(points)), end="")
+        return EXIT_OK
+    try:
+        for _, run in points:
+            ensure_not_active(run.run_dir)
+    except RunActive as exc:
+        _print_errors([str(exc)], header="sweep not submitted")
+        return EXIT_INVALID
+    if launcher["kind"] == "slurm":
+        jobs = submit_sweep(sweep_dir, points)
+        print(f"sweep {sweep_dir}: {len(points)} points\nsubmitted SLURM job array "
+              f"{jobs[0].job_id.split('_')[0]}\n{_follow_hint(sweep_dir, sweep=True)}")
+        return _wait_slurm(jobs) if launcher.get("wait") else EXIT_OK
+    # local: one point after another (they share this machine's cores)
+    rd.write_json(sweep_dir / "sweep.json", {
+        "points": [{"dir": run.run_dir.name, "swept": swept, "overrides": run.overrides} for swept, run in points],
+        "command": [Path(sys.argv[0]).name, *sys.argv[1:]],
+    })
+    code = EXIT_OK
+    for swept, run in points:
+        print(f"=== point {run.run_dir.name}: {' '.join(swept)}", flush=True)
+        job = submit_run(run)
+        code = max(code, _stream_local(job))
+    print(write_sweep_summary(sweep_dir))
+    return code
+
+
+# ---------------------------------------------------------------------------- status, cancel
+
+
+def status(path: str | os.PathLike) -> int:
+    path = Path(path)
+    if (path / "sweep.json").exists():
+        print(write_sweep_summary(path))
+        return EXIT_OK
+    if rd.is_run_dir(path):
+        print(format_run(path, run_state(path)))
+        return EXIT_OK
+    print(f"{path} is neither a run directory (no plan.json) nor a sweep directory (no sweep.json)", file=sys.stderr)
+    return EXIT_INVALID
+
+
+def _signal_local(job_id: str, sig: int) -> bool:
+    try:
+        os.kill(int(job_id), sig)  # the local controller forwards it to every task
+    except (ValueError, ProcessLookupError, PermissionError):
+        return False
+    return True
+
+
+def cancel(path: str | os.PathLike) -> int:
+    path = Path(path)
+    run_dirs = list(rd.point_dirs(path)) if (path / "sweep.json").exists() else [path]
+    if not all(rd.is_run_dir(d) for d in run_dirs):
+        print(f"{path} is neither a run directory nor a sweep directory", file=sys.stderr)
+        return EXIT_INVALID
+    code = EXIT_OK
+    for run_dir in run_dirs:
+        launch = rd.last_launch(run_dir)
+        if not launch:
+            print(f"{run_dir}: never submitted")
+            continue
+        for job_id in launch["job_ids"]:
+            if launch["kind"] == "slurm":
+                done = subprocess.run(["scancel", str(job_id)], capture_output=True, text=True, timeout=60)
+                ok = done.returncode == 0
+                detail = done.stderr.strip()
+            else:
+                ok = _signal_local(str(job_id), signal.SIGTERM)
+                detail = "process not running"
+            print(f"{run_dir}: {'cancelled' if ok else 'could not cancel'} job {job_id}"
+                  + ("" if ok else f" ({detail})"))
+            code = code if ok else EXIT_FAILED
+    return code
+
+
+# ---------------------------------------------------------------------------- argv entry points (cli.py)
+
+
+def train_main(argv: Sequence[str]) -> int:
+    """`audiollm train [-m|--multirun] OVERRIDES...`"""
+    import argparse
+
+    parser = argparse.ArgumentParser(
+        prog="audiollm train",
+        description="Compose, validate, resolve and launch a run; with -m, one run per point of a sweep. "
+        "launcher=local (default recipe) runs here and streams rank 0; launcher=slurm returns once queued. "
+        "launcher.dry_run=true prints the config, plan, argv and sbatch script and submits nothing.",
+    )
+    parser.add_argument("-m", "--multirun", action="store_true", help="sweep: a=1,2 b=x,y runs every combination")
+    parser.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. +recipe=tiny_cpu optim.lr=1e-3")
+    args = parser.parse_args(list(argv))
+    return train(args.overrides, multirun=args.multirun)
+
+
+def _path_main(argv: Sequence[str], prog: str, text: str, fn) -> int:
+    import argparse
+
+    parser = argparse.ArgumentParser(prog=prog, description=text)
+    parser.add_argument("path", help="a run directory (outputs/<experiment>/<run>) or a sweep directory")
+    return fn(parser.parse_args(list(argv)).path)
+
+
+def status_main(argv: Sequence[str]) -> int:
+    return _path_main(argv, "audiollm status", "State, last step and last loss of a run, or a sweep's table.", status)
+
+
+def cancel_main(argv: Sequence[str]) -> int:
+    return _path_main(argv, "audiollm cancel", "Cancel the job of a run, or every job of a sweep.", cancel)

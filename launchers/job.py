@@ -1,0 +1,194 @@
+"""The callable that submitit runs on every task (rank) of a job.
+
+    RankJob(entry, accelerator, max_requeues)(run_dir, launch_index)
+
+1. exports the torch.distributed environment (RANK, WORLD_SIZE, LOCAL_RANK,
+   LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT) from submitit's job environment;
+2. copies this rank's output into <run_dir>/logs/rank<N>.log (appended across restarts);
+3. replaces submitit's signal handlers: SIGUSR2 (preemption / time limit warning)
+   and SIGTERM only set a flag that the entry reads at its next step boundary
+   (launchers.runtime.should_stop), so checkpoints are never written mid-step;
+4. calls the entry `f(run_dir)` (a dotted path, so the trainer is pluggable);
+5. if the entry stopped early, requeues: on SLURM rank 0 runs `scontrol requeue`
+   (after SIGUSR2; after SIGTERM SLURM itself decides, e.g. preemption in requeue
+   mode) and every rank exits without a result, so submitit's watcher keeps waiting;
+   locally every rank exits with submitit's requeue code, which restarts the tasks.
+   After `max_requeues` requeues the run fails with a message saying how to resume.
+
+Imports torch only through the entry and launchers.runtime, never at import time.
+"""
+
+from __future__ import annotations
+
+import importlib
+import io
+import os
+import subprocess
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Any, Callable
+
+from launchers import runtime
+from launchers.rundir import read_json, write_json
+
+# submitit.local.local.LOCAL_REQUEUE_RETURN_CODE: the local controller restarts the tasks.
+LOCAL_REQUEUE_RETURN_CODE = 144
+
+
+def load_callable(dotted: str) -> Callable[[str], Any]:
+    """'pkg.mod.func' or 'pkg.mod:func' -> the function."""
+    module_name, sep, attr = dotted.partition(":")
+    if not sep:
+        module_name, _, attr = dotted.rpartition(".")
+    if not module_name or not attr:
+        raise ValueError(f"launcher.entry must be 'package.module.function', got {dotted!r}")
+    module = importlib.import_module(module_name)
+    try:
+        return getattr(module, attr)
+    except AttributeError:
+        raise ValueError(f"launcher.entry {dotted!r}: module {module_name} has no attribute {attr!r}") from None
+
+
+class _Tee(io.TextIOBase):
+    """Write to the task's original stream and to the per-rank log file."""
+
+    def __init__(self, stream, log):
+        self._stream, self._log = stream, log
+
+    def write(self, text: str) -> int:
+        self._stream.write(text)
+        self._log.write(text)
+        return len(text)
+
+    def flush(self) -> None:
+        self._stream.flush()
+        self._log.flush()
+
+    def fileno(self) -> int:
+        return self._stream.fileno()
+
+
+def _set_visible_device(local_rank: int) -> None:
+    # One GPU per task: keep the local_rank-th of the devices this node gave us.
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES", "")
+    devices = [d for d in visible.split(",") if d] or None
+    if devices and local_rank < len(devices):
+        os.environ["CUDA_VISIBLE_DEVICES"] = devices[local_rank]
+
+
+def _update_state(run_dir: Path, **fields: Any) -> None:
+    path = run_dir / "state.json"
+    state = read_json(path, default={}) or {}
+    state.update(fields, updated=time.strftime("%Y-%m-%dT%H:%M:%S%z"))
+    write_json(path, state)
+
+
+class RankJob:
+    """Picklable job callable; see the module docstring."""
+
+    def __init__(self, entry: str, accelerator: str = "cpu", max_requeues: int = 3):
+        self.entry = entry
+        self.accelerator = accelerator
+        self.max_requeues = max_requeues
+
+    def __call__(self, run_dir: str, launch_index: int = 0) -> dict:
+        """`launch_index` numbers the submissions of this run (launch.json); requeues are counted per launch."""
+        import submitit
+
+        run_path = Path(run_dir)
+        env = submitit.JobEnvironment()
+        dist_env = submitit.helpers.TorchDistributedEnvironment()
+        dist_env.export(set_cuda_visible_devices=False, overwrite=True)
+        if self.accelerator == "gpu":
+            _set_visible_device(dist_env.local_rank)
+        rank = dist_env.rank
+        on_slurm = env.name() == "slurm"
+
+        (run_path / "logs").mkdir(parents=True, exist_ok=True)
+        log = open(run_path / "logs" / f"rank{rank}.log", "a", buffering=1)
+        sys.stdout, sys.stderr = _Tee(sys.__stdout__, log), _Tee(sys.__stderr__, log)
+        state = read_json(run_path / "state.json", default={}) or {}
+        if state.get("launch") != launch_index:
+            state = {"launch": launch_index, "requeues": 0, "attempt": 0}
+        attempt = int(state.get("attempt", 0)) + 1
+        # Only rank 0 owns state.json, so only its attempt number is reliable.
+        print(
+            f"[launcher {time.strftime('%H:%M:%S')}] rank {rank}/{dist_env.world_size} pid {os.getpid()} "
+            f"job {env.job_id} on {env.hostname} master {dist_env.master_addr}:{dist_env.master_port}"
+            + (f" attempt {attempt}" if rank == 0 else ""),
+            flush=True,
+        )
+        if rank == 0:
+            _update_state(
+                run_path, state="RUNNING", launch=launch_index, attempt=attempt,
+                requeues=int(state.get("requeues", 0)), job_id=env.job_id, error=None,
+            )
+
+        runtime.reset()
+        runtime.install_handlers()
+        try:
+            result = load_callable(self.entry)(str(run_path))
+        except BaseException:
+            if rank == 0:
+                _update_state(run_path, state="FAILED", error=traceback.format_exc(limit=5))
+                _refresh_sweep_summary(run_path)
+            raise
+        finally:
+            _destroy_process_group()
+            sys.stdout.flush()
+            sys.stderr.flush()
+
+        if not runtime.stopped_early():
+            if rank == 0:
+                _update_state(run_path, state="COMPLETED")
+                _refresh_sweep_summary(run_path)
+            return {"rank": rank, "result": result}
+        # The count read at start: rank 0 rewrites state.json while the others decide.
+        return self._requeue(run_path, env, rank, on_slurm, int(state.get("requeues", 0)))
+
+    def _requeue(self, run_path: Path, env, rank: int, on_slurm: bool, requeues: int) -> dict:
+        signame = runtime.stop_signal() or "SIGTERM"
+        if requeues >= self.max_requeues:
+            message = (
+                f"stopped by {signame} after {requeues} requeues (launcher.max_requeues={self.max_requeues}); "
+                "the checkpoint is kept: run the same command again with run.resume=auto to continue"
+            )
+            if rank == 0:
+                _update_state(run_path, state="FAILED", error=message)
+                _refresh_sweep_summary(run_path)
+            raise RuntimeError(message)
+        print(f"[launcher {time.strftime('%H:%M:%S')}] rank {rank}: checkpoint written after {signame}; exiting for requeue", flush=True)
+        if rank == 0:
+            _update_state(run_path, state="PREEMPTED", requeues=requeues + 1, signal=signame, stopped_at=time.time())
+            if on_slurm and signame == "SIGUSR2":
+                # Requeue this job (array element ids "A_i" are accepted as they are).
+                subprocess.run(["scontrol", "requeue", env.job_id], check=False, timeout=60)
+        sys.stdout.flush()
+        # No result file: submitit's watcher sees the requeued job, not a finished one.
+        if on_slurm:
+            raise SystemExit(1)
+        if signame == "SIGTERM":  # local: stopped by the user (cancel), not a time limit
+            raise SystemExit(1)
+        raise SystemExit(LOCAL_REQUEUE_RETURN_CODE)
+
+
+def _refresh_sweep_summary(run_path: Path) -> None:
+    # A sweep's summary table is rewritten by each point as it ends; never fail the job for it.
+    try:
+        from launchers.summary import write_sweep_summary
+
+        if (run_path.parent / "sweep.json").exists():
+            write_sweep_summary(run_path.parent, query_scheduler=False)
+    except Exception as exc:  # noqa: BLE001
+        print(f"[launcher] could not update the sweep summary: {exc}", flush=True)
+
+
+def _destroy_process_group() -> None:
+    if "torch" not in sys.modules:
+        return
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()

@@ -1,0 +1,172 @@
+"""Run directories: `<run.output_root>/<run.experiment>/<run name>/`.
+
+How a run is identified when `run.name` is unset: the name is
+`<recipe>-<8 hex digits>`, the digits being a hash of the composed configuration
+without the keys that do not change what is trained (`run.resume`, `run.name`,
+`launcher.dry_run`, `launcher.wait`). So re-running the same command (same recipe,
+same overrides, hence the same composed config) lands in the same directory, and
+with `run.resume=auto` continues from its latest checkpoint; changing any value
+that matters (lr, nodes, iters, ...) starts a new run. A timestamp would make every
+invocation a new run, so "run it again to resume" could not work. Set `run.name`
+to choose the directory yourself.
+
+Files in a run directory (written before anything is submitted, except where noted):
+
+    config.yaml      the composed configuration
+    plan.json        the resolved plan (the job reads this, never raw YAML)
+    launch.json      launch record: one entry per submission (job ids, command line,
+                     overrides, project version, time)
+    wandb_id         W&B run id, kept across restarts
+    submitit/        submitit's pickles and per-task stdout/stderr (SLURM-side logs)
+    logs/rank<N>.log per-rank log written by the job (appended across restarts)
+    state.json       the job's own view: RUNNING / PREEMPTED / COMPLETED / FAILED, attempt
+    checkpoints/     step_<N>/ written by the job; `latest` names the newest
+    metrics.jsonl    one JSON object per step: {"step", "loss", ...}
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import sys
+import time
+import uuid
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+# Keys that do not change what is trained: excluded from the run identity.
+IDENTITY_EXCLUDED = ("run.resume", "run.name", "launcher.dry_run", "launcher.wait")
+
+
+class RunDirError(ValueError):
+    """The run directory cannot be used as asked."""
+
+
+def config_identity(cfg_container: Mapping[str, Any]) -> str:
+    """8 hex digits identifying what a composed config trains (see module docstring)."""
+    data = json.loads(json.dumps(cfg_container, default=str))
+    for dotted in IDENTITY_EXCLUDED:
+        node = data
+        *parents, leaf = dotted.split(".")
+        for key in parents:
+            node = node.get(key, {}) if isinstance(node, dict) else {}
+        if isinstance(node, dict):
+            node.pop(leaf, None)
+    blob = json.dumps(data, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(blob.encode()).hexdigest()[:8]
+
+
+def _safe(name: str) -> str:
+    return re.sub(r"[^A-Za-z0-9._=+-]+", "_", name).strip("_") or "run"
+
+
+def default_run_name(cfg_container: Mapping[str, Any]) -> str:
+    recipe = cfg_container.get("recipe") or "run"
+    return f"{_safe(str(recipe))}-{config_identity(cfg_container)}"
+
+
+def run_dir_for(cfg_container: Mapping[str, Any]) -> Path:
+    run = cfg_container["run"]
+    name = run.get("name") or default_run_name(cfg_container)
+    return Path(run["output_root"]) / _safe(str(run["experiment"])) / _safe(str(name))
+
+
+def has_checkpoint(run_dir: Path) -> bool:
+    return (run_dir / "checkpoints" / "latest").exists()
+
+
+def check_resume(run_dir: Path, resume: str) -> bool:
+    """True when the run continues an existing one. Raises RunDirError when it may not."""
+    if resume not in ("auto", "never"):
+        raise RunDirError(f"run.resume must be 'auto' or 'never', got {resume!r}")
+    if not has_checkpoint(run_dir):
+        return False
+    if resume == "never":
+        raise RunDirError(
+            f"run directory {run_dir} already has checkpoints and run.resume=never: "
+            "pass run.resume=auto to continue it, or run.name=<new name> to start another run"
+        )
+    return True
+
+
+def project_version() -> str:
+    try:
+        from importlib.metadata import version
+
+        return version("audiollm")
+    except Exception:  # not installed (plain source checkout)
+        return "unknown"
+
+
+def write_json(path: Path, data: Any) -> None:
+    """Write atomically: readers (status, the job) never see half a file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(data, indent=2, sort_keys=True, default=str) + "\n")
+    os.replace(tmp, path)
+
+
+def read_json(path: Path, default: Any = None) -> Any:
+    try:
+        return json.loads(Path(path).read_text())
+    except (FileNotFoundError, json.JSONDecodeError):
+        return default
+
+
+def prepare(run_dir: Path, config_yaml: str, plan: Mapping[str, Any]) -> None:
+    """Write config.yaml, plan.json and the W&B id (kept if present) before submission."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "logs").mkdir(exist_ok=True)
+    (run_dir / "config.yaml").write_text(config_yaml)
+    write_json(run_dir / "plan.json", dict(plan))
+    wandb_id = run_dir / "wandb_id"
+    if not wandb_id.exists():
+        wandb_id.write_text(uuid.uuid4().hex[:16] + "\n")
+
+
+def record_launch(run_dir: Path, entry: Mapping[str, Any]) -> None:
+    """Append one submission to launch.json."""
+    path = run_dir / "launch.json"
+    record = read_json(path, default={"launches": []})
+    record["launches"].append(
+        {
+            "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            "submitted_at": time.time(),
+            "command": [Path(sys.argv[0]).name, *sys.argv[1:]],
+            "version": project_version(),
+            **entry,
+        }
+    )
+    write_json(path, record)
+
+
+def last_launch(run_dir: Path) -> dict | None:
+    launches = read_json(Path(run_dir) / "launch.json", default={}).get("launches") or []
+    return launches[-1] if launches else None
+
+
+def read_metrics(run_dir: Path) -> list[dict]:
+    out = []
+    try:
+        lines = (Path(run_dir) / "metrics.jsonl").read_text().splitlines()
+    except FileNotFoundError:
+        return out
+    for line in lines:
+        try:
+            out.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue  # a line being written
+    return out
+
+
+def is_run_dir(path: Path) -> bool:
+    return (Path(path) / "plan.json").exists()
+
+
+def point_dirs(sweep_dir: Path) -> Sequence[Path]:
+    sweep = read_json(Path(sweep_dir) / "sweep.json", default=None)
+    if sweep is None:
+        return []
+    return [Path(sweep_dir) / p["dir"] for p in sweep["points"]]

@@ -1,0 +1,95 @@
+"""What a training job needs from the launcher while it runs, on every rank.
+
+Contract for a job entry `main(run_dir)`:
+
+* At every step boundary call `should_stop()`. It is a collective (one tiny
+  all-reduce over the default process group), so every rank gets the same answer.
+  When it returns True, write a checkpoint of the step just finished and return.
+  The launcher then requeues the job (SLURM) or restarts the tasks (local), and the
+  next attempt resumes from that checkpoint.
+* `wandb_run_id(run_dir)` is the W&B run id of this run; it is written once and kept
+  across restarts, so the same W&B run continues (`resume="allow"`).
+
+Why a flag and not an exception from the signal handler: a signal can arrive in the
+middle of a collective or an optimizer step; saving there would write a torn state
+or deadlock the other ranks. The flag is only read where the state is consistent.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import uuid
+from pathlib import Path
+
+# Set by the signal handlers (local to this rank).
+_requested: str | None = None
+# Set when should_stop() returned True: every rank agreed to stop early, and on
+# which signal (the strongest one any rank got: SIGUSR2 asks for a requeue).
+_agreed = False
+_agreed_signal: str | None = None
+_SIGNAL_CODES = {None: 0, "SIGTERM": 1, "SIGUSR2": 2}
+
+
+def request_stop(signum: int, _frame=None) -> None:
+    """Signal handler: remember that the job must stop at the next step boundary."""
+    global _requested
+    _requested = signal.Signals(signum).name
+
+
+def install_handlers(signals=(signal.SIGUSR2, signal.SIGTERM)) -> None:
+    for sig in signals:
+        signal.signal(sig, request_stop)
+
+
+def stop_signal() -> str | None:
+    """The signal the ranks agreed to stop on (or, before that, the one this rank got)."""
+    return _agreed_signal or _requested
+
+
+def should_stop() -> bool:
+    """Collective: True on every rank when any rank was asked to stop."""
+    global _agreed, _agreed_signal
+    code = _SIGNAL_CODES.get(_requested, 1)
+    import torch.distributed as dist  # job side only
+
+    if dist.is_available() and dist.is_initialized():
+        import torch
+
+        flag = torch.tensor([code], dtype=torch.int32)
+        if dist.get_backend() == "nccl":
+            flag = flag.cuda()
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        code = int(flag.item())
+    if code:
+        _agreed = True
+        _agreed_signal = {v: k for k, v in _SIGNAL_CODES.items()}[code]
+    return bool(code)
+
+
+def stopped_early() -> bool:
+    """True once should_stop() has returned True in this process."""
+    return _agreed
+
+
+def reset() -> None:
+    """Forget any stop request (a new attempt in the same process, tests)."""
+    global _requested, _agreed, _agreed_signal
+    _requested, _agreed, _agreed_signal = None, False, None
+
+
+def wandb_run_id(run_dir: str | os.PathLike) -> str:
+    """The run's W&B id, created on first use and stored in the run directory."""
+    path = Path(run_dir) / "wandb_id"
+    if path.exists():
+        return path.read_text().strip()
+    run_id = uuid.uuid4().hex[:16]
+    tmp = path.with_name(f"wandb_id.{os.getpid()}.tmp")
+    tmp.write_text(run_id + "\n")
+    try:
+        os.link(tmp, path)  # atomic; the first rank to create it wins
+    except FileExistsError:
+        pass
+    finally:
+        tmp.unlink(missing_ok=True)
+    return path.read_text().strip()

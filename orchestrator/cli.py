@@ -1,0 +1,107 @@
+"""`audiollm` command line. Entry points only orchestrate: each command hands its
+arguments to the module that does the work. Commands that plan or submit import
+neither torch nor megatron, so `audiollm --help` and `audiollm plan` stay fast."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import signal
+import sys
+from typing import Callable, Sequence
+
+# Commands implemented elsewhere: name -> (module, function, one-line help). The
+# function takes the remaining argv and returns an exit code.
+DELEGATED: dict[str, tuple[str, str, str]] = {
+    "train": ("launchers.commands", "train_main", "compose, validate, resolve and launch a run (or a sweep with -m)"),
+    "status": ("launchers.commands", "status_main", "state, last step and last loss of a run or sweep directory"),
+    "cancel": ("launchers.commands", "cancel_main", "cancel the jobs of a run or sweep directory"),
+    "eval": ("orchestrator.train.evaluate", "main", "greedy decoding and WER of a run's checkpoint"),
+    "data": ("orchestrator.data.cli", "main", "data tools: `audiollm data demo OUT_DIR` makes the speech demo corpus"),
+    "compare-weights": ("orchestrator.convert.compare_weights", "main", "list parameters whose statistics differ between two checkpoints"),
+}
+# `audiollm convert DIRECTION ...`
+CONVERSIONS: dict[str, tuple[str, str]] = {
+    "hf-to-megatron": ("orchestrator.convert.hf_to_megatron", "main"),
+    "megatron-to-hf": ("orchestrator.convert.megatron_to_hf", "main"),
+}
+
+
+def convert_main(argv: Sequence[str]) -> int:
+    if not argv or argv[0] not in CONVERSIONS:
+        print("usage: audiollm convert {" + ",".join(CONVERSIONS) + "} [--help] ...", file=sys.stderr)
+        return 0 if argv and argv[0] in ("-h", "--help") else 2
+    module_name, function_name = CONVERSIONS[argv[0]]
+    return int(getattr(importlib.import_module(module_name), function_name)(list(argv[1:])) or 0)
+
+
+def _plan_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="audiollm plan",
+        description="Show what would run: topology, rank layout, memory per GPU, Megatron argv. Submits nothing.",
+    )
+    parser.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. +recipe=gemma2_whisper_tp4pp2 parallel.tp=2")
+    parser.add_argument("--json", action="store_true", help="print one JSON object instead of the summary")
+    parser.add_argument("--params", action="store_true", help="also list every parameter name and shape")
+    return parser
+
+
+def plan_main(argv: Sequence[str]) -> int:
+    args = _plan_parser().parse_args(argv)
+    from orchestrator.compose import ComposeError, compose
+    from orchestrator.resolve import resolve
+    from orchestrator.validate import ConfigInvalid
+
+    try:
+        plan = resolve(compose(args.overrides), purpose="plan")
+    except (ComposeError, ConfigInvalid) as exc:
+        print(str(exc), file=sys.stderr)
+        return 2
+    if args.json:
+        print(json.dumps(plan.to_dict(), allow_nan=False))
+    else:
+        from orchestrator.plan_report import render
+
+        print(render(plan, with_params=args.params))
+    return 0
+
+
+def _top_parser(commands: dict[str, str]) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="audiollm",
+        description="Declarative training orchestrator for Megatron-core AudioLLMs (Whisper -> adapter -> Gemma2).",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="commands:\n" + "\n".join(f"  {name:<16} {text}" for name, text in commands.items())
+        + "\n\nexamples:\n  audiollm plan +recipe=gemma2_whisper_tp4pp2\n  audiollm train\n"
+        "  audiollm train -m +recipe=tiny_cpu optim.lr=1e-3,3e-4",
+    )
+    parser.add_argument("command", choices=sorted(commands), metavar="COMMAND")
+    parser.add_argument("args", nargs=argparse.REMAINDER, help="arguments of the command (COMMAND --help)")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    # `audiollm plan --json | head` should end quietly, like other command-line tools.
+    signal.signal(signal.SIGPIPE, signal.SIG_DFL)
+    commands = {"plan": "what would run, and will it fit (--json for scripts)"}
+    commands.update({name: text for name, (_, _, text) in DELEGATED.items()})
+    commands["convert"] = "checkpoint conversion: convert hf-to-megatron | megatron-to-hf (--verify)"
+    parser = _top_parser(commands)
+    if not argv or argv[0] in ("-h", "--help"):
+        parser.print_help()
+        return 0 if argv else 2
+    ns = parser.parse_args(argv[:1])
+    rest = argv[1:]
+    if ns.command == "plan":
+        return plan_main(rest)
+    if ns.command == "convert":
+        return convert_main(rest)
+    module_name, function_name, _ = DELEGATED[ns.command]
+    handler: Callable[[list[str]], int] = getattr(importlib.import_module(module_name), function_name)
+    return int(handler(rest) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,63 @@
+"""Read and write HF checkpoint directories (config.json + safetensors, single or sharded)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Dict
+
+import torch
+from safetensors.torch import load_file, save_file
+
+SHARD_BYTES = 5 * 1024**3
+
+
+def read_hf_config(hf_dir: Path) -> dict:
+    path = Path(hf_dir) / "config.json"
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} not found: --hf must be a HF checkpoint directory (config.json + *.safetensors)")
+    return json.loads(path.read_text())
+
+
+def read_hf_state_dict(hf_dir: Path) -> Dict[str, torch.Tensor]:
+    hf_dir = Path(hf_dir)
+    index = hf_dir / "model.safetensors.index.json"
+    if index.is_file():
+        files = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+    else:
+        files = sorted(p.name for p in hf_dir.glob("*.safetensors"))
+    if not files:
+        raise FileNotFoundError(f"no *.safetensors in {hf_dir} (pytorch_model.bin checkpoints are not read; "
+                                "re-save with save_pretrained(safe_serialization=True))")
+    state: Dict[str, torch.Tensor] = {}
+    for name in files:
+        state.update(load_file(str(hf_dir / name)))
+    return state
+
+
+def write_hf_checkpoint(out_dir: Path, state: Dict[str, torch.Tensor], config_text: str) -> None:
+    """config.json verbatim and the tensors as safetensors (sharded above 5 GiB)."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "config.json").write_text(config_text)
+    state = {k: v.contiguous() for k, v in state.items()}
+    total = sum(t.numel() * t.element_size() for t in state.values())
+    if total <= SHARD_BYTES:
+        save_file(state, str(out_dir / "model.safetensors"), metadata={"format": "pt"})
+        return
+    shards, current, size = [], {}, 0
+    for name, tensor in state.items():
+        nbytes = tensor.numel() * tensor.element_size()
+        if current and size + nbytes > SHARD_BYTES:
+            shards.append(current)
+            current, size = {}, 0
+        current[name] = tensor
+        size += nbytes
+    shards.append(current)
+    weight_map = {}
+    for i, shard in enumerate(shards):
+        fname = f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors"
+        save_file(shard, str(out_dir / fname), metadata={"format": "pt"})
+        weight_map.update({k: fname for k in shard})
+    (out_dir / "model.safetensors.index.json").write_text(
+        json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}, indent=2))

@@ -1,0 +1,219 @@
+"""The espeak-ng demo corpus: real synthetic speech as several MDS datasets.
+
+Two tasks, spoken by espeak-ng voices = English accent x voice variant, at random
+speed (140-190 words/min) and pitch (30-70):
+
+  digits     3-8 digits read as words; transcript "three one four one five"
+  sentences  a short sentence from a small grammar; transcript lower-case words
+
+Transcripts are lower-case words separated by single spaces, no punctuation, so
+word error rate compares words directly.
+
+Training uses 6 accents x 8 variants = 48 voices, written as four datasets
+(task x accent family). Validation is on voices never heard in training:
+  *_heldout_accent   accents en-gb-scotland and en-029 (Caribbean), training variants
+  *_heldout_variant  training accents with variants m5 and f3
+
+Layout of OUT_DIR:
+  train/{digits_us,digits_gb,sentences_us,sentences_gb}/   MDS (index.json + shards)
+  val/{digits,sentences}_heldout_{accent,variant}/         MDS
+  tokenizer/                                               HF tokenizer directory
+  manifest.json                                            seed, counts, voices, timing
+
+Each sample: audio (16-kHz mono 16-bit FLAC bytes), text, voice, accent, variant,
+speed, pitch, duration (s). The corpus is a pure function of (num_samples,
+num_val_samples, seed): same arguments, same bytes, whatever the worker count.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import os
+import shutil
+import subprocess
+import time
+from dataclasses import asdict, dataclass
+from multiprocessing import get_context
+from pathlib import Path
+from typing import Dict, List, Optional
+
+import numpy as np
+
+TRAIN_ACCENTS = {"us": ["en-us", "en-us-nyc"], "gb": ["en-gb", "en-gb-x-rp", "en-gb-x-gbclan", "en-gb-x-gbcwmd"]}
+TRAIN_VARIANTS = ["m1", "m2", "m3", "m4", "m7", "f1", "f2", "f4"]
+HELDOUT_ACCENTS = ["en-gb-scotland", "en-029"]
+HELDOUT_VARIANTS = ["m5", "f3"]
+TASKS = ("digits", "sentences")
+SAMPLE_RATE = 16000
+MAX_SECONDS = 5.0
+
+DIGIT_WORDS = ["zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine"]
+_ADJECTIVES = ["red", "blue", "green", "small", "big", "old", "young", "happy", "quiet", "brown"]
+_NOUNS = ["cat", "dog", "bird", "fish", "horse", "mouse", "frog", "child", "farmer", "teacher", "baker", "king"]
+_VERBS = ["sees", "finds", "likes", "helps", "follows", "carries", "watches", "calls"]
+_PLACES = ["in the park", "near the river", "at home", "on the hill", "by the door"]
+
+MDS_COLUMNS = {"audio": "bytes", "text": "str", "voice": "str", "accent": "str", "variant": "str",
+               "speed": "int", "pitch": "int", "duration": "float32"}
+
+
+@dataclass(frozen=True)
+class Utterance:
+    dataset: str  # "train/digits_us", "val/sentences_heldout_accent", ...
+    text: str
+    accent: str
+    variant: str
+    speed: int
+    pitch: int
+
+    @property
+    def voice(self) -> str:
+        return f"{self.accent}+{self.variant}"
+
+
+def _noun_phrase(rng: np.random.Generator) -> List[str]:
+    words = [str(rng.choice(["the", "a"]))]
+    if rng.random() < 0.6:
+        words.append(str(rng.choice(_ADJECTIVES)))
+    words.append(str(rng.choice(_NOUNS)))
+    return words
+
+
+def sentence(rng: np.random.Generator) -> str:
+    words = _noun_phrase(rng) + [str(rng.choice(_VERBS))] + _noun_phrase(rng)
+    if rng.random() < 0.3:
+        words += str(rng.choice(_PLACES)).split()
+    return " ".join(words)
+
+
+def digit_string(rng: np.random.Generator) -> str:
+    return " ".join(DIGIT_WORDS[int(d)] for d in rng.integers(0, 10, size=int(rng.integers(3, 9))))
+
+
+def _voices(accents: List[str], variants: List[str]) -> List[tuple]:
+    return [(a, v) for a in accents for v in variants]
+
+
+def plan_corpus(num_samples: int, num_val_samples: int, seed: int) -> List[Utterance]:
+    """Every utterance of the corpus, in writing order (deterministic in the arguments)."""
+    rng = np.random.default_rng(seed)
+    items: List[Utterance] = []
+    train_voices = [(fam, a, v) for fam, accents in TRAIN_ACCENTS.items() for a in accents for v in TRAIN_VARIANTS]
+    # Voices cycle in a shuffled order so every voice gets the same share.
+    order = np.concatenate([rng.permutation(len(train_voices)) for _ in range(num_samples // len(train_voices) + 1)])
+    for i in range(num_samples):
+        fam, accent, variant = train_voices[int(order[i])]
+        task = TASKS[i % 2]
+        text = digit_string(rng) if task == "digits" else sentence(rng)
+        items.append(Utterance(f"train/{task}_{fam}", text, accent, variant,
+                               int(rng.integers(140, 191)), int(rng.integers(30, 71))))
+    heldout = {
+        "heldout_accent": _voices(HELDOUT_ACCENTS, TRAIN_VARIANTS),
+        "heldout_variant": _voices([a for accs in TRAIN_ACCENTS.values() for a in accs], HELDOUT_VARIANTS),
+    }
+    for split, voices in heldout.items():
+        for task in TASKS:
+            for i in range(num_val_samples):
+                accent, variant = voices[int(rng.integers(len(voices)))]
+                text = digit_string(rng) if task == "digits" else sentence(rng)
+                items.append(Utterance(f"val/{task}_{split}", text, accent, variant,
+                                       int(rng.integers(140, 191)), int(rng.integers(30, 71))))
+    return items
+
+
+def synthesize(utt: Utterance) -> np.ndarray:
+    """espeak-ng -> 16-kHz mono float32 (espeak speaks at 22.05 kHz; resampled here)."""
+    import soundfile as sf
+
+    from orchestrator.data.audio import resample
+
+    speed = utt.speed
+    for _ in range(4):
+        cmd = ["espeak-ng", "-v", utt.voice, "-s", str(speed), "-p", str(utt.pitch), "--stdout", utt.text]
+        proc = subprocess.run(cmd, capture_output=True, check=False)
+        if proc.returncode != 0 or not proc.stdout:
+            raise RuntimeError(f"espeak-ng failed for voice {utt.voice}: {' '.join(cmd)}\n"
+                               f"{proc.stderr.decode(errors='replace')}\n(install it: apt-get install -y espeak-ng)")
+        samples, rate = sf.read(io.BytesIO(proc.stdout), dtype="float32")
+        audio = resample(samples, rate, SAMPLE_RATE)
+        if audio.shape[0] <= MAX_SECONDS * SAMPLE_RATE:
+            return audio
+        speed += 25  # rare: a long sentence at a slow speed; say it faster to stay within the clip limit
+    raise RuntimeError(f"could not fit {utt.text!r} ({utt.voice}) into {MAX_SECONDS} s")
+
+
+def _encode(utt: Utterance) -> Dict:
+    from orchestrator.data.audio import encode_flac
+
+    audio = synthesize(utt)
+    return {"audio": encode_flac(audio, SAMPLE_RATE), "text": utt.text, "voice": utt.voice, "accent": utt.accent,
+            "variant": utt.variant, "speed": utt.speed, "pitch": utt.pitch,
+            "duration": float(audio.shape[0] / SAMPLE_RATE)}
+
+
+def _worker_init() -> None:
+    import torch
+
+    torch.set_num_threads(1)  # the pool is the parallelism; one thread per process
+
+
+def tokenizer_texts(utterances: List[Utterance]) -> List[str]:
+    """Corpus for the tokenizer: the transcripts and the default prompt's words."""
+    from orchestrator.schema.data import DataConfig
+
+    prompt = DataConfig().prompt_template.replace("<SpeechHere>", " ")
+    return [u.text for u in utterances] + [prompt] * 50 + DIGIT_WORDS + _ADJECTIVES + _NOUNS + _VERBS + _PLACES
+
+
+def write_corpus(out_dir: str | Path, num_samples: int = 3000, num_val_samples: int = 100, seed: int = 0,
+                 workers: Optional[int] = None, shard_size: str = "4mb", progress: bool = True,
+                 vocab_size: int = 512) -> Dict:
+    """Synthesize and write the corpus; returns the manifest (also saved as manifest.json)."""
+    from streaming import MDSWriter
+    from tqdm import tqdm
+
+    from orchestrator.data.tokenizer_build import build_tokenizer
+
+    if shutil.which("espeak-ng") is None:
+        raise RuntimeError("espeak-ng is not installed: apt-get install -y espeak-ng (setup.sh installs it)")
+    out = Path(out_dir)
+    if out.exists() and any(out.iterdir()):
+        raise FileExistsError(f"{out} exists and is not empty; choose a new directory or delete it")
+    out.mkdir(parents=True, exist_ok=True)
+    utterances = plan_corpus(num_samples, num_val_samples, seed)
+    workers = workers or min(2, os.cpu_count() or 1)
+    start = time.perf_counter()
+    writers: Dict[str, MDSWriter] = {}
+    counts: Dict[str, int] = {}
+    seconds: Dict[str, float] = {}
+    ctx = get_context("spawn")  # no fork of a process that may hold torch threads
+    with (ctx.Pool(workers, initializer=_worker_init) if workers > 1 else contextlib.nullcontext()) as pool:
+        results = pool.imap(_encode, utterances, chunksize=8) if pool else map(_encode, utterances)
+        for utt, sample in tqdm(zip(utterances, results), total=len(utterances), disable=not progress,
+                                desc="espeak-ng", unit="utt"):
+            if utt.dataset not in writers:
+                writers[utt.dataset] = MDSWriter(out=str(out / utt.dataset), columns=MDS_COLUMNS,
+                                                 size_limit=shard_size, progress_bar=False)
+            writers[utt.dataset].write(sample)
+            counts[utt.dataset] = counts.get(utt.dataset, 0) + 1
+            seconds[utt.dataset] = seconds.get(utt.dataset, 0.0) + sample["duration"]
+    for writer in writers.values():
+        writer.finish()
+    synth_s = time.perf_counter() - start
+    build_tokenizer(tokenizer_texts(utterances), out / "tokenizer", vocab_size=vocab_size)
+    manifest = {
+        "seed": seed, "num_samples": num_samples, "num_val_samples": num_val_samples,
+        "datasets": {name: {"samples": counts[name], "audio_seconds": round(seconds[name], 2)} for name in counts},
+        "train_voices": [f"{a}+{v}" for accs in TRAIN_ACCENTS.values() for a in accs for v in TRAIN_VARIANTS],
+        "heldout_accents": HELDOUT_ACCENTS, "heldout_variants": HELDOUT_VARIANTS,
+        "synthesis_seconds": round(synth_s, 2), "workers": workers,
+        "transcripts": "lower-case words separated by spaces; digits as words (zero ... nine)",
+    }
+    (out / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
+    return manifest
+
+
+def utterance_dict(utt: Utterance) -> Dict:
+    return asdict(utt)

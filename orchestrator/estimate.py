@@ -1,0 +1,267 @@
+"""Parameters, memory, FLOPs and throughput of a run, estimated before it runs.
+
+All formulas are closed-form, with their sources:
+- Bytes per parameter with mixed precision and Adam: 2 (bf16 weight) + 4 (fp32 grad)
+  + 12 (fp32 master weight, exp_avg, exp_avg_sq); the distributed optimizer shards the
+  12 over the data-parallel(xCP) group (Megatron-LM docs, "Distributed Optimizer":
+  18 bytes/param non-distributed, 6 + 12/d distributed, with fp32 grads).
+- Activation memory per transformer layer follows the accounting of Korthikanti et
+  al. 2022 ("Reducing Activation Recomputation in Large Transformer Models", Sec. 4):
+  every tensor saved for backward, counted per element and dtype, generalised here to
+  Gemma2's sandwich norms, GQA, GeGLU and separate head_dim; sequence parallel divides
+  the norm/residual tensors by TP, context parallel divides the sequence; flash/fused
+  attention (te backend) keeps no s x s tensor, the local backend keeps three (scores,
+  softcapped scores, probabilities). Full recompute keeps each layer's input only, plus
+  one recompute chunk's full activations. 1F1B keeps min(pp, micro-batches) micro-batches
+  in flight on the first stage (Narayanan et al. 2021), x(1 + (pp-1)/(pp*vpp)) interleaved.
+- Model FLOPs: 2 x matmul parameters per token forward plus the attention score and
+  value products 2 x 2 x s_attended x heads x head_dim per layer and token (causal:
+  half the context; sliding-window layers: at most the window); backward 2x forward for
+  trainable weights, 1x for activation gradients only (frozen weights under LoRA);
+  hardware FLOPs add the recomputed forward (Chowdhery et al. 2022, Appendix B: MFU
+  counts model FLOPs only, not recomputation).
+A stated margin (MEMORY_MARGIN, FIXED_OVERHEAD_GIB) covers the CUDA context, NCCL
+buffers and allocator fragmentation.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from orchestrator.model_params import ParamSpec, parameter_inventory
+from orchestrator.schema import AudioLLMConfig, ModelConfig, ParallelConfig
+from orchestrator.validate import audio_tokens_per_clip
+
+GIB = 1024**3
+MEMORY_MARGIN = 0.10  # fraction added to the computed total
+FIXED_OVERHEAD_GIB = 2.0  # CUDA context, NCCL buffers, allocator reserve
+ASSUMED_MFU = 0.38  # throughput estimates; published effective MFU of 9B-class runs on 8xH100: 35-40%
+
+
+@dataclass(frozen=True)
+class Device:
+    name: str
+    memory_gib: float  # usable device memory
+    peak_tflops: float  # dense bf16 tensor-core peak
+
+
+DEVICES = {
+    "h100": Device("H100 SXM 80GB", 79.1, 989.0),
+    "h200": Device("H200 141GB", 139.8, 989.0),
+    "a100": Device("A100 SXM 80GB", 79.1, 312.0),
+    "cpu": Device("CPU", float("inf"), 0.0),
+}
+
+
+@dataclass
+class StageParams:
+    """Parameters held by one rank of a pipeline stage (after TP sharding)."""
+
+    stage: int
+    by_component: dict[str, int] = field(default_factory=dict)
+    trainable: int = 0
+    frozen: int = 0
+    fp32: int = 0  # parameters kept in fp32 (the encoder runs in fp32)
+
+    @property
+    def total(self) -> int:
+        return self.trainable + self.frozen
+
+
+@dataclass
+class MemoryEstimate:
+    weights_gib: float
+    grads_gib: float
+    optimizer_gib: float
+    activations_gib: float
+    overhead_gib: float
+    total_gib: float
+    device_gib: float
+    stage: int  # the pipeline stage with the largest total
+
+    @property
+    def fits(self) -> bool:
+        return self.total_gib <= self.device_gib
+
+
+@dataclass
+class FlopsEstimate:
+    model_flops_per_step: float
+    hardware_flops_per_step: float
+    tokens_per_step: int
+    assumed_mfu: float
+    step_time_s: float
+    tokens_per_s_per_gpu: float
+
+
+def _stage_of_layer(layer: int, num_layers: int, pp: int) -> int:
+    return layer // (num_layers // pp)
+
+
+def stage_params(inventory: list[ParamSpec], model: ModelConfig, parallel: ParallelConfig) -> list[StageParams]:
+    """Per-rank parameter counts for each pipeline stage. The encoder, adapter and word
+    embeddings live on the first stage; the final norm (and, when embeddings are tied and
+    pp > 1, megatron's copy of the embedding as output layer) on the last."""
+    pp, tp = parallel.pp, parallel.tp
+    stages = [StageParams(stage=s) for s in range(pp)]
+
+    def add(stage: StageParams, spec: ParamSpec) -> None:
+        n = spec.numel // tp if spec.tp_split_dim is not None else spec.numel
+        stage.by_component[spec.component] = stage.by_component.get(spec.component, 0) + n
+        if spec.trainable:
+            stage.trainable += n
+        else:
+            stage.frozen += n
+        if spec.component == "encoder":
+            stage.fp32 += n
+
+    for spec in inventory:
+        if spec.layer is not None:
+            add(stages[_stage_of_layer(spec.layer, model.decoder.num_layers, pp)], spec)
+        elif spec.name.endswith("final_layernorm.weight") or spec.name.startswith("language_model.output_layer"):
+            add(stages[-1], spec)
+        else:
+            add(stages[0], spec)
+            if pp > 1 and spec.name == "language_model.embedding.word_embeddings.weight" and model.decoder.tie_embeddings:
+                add(stages[-1], spec)
+    return stages
+
+
+def decoder_layer_activation_bytes(model: ModelConfig, parallel: ParallelConfig, seq: int, mbs: int, dtype_bytes: int) -> float:
+    """Bytes saved for backward by one Gemma2 decoder layer for one micro-batch."""
+    dec = model.decoder
+    t, s, b, h = parallel.tp, seq / parallel.cp, mbs, dec.hidden_size
+    sp_div = t if parallel.sp else 1
+    stream = 6 * s * b * h * dtype_bytes / sp_div  # inputs of 4 norms, of QKV and of fc1
+    q = dec.num_attention_heads * dec.kv_channels
+    kv = 2 * dec.num_query_groups * dec.kv_channels
+    attention = (q + kv + q) * s * b * dtype_bytes / t  # Q, K, V and the core-attention output
+    if model.backend == "local":
+        attention += 3 * dec.num_attention_heads * s * s * b * 4 / t  # fp32 scores, softcapped, probs
+    else:
+        attention += 2 * dec.num_attention_heads * s * b * 4 / t  # softmax statistics only
+    mlp = (2 * dec.ffn_hidden_size + dec.ffn_hidden_size) * s * b * dtype_bytes / t  # fc1 out, GeGLU out
+    return stream + attention + mlp
+
+
+def encoder_activation_bytes(model: ModelConfig, clips: int) -> float:
+    """Bytes saved for backward by the trainable fp32 Whisper encoder for `clips` clips."""
+    enc = model.encoder
+    s, d, f, a = enc.max_source_positions, enc.d_model, enc.ffn_dim, enc.num_heads
+    per_layer = (6 * s * d + 2 * s * f + 2 * a * s * s) * 4 * clips  # eager attention keeps probs
+    return per_layer * enc.num_layers
+
+
+def clips_per_row(cfg: AudioLLMConfig) -> int:
+    """Most audio clips a packed row can hold: each clip takes at least its audio tokens."""
+    tokens = audio_tokens_per_clip(min(cfg.data.max_audio_seconds, cfg.model.encoder.max_source_positions / 50), cfg.model)
+    return max(1, cfg.data.seq_length // max(tokens, 1))
+
+
+def memory_per_gpu(cfg: AudioLLMConfig, stages: list[StageParams], dp: int, num_microbatches: int) -> MemoryEstimate:
+    parallel, model, optim = cfg.parallel, cfg.model, cfg.optim
+    device = DEVICES["cpu"] if cfg.launcher.accelerator == "cpu" else DEVICES[cfg.launcher.gpu_type]
+    low_precision = cfg.launcher.accelerator == "gpu"
+    weight_bytes = 2 if low_precision else 4
+    shard = dp * parallel.cp if parallel.distributed_optimizer else 1
+    pp = parallel.pp
+    layers_per_stage = model.decoder.num_layers // pp
+    layer_act = decoder_layer_activation_bytes(model, parallel, cfg.data.seq_length, optim.micro_batch_size, weight_bytes)
+    rc = parallel.recompute
+    if rc.granularity == "full":
+        input_only = 2 * cfg.data.seq_length / parallel.cp * optim.micro_batch_size * model.decoder.hidden_size
+        input_only /= parallel.tp if parallel.sp else 1
+        chunk = rc.num_layers if rc.method == "uniform" else layers_per_stage
+        checkpointed = layers_per_stage if rc.method == "uniform" else min(rc.num_layers, layers_per_stage)
+        per_microbatch = checkpointed * input_only + (layers_per_stage - checkpointed) * layer_act
+        transient = chunk * layer_act  # one chunk's activations rebuilt during its backward
+    else:
+        per_microbatch = layers_per_stage * layer_act
+        transient = 0.0
+    in_flight = min(pp, num_microbatches)
+    if parallel.vpp:
+        in_flight *= 1 + (pp - 1) / (pp * parallel.vpp)
+    best = None
+    for stage in stages:
+        weights = (stage.total - stage.fp32) * weight_bytes + stage.fp32 * 4
+        grads = stage.trainable * 4
+        master = 4 if low_precision else 0
+        optimizer = stage.trainable * (8 + master) / shard
+        activations = per_microbatch * (in_flight if stage.stage == 0 else max(1, in_flight - stage.stage)) + transient
+        if stage.stage == 0 and not (model.encoder.freeze and not cfg.lora.encoder):
+            activations += encoder_activation_bytes(model, clips_per_row(cfg) * optim.micro_batch_size)
+        if stage.stage == pp - 1:
+            vocab_shard = stages[0].by_component.get("embedding", 0) / max(model.decoder.hidden_size, 1)
+            activations += 3 * cfg.data.seq_length / parallel.cp * optim.micro_batch_size * vocab_shard * 4
+        subtotal = (weights + grads + optimizer + activations) / GIB
+        total = subtotal * (1 + MEMORY_MARGIN) + (FIXED_OVERHEAD_GIB if low_precision else 0.0)
+        estimate = MemoryEstimate(
+            weights_gib=weights / GIB,
+            grads_gib=grads / GIB,
+            optimizer_gib=optimizer / GIB,
+            activations_gib=activations / GIB,
+            overhead_gib=total - subtotal,
+            total_gib=total,
+            device_gib=device.memory_gib,
+            stage=stage.stage,
+        )
+        if best is None or estimate.total_gib > best.total_gib:
+            best = estimate
+    return best
+
+
+def flops_per_step(cfg: AudioLLMConfig, inventory: list[ParamSpec], world: int) -> FlopsEstimate:
+    model, parallel = cfg.model, cfg.parallel
+    dec = model.decoder
+    seq, gbs = cfg.data.seq_length, cfg.optim.global_batch_size
+    tokens = seq * gbs
+    layer_matmul = sum(p.numel for p in inventory if p.component == "decoder" and len(p.shape) == 2)
+    decoder_trainable = any(p.trainable for p in inventory if p.component in ("decoder", "embedding"))
+    head_dim_total = dec.num_attention_heads * dec.kv_channels
+    half = dec.num_layers // 2
+    full_ctx, window_ctx = seq / 2, min(seq / 2, dec.sliding_window)
+    attention = 4 * head_dim_total * (half * window_ctx + (dec.num_layers - half) * full_ctx)
+    logits = 2 * dec.hidden_size * dec.vocab_size
+    decoder_fwd = (2 * layer_matmul + attention + logits) * tokens
+    backward_factor = 2 if decoder_trainable else 1
+    model_flops = decoder_fwd * (1 + backward_factor)
+    enc = model.encoder
+    encoder_params_ = sum(p.numel for p in inventory if p.component == "encoder" and len(p.shape) >= 2)
+    clips = clips_per_row(cfg) * gbs
+    encoder_fwd = (2 * encoder_params_ * enc.max_source_positions
+                   + 4 * enc.d_model * enc.max_source_positions**2 * enc.num_layers) * clips
+    encoder_trainable = any(p.trainable for p in inventory if p.component == "encoder")
+    model_flops += encoder_fwd * (3 if encoder_trainable else 1)
+    hardware_flops = model_flops
+    if parallel.recompute.granularity == "full":
+        hardware_flops += decoder_fwd - logits * tokens
+    device = DEVICES["cpu"] if cfg.launcher.accelerator == "cpu" else DEVICES[cfg.launcher.gpu_type]
+    if device.peak_tflops > 0:
+        step_time = model_flops / (ASSUMED_MFU * device.peak_tflops * 1e12 * world)
+        tokens_per_gpu = tokens / step_time / world
+    else:
+        step_time = float("nan")
+        tokens_per_gpu = float("nan")
+    return FlopsEstimate(
+        model_flops_per_step=model_flops,
+        hardware_flops_per_step=hardware_flops,
+        tokens_per_step=tokens,
+        assumed_mfu=ASSUMED_MFU,
+        step_time_s=step_time,
+        tokens_per_s_per_gpu=tokens_per_gpu,
+    )
+
+
+def inventory_for(cfg: AudioLLMConfig) -> list[ParamSpec]:
+    return parameter_inventory(cfg.model, cfg.lora, cfg.parallel.tp)
+
+
+def parameter_totals(inventory: list[ParamSpec]) -> dict[str, dict[str, int]]:
+    """Whole-model parameter counts by component, trainable and frozen."""
+    totals: dict[str, dict[str, int]] = {}
+    for spec in inventory:
+        entry = totals.setdefault(spec.component, {"trainable": 0, "frozen": 0})
+        entry["trainable" if spec.trainable else "frozen"] += spec.numel
+    return totals
+

@@ -1,0 +1,140 @@
+"""The Megatron argument set of a run, in Megatron-LM's own flag names.
+
+`megatron_args(cfg)` turns a composed config into an ordered list of MegatronArg
+(argparse dest name, command-line flag, value). The job side builds its
+megatron-core TransformerConfig/OptimizerConfig from the same dest names, so what
+is printed by `audiollm plan` is what runs.
+
+Gemma2 features that Megatron-LM has no flag for (logit softcaps, sandwich norms,
+GeGLU with tanh GELU, embedding scaling, query_pre_attn_scalar when it differs from
+kv_channels) are not invented as flags here: they travel in the Plan's
+`model_extensions` (resolve.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from orchestrator.schema import DataConfig, ModelConfig, OptimConfig, ParallelConfig, TrainConfig
+
+# megatron's padding of the vocabulary: a multiple of this times TP.
+MAKE_VOCAB_SIZE_DIVISIBLE_BY = 128
+
+
+@dataclass(frozen=True)
+class MegatronArg:
+    dest: str  # Megatron-LM argparse dest (= megatron-core config field where one exists)
+    flag: str  # command-line flag
+    value: Any
+    # For store_false flags such as --disable-bias-linear: the flag is present when value is False.
+    negated: bool = False
+
+    def render(self) -> list[str]:
+        if isinstance(self.value, bool):
+            present = (not self.value) if self.negated else self.value
+            return [self.flag] if present else []
+        if self.value is None:
+            return []
+        return [self.flag, _format(self.value)]
+
+
+def _format(value: Any) -> str:
+    if isinstance(value, tuple):
+        return "(" + ",".join(str(v) for v in value) + ")"
+    if isinstance(value, float):
+        return repr(value)
+    return str(value)
+
+
+def _arg(dest: str, value: Any, flag: str | None = None, negated: bool = False) -> MegatronArg:
+    return MegatronArg(dest=dest, flag=flag or "--" + dest.replace("_", "-"), value=value, negated=negated)
+
+
+def parallel_args(parallel: ParallelConfig) -> list[MegatronArg]:
+    rc = parallel.recompute
+    return [
+        _arg("tensor_model_parallel_size", parallel.tp),
+        _arg("pipeline_model_parallel_size", parallel.pp),
+        _arg("context_parallel_size", parallel.cp),
+        _arg("num_virtual_stages_per_pipeline_rank", parallel.vpp),
+        _arg("use_distributed_optimizer", parallel.distributed_optimizer),
+        _arg("sequence_parallel", parallel.sp),
+        _arg("use_tp_pp_dp_mapping", parallel.rank_order == "tp-cp-ep-pp-dp"),
+        _arg("recompute_granularity", rc.granularity),
+        _arg("recompute_method", rc.method),
+        _arg("recompute_num_layers", rc.num_layers),
+    ]
+
+
+def decoder_args(model: ModelConfig, seq_length: int) -> list[MegatronArg]:
+    dec = model.decoder
+    return [
+        _arg("num_layers", dec.num_layers),
+        _arg("hidden_size", dec.hidden_size),
+        _arg("ffn_hidden_size", dec.ffn_hidden_size),
+        _arg("num_attention_heads", dec.num_attention_heads),
+        _arg("group_query_attention", dec.num_query_groups != dec.num_attention_heads),
+        _arg("num_query_groups", dec.num_query_groups),
+        _arg("kv_channels", dec.kv_channels),
+        _arg("seq_length", seq_length),
+        _arg("max_position_embeddings", dec.max_position_embeddings),
+        _arg("position_embedding_type", "rope"),
+        _arg("rotary_base", int(dec.rope_theta)),
+        _arg("normalization", "RMSNorm"),
+        _arg("norm_epsilon", dec.norm_eps),
+        # RMSNorm weight w is applied as (1 + w): Gemma's zero-centred gamma.
+        _arg("layernorm_zero_centered_gamma", True, flag="--apply-layernorm-1p"),
+        _arg("add_bias_linear", False, flag="--disable-bias-linear", negated=True),
+        # Sliding window of W tokens including the current one = (W-1, 0) in Megatron;
+        # skip frequency 2 puts windows on layers 0, 2, 4, ... (HF layer_types).
+        _arg("window_size", (dec.sliding_window - 1, 0)),
+        _arg("window_attn_skip_freq", 2),
+        _arg("hidden_dropout", 0.0),
+        _arg("attention_dropout", 0.0),
+        _arg("vocab_size", dec.vocab_size),
+        _arg("make_vocab_size_divisible_by", MAKE_VOCAB_SIZE_DIVISIBLE_BY),
+        _arg("untie_embeddings_and_output_weights", not dec.tie_embeddings),
+        _arg("transformer_impl", "transformer_engine" if model.backend == "te" else "local"),
+    ]
+
+
+def training_args(optim: OptimConfig, train: TrainConfig, bf16: bool) -> list[MegatronArg]:
+    return [
+        _arg("micro_batch_size", optim.micro_batch_size),
+        _arg("global_batch_size", optim.global_batch_size),
+        _arg("train_iters", train.iters),
+        _arg("seed", train.seed),
+        _arg("optimizer", optim.optimizer),
+        _arg("lr", optim.lr),
+        _arg("min_lr", optim.min_lr),
+        _arg("lr_decay_style", optim.lr_decay_style),
+        _arg("lr_warmup_iters", optim.lr_warmup_iters),
+        _arg("lr_decay_iters", train.iters),
+        _arg("weight_decay", optim.weight_decay),
+        _arg("adam_beta1", optim.adam_beta1),
+        _arg("adam_beta2", optim.adam_beta2),
+        _arg("adam_eps", optim.adam_eps),
+        _arg("clip_grad", optim.clip_grad),
+        _arg("bf16", bf16),
+        _arg("attention_softmax_in_fp32", bf16),
+    ]
+
+
+def megatron_args(
+    model: ModelConfig, parallel: ParallelConfig, data: DataConfig, optim: OptimConfig, train: TrainConfig, bf16: bool
+) -> list[MegatronArg]:
+    return parallel_args(parallel) + decoder_args(model, data.seq_length) + training_args(optim, train, bf16)
+
+
+def render_argv(args: list[MegatronArg]) -> list[str]:
+    argv: list[str] = []
+    for arg in args:
+        argv.extend(arg.render())
+    return argv
+
+
+def padded_vocab_size(vocab_size: int, tp: int) -> int:
+    """Megatron pads the vocabulary to a multiple of make_vocab_size_divisible_by * TP."""
+    multiple = MAKE_VOCAB_SIZE_DIVISIBLE_BY * tp
+    return -(-vocab_size // multiple) * multiple

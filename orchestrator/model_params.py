@@ -1,0 +1,174 @@
+"""Every parameter of the AudioLLM by name and full (unsharded) shape, without torch.
+
+The submit side needs the real parameter names (lr-group patterns and LoRA targets
+are validated against them) and sizes (memory and FLOP estimates) without building
+the model. Names follow the modules the job builds: `encoder.*` is HF's
+WhisperEncoder, `adapter.*` ours, `language_model.*` megatron-core's GPTModel with
+the Gemma2 layer (tests compare this list with the real model's named_parameters).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+from orchestrator.megatron_args import padded_vocab_size
+from orchestrator.schema import LoraConfig, ModelConfig
+
+ENCODER_LORA_TARGETS = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.out_proj", "fc1", "fc2")
+ADAPTER_LORA_TARGETS = ("linear_1", "linear_2")
+
+
+@dataclass(frozen=True)
+class ParamSpec:
+    name: str
+    shape: tuple[int, ...]  # full shape, before tensor-parallel sharding
+    component: str  # encoder | adapter | decoder | embedding
+    tp_split_dim: Optional[int]  # dimension split over TP ranks; None = replicated
+    trainable: bool  # under the model and LoRA config (lr_scale 0 may freeze more)
+    layer: Optional[int] = None  # decoder layer index (global), for pipeline placement
+
+    @property
+    def numel(self) -> int:
+        n = 1
+        for d in self.shape:
+            n *= d
+        return n
+
+
+def _linear(prefix, out_dim, in_dim, component, trainable, bias=True, split=None, layer=None):
+    specs = [ParamSpec(f"{prefix}.weight", (out_dim, in_dim), component, split, trainable, layer)]
+    if bias:
+        bias_split = 0 if split == 0 else None
+        specs.append(ParamSpec(f"{prefix}.bias", (out_dim,), component, bias_split, trainable, layer))
+    return specs
+
+
+def _norm(prefix, dim, component, trainable, bias=True, layer=None):
+    specs = [ParamSpec(f"{prefix}.weight", (dim,), component, None, trainable, layer)]
+    if bias:
+        specs.append(ParamSpec(f"{prefix}.bias", (dim,), component, None, trainable, layer))
+    return specs
+
+
+def _lora(prefix, out_dim, in_dim, rank, component, split, layer=None):
+    """LoRA pair on a linear of shape [out, in]: column-parallel (split 0) shards B's
+    output, row-parallel (split 1) shards A's input; the other factor is replicated."""
+    a_split = 1 if split == 1 else None
+    b_split = 0 if split == 0 else None
+    return [
+        ParamSpec(f"{prefix}.lora_a.weight", (rank, in_dim), component, a_split, True, layer),
+        ParamSpec(f"{prefix}.lora_b.weight", (out_dim, rank), component, b_split, True, layer),
+    ]
+
+
+def encoder_params(model: ModelConfig, lora: LoraConfig) -> list[ParamSpec]:
+    enc = model.encoder
+    d, f = enc.d_model, enc.ffn_dim
+    adapted = lora.rank > 0 and lora.encoder
+    base_trainable = not enc.freeze and not adapted
+    c = "encoder"
+    specs = _linear("encoder.conv1", d, enc.num_mel_bins * 3, c, base_trainable)
+    specs[0] = ParamSpec("encoder.conv1.weight", (d, enc.num_mel_bins, 3), c, None, base_trainable)
+    conv2 = _linear("encoder.conv2", d, d * 3, c, base_trainable)
+    conv2[0] = ParamSpec("encoder.conv2.weight", (d, d, 3), c, None, base_trainable)
+    specs += conv2
+    # Sinusoidal positions: HF keeps them as a frozen parameter.
+    specs.append(ParamSpec("encoder.embed_positions.weight", (enc.max_source_positions, d), c, None, False))
+    shapes = {
+        "self_attn.q_proj": (d, d, True),
+        "self_attn.k_proj": (d, d, False),  # Whisper's key projection has no bias
+        "self_attn.v_proj": (d, d, True),
+        "self_attn.out_proj": (d, d, True),
+        "fc1": (f, d, True),
+        "fc2": (d, f, True),
+    }
+    for i in range(enc.num_layers):
+        p = f"encoder.layers.{i}"
+        for name in ("self_attn.k_proj", "self_attn.v_proj", "self_attn.q_proj", "self_attn.out_proj"):
+            out_dim, in_dim, bias = shapes[name]
+            specs += _linear(f"{p}.{name}", out_dim, in_dim, c, base_trainable, bias=bias)
+        specs += _norm(f"{p}.self_attn_layer_norm", d, c, base_trainable)
+        for name in ("fc1", "fc2"):
+            out_dim, in_dim, bias = shapes[name]
+            specs += _linear(f"{p}.{name}", out_dim, in_dim, c, base_trainable, bias=bias)
+        specs += _norm(f"{p}.final_layer_norm", d, c, base_trainable)
+        if adapted:
+            for name in ENCODER_LORA_TARGETS:
+                out_dim, in_dim, _ = shapes[name]
+                specs += _lora(f"{p}.{name}", out_dim, in_dim, lora.rank, c, None)
+    specs += _norm("encoder.layer_norm", d, c, base_trainable)
+    return specs
+
+
+def adapter_params(model: ModelConfig, lora: LoraConfig) -> list[ParamSpec]:
+    d, k, hidden = model.encoder.d_model, model.adapter.frame_stack, model.decoder.hidden_size
+    adapted = lora.rank > 0 and lora.adapter
+    trainable = not model.adapter.freeze and not adapted
+    c = "adapter"
+    # One mixing weight per encoder layer output: entries 1..N of HF's hidden_states
+    # (the embedding entry 0 is left out; see orchestrator/models/speech.py).
+    specs = [ParamSpec("adapter.layer_weights", (model.encoder.num_layers,), c, None, trainable)]
+    specs += _norm("adapter.norm", d, c, trainable)
+    specs += _linear("adapter.linear_1", k * d, k * d, c, trainable)
+    specs += _linear("adapter.linear_2", hidden, k * d, c, trainable)
+    if adapted:
+        specs += _lora("adapter.linear_1", k * d, k * d, lora.rank, c, None)
+        specs += _lora("adapter.linear_2", hidden, k * d, lora.rank, c, None)
+    return specs
+
+
+def decoder_params(model: ModelConfig, lora: LoraConfig, tp: int = 1) -> list[ParamSpec]:
+    dec = model.decoder
+    h, kv = dec.hidden_size, dec.kv_channels
+    qkv_out = (dec.num_attention_heads + 2 * dec.num_query_groups) * kv
+    base_trainable = not dec.freeze and lora.rank == 0
+    vocab = padded_vocab_size(dec.vocab_size, tp)
+    specs = [ParamSpec("language_model.embedding.word_embeddings.weight", (vocab, h), "embedding", 0, base_trainable)]
+    linears = {
+        "self_attention.linear_qkv": (qkv_out, h, 0),
+        "self_attention.linear_proj": (h, dec.num_attention_heads * kv, 1),
+        "mlp.linear_fc1": (2 * dec.ffn_hidden_size, h, 0),  # [gate; up] of the GeGLU
+        "mlp.linear_fc2": (h, dec.ffn_hidden_size, 1),
+    }
+    order = [
+        ("input_layernorm", None),
+        ("self_attention.linear_qkv", "linear_qkv"),
+        ("self_attention.linear_proj", "linear_proj"),
+        ("post_attention_layernorm", None),
+        ("pre_mlp_layernorm", None),
+        ("mlp.linear_fc1", "linear_fc1"),
+        ("mlp.linear_fc2", "linear_fc2"),
+        ("post_mlp_layernorm", None),
+    ]
+    for i in range(dec.num_layers):
+        p = f"language_model.decoder.layers.{i}"
+        for name, target in order:
+            if target is None:
+                specs += _norm(f"{p}.{name}", h, "decoder", base_trainable, bias=False, layer=i)
+                continue
+            out_dim, in_dim, split = linears[name]
+            specs += _linear(f"{p}.{name}", out_dim, in_dim, "decoder", base_trainable, bias=False, split=split, layer=i)
+            if lora.rank > 0 and target in lora.targets:
+                specs += _lora(f"{p}.{name}", out_dim, in_dim, lora.rank, "decoder", split, layer=i)
+    specs += _norm("language_model.decoder.final_layernorm", h, "decoder", base_trainable, bias=False)
+    if not dec.tie_embeddings:
+        specs.append(ParamSpec("language_model.output_layer.weight", (vocab, h), "embedding", 0, base_trainable))
+    return specs
+
+
+def encoder_frame_count(mel_frames: int) -> int:
+    """Encoder output frames of `mel_frames` input frames (Whisper conv2: stride 2, pad 1)."""
+    return (mel_frames - 1) // 2 + 1 if mel_frames > 0 else 0
+
+
+def audio_token_count(mel_frames: int, frame_stack: int) -> int:
+    """Audio tokens (placeholders in input_ids) of a clip of `mel_frames` mel frames:
+    whole groups of `frame_stack` encoder frames; a trailing partial group is dropped.
+    30 s (3000 frames) -> 1500 encoder frames -> 300 tokens with frame_stack 5."""
+    return encoder_frame_count(mel_frames) // frame_stack
+
+
+def parameter_inventory(model: ModelConfig, lora: LoraConfig, tp: int = 1) -> list[ParamSpec]:
+    """All parameters of the AudioLLM (pipeline-parallel size 1 naming)."""
+    return encoder_params(model, lora) + adapter_params(model, lora) + decoder_params(model, lora, tp)

@@ -1,0 +1,27 @@
+"""Job-side model code (imports torch and megatron-core).
+
+Build on every rank after `orchestrator.runtime.distributed.init_distributed`:
+
+    from orchestrator.models.audiollm import build_audiollm
+    model = build_audiollm(model_cfg, parallel_cfg, pre_process=first_stage, post_process=last_stage,
+                           audio_token_id=tokenizer_audio_id, params_dtype=torch.bfloat16)
+    config = model.config                       # megatron TransformerConfig (Gemma2 fields added)
+    config.finalize_model_grads_func = finalize_model_grads   # required with sequence parallel
+
+Forward (one micro-batch; the first stage fuses audio, later stages take the
+pipeline's input tensor):
+
+    model(input_ids, position_ids, attention_mask=None, labels=None,
+          audio_features=[clips, mel, frames], audio_lengths=[true mel frames per clip],
+          audio_clip_rows=None | [batch row of each clip], packed_seq_params=None)
+    -> per-token loss [b, s] with labels, else logits [b, s, padded vocab / tp]
+
+Packed rows: tokens [1, T] with `PackedSeqParams(qkv_format="thd", cu_seqlens_q=cu,
+cu_seqlens_kv=cu, max_seqlen_q=m, max_seqlen_kv=m)` (int32 cu_seqlens); RoPE positions
+restart at every document and attention stays inside documents. Each clip needs
+`orchestrator.model_params.audio_token_count(mel_frames, frame_stack)` placeholders.
+
+Modules: norms (zero-centred RMSNorm), attention (Gemma2 core attention, local and
+flex), gemma2_layer / gemma2_spec / gemma2_model (the decoder), speech (Whisper encoder,
+adapter), fusion, audiollm.
+"""

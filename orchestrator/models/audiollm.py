@@ -1,0 +1,126 @@
+"""The AudioLLM: Whisper encoder -> adapter -> audio fused into Gemma2's token embeddings.
+
+Parameter names follow the project's contract: `encoder.*` (HF WhisperEncoder),
+`adapter.*`, `language_model.*` (megatron GPTModel). The encoder and adapter exist on
+the first pipeline stage only; later stages receive hidden states from megatron's
+pipeline schedule through `set_input_tensor`.
+
+Forward on the first stage, in this order (HF Gemma2 scales every input embedding, so
+audio embeddings must be scaled too):
+  token embeddings -> scatter audio embeddings at placeholder ids -> x sqrt(hidden)
+  -> (sequence-parallel split) -> decoder
+"""
+
+from __future__ import annotations
+
+from typing import Optional, Sequence
+
+import torch
+from megatron.core.transformer.module import MegatronModule
+
+from orchestrator.models.fusion import fuse_audio
+from orchestrator.models.gemma2_model import Gemma2Model, gemma2_transformer_config
+from orchestrator.models.speech import AudioAdapter, build_whisper_encoder, run_encoder
+
+
+class AudioLLM(MegatronModule):
+    def __init__(self, language_model: Gemma2Model, encoder: Optional[torch.nn.Module],
+                 adapter: Optional[AudioAdapter], audio_token_id: int, encoder_pad_value: float = 0.0):
+        super().__init__(config=language_model.config)
+        self.language_model = language_model
+        if (encoder is None) != (adapter is None):
+            raise ValueError("encoder and adapter are built together (first pipeline stage) or not at all")
+        if encoder is not None and not language_model.pre_process:
+            raise ValueError("the encoder and adapter belong on the first pipeline stage (pre_process=True)")
+        self.encoder = encoder
+        self.adapter = adapter
+        self.audio_token_id = audio_token_id
+        self.encoder_pad_value = encoder_pad_value
+
+    # megatron's schedules and finalize_model_grads look these up on the model chunk
+    @property
+    def model_type(self):
+        return self.language_model.model_type
+
+    @property
+    def pre_process(self) -> bool:
+        return self.language_model.pre_process
+
+    @property
+    def post_process(self) -> bool:
+        return self.language_model.post_process
+
+    @property
+    def share_embeddings_and_output_weights(self) -> bool:
+        return self.language_model.share_embeddings_and_output_weights
+
+    def shared_embedding_or_output_weight(self):
+        return self.language_model.shared_embedding_or_output_weight()
+
+    def set_input_tensor(self, input_tensor) -> None:
+        self.language_model.set_input_tensor(input_tensor)
+
+    def audio_embeddings(self, audio_features: torch.Tensor, audio_lengths: Sequence[int]) -> torch.Tensor:
+        """[clips, mel, frames] features + true mel lengths -> [audio tokens, hidden], clips in order."""
+        states = run_encoder(self.encoder, audio_features, self.encoder_pad_value)
+        return self.adapter(states, [int(n) for n in audio_lengths])
+
+    def embed(self, input_ids: torch.Tensor, audio_features: Optional[torch.Tensor] = None,
+              audio_lengths: Optional[Sequence[int]] = None, audio_clip_rows: Optional[Sequence[int]] = None
+              ) -> torch.Tensor:
+        """Decoder input [s(/tp), b, h] of the first stage."""
+        lm = self.language_model
+        embeddings = lm.embed_tokens(input_ids)
+        if audio_features is not None:
+            if audio_lengths is None:
+                raise ValueError("audio_features given without audio_lengths (true mel frames per clip)")
+            lengths = [int(n) for n in audio_lengths]
+            audio = self.audio_embeddings(audio_features, lengths)
+            per_clip = [self.adapter_tokens(n) for n in lengths]
+            embeddings = fuse_audio(embeddings, input_ids, audio, self.audio_token_id, per_clip, audio_clip_rows)
+        elif bool((input_ids == self.audio_token_id).any()):
+            raise ValueError(f"input_ids hold audio placeholders (id {self.audio_token_id}) but no audio_features were given")
+        return lm.scale_embeddings(embeddings)
+
+    def adapter_tokens(self, mel_frames: int) -> int:
+        from orchestrator.model_params import audio_token_count
+
+        return audio_token_count(mel_frames, self.adapter.frame_stack)
+
+    def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor, attention_mask=None, labels=None,
+                audio_features: Optional[torch.Tensor] = None, audio_lengths: Optional[Sequence[int]] = None,
+                audio_clip_rows: Optional[Sequence[int]] = None, packed_seq_params=None, **kwargs):
+        decoder_input = None
+        if self.pre_process:
+            decoder_input = self.embed(input_ids, audio_features, audio_lengths, audio_clip_rows)
+        return self.language_model(input_ids, position_ids, attention_mask, decoder_input=decoder_input,
+                                   labels=labels, packed_seq_params=packed_seq_params, **kwargs)
+
+
+def build_audiollm(model_cfg, parallel_cfg, pre_process: bool = True, post_process: bool = True,
+                   audio_token_id: int = 0, params_dtype: torch.dtype = torch.float32, vp_stage=None,
+                   encoder_pad_value: float = 0.0, **config_overrides) -> AudioLLM:
+    """Build this rank's AudioLLM chunk from the `model` and `parallel` config sections.
+    Call after `init_distributed` (megatron's parallel state must exist). The encoder
+    and adapter are fp32 whatever `params_dtype` the decoder uses."""
+    dec = model_cfg.decoder
+    config = gemma2_transformer_config(
+        dec, tp=parallel_cfg.tp, pp=parallel_cfg.pp, sp=bool(getattr(parallel_cfg, "sp", False)),
+        params_dtype=params_dtype, **config_overrides,
+    )
+    language_model = Gemma2Model(config, dec.vocab_size, dec.max_position_embeddings, pre_process=pre_process,
+                                 post_process=post_process, backend=model_cfg.backend, rope_theta=dec.rope_theta,
+                                 vp_stage=vp_stage, tie_embeddings=dec.tie_embeddings)
+    if dec.freeze:
+        language_model.requires_grad_(False)
+    encoder = adapter = None
+    if pre_process:
+        encoder = build_whisper_encoder(model_cfg.encoder)
+        adapter = AudioAdapter(model_cfg.encoder.num_layers, model_cfg.encoder.d_model, dec.hidden_size,
+                               model_cfg.adapter.frame_stack, model_cfg.adapter.dropout).float()
+        if model_cfg.adapter.freeze:
+            adapter.requires_grad_(False)
+        if torch.cuda.is_available():
+            encoder.cuda()
+            adapter.cuda()
+    return AudioLLM(language_model, encoder, adapter, audio_token_id, encoder_pad_value)

@@ -1,0 +1,45 @@
+"""Scatter audio embeddings into the token embeddings at placeholder positions."""
+
+from __future__ import annotations
+
+from typing import Optional, Sequence
+
+import torch
+
+
+def fuse_audio(embeddings: torch.Tensor, input_ids: torch.Tensor, audio_embeddings: torch.Tensor,
+               audio_token_id: int, tokens_per_clip: Sequence[int],
+               clip_rows: Optional[Sequence[int]] = None) -> torch.Tensor:
+    """Replace each `audio_token_id` position of `input_ids` [b, s] by the next row of
+    `audio_embeddings` [n, h] (clips flattened in order; row-major over the batch).
+
+    `clip_rows[i]` is the batch row of audio clip i (default: clip i is in row i; a
+    packed row may hold several clips, in order). Every row must hold exactly as many
+    placeholders as its clips have audio tokens."""
+    clip_rows = list(range(len(tokens_per_clip))) if clip_rows is None else list(clip_rows)
+    if len(clip_rows) != len(tokens_per_clip):
+        raise ValueError(f"{len(tokens_per_clip)} audio clips but {len(clip_rows)} clip row indices")
+    if any(b < a for a, b in zip(clip_rows, clip_rows[1:])):
+        raise ValueError(f"audio clips must be ordered by batch row; got clip rows {clip_rows}")
+    if audio_embeddings.shape[0] != sum(tokens_per_clip):
+        raise ValueError(f"{audio_embeddings.shape[0]} audio embeddings for clips of {list(tokens_per_clip)} "
+                         f"tokens (sum {sum(tokens_per_clip)})")
+    mask = input_ids == audio_token_id
+    placeholders = mask.sum(dim=1).tolist()
+    expected = [0] * input_ids.shape[0]
+    for row, count in zip(clip_rows, tokens_per_clip):
+        if not 0 <= row < len(expected):
+            raise ValueError(f"audio clip row {row} is outside the batch of {len(expected)} rows")
+        expected[row] += int(count)
+    bad = [
+        f"sample {row}: {have} placeholder tokens (id {audio_token_id}) but its audio "
+        f"({', '.join(f'clip {i}: {tokens_per_clip[i]}' for i, r in enumerate(clip_rows) if r == row) or 'no clip'}) "
+        f"gives {want} audio tokens"
+        for row, (have, want) in enumerate(zip(placeholders, expected)) if have != want
+    ]
+    if bad:
+        raise ValueError("audio placeholders do not match the audio lengths: " + "; ".join(bad)
+                         + ". The data side must insert audio_token_count(mel_frames, frame_stack) "
+                         "placeholders per clip")
+    source = audio_embeddings.to(device=embeddings.device, dtype=embeddings.dtype)
+    return embeddings.masked_scatter(mask.unsqueeze(-1).to(embeddings.device), source)

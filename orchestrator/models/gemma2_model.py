@@ -1,0 +1,160 @@
+"""Gemma2 decoder as a megatron-core GPTModel.
+
+What GPTModel gives unchanged: vocab-parallel embedding tied to the output layer,
+RoPE (including per-document positions for packed `thd` sequences), the transformer
+block, pipeline stages, vocab-parallel cross entropy. What this subclass adds:
+
+- the embedding scale sqrt(hidden), rounded to the compute dtype as HF does, applied
+  by `scale_embeddings` so a caller can first scatter audio features into the token
+  embeddings (`embed_tokens` -> fuse -> `scale_embeddings` -> forward(decoder_input=));
+- the final logit softcap cap*tanh(logit/cap) before the loss, and -inf-like logits on
+  vocabulary padding rows (so the loss equals the unpadded model's);
+- Gemma2 layers (see gemma2_spec) and the transformer config fields megatron lacks.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+from megatron.core import parallel_state, tensor_parallel
+from megatron.core.models.gpt import GPTModel
+from megatron.core.transformer import TransformerConfig
+
+from orchestrator.megatron_args import padded_vocab_size
+from orchestrator.models.gemma2_spec import gemma2_block_spec
+
+
+def gelu_tanh(x: torch.Tensor) -> torch.Tensor:
+    """HF `gelu_pytorch_tanh` (Gemma2's hidden_activation)."""
+    return F.gelu(x, approximate="tanh")
+
+
+@dataclass
+class Gemma2TransformerConfig(TransformerConfig):
+    """TransformerConfig plus the Gemma2 fields megatron-core has no place for."""
+
+    attn_logit_softcapping: Optional[float] = None  # cap*tanh(score/cap) before the mask
+    final_logit_softcapping: Optional[float] = None  # cap*tanh(logit/cap) before the loss
+    # Sliding window (tokens, current one included) on layers with even 0-based index.
+    sliding_window: Optional[int] = None
+
+
+def gemma2_transformer_config(decoder, tp: int = 1, pp: int = 1, sp: bool = False,
+                              params_dtype: torch.dtype = torch.float32, **overrides) -> Gemma2TransformerConfig:
+    """megatron config of the decoder section (`orchestrator.schema.model.DecoderConfig`)."""
+    if sp and tp == 1:
+        raise ValueError("sequence parallel (parallel.sp=true) needs tensor parallel size > 1 (parallel.tp=1)")
+    on_gpu = torch.cuda.is_available()
+    fields = dict(
+        num_layers=decoder.num_layers,
+        hidden_size=decoder.hidden_size,
+        num_attention_heads=decoder.num_attention_heads,
+        num_query_groups=decoder.num_query_groups,
+        kv_channels=decoder.kv_channels,
+        ffn_hidden_size=decoder.ffn_hidden_size,
+        gated_linear_unit=True,  # fc1 = [gate; up], act on the gate half
+        activation_func=gelu_tanh,
+        add_bias_linear=False,
+        add_qkv_bias=False,
+        layernorm_epsilon=decoder.norm_eps,
+        softmax_scale=float(decoder.query_pre_attn_scalar) ** -0.5,
+        attn_logit_softcapping=decoder.attn_logit_softcap,
+        final_logit_softcapping=decoder.final_logit_softcap,
+        sliding_window=decoder.sliding_window,
+        hidden_dropout=0.0,
+        attention_dropout=0.0,
+        init_method_std=0.02,
+        tensor_model_parallel_size=tp,
+        pipeline_model_parallel_size=pp,
+        sequence_parallel=sp,
+        params_dtype=params_dtype,
+        pipeline_dtype=params_dtype,
+        bf16=params_dtype == torch.bfloat16,
+        fp16=params_dtype == torch.float16,
+        use_cpu_initialization=not on_gpu,
+        gradient_accumulation_fusion=False,
+        bias_activation_fusion=False,
+        bias_dropout_fusion=False,
+        masked_softmax_fusion=False,
+        persist_layer_norm=False,
+        apply_rope_fusion=False,
+    )
+    fields.update(overrides)
+    return Gemma2TransformerConfig(**fields)
+
+
+class Gemma2Model(GPTModel):
+    def __init__(self, config: Gemma2TransformerConfig, vocab_size: int, max_sequence_length: int,
+                 pre_process: bool = True, post_process: bool = True, backend: str = "local",
+                 rope_theta: float = 10000.0, vp_stage=None, core_attention=None, tie_embeddings: bool = True):
+        tp = config.tensor_model_parallel_size
+        pp_rank = parallel_state.get_pipeline_model_parallel_rank() if config.pipeline_model_parallel_size > 1 else 0
+        super().__init__(
+            config=config,
+            transformer_layer_spec=gemma2_block_spec(config, backend, vp_stage=vp_stage, pp_rank=pp_rank,
+                                                     core_attention=core_attention),
+            vocab_size=padded_vocab_size(vocab_size, tp),
+            max_sequence_length=max_sequence_length,
+            pre_process=pre_process,
+            post_process=post_process,
+            parallel_output=True,
+            share_embeddings_and_output_weights=tie_embeddings,  # Gemma2 ties them
+            position_embedding_type="rope",
+            rotary_base=rope_theta,
+            # Our embedding code scatters after fusion and scaling (see scale_embeddings).
+            scatter_embedding_sequence_parallel=False,
+            vp_stage=vp_stage,
+        )
+        self.real_vocab_size = vocab_size
+
+    # -- input side (first pipeline stage) ---------------------------------------
+    def embed_tokens(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """Unscaled token embeddings [b, s, h] (full sequence on every TP rank)."""
+        return self.embedding.word_embeddings(input_ids)
+
+    def scale_embeddings(self, embeddings: torch.Tensor) -> torch.Tensor:
+        """[b, s, h] embeddings -> decoder input [s(/tp), b, h]: times sqrt(hidden)
+        rounded to the embedding dtype (as HF Gemma2), then the sequence-parallel split."""
+        normalizer = torch.tensor(self.config.hidden_size**0.5, dtype=embeddings.dtype)
+        hidden = (embeddings * normalizer.to(embeddings.device)).transpose(0, 1).contiguous()
+        if self.config.sequence_parallel:
+            hidden = tensor_parallel.scatter_to_sequence_parallel_region(hidden)
+        return hidden
+
+    def forward(self, input_ids, position_ids, attention_mask, decoder_input=None, labels=None, **kwargs):
+        if decoder_input is None and self.pre_process:
+            decoder_input = self.scale_embeddings(self.embed_tokens(input_ids))
+        return super().forward(input_ids, position_ids, attention_mask, decoder_input=decoder_input,
+                               labels=labels, **kwargs)
+
+    # -- output side (last pipeline stage) ---------------------------------------
+    def _postprocess(self, *args, **kwargs):
+        if len(args) > 3:
+            args = list(args)
+            labels = args[3]
+            args[3] = None
+        else:
+            labels = kwargs.pop("labels", None)
+            kwargs["labels"] = None
+        out = super()._postprocess(*args, **kwargs)
+        if not self.post_process:
+            return out
+        logits = self.cap_logits(out)  # [b, s, v(/tp)]
+        if labels is None:
+            return logits
+        return self.compute_language_model_loss(labels, logits.transpose(0, 1).contiguous())
+
+    def cap_logits(self, logits: torch.Tensor) -> torch.Tensor:
+        cap = self.config.final_logit_softcapping
+        if cap is not None:
+            logits = torch.tanh(logits / cap) * cap
+        padded = self.vocab_size
+        if padded == self.real_vocab_size:
+            return logits
+        width = logits.shape[-1]
+        start = 0 if width == padded else parallel_state.get_tensor_model_parallel_rank() * width
+        ids = torch.arange(start, start + width, device=logits.device)
+        return logits.masked_fill(ids >= self.real_vocab_size, torch.finfo(logits.dtype).min)

@@ -1,0 +1,73 @@
+"""Module specs of the Gemma2 decoder for the two attention backends.
+
+local: megatron's plain tensor-parallel linears + `SoftcapDotProductAttention`
+       (pure PyTorch; CPU and GPU; the numerical reference).
+te:    TransformerEngine linears + `FlexSoftcapAttention` (GPU only; TransformerEngine's
+       own attention is not used because released versions lack the logit softcap).
+"""
+
+from __future__ import annotations
+
+from megatron.core.transformer.enums import AttnMaskType
+from megatron.core.transformer.mlp import MLP, MLPSubmodules
+from megatron.core.transformer.spec_utils import ModuleSpec
+from megatron.core.transformer.attention import SelfAttention, SelfAttentionSubmodules
+from megatron.core.transformer.transformer_block import TransformerBlockSubmodules, get_num_layers_to_build
+
+from orchestrator.models.attention import FlexSoftcapAttention, SoftcapDotProductAttention
+from orchestrator.models.gemma2_layer import Gemma2LayerSubmodules, Gemma2TransformerLayer
+from orchestrator.models.norms import ZeroCenteredRMSNorm
+
+BACKENDS = ("local", "te")
+
+
+def _linears(backend: str):
+    if backend == "local":
+        from megatron.core.tensor_parallel import ColumnParallelLinear, RowParallelLinear
+
+        return ColumnParallelLinear, RowParallelLinear, SoftcapDotProductAttention
+    if backend == "te":
+        try:
+            import torch
+
+            if not torch.cuda.is_available():
+                raise ImportError("CUDA is not available")
+            import transformer_engine  # noqa: F401  (megatron's wrappers import without it and fail later)
+            from megatron.core.extensions.transformer_engine import TEColumnParallelLinear, TERowParallelLinear
+        except Exception as err:  # TE raises more than ImportError when CUDA libraries are missing
+            raise ImportError(
+                "model.backend='te' needs TransformerEngine on a CUDA machine "
+                "(pip install 'audiollm[gpu]'); use model.backend='local' on CPU"
+            ) from err
+        return TEColumnParallelLinear, TERowParallelLinear, FlexSoftcapAttention
+    raise ValueError(f"model.backend={backend!r} is not one of {BACKENDS}")
+
+
+def gemma2_layer_spec(backend: str = "local", core_attention=None) -> ModuleSpec:
+    """One Gemma2 layer. `core_attention` overrides the backend's attention class."""
+    column, row, attention = _linears(backend)
+    return ModuleSpec(
+        module=Gemma2TransformerLayer,
+        submodules=Gemma2LayerSubmodules(
+            input_layernorm=ZeroCenteredRMSNorm,
+            self_attention=ModuleSpec(
+                module=SelfAttention,
+                params={"attn_mask_type": AttnMaskType.causal},
+                submodules=SelfAttentionSubmodules(
+                    linear_qkv=column, core_attention=core_attention or attention, linear_proj=row,
+                ),
+            ),
+            post_attention_layernorm=ZeroCenteredRMSNorm,
+            pre_mlp_layernorm=ZeroCenteredRMSNorm,
+            mlp=ModuleSpec(module=MLP, submodules=MLPSubmodules(linear_fc1=column, linear_fc2=row)),
+            post_mlp_layernorm=ZeroCenteredRMSNorm,
+        ),
+    )
+
+
+def gemma2_block_spec(config, backend: str = "local", vp_stage=None, pp_rank=None,
+                      core_attention=None) -> TransformerBlockSubmodules:
+    """The layers of this pipeline stage plus the final zero-centred RMSNorm."""
+    layer = gemma2_layer_spec(backend, core_attention)
+    count = get_num_layers_to_build(config, vp_stage=vp_stage, pp_rank=pp_rank)
+    return TransformerBlockSubmodules(layer_specs=[layer] * count, layer_norm=ZeroCenteredRMSNorm)

@@ -1,0 +1,36 @@
+"""Gemma2's zero-centred RMSNorm with megatron's norm constructor signature."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+
+class ZeroCenteredRMSNorm(nn.Module):
+    """`x * rsqrt(mean(x^2) + eps) * (1 + w)`, computed in fp32, cast back to x's dtype.
+
+    The stored weight is the offset from one (HF Gemma2 stores it the same way), so a
+    fresh norm (w = 0) is the identity scale. With sequence parallelism the norm sees
+    only a slice of the sequence, so its gradient is partial on each TP rank: the
+    weight is tagged `sequence_parallel` for megatron's `finalize_model_grads` to sum
+    it over the tensor-parallel group.
+    """
+
+    def __init__(self, config, hidden_size: int, eps: float = 1e-6):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(
+            torch.zeros(hidden_size, dtype=config.params_dtype, device=_init_device(config))
+        )
+        setattr(self.weight, "sequence_parallel", bool(config.sequence_parallel))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x32 = x.float()
+        normed = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        return (normed * (1.0 + self.weight.float())).type_as(x)
+
+
+def _init_device(config) -> str:
+    if config.use_cpu_initialization or not torch.cuda.is_available():
+        return "cpu"
+    return f"cuda:{torch.cuda.current_device()}"

@@ -1,0 +1,107 @@
+"""Speech side of the AudioLLM: HF Whisper encoder and the frame-stacking adapter.
+
+Encoder window: HF `WhisperEncoder` only accepts exactly 2*max_source_positions mel
+frames (3000 for 30-s Whisper). Shorter inputs are padded on the right with
+`pad_value` up to that window; their padding frames are removed again (per sample, by
+the true mel length) before the adapter. The best padding is the feature extractor's
+own (log-mel of zero audio), so the data side should pad the waveform when it can.
+
+Which encoder states are mixed: HF's `hidden_states` tuple holds num_layers+1 entries,
+the convolution/position embedding and the residual stream after layers 1..N-1 (all
+before any final norm), and last the output of layer N *after* the encoder's final
+LayerNorm. The adapter mixes the N layer outputs, entries 1..N, as HF gives them: the
+embedding entry (entry 0) carries no context, and the last entry is what Whisper's own
+decoder reads. The adapter's LayerNorm after the mix evens out the scale difference
+between the un-normalised entries and the normalised last one. Mixing weights start
+at zero (a uniform average).
+"""
+
+from __future__ import annotations
+
+from typing import List, Sequence
+
+import torch
+from torch import nn
+
+from orchestrator.model_params import audio_token_count, encoder_frame_count  # noqa: F401  (re-exported)
+
+
+def whisper_encoder_config(encoder):
+    """HF WhisperConfig for the `model.encoder` section."""
+    from transformers import WhisperConfig
+
+    return WhisperConfig(
+        d_model=encoder.d_model, encoder_layers=encoder.num_layers, encoder_attention_heads=encoder.num_heads,
+        encoder_ffn_dim=encoder.ffn_dim, num_mel_bins=encoder.num_mel_bins,
+        max_source_positions=encoder.max_source_positions, dropout=0.0, attention_dropout=0.0,
+        activation_dropout=0.0, encoder_layerdrop=0.0, attn_implementation="eager",
+    )
+
+
+def build_whisper_encoder(encoder) -> nn.Module:
+    from transformers.models.whisper.modeling_whisper import WhisperEncoder
+
+    module = WhisperEncoder(whisper_encoder_config(encoder)).float()
+    if encoder.freeze:
+        module.requires_grad_(False)
+    return module
+
+
+def run_encoder(encoder: nn.Module, features: torch.Tensor, pad_value: float = 0.0) -> List[torch.Tensor]:
+    """features [b, mel, frames <= window] -> the N layer outputs of HF's hidden_states
+    (entries 1..N), each [b, window/2, d], in the encoder's dtype (fp32)."""
+    window = 2 * encoder.config.max_source_positions
+    frames = features.shape[-1]
+    if frames > window:
+        raise ValueError(
+            f"audio features have {frames} mel frames, more than the encoder window "
+            f"2*max_source_positions = {window}; cut clips or raise model.encoder.max_source_positions"
+        )
+    if features.shape[1] != encoder.config.num_mel_bins:
+        raise ValueError(f"audio features have {features.shape[1]} mel bins; the encoder expects "
+                         f"model.encoder.num_mel_bins = {encoder.config.num_mel_bins}")
+    dtype = encoder.conv1.weight.dtype
+    features = features.to(dtype)
+    if frames < window:
+        features = nn.functional.pad(features, (0, window - frames), value=pad_value)
+    frozen = not any(p.requires_grad for p in encoder.parameters())
+    with torch.autocast(device_type=features.device.type, enabled=False), torch.set_grad_enabled(
+            torch.is_grad_enabled() and not frozen):
+        out = encoder(features, output_hidden_states=True, return_dict=True)
+    return list(out.hidden_states[1:])
+
+
+class AudioAdapter(nn.Module):
+    """Softmax-weighted sum of the encoder layer outputs -> LayerNorm -> stack
+    `frame_stack` consecutive frames -> Linear(kd, kd) -> SiLU -> Dropout -> Linear(kd, hidden)."""
+
+    def __init__(self, num_states: int, d_model: int, hidden_size: int, frame_stack: int = 5, dropout: float = 0.0):
+        super().__init__()
+        self.frame_stack = frame_stack
+        stacked = frame_stack * d_model
+        self.layer_weights = nn.Parameter(torch.zeros(num_states))
+        self.norm = nn.LayerNorm(d_model)
+        self.linear_1 = nn.Linear(stacked, stacked)
+        self.act = nn.SiLU()
+        self.dropout = nn.Dropout(dropout)
+        self.linear_2 = nn.Linear(stacked, hidden_size)
+
+    def mix(self, states: Sequence[torch.Tensor]) -> torch.Tensor:
+        weights = torch.softmax(self.layer_weights.float(), dim=0).to(states[0].dtype)
+        return self.norm(sum(w * s for w, s in zip(weights, states)))
+
+    def forward(self, states: Sequence[torch.Tensor], mel_lengths: Sequence[int]) -> torch.Tensor:
+        """Encoder states [b, frames, d] and each sample's true mel length -> audio tokens
+        of all samples, flattened in sample order: [sum of tokens, hidden]."""
+        mixed = self.mix(states)
+        if mixed.shape[0] != len(mel_lengths):
+            raise ValueError(f"{mixed.shape[0]} audio samples but {len(mel_lengths)} audio lengths")
+        stacks = []
+        for i, mel_len in enumerate(mel_lengths):
+            tokens = audio_token_count(int(mel_len), self.frame_stack)
+            frames = tokens * self.frame_stack
+            if frames > mixed.shape[1]:
+                raise ValueError(f"audio sample {i}: length {int(mel_len)} mel frames exceeds the encoder window")
+            stacks.append(mixed[i, :frames].reshape(tokens, -1))
+        stacked = torch.cat(stacks, dim=0)
+        return self.linear_2(self.dropout(self.act(self.linear_1(stacked))))

@@ -1,0 +1,80 @@
+"""The human-readable summary printed by `audiollm plan`."""
+
+from __future__ import annotations
+
+import math
+
+from orchestrator.resolve import Plan
+
+MAX_GROUPS_SHOWN = 8
+
+
+def _count(n: float) -> str:
+    for unit, size in (("B", 1e9), ("M", 1e6), ("K", 1e3)):
+        if n >= size:
+            return f"{n / size:.2f}{unit}"
+    return str(int(n))
+
+
+def _groups(groups: list[list[int]]) -> str:
+    shown = ", ".join(str(g) for g in groups[:MAX_GROUPS_SHOWN])
+    more = f", ... ({len(groups)} groups)" if len(groups) > MAX_GROUPS_SHOWN else ""
+    return shown + more
+
+
+def render(plan: Plan, with_params: bool = False) -> str:
+    cfg = plan.config
+    launcher, parallel, optim = cfg["launcher"], cfg["parallel"], cfg["optim"]
+    mem, flops = plan.memory, plan.flops
+    lines = [
+        f"recipe        {plan.recipe}   model {cfg['model']['name']} (backend {cfg['model']['backend']})",
+        f"topology      world {plan.world_size} = nodes {launcher['nodes']} x gpus_per_node {launcher['gpus_per_node']}"
+        f" ({launcher['accelerator']}) = TP {plan.tp} x PP {plan.pp} x CP {plan.cp} x DP {plan.dp}",
+        f"              VPP {plan.vpp or '-'}, sequence parallel {'on' if plan.sp else 'off'}, distributed optimizer "
+        f"{'on' if parallel['distributed_optimizer'] else 'off'}, recompute {parallel['recompute']['granularity'] or 'none'}"
+        f"{'/' + str(parallel['recompute']['method']) if parallel['recompute']['method'] else ''}"
+        f"{' x' + str(parallel['recompute']['num_layers']) if parallel['recompute']['num_layers'] else ''}",
+        f"batch         global {optim['global_batch_size']} = micro {optim['micro_batch_size']} x DP {plan.dp} x "
+        f"{plan.num_microbatches} micro-batches; seq {cfg['data']['seq_length']}; {plan.tokens_per_step} tokens/step",
+        f"vocab         {cfg['model']['decoder']['vocab_size']} -> padded {plan.padded_vocab_size} (multiple of 128 x TP {plan.tp})",
+        "rank layout   (" + parallel["rank_order"] + ")",
+    ]
+    for kind in ("tp", "pp", "dp", "cp"):
+        lines.append(f"  {kind.upper()} groups  {_groups(plan.rank_layout[kind])}")
+    lines.append("parameters    " + ", ".join(
+        f"{component} {_count(v['trainable'] + v['frozen'])} ({_count(v['trainable'])} trainable)"
+        for component, v in plan.parameters["total"].items()
+    ))
+    for stage in plan.parameters["per_rank_by_stage"]:
+        lines.append(
+            f"  per rank, stage {stage['stage']}: {_count(stage['total'])} ({_count(stage['trainable'])} trainable, "
+            f"{_count(stage['frozen'])} frozen)"
+        )
+    device = "unbounded (CPU)" if math.isinf(mem["device_gib"]) else f"{mem['device_gib']:.1f} GiB"
+    verdict = "fits" if mem["fits"] else "DOES NOT FIT"
+    lines.append(
+        f"memory/GPU    {mem['total_gib']:.1f} GiB on stage {mem['stage']} = weights {mem['weights_gib']:.1f} + grads "
+        f"{mem['grads_gib']:.1f} + optimizer {mem['optimizer_gib']:.1f} + activations {mem['activations_gib']:.1f} + "
+        f"margin {mem['overhead_gib']:.1f}; device {device}: {verdict}"
+    )
+    if not math.isnan(flops["step_time_s"]):
+        lines.append(
+            f"throughput    at {flops['assumed_mfu']:.0%} MFU: {flops['step_time_s']:.2f} s/step, "
+            f"{flops['tokens_per_s_per_gpu']:.0f} tokens/s/GPU; model {flops['model_flops_per_step'] / 1e15:.1f} PFLOP/step, "
+            f"hardware (with recompute) {flops['hardware_flops_per_step'] / 1e15:.1f} PFLOP/step"
+        )
+    lines.append("megatron argv")
+    lines.append("  " + " ".join(plan.argv))
+    for warning in plan.warnings:
+        lines.append(warning)
+    if with_params:
+        from omegaconf import OmegaConf
+
+        from orchestrator.model_params import parameter_inventory
+        from orchestrator.schema import AudioLLMConfig
+
+        obj = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(AudioLLMConfig), cfg))
+        lines.append("parameters (name, full shape, trainable)")
+        for spec in parameter_inventory(obj.model, obj.lora, plan.tp):
+            lines.append(f"  {spec.name} {list(spec.shape)} {'trainable' if spec.trainable else 'frozen'}")
+    return "\n".join(lines)

@@ -1,0 +1,135 @@
+"""Config -> Plan: a pure function from a validated config to what will run.
+
+The Plan holds the Megatron argument set (Megatron-LM flag names), Gemma2/AudioLLM
+settings Megatron-LM has no flag for, the derived numbers (DP, micro-batches per
+step, padded vocabulary, tokens per step), the rank layout and the estimates. The
+launcher writes it to the run directory (plan.json) and the job builds its
+megatron-core configs from it: what `audiollm plan` prints is what runs.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+
+from orchestrator import estimate as est
+from orchestrator.megatron_args import megatron_args, padded_vocab_size, render_argv
+from orchestrator.schema import AudioLLMConfig
+from orchestrator.topology import rank_layout
+from orchestrator.validate import Finding, check, data_parallel_size, world_size
+
+
+@dataclass
+class Plan:
+    recipe: str | None
+    world_size: int
+    tp: int
+    pp: int
+    cp: int
+    dp: int
+    vpp: int | None
+    sp: bool
+    num_microbatches: int
+    padded_vocab_size: int
+    tokens_per_step: int
+    megatron_args: dict[str, Any]  # Megatron-LM argparse dest -> value
+    argv: list[str]  # the same, as Megatron-LM command-line flags
+    model_extensions: dict[str, Any]  # Gemma2/AudioLLM settings without a Megatron-LM flag
+    rank_layout: dict[str, list[list[int]]]
+    parameters: dict[str, Any]
+    memory: dict[str, Any]
+    flops: dict[str, Any]
+    warnings: list[str]
+    config: dict[str, Any]  # the full composed config
+
+    @property
+    def memory_per_gpu_gib(self) -> float:
+        return self.memory["total_gib"]
+
+    @property
+    def fits(self) -> bool:
+        return self.memory["fits"]
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready: NaN and infinite numbers (CPU runs have no device memory limit or
+        peak FLOPs) become None."""
+        out = asdict(self)
+        out["memory_per_gpu_gib"] = self.memory_per_gpu_gib
+        out["fits"] = self.fits
+        return _finite(out)
+
+
+def _finite(value: Any) -> Any:
+    if isinstance(value, float) and (math.isnan(value) or math.isinf(value)):
+        return None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite(v) for v in value]
+    return value
+
+
+def to_object(cfg: DictConfig | AudioLLMConfig) -> AudioLLMConfig:
+    return OmegaConf.to_object(cfg) if isinstance(cfg, DictConfig) else cfg
+
+
+def model_extensions(cfg: AudioLLMConfig) -> dict[str, Any]:
+    dec, enc, adapter = cfg.model.decoder, cfg.model.encoder, cfg.model.adapter
+    return {
+        "architecture": "gemma2",
+        "activation": "geglu_tanh",  # fc1 = [gate; up], gelu(tanh) on the gate
+        "sandwich_norms": True,  # post-attention and post-MLP RMSNorms
+        "embedding_multiplier": math.sqrt(dec.hidden_size),  # applied after audio fusion
+        "query_pre_attn_scalar": dec.query_pre_attn_scalar,
+        "softmax_scale": dec.query_pre_attn_scalar**-0.5,
+        "attn_logit_softcap": dec.attn_logit_softcap,
+        "final_logit_softcap": dec.final_logit_softcap,
+        "sliding_window": dec.sliding_window,
+        "sliding_window_layers": "even",
+        "encoder": asdict(enc),
+        "adapter": asdict(adapter),
+    }
+
+
+def resolve(cfg: DictConfig | AudioLLMConfig, purpose: str = "plan") -> Plan:
+    """Validate (raises validate.ConfigInvalid on any error) and resolve `cfg`."""
+    obj = to_object(cfg)
+    findings: list[Finding] = check(obj, purpose)
+    p, launcher, optim = obj.parallel, obj.launcher, obj.optim
+    world = world_size(launcher)
+    dp = data_parallel_size(p, launcher)
+    gpu = launcher.accelerator == "gpu"
+    args = megatron_args(obj.model, p, obj.data, optim, obj.train, bf16=gpu)
+    inventory = est.inventory_for(obj)
+    stages = est.stage_params(inventory, obj.model, p)
+    num_microbatches = optim.global_batch_size // (optim.micro_batch_size * dp)
+    memory = est.memory_per_gpu(obj, stages, dp, num_microbatches)
+    flops = est.flops_per_step(obj, inventory, world)
+    return Plan(
+        recipe=obj.recipe,
+        world_size=world,
+        tp=p.tp,
+        pp=p.pp,
+        cp=p.cp,
+        dp=dp,
+        vpp=p.vpp,
+        sp=p.sp,
+        num_microbatches=num_microbatches,
+        padded_vocab_size=padded_vocab_size(obj.model.decoder.vocab_size, p.tp),
+        tokens_per_step=optim.global_batch_size * obj.data.seq_length,
+        megatron_args={a.dest: a.value for a in args},
+        argv=render_argv(args),
+        model_extensions=model_extensions(obj),
+        rank_layout=rank_layout(p.tp, p.cp, dp, p.pp, p.rank_order).as_dict(),
+        parameters={
+            "total": est.parameter_totals(inventory),
+            "per_rank_by_stage": [asdict(s) | {"total": s.total} for s in stages],
+        },
+        memory=asdict(memory) | {"fits": memory.fits},
+        flops=asdict(flops),
+        warnings=[str(f) for f in findings],
+        config=OmegaConf.to_container(OmegaConf.structured(obj), resolve=True),
+    )

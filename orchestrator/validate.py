@@ -1,0 +1,571 @@
+"""Every rule a run must satisfy, checked before anything is queued.
+
+Megatron-LM checks most of these in `validate_args` on every rank after the job
+has started; here they run on the submit side, all at once, and each message names
+every value involved and how to fix it. `validate(cfg)` returns all findings;
+`check(cfg)` raises ConfigInvalid when any is an error.
+
+Each rule is a small function of the config sections it needs, yielding Findings.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import math
+from dataclasses import dataclass
+from typing import Callable, Iterable, Iterator
+
+from orchestrator.schema import (
+    AudioLLMConfig,
+    DataConfig,
+    LauncherConfig,
+    LoggerConfig,
+    LoraConfig,
+    ModelConfig,
+    OptimConfig,
+    ParallelConfig,
+    RunConfig,
+    TrainConfig,
+)
+from orchestrator.topology import RANK_ORDERS
+
+ERROR = "error"
+WARNING = "warning"
+
+# Decoder linears that can carry LoRA adapters (megatron-core module names).
+LORA_TARGETS = ("linear_qkv", "linear_proj", "linear_fc1", "linear_fc2")
+
+
+@dataclass(frozen=True)
+class Finding:
+    severity: str  # error | warning
+    rule: str  # short identifier, stable for tests and scripts
+    message: str
+
+    def __str__(self) -> str:
+        return f"{self.severity}: [{self.rule}] {self.message}"
+
+
+class ConfigInvalid(ValueError):
+    def __init__(self, findings: list[Finding]):
+        self.findings = findings
+        errors = [f for f in findings if f.severity == ERROR]
+        super().__init__(
+            f"{len(errors)} configuration error(s), nothing was submitted:\n" + "\n".join(f"  {f}" for f in errors)
+        )
+
+
+def _error(rule: str, message: str) -> Finding:
+    return Finding(ERROR, rule, message)
+
+
+def _warning(rule: str, message: str) -> Finding:
+    return Finding(WARNING, rule, message)
+
+
+def _one_of(rule: str, key: str, value, allowed: Iterable) -> Iterator[Finding]:
+    allowed = tuple(allowed)
+    if value not in allowed:
+        yield _error(rule, f"{key}={value!r} is not one of {', '.join(repr(a) for a in allowed)}")
+
+
+def _positive(rule: str, **values) -> Iterator[Finding]:
+    for key, value in values.items():
+        if value is None or value < 1:
+            yield _error(rule, f"{key}={value} must be a positive integer")
+
+
+def world_size(launcher: LauncherConfig) -> int:
+    return launcher.nodes * launcher.gpus_per_node
+
+
+def model_parallel_size(parallel: ParallelConfig) -> int:
+    return parallel.tp * parallel.pp * parallel.cp
+
+
+def data_parallel_size(parallel: ParallelConfig, launcher: LauncherConfig) -> int:
+    return world_size(launcher) // model_parallel_size(parallel)
+
+
+# --------------------------------------------------------------------------- topology
+def check_sizes(parallel: ParallelConfig, launcher: LauncherConfig) -> Iterator[Finding]:
+    yield from _positive(
+        "sizes",
+        **{
+            "parallel.tp": parallel.tp,
+            "parallel.pp": parallel.pp,
+            "parallel.cp": parallel.cp,
+            "launcher.nodes": launcher.nodes,
+            "launcher.gpus_per_node": launcher.gpus_per_node,
+        },
+    )
+    if parallel.vpp is not None and parallel.vpp < 1:
+        yield _error("sizes", f"parallel.vpp={parallel.vpp} must be a positive integer or null")
+
+
+def check_world_size(parallel: ParallelConfig, launcher: LauncherConfig) -> Iterator[Finding]:
+    world, mp = world_size(launcher), model_parallel_size(parallel)
+    if world < 1 or mp < 1:
+        return
+    if world % mp:
+        yield _error(
+            "world_size",
+            f"tensor_model_parallel_size ({parallel.tp}) x pipeline_model_parallel_size ({parallel.pp}) x "
+            f"context_parallel_size ({parallel.cp}) = {mp} does not divide world size {world} "
+            f"(launcher.nodes {launcher.nodes} x launcher.gpus_per_node {launcher.gpus_per_node}); "
+            f"choose parallel sizes whose product divides {world}, or change the GPU count",
+        )
+
+
+def check_rank_order(parallel: ParallelConfig) -> Iterator[Finding]:
+    yield from _one_of("rank_order", "parallel.rank_order", parallel.rank_order, RANK_ORDERS)
+
+
+def check_heads(parallel: ParallelConfig, model: ModelConfig) -> Iterator[Finding]:
+    dec, tp = model.decoder, parallel.tp
+    if tp < 1:
+        return
+    if dec.num_attention_heads % tp:
+        yield _error(
+            "heads_tp",
+            f"model.decoder.num_attention_heads ({dec.num_attention_heads}) is not divisible by parallel.tp ({tp}); "
+            f"use a tp that divides {dec.num_attention_heads}",
+        )
+    if dec.num_query_groups % tp:
+        yield _error(
+            "kv_heads_tp",
+            f"model.decoder.num_query_groups ({dec.num_query_groups} KV heads) is not divisible by parallel.tp ({tp}); "
+            f"use a tp that divides {dec.num_query_groups}",
+        )
+    if dec.num_query_groups < 1 or dec.num_attention_heads % max(dec.num_query_groups, 1):
+        yield _error(
+            "gqa",
+            f"model.decoder.num_attention_heads ({dec.num_attention_heads}) is not a multiple of "
+            f"model.decoder.num_query_groups ({dec.num_query_groups})",
+        )
+
+
+def check_layers(parallel: ParallelConfig, model: ModelConfig) -> Iterator[Finding]:
+    layers, pp, vpp = model.decoder.num_layers, parallel.pp, parallel.vpp
+    if pp < 1:
+        return
+    if layers % pp:
+        yield _error(
+            "layers_pp",
+            f"model.decoder.num_layers ({layers}) is not divisible by parallel.pp ({pp}); "
+            f"use a pp that divides {layers}",
+        )
+    if vpp is not None and vpp >= 1:
+        if pp == 1:
+            yield _error("vpp_needs_pp", f"parallel.vpp ({vpp}) needs parallel.pp > 1 (pp is {pp}); set parallel.vpp=null")
+        elif layers % (pp * vpp):
+            yield _error(
+                "layers_vpp",
+                f"model.decoder.num_layers ({layers}) is not divisible by parallel.pp ({pp}) x parallel.vpp ({vpp}) "
+                f"= {pp * vpp}; each virtual stage needs the same number of layers",
+            )
+
+
+def check_sequence(parallel: ParallelConfig, data: DataConfig, model: ModelConfig) -> Iterator[Finding]:
+    seq, cp, tp = data.seq_length, parallel.cp, parallel.tp
+    if seq < 1:
+        yield _error("seq_length", f"data.seq_length={seq} must be positive")
+        return
+    if cp > 1 and seq % (2 * cp):
+        yield _error(
+            "seq_cp",
+            f"data.seq_length ({seq}) is not divisible by 2 x parallel.cp ({cp}) = {2 * cp}: context parallel "
+            f"splits each sequence into 2*cp load-balanced chunks; use a multiple of {2 * cp}",
+        )
+    if parallel.sp and tp > 1 and seq % tp:
+        yield _error(
+            "seq_sp",
+            f"data.seq_length ({seq}) is not divisible by parallel.tp ({tp}) with parallel.sp=true: sequence "
+            f"parallel splits the sequence over TP ranks; use a multiple of {tp}",
+        )
+    if seq > model.decoder.max_position_embeddings:
+        yield _error(
+            "seq_positions",
+            f"data.seq_length ({seq}) exceeds model.decoder.max_position_embeddings "
+            f"({model.decoder.max_position_embeddings})",
+        )
+
+
+def check_sequence_parallel(parallel: ParallelConfig) -> Iterator[Finding]:
+    if parallel.sp and parallel.tp <= 1:
+        yield _error(
+            "sp_needs_tp",
+            f"parallel.sp=true needs parallel.tp > 1 (tp is {parallel.tp}); set parallel.sp=false or raise tp",
+        )
+
+
+def check_context_parallel(parallel: ParallelConfig, model: ModelConfig) -> Iterator[Finding]:
+    if parallel.cp > 1 and model.backend == "local":
+        yield _error(
+            "cp_backend",
+            f"parallel.cp ({parallel.cp}) > 1 needs model.backend=te: the local attention backend has no "
+            f"context-parallel attention",
+        )
+
+
+def check_batch(parallel: ParallelConfig, launcher: LauncherConfig, optim: OptimConfig) -> Iterator[Finding]:
+    yield from _positive(
+        "batch", **{"optim.global_batch_size": optim.global_batch_size, "optim.micro_batch_size": optim.micro_batch_size}
+    )
+    world, mp = world_size(launcher), model_parallel_size(parallel)
+    if world < 1 or mp < 1 or world % mp or optim.micro_batch_size < 1 or optim.global_batch_size < 1:
+        return
+    dp = world // mp
+    per_step = optim.micro_batch_size * dp
+    if optim.global_batch_size % per_step:
+        yield _error(
+            "global_batch",
+            f"optim.global_batch_size ({optim.global_batch_size}) is not divisible by optim.micro_batch_size "
+            f"({optim.micro_batch_size}) x data-parallel size ({dp}) = {per_step}; use a multiple of {per_step}",
+        )
+        return
+    microbatches = optim.global_batch_size // per_step
+    if parallel.pp > 1 and microbatches < parallel.pp:
+        yield _warning(
+            "pipeline_bubble",
+            f"{microbatches} micro-batches per step (optim.global_batch_size {optim.global_batch_size} / "
+            f"(optim.micro_batch_size {optim.micro_batch_size} x DP {dp})) is fewer than parallel.pp ({parallel.pp}): "
+            f"the pipeline idles most of each step; raise the global batch or lower the micro batch",
+        )
+    if parallel.vpp and parallel.pp > 1 and microbatches % parallel.pp:
+        yield _error(
+            "vpp_microbatches",
+            f"the interleaved schedule (parallel.vpp={parallel.vpp}) needs the number of micro-batches "
+            f"({microbatches}) to be a multiple of parallel.pp ({parallel.pp})",
+        )
+
+
+def check_recompute(parallel: ParallelConfig, model: ModelConfig) -> Iterator[Finding]:
+    rc = parallel.recompute
+    yield from _one_of("recompute", "parallel.recompute.granularity", rc.granularity, (None, "full", "selective"))
+    if rc.granularity == "full":
+        yield from _one_of("recompute", "parallel.recompute.method", rc.method, ("uniform", "block"))
+        if rc.num_layers is None or rc.num_layers < 1:
+            yield _error(
+                "recompute",
+                f"parallel.recompute.granularity=full needs parallel.recompute.num_layers >= 1 (got {rc.num_layers})",
+            )
+        elif parallel.pp >= 1:
+            per_stage = model.decoder.num_layers // max(parallel.pp * (parallel.vpp or 1), 1)
+            if rc.num_layers > per_stage:
+                yield _error(
+                    "recompute",
+                    f"parallel.recompute.num_layers ({rc.num_layers}) exceeds the {per_stage} decoder layers per "
+                    f"pipeline stage (model.decoder.num_layers {model.decoder.num_layers} / parallel.pp {parallel.pp}"
+                    f"{' / parallel.vpp ' + str(parallel.vpp) if parallel.vpp else ''})",
+                )
+    elif rc.granularity == "selective":
+        if rc.method is not None or rc.num_layers is not None:
+            yield _error(
+                "recompute",
+                f"parallel.recompute.granularity=selective takes no method/num_layers (got method={rc.method}, "
+                f"num_layers={rc.num_layers}); set them to null",
+            )
+    elif rc.method is not None or rc.num_layers is not None:
+        yield _error(
+            "recompute",
+            f"parallel.recompute.method={rc.method} / num_layers={rc.num_layers} are set but "
+            f"parallel.recompute.granularity is null; set granularity=full or clear them",
+        )
+
+
+def check_distributed_optimizer(parallel: ParallelConfig, launcher: LauncherConfig) -> Iterator[Finding]:
+    mp = model_parallel_size(parallel)
+    if parallel.distributed_optimizer and mp >= 1 and world_size(launcher) // mp == 1:
+        yield _warning(
+            "distributed_optimizer",
+            "parallel.distributed_optimizer=true with data-parallel size 1 shards nothing",
+        )
+
+
+# --------------------------------------------------------------------------- model
+def check_decoder(model: ModelConfig) -> Iterator[Finding]:
+    dec = model.decoder
+    yield from _positive(
+        "decoder",
+        **{
+            "model.decoder.hidden_size": dec.hidden_size,
+            "model.decoder.num_layers": dec.num_layers,
+            "model.decoder.num_attention_heads": dec.num_attention_heads,
+            "model.decoder.num_query_groups": dec.num_query_groups,
+            "model.decoder.kv_channels": dec.kv_channels,
+            "model.decoder.ffn_hidden_size": dec.ffn_hidden_size,
+            "model.decoder.vocab_size": dec.vocab_size,
+            "model.decoder.sliding_window": dec.sliding_window,
+        },
+    )
+    if dec.query_pre_attn_scalar <= 0:
+        yield _error("decoder", f"model.decoder.query_pre_attn_scalar={dec.query_pre_attn_scalar} must be positive")
+    for key in ("attn_logit_softcap", "final_logit_softcap"):
+        value = getattr(dec, key)
+        if value is not None and value <= 0:
+            yield _error("decoder", f"model.decoder.{key}={value} must be positive or null (no softcap)")
+
+
+def check_encoder(model: ModelConfig) -> Iterator[Finding]:
+    enc, adapter = model.encoder, model.adapter
+    yield from _positive(
+        "encoder",
+        **{
+            "model.encoder.d_model": enc.d_model,
+            "model.encoder.num_layers": enc.num_layers,
+            "model.encoder.num_heads": enc.num_heads,
+            "model.encoder.ffn_dim": enc.ffn_dim,
+            "model.encoder.max_source_positions": enc.max_source_positions,
+            "model.adapter.frame_stack": adapter.frame_stack,
+        },
+    )
+    if enc.num_heads >= 1 and enc.d_model % enc.num_heads:
+        yield _error(
+            "encoder",
+            f"model.encoder.d_model ({enc.d_model}) is not divisible by model.encoder.num_heads ({enc.num_heads})",
+        )
+    yield from _one_of("encoder", "model.encoder.num_mel_bins", enc.num_mel_bins, (80, 128))
+    if adapter.frame_stack >= 1 and enc.max_source_positions % adapter.frame_stack:
+        yield _error(
+            "adapter",
+            f"model.encoder.max_source_positions ({enc.max_source_positions}) is not divisible by "
+            f"model.adapter.frame_stack ({adapter.frame_stack}): the adapter would drop the last frames of a "
+            f"full window",
+        )
+    if not 0.0 <= adapter.dropout < 1.0:
+        yield _error("adapter", f"model.adapter.dropout={adapter.dropout} must be in [0, 1)")
+
+
+def check_backend(model: ModelConfig, launcher: LauncherConfig) -> Iterator[Finding]:
+    yield from _one_of("backend", "model.backend", model.backend, ("local", "te"))
+    if model.backend == "te" and launcher.accelerator == "cpu":
+        yield _error(
+            "backend",
+            "model.backend=te (TransformerEngine) needs GPUs but launcher.accelerator=cpu; use model.backend=local",
+        )
+
+
+# --------------------------------------------------------------------------- data
+def audio_tokens_per_clip(seconds: float, model: ModelConfig) -> int:
+    """Decoder tokens the adapter makes for a clip of `seconds` (100 mel frames per second,
+    capped at the encoder window)."""
+    from orchestrator.model_params import audio_token_count
+
+    mel_frames = min(math.ceil(seconds * 100), 2 * model.encoder.max_source_positions)
+    return audio_token_count(mel_frames, model.adapter.frame_stack)
+
+
+def check_data(data: DataConfig, model: ModelConfig, purpose: str) -> Iterator[Finding]:
+    yield from _one_of("data", "data.on_bad_sample", data.on_bad_sample, ("error", "skip"))
+    yield from _one_of("data", "data.long_audio", data.long_audio, ("refuse", "chunk"))
+    if data.max_audio_seconds <= 0:
+        yield _error("data", f"data.max_audio_seconds={data.max_audio_seconds} must be positive")
+        return
+    window_seconds = model.encoder.max_source_positions * 2 / 100
+    if data.max_audio_seconds > window_seconds:
+        yield _error(
+            "audio_window",
+            f"data.max_audio_seconds ({data.max_audio_seconds}) exceeds the encoder window of {window_seconds:g} s "
+            f"(model.encoder.max_source_positions {model.encoder.max_source_positions} x 2 / 100 frames per s); "
+            f"lower data.max_audio_seconds or use data.long_audio=chunk with max_audio_seconds <= {window_seconds:g}",
+        )
+    if model.adapter.frame_stack >= 1:
+        audio_tokens = audio_tokens_per_clip(min(data.max_audio_seconds, window_seconds), model)
+        if audio_tokens >= data.seq_length:
+            yield _error(
+                "audio_tokens",
+                f"a {data.max_audio_seconds:g}-s clip becomes {audio_tokens} audio tokens, not fewer than "
+                f"data.seq_length ({data.seq_length}): no room for the prompt and the response",
+            )
+    if "<SpeechHere>" not in data.prompt_template:
+        yield _error("prompt", "data.prompt_template has no <SpeechHere> marker for the audio")
+    if not data.train:
+        finding = _error if purpose == "train" else _warning
+        yield finding("no_train_data", "data.train lists no datasets; add at least one {name, path, weight}")
+    names = [d.name for d in list(data.train) + list(data.validation)]
+    duplicates = sorted({n for n in names if names.count(n) > 1})
+    if duplicates:
+        yield _error("dataset_names", f"dataset names must be unique; repeated: {', '.join(duplicates)}")
+    for entry in data.train:
+        if entry.weight <= 0:
+            yield _error("dataset_weight", f"data.train[{entry.name}].weight={entry.weight} must be positive")
+
+
+# --------------------------------------------------------------------------- optimizer and loop
+def check_optim(optim: OptimConfig, train: TrainConfig) -> Iterator[Finding]:
+    yield from _one_of("optim", "optim.optimizer", optim.optimizer, ("adam", "sgd"))
+    yield from _one_of("optim", "optim.lr_decay_style", optim.lr_decay_style, ("cosine", "linear", "constant"))
+    if optim.lr <= 0:
+        yield _error("lr", f"optim.lr={optim.lr} must be positive (freeze modules with lora.lr_groups lr_scale 0)")
+    if optim.min_lr < 0 or optim.min_lr > optim.lr:
+        yield _error("min_lr", f"optim.min_lr ({optim.min_lr}) must be in [0, optim.lr ({optim.lr})]")
+    if optim.lr_warmup_iters < 0 or optim.lr_warmup_iters >= max(train.iters, 1):
+        yield _error(
+            "warmup",
+            f"optim.lr_warmup_iters ({optim.lr_warmup_iters}) must be in [0, train.iters ({train.iters}))",
+        )
+    if optim.clip_grad < 0:
+        yield _error("optim", f"optim.clip_grad={optim.clip_grad} must be >= 0 (0 disables clipping)")
+
+
+def check_train(train: TrainConfig, run: RunConfig) -> Iterator[Finding]:
+    yield from _positive(
+        "train", **{"train.iters": train.iters, "train.log_interval": train.log_interval, "train.keep_last": train.keep_last}
+    )
+    for key in ("eval_interval", "save_interval", "eval_iters"):
+        if getattr(train, key) < 0:
+            yield _error("train", f"train.{key}={getattr(train, key)} must be >= 0")
+    yield from _one_of("run", "run.resume", run.resume, ("auto", "never"))
+
+
+def check_launcher(launcher: LauncherConfig) -> Iterator[Finding]:
+    yield from _one_of("launcher", "launcher.kind", launcher.kind, ("local", "slurm"))
+    yield from _one_of("launcher", "launcher.accelerator", launcher.accelerator, ("gpu", "cpu"))
+    if launcher.kind == "local" and launcher.nodes != 1:
+        yield _error(
+            "launcher",
+            f"launcher.kind=local runs on this machine only, but launcher.nodes={launcher.nodes}; "
+            f"use launcher=slurm for several nodes",
+        )
+    if launcher.max_requeues < 0:
+        yield _error("launcher", f"launcher.max_requeues={launcher.max_requeues} must be >= 0")
+
+
+def check_logger(logger: LoggerConfig) -> Iterator[Finding]:
+    yield from _one_of("logger", "logger.backend", logger.backend, ("wandb", "none"))
+    yield from _one_of("logger", "logger.mode", logger.mode, ("offline", "online", "disabled"))
+
+
+# --------------------------------------------------------------------------- LoRA and lr groups
+def check_lora(lora: LoraConfig, model: ModelConfig) -> Iterator[Finding]:
+    if lora.rank < 0:
+        yield _error("lora", f"lora.rank={lora.rank} must be >= 0 (0 disables LoRA)")
+    if lora.rank == 0:
+        return
+    unknown = [t for t in lora.targets if t not in LORA_TARGETS]
+    if unknown:
+        yield _error(
+            "lora_targets",
+            f"lora.targets {unknown} do not exist in model {model.name}; decoder linears are {list(LORA_TARGETS)}",
+        )
+    if not lora.targets:
+        yield _error("lora_targets", f"lora.rank={lora.rank} but lora.targets is empty")
+    smallest = min(model.decoder.hidden_size, model.decoder.kv_channels * model.decoder.num_query_groups)
+    if lora.rank > smallest:
+        yield _error(
+            "lora_rank",
+            f"lora.rank ({lora.rank}) exceeds the smallest adapted dimension ({smallest}) of model {model.name}",
+        )
+    if lora.alpha <= 0:
+        yield _error("lora", f"lora.alpha={lora.alpha} must be positive")
+    if not 0.0 <= lora.dropout < 1.0:
+        yield _error("lora", f"lora.dropout={lora.dropout} must be in [0, 1)")
+
+
+def check_lr_group_fields(lora: LoraConfig) -> Iterator[Finding]:
+    if not lora.lr_groups:
+        yield _error("lr_groups", "lora.lr_groups is empty; add at least {name: all, patterns: ['*'], lr_scale: 1.0}")
+    names = [g.name for g in lora.lr_groups]
+    for name in sorted({n for n in names if names.count(n) > 1}):
+        yield _error("lr_groups", f"lora.lr_groups has two groups named {name!r}")
+    for group in lora.lr_groups:
+        if group.lr_scale < 0:
+            yield _error("lr_groups", f"lora.lr_groups[{group.name}].lr_scale={group.lr_scale} must be >= 0")
+        if not group.patterns:
+            yield _error("lr_groups", f"lora.lr_groups[{group.name}] has no patterns")
+
+
+@dataclass(frozen=True)
+class NamedParam:
+    """What lr-group rules need to know of a parameter (from model_params)."""
+
+    name: str
+    frozen: bool  # frozen by the model config (encoder.freeze, adapter.freeze, LoRA base weights)
+
+
+def check_lr_groups_against_params(lora: LoraConfig, params: list[NamedParam], model_name: str) -> Iterator[Finding]:
+    """Every pattern matches something; every trainable parameter falls in a group;
+    no group with a non-zero rate holds only frozen parameters."""
+    for group in lora.lr_groups:
+        for pattern in group.patterns:
+            if not any(fnmatch.fnmatchcase(p.name, pattern) for p in params):
+                yield _error(
+                    "lr_group_pattern",
+                    f"lora.lr_groups[{group.name}] pattern {pattern!r} matches no parameter of model {model_name} "
+                    f"(names look like {params[0].name if params else '?'}); see `audiollm plan --params`",
+                )
+    members: dict[str, list[NamedParam]] = {g.name: [] for g in lora.lr_groups}
+    unmatched = []
+    for param in params:
+        group = next((g for g in lora.lr_groups if any(fnmatch.fnmatchcase(param.name, p) for p in g.patterns)), None)
+        if group is None:
+            if not param.frozen:
+                unmatched.append(param.name)
+        else:
+            members[group.name].append(param)
+    if unmatched:
+        shown = ", ".join(unmatched[:5]) + (f" and {len(unmatched) - 5} more" if len(unmatched) > 5 else "")
+        yield _error(
+            "lr_group_unmatched",
+            f"{len(unmatched)} trainable parameter(s) match no lora.lr_groups entry: {shown}; "
+            f"add a group (for example {{name: rest, patterns: ['*'], lr_scale: 1.0}}) — there is no default rate",
+        )
+    for group in lora.lr_groups:
+        in_group = members[group.name]
+        if group.lr_scale > 0 and in_group and all(p.frozen for p in in_group):
+            yield _error(
+                "lr_frozen",
+                f"lora.lr_groups[{group.name}] has lr_scale {group.lr_scale} but all its {len(in_group)} parameters "
+                f"are frozen by the model config (e.g. {in_group[0].name}); set its lr_scale to 0 or unfreeze "
+                f"the module (model.encoder.freeze / model.adapter.freeze / model.decoder.freeze)",
+            )
+
+
+def _named_params(model: ModelConfig, lora: LoraConfig) -> list[NamedParam]:
+    from orchestrator.model_params import parameter_inventory
+
+    return [NamedParam(p.name, not p.trainable) for p in parameter_inventory(model, lora)]
+
+
+# --------------------------------------------------------------------------- entry points
+def validate(cfg: AudioLLMConfig, purpose: str = "plan") -> list[Finding]:
+    """All findings for `cfg` (errors and warnings). purpose: plan | train."""
+    p, m, l = cfg.parallel, cfg.model, cfg.launcher
+    rules: list[Callable[[], Iterable[Finding]]] = [
+        lambda: check_sizes(p, l),
+        lambda: check_world_size(p, l),
+        lambda: check_rank_order(p),
+        lambda: check_heads(p, m),
+        lambda: check_layers(p, m),
+        lambda: check_sequence(p, cfg.data, m),
+        lambda: check_sequence_parallel(p),
+        lambda: check_context_parallel(p, m),
+        lambda: check_batch(p, l, cfg.optim),
+        lambda: check_recompute(p, m),
+        lambda: check_distributed_optimizer(p, l),
+        lambda: check_decoder(m),
+        lambda: check_encoder(m),
+        lambda: check_backend(m, l),
+        lambda: check_data(cfg.data, m, purpose),
+        lambda: check_optim(cfg.optim, cfg.train),
+        lambda: check_train(cfg.train, cfg.run),
+        lambda: check_launcher(l),
+        lambda: check_logger(cfg.logger),
+        lambda: check_lora(cfg.lora, m),
+        lambda: check_lr_group_fields(cfg.lora),
+    ]
+    findings = [f for rule in rules for f in rule()]
+    # Parameter names are only meaningful once the model's own fields are valid.
+    if not any(f.severity == ERROR and f.rule in ("decoder", "encoder", "adapter", "lora", "lora_targets", "lora_rank")
+               for f in findings):
+        findings += list(check_lr_groups_against_params(cfg.lora, _named_params(m, cfg.lora), m.name))
+    return findings
+
+
+def check(cfg: AudioLLMConfig, purpose: str = "plan") -> list[Finding]:
+    """Raise ConfigInvalid if any finding is an error; return the warnings otherwise."""
+    findings = validate(cfg, purpose)
+    if any(f.severity == ERROR for f in findings):
+        raise ConfigInvalid(findings)
+    return findings

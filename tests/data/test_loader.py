@@ -1,0 +1,259 @@
+"""The training and validation loaders over real MDS datasets (mosaic streaming)."""
+
+import os
+import resource
+import time
+from collections import Counter
+
+import pytest
+import torch
+
+from orchestrator.data.loader import BadSampleError, build_train_loader, build_validation_loaders
+from orchestrator.data.sources import resolve_entries
+from orchestrator.schema.data import DatasetEntry
+
+from .conftest import data_config, tone_samples, write_mds
+
+
+@pytest.fixture(scope="module")
+def three_datasets(tmp_path_factory):
+    root = tmp_path_factory.mktemp("mds")
+    for i, (name, n) in enumerate((("alpha", 40), ("beta", 30), ("gamma", 20))):
+        write_mds(root / name, tone_samples(n, seed=i, tag=name[0] * 1))
+    return root
+
+
+def _entries(root, weights=(1.0, 1.0, 2.0)):
+    return [DatasetEntry(name=n, path=str(root / n), weight=w) for n, w in zip(("alpha", "beta", "gamma"), weights)]
+
+
+def _signature(batch):
+    return (batch["tokens"].clone(), batch["sample_datasets"], batch["audio_features"].sum().item())
+
+
+def test_mixture_names_and_proportions(three_datasets, tokenizer_dir, encoder_cfg, adapter_cfg):
+    cfg = data_config(_entries(three_datasets), tokenizer=str(tokenizer_dir))
+    loader = build_train_loader(cfg, encoder_cfg, adapter_cfg, micro_batch_size=2, seed=3)
+    seen = Counter()
+    for _ in range(12):
+        batch = next(loader)
+        seen.update(batch["sample_datasets"])
+        # Per-token dataset index agrees with the per-sample names.
+        ids = batch["dataset_index"][batch["dataset_index"] >= 0].unique().tolist()
+        assert {batch["dataset_names"][i] for i in ids} == set(batch["sample_datasets"])
+        assert batch["audio_features"].shape[0] == batch["audio_num_tokens"].numel() == batch["num_samples"]
+        assert int((batch["tokens"] == batch["audio_token_id"]).sum()) == int(batch["audio_num_tokens"].sum())
+    # gamma has weight 2 of 4: about half the samples although it is the smallest dataset.
+    total = sum(seen.values())
+    assert 0.38 < seen["gamma"] / total < 0.62, seen
+    assert seen["alpha"] > 0 and seen["beta"] > 0
+
+
+def test_same_seed_same_batches_and_resume_mid_stream_and_across_epochs(three_datasets, tokenizer_dir, encoder_cfg,
+                                                                         adapter_cfg):
+    cfg = data_config(_entries(three_datasets), tokenizer=str(tokenizer_dir))
+    a = build_train_loader(cfg, encoder_cfg, adapter_cfg, micro_batch_size=2, seed=5)
+    b = build_train_loader(cfg, encoder_cfg, adapter_cfg, micro_batch_size=2, seed=5)
+    states, batches = [], []
+    for _ in range(40):  # ~ 2+ epochs of the 90-sample mixture
+        states.append(a.state_dict())
+        batches.append(_signature(next(a)))
+    for i in range(3):
+        first = _signature(next(b))
+        assert torch.equal(first[0], batches[i][0]) and first[1] == batches[i][1]
+    assert a.state_dict()["next_position"] > 2 * a.epoch_size  # we did cross epoch boundaries
+    for k in (7, 19, 33):
+        resumed = build_train_loader(cfg, encoder_cfg, adapter_cfg, micro_batch_size=2, seed=5)
+        resumed.load_state_dict(states[k])
+        for j in range(k, min(k + 4, 40)):
+            got = _signature(next(resumed))
+            assert torch.equal(got[0], batches[j][0]) and got[1] == batches[j][1], (k, j)
+            assert got[2] == pytest.approx(batches[j][2])
+    other = build_train_loader(cfg, encoder_cfg, adapter_cfg, micro_batch_size=2, seed=6)
+    assert not torch.equal(_signature(next(other))[0], batches[0][0])
+    with pytest.raises(ValueError, match="seed: saved 5, now 6"):
+        other.load_state_dict(states[3])
+
+
+def test_data_parallel_ranks_split_the_samples(three_datasets, tokenizer_dir, encoder_cfg, adapter_cfg):
+    cfg = data_config(_entries(three_datasets), tokenizer=str(tokenizer_dir), packing=False)
+    full = build_train_loader(cfg, encoder_cfg, adapter_cfg, micro_batch_size=1, seed=1)
+    order = [next(full)["tokens"][0] for _ in range(12)]
+    ranks = [build_train_loader(cfg, encoder_cfg, adapter_cfg, micro_batch_size=1, dp_rank=r, dp_size=3, seed=1)
+             for r in range(3)]
+    states = []
+    for step in range(4):
+        states.append([ranks[r].state_dict() for r in range(3)])
+        for r in range(3):
+            assert torch.equal(next(ranks[r])["tokens"][0], order[3 * step + r])
+    # A rank resumed from its checkpoint continues with its own next sample.
+    resumed = build_train_loader(cfg, encoder_cfg, adapter_cfg, micro_batch_size=1, dp_rank=1, dp_size=3, seed=1)
+    resumed.load_state_dict(states[2][1])
+    assert torch.equal(next(resumed)["tokens"][0], order[3 * 2 + 1])
+    with pytest.raises(ValueError, match="dp_rank: saved 0, now 1"):
+        resumed.load_state_dict(states[2][0])
+
+
+def test_seven_hundred_datasets_in_one_mixture(tmp_path, tokenizer_dir, encoder_cfg, adapter_cfg):
+    for i in range(700):
+        write_mds(tmp_path / "many" / f"part{i:04d}", tone_samples(1, seed=i, min_s=0.1, max_s=0.2))
+    cfg = data_config([DatasetEntry(name="many", path=str(tmp_path / "many" / "part*"), weight=1.0)],
+                      tokenizer=str(tokenizer_dir), packing_buffer=64)
+    resolved = resolve_entries(cfg.train)
+    assert len(resolved) == 700 and resolved[0].name == "many/part0000"
+    fds_before = len(os.listdir("/proc/self/fd"))
+    start = time.perf_counter()
+    loader = build_train_loader(cfg, encoder_cfg, adapter_cfg, micro_batch_size=4, seed=0)
+    opened = time.perf_counter() - start
+    names = set()
+    for _ in range(10):
+        names.update(next(loader)["sample_datasets"])
+    assert len(names) > 100  # the mixture draws from many of them
+    assert len(os.listdir("/proc/self/fd")) - fds_before < 100
+    assert resource.getrlimit(resource.RLIMIT_NOFILE)[0] > 0 and opened < 60
+
+
+def test_validation_sets_read_everything_in_order_once(three_datasets, tokenizer_dir, encoder_cfg, adapter_cfg):
+    cfg = data_config(_entries(three_datasets), tokenizer=str(tokenizer_dir),
+                      validation=[DatasetEntry(name="val_beta", path=str(three_datasets / "beta")),
+                                  DatasetEntry(name="val_gamma", path=str(three_datasets / "gamma"))])
+    sets = build_validation_loaders(cfg, encoder_cfg, adapter_cfg, micro_batch_size=2)
+    assert list(sets) == ["val_beta", "val_gamma"]
+    got = [t for b in sets["val_gamma"] for t in b["transcripts"]]
+    assert len(got) == 20 and all(t.startswith("g") for t in got)
+    fds = len(os.listdir("/proc/self/fd"))
+    for _ in range(10):  # evaluating again opens nothing new
+        assert got == [t for b in sets["val_gamma"] for t in b["transcripts"]]  # same order every time
+        assert len([t for b in sets["val_beta"] for t in b["transcripts"]]) == 30
+    assert len(os.listdir("/proc/self/fd")) == fds
+    halves = [build_validation_loaders(cfg, encoder_cfg, adapter_cfg, 2, dp_rank=r, dp_size=2)["val_beta"]
+              for r in range(2)]
+    per_rank = [[t for b in h for t in b["transcripts"]] for h in halves]
+    assert sorted(per_rank[0] + per_rank[1]) == sorted(t for b in sets["val_beta"] for t in b["transcripts"])
+    assert len(per_rank[0]) == 15
+    cfg.validation_max_samples = 5
+    assert sum(b["num_samples"] for b in build_validation_loaders(cfg, encoder_cfg, adapter_cfg, 2)["val_beta"]) == 5
+
+
+def test_train_and_validation_batches_from_the_demo_config_shape(three_datasets, tokenizer_dir, encoder_cfg,
+                                                                  adapter_cfg):
+    cfg = data_config(_entries(three_datasets), tokenizer=str(tokenizer_dir), packing=False)
+    batch = next(build_train_loader(cfg, encoder_cfg, adapter_cfg, micro_batch_size=3, seed=0))
+    assert batch["tokens"].shape == (3, 128) and batch["audio_features"].shape == (3, 80, 500)
+    assert batch["packed"] is False and batch["num_samples"] == 3
+
+
+def test_missing_dataset_and_bad_glob_are_clear_errors(tmp_path, tokenizer_dir):
+    with pytest.raises(FileNotFoundError, match="not an MDS dataset.*index.json"):
+        resolve_entries([DatasetEntry(name="x", path=str(tmp_path / "nope"))])
+    with pytest.raises(FileNotFoundError, match="no MDS dataset.*matches"):
+        resolve_entries([DatasetEntry(name="x", path=str(tmp_path / "nope*"))])
+    with pytest.raises(ValueError, match="glob patterns are expanded for local paths only"):
+        resolve_entries([DatasetEntry(name="x", path="s3://bucket/a/*")])
+
+
+def test_bad_samples_error_names_dataset_shard_and_index_or_are_skipped_and_counted(
+        tmp_path, tokenizer_dir, encoder_cfg, adapter_cfg):
+    import numpy as np
+
+    from orchestrator.data.audio import encode_flac
+
+    good = tone_samples(6, seed=1)
+    bad = {
+        "undecodable": {"audio": b"\x00garbage" * 10, "text": "one"},
+        "empty_text": {"audio": good[0]["audio"], "text": "   "},
+        "too_long_audio": {"audio": encode_flac(np.zeros(16000 * 6, np.float32), 16000), "text": "one"},
+        "wrong_rate": {"audio": encode_flac(np.zeros(8000, np.float32), 8000), "text": "two"},
+        "too_many_tokens": {"audio": good[1]["audio"], "text": " ".join(["seven"] * 200)},
+    }
+    for reason, sample in bad.items():
+        path = write_mds(tmp_path / reason, good[:3] + [sample] + good[3:])
+        cfg = data_config([DatasetEntry(name=reason, path=str(path))], tokenizer=str(tokenizer_dir),
+                          shuffle=False, wrong_sample_rate="refuse", packing_buffer=8)
+        if reason == "wrong_rate":
+            with pytest.raises(BadSampleError, match=r"dataset wrong_rate: shard .*shard\.00000\.mds, sample 3: "
+                                                     r"audio is at 8000 Hz"):
+                next(build_train_loader(cfg, encoder_cfg, adapter_cfg, 2, seed=0))
+            cfg.wrong_sample_rate = "resample"
+            assert next(build_train_loader(cfg, encoder_cfg, adapter_cfg, 2, seed=0))["num_samples"] > 0
+            continue
+        expected = {"undecodable": "cannot decode", "empty_text": "empty transcript",
+                    "too_long_audio": "exceeds data.max_audio_seconds", "too_many_tokens": "does not fit"}[reason]
+        with pytest.raises(BadSampleError, match=rf"dataset {reason}: shard \S+shard\.\d{{5}}\.mds, sample 3: "
+                                                 rf".*{expected}.*on_bad_sample=skip"):
+            next(build_train_loader(cfg, encoder_cfg, adapter_cfg, 2, seed=0))
+        cfg.on_bad_sample = "skip"
+        loader = build_train_loader(cfg, encoder_cfg, adapter_cfg, 2, seed=0)
+        samples = sum(next(loader)["num_samples"] for _ in range(3))
+        assert samples > 0 and loader.bad_samples()[reason] >= 1
+        assert loader.state_dict()["bad_samples"][reason] >= 1
+
+
+def test_long_audio_is_chunked_when_configured(tmp_path, tokenizer_dir, encoder_cfg, adapter_cfg):
+    import numpy as np
+
+    from orchestrator.data.audio import encode_flac
+
+    path = write_mds(tmp_path / "long", [{"audio": encode_flac(np.full(16000 * 12, 0.1, np.float32), 16000),
+                                          "text": "one two"}])
+    cfg = data_config([DatasetEntry(name="long", path=str(path))], tokenizer=str(tokenizer_dir), long_audio="chunk",
+                      packing=False, seq_length=256)
+    batch = next(build_train_loader(cfg, encoder_cfg, adapter_cfg, 1, seed=0))
+    # 12 s in 5-s chunks: 5 + 5 + 2 s -> 50 + 50 + 20 placeholders, one run after another.
+    assert batch["audio_num_tokens"].tolist() == [50, 50, 20]
+    assert batch["audio_lengths"].tolist() == [500, 500, 200]
+
+
+def test_corrupt_shard_names_the_shard(tmp_path, tokenizer_dir, encoder_cfg, adapter_cfg):
+    path = write_mds(tmp_path / "corrupt", tone_samples(12, seed=2), size_limit=1 << 14)
+    shards = sorted(path.glob("shard.*.mds"))
+    assert len(shards) >= 2
+    victim = shards[1]
+    data = bytearray(victim.read_bytes())
+    data[:64] = b"\xff" * 64  # the sample offset table at the start of the shard
+    victim.write_bytes(bytes(data))
+    cfg = data_config([DatasetEntry(name="corrupt", path=str(path))], tokenizer=str(tokenizer_dir), shuffle=False,
+                      packing_buffer=16)
+    with pytest.raises(BadSampleError, match=rf"dataset corrupt: shard \S+{victim.name}, sample \d+"):
+        for _ in range(4):
+            next(build_train_loader(cfg, encoder_cfg, adapter_cfg, 2, seed=0))
+    cfg.on_bad_sample = "skip"
+    loader = build_train_loader(cfg, encoder_cfg, adapter_cfg, 2, seed=0)
+    for _ in range(4):
+        next(loader)
+    assert loader.bad_samples()["corrupt"] >= 1
+
+
+@pytest.mark.multiprocess
+def test_torchrun_ranks_read_disjoint_shares_of_one_order(three_datasets, tmp_path, tokenizer_dir, encoder_cfg,
+                                                          adapter_cfg):
+    import json
+    import socket
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from omegaconf import OmegaConf
+
+    cfg = data_config(_entries(three_datasets), tokenizer=str(tokenizer_dir), packing=False,
+                      validation=[DatasetEntry(name="val_beta", path=str(three_datasets / "beta"))])
+    spec = {"data": OmegaConf.to_container(cfg), "seed": 11, "batches": 6}
+    (tmp_path / "spec.json").write_text(json.dumps(spec))
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    repo = Path(__file__).resolve().parents[2]
+    env = dict(os.environ, PYTHONPATH=str(repo), OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2",
+                           "--master_addr=127.0.0.1", f"--master_port={port}",
+                           str(Path(__file__).with_name("dp_loader_script.py")), str(tmp_path / "spec.json"),
+                           str(tmp_path)], capture_output=True, text=True, timeout=300, env=env, cwd=repo)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
+    single = build_train_loader(cfg, encoder_cfg, adapter_cfg, micro_batch_size=1, seed=11)
+    order = [next(single)["tokens"][0].tolist() for _ in range(12)]
+    assert ranks[0]["train"] == order[0::2] and ranks[1]["train"] == order[1::2]
+    assert ranks[0]["total"] == 12
+    v0, v1 = ranks[0]["val"]["val_beta"], ranks[1]["val"]["val_beta"]
+    full = [t for b in build_validation_loaders(cfg, encoder_cfg, adapter_cfg, 2)["val_beta"] for t in b["transcripts"]]
+    assert len(v0) == len(v1) == 15 and sorted(v0 + v1) == sorted(full)

@@ -1,0 +1,68 @@
+"""Waiting on runs with a deadline: a hung job fails its test, never the whole session."""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from pathlib import Path
+
+from launchers import commands
+from launchers.rundir import read_json, read_metrics
+from launchers.summary import run_state
+
+
+def tiny_overrides(root, *extra: str, ranks: int = 2, iters: int = 6) -> list[str]:
+    """The default tiny recipe as a `ranks`-process CPU job writing under `root`."""
+    return [
+        "launcher.accelerator=cpu", f"launcher.gpus_per_node={ranks}", f"optim.micro_batch_size={16 // ranks}",
+        "optim.lr_warmup_iters=0", f"train.iters={iters}", "train.log_interval=1", f"run.output_root={root}",
+        *extra,
+    ]
+
+
+def wait_until(predicate, timeout: float, what: str, run_dirs=(), interval: float = 0.2):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval)
+    for run_dir in run_dirs:
+        commands.cancel(run_dir)
+    logs = "\n".join(
+        f"--- {p}\n{p.read_text()[-2000:]}" for d in run_dirs for p in sorted(Path(d).glob("logs/*.log"))
+    )
+    raise AssertionError(f"timed out after {timeout} s waiting for {what}\n{logs}")
+
+
+def wait_for_step(run_dir: Path, step: int, timeout: float) -> None:
+    wait_until(lambda: any(m["step"] >= step for m in read_metrics(run_dir)), timeout, f"step {step} in {run_dir}",
+               [run_dir])
+
+
+def wait_for_end(run_dir: Path, timeout: float, query_scheduler: bool = True) -> dict:
+    ended = ("COMPLETED", "STOPPED", "FAILED", "CANCELLED", "TIMEOUT", "DIED", "NODE_FAIL", "OUT_OF_MEMORY")
+
+    def done():
+        info = run_state(run_dir, query_scheduler=query_scheduler)
+        return info if info["state"] in ended else None
+
+    return wait_until(done, timeout, f"the end of {run_dir}", [run_dir], interval=0.5)
+
+
+def losses(run_dir: Path) -> dict[int, float]:
+    return {m["step"]: m["loss"] for m in read_metrics(run_dir)}
+
+
+def rank_pids(run_dir: Path, rank: int) -> list[int]:
+    text = (Path(run_dir) / "logs" / f"rank{rank}.log").read_text()
+    return [int(p) for p in re.findall(r"\[launcher [\d:]+\] rank \d+/\d+ pid (\d+)", text)]
+
+
+def launches(run_dir: Path) -> list[dict]:
+    return (read_json(Path(run_dir) / "launch.json", default={}) or {}).get("launches", [])
+
+
+def dump(path: Path) -> str:
+    return json.dumps(read_json(path), indent=1)

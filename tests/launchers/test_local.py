@@ -1,0 +1,111 @@
+"""launcher=local: 2 real processes over gloo through submitit's local executor."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+
+import pytest
+
+from launchers import commands
+from launchers.rundir import read_json
+
+from .helpers import launches, losses, rank_pids, tiny_overrides, wait_for_end, wait_for_step
+
+pytestmark = pytest.mark.multiprocess
+
+ITERS = 12
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    """One uninterrupted 2-rank run; its per-step losses are what interrupted runs must reproduce."""
+    root = tmp_path_factory.mktemp("local-ref")
+    code = commands.train(tiny_overrides(root, "run.name=ref", iters=ITERS))
+    return code, root / "tiny_cpu" / "ref"
+
+
+def test_local_run_writes_the_run_directory_and_streams_rank0(reference, capfd):
+    code, run_dir = reference
+    assert code == 0
+    assert sorted(losses(run_dir)) == list(range(1, ITERS + 1))
+    assert read_json(run_dir / "state.json")["state"] == "COMPLETED"
+    assert json.loads((run_dir / "plan.json").read_text())["world_size"] == 2
+    assert "gpus_per_node: 2" in (run_dir / "config.yaml").read_text()
+    (launch,) = launches(run_dir)
+    assert launch["kind"] == "local" and launch["job_ids"] and launch["version"] and launch["command"]
+    assert "attempt 1" in (run_dir / "logs" / "rank0.log").read_text()
+    for rank in (0, 1):
+        assert "] rank %d/2 pid" % rank in (run_dir / "logs" / f"rank{rank}.log").read_text()
+    assert (run_dir / "checkpoints" / "latest").read_text().strip() == f"step_{ITERS}"
+    assert len((run_dir / "wandb_id").read_text().strip()) == 16
+
+
+def test_preempted_rank_restarts_and_reproduces_every_loss(reference, tmp_path, tiny, monkeypatch):
+    # USR2 to one rank only: both ranks must agree to stop at the same step boundary.
+    _, ref_dir = reference
+    monkeypatch.setenv("AUDIOLLM_MINIMAL_STEP_DELAY_S", "0.25")
+    run_dir = tmp_path / "tiny_cpu" / "pre"
+    assert commands.train(tiny(tmp_path, "run.name=pre", "launcher.wait=false", iters=ITERS)) == 0
+    wait_for_step(run_dir, 3, timeout=120)
+    os.kill(rank_pids(run_dir, 1)[0], signal.SIGUSR2)
+    info = wait_for_end(run_dir, timeout=180)
+    assert info["state"] == "COMPLETED", info
+    state = read_json(run_dir / "state.json")
+    assert state["requeues"] == 1 and state["attempt"] == 2 and state["signal"] == "SIGUSR2"
+    assert len(rank_pids(run_dir, 0)) == 2  # the tasks were started again
+    assert "resumed from step_" in (run_dir / "logs" / "rank0.log").read_text()
+    assert losses(run_dir) == losses(ref_dir)
+
+
+def test_cancelled_run_continues_when_the_same_command_runs_again(reference, tmp_path, tiny, monkeypatch, capsys):
+    _, ref_dir = reference
+    monkeypatch.setenv("AUDIOLLM_MINIMAL_STEP_DELAY_S", "0.25")
+    overrides = tiny(tmp_path, iters=ITERS)  # no run.name: the run is found from the config
+    assert commands.train([*overrides, "launcher.wait=false"]) == 0
+    (run_dir,) = (tmp_path / "tiny_cpu").iterdir()
+    wait_for_step(run_dir, 3, timeout=120)
+    assert commands.train(overrides) == 2  # a second job may not write the same run directory
+    assert "already has job" in capsys.readouterr().err
+    assert commands.cancel(run_dir) == 0  # SIGTERM: checkpoint at the next step boundary, then stop
+    info = wait_for_end(run_dir, timeout=120)
+    assert info["state"] == "STOPPED" and info["step"] < ITERS, info
+    stopped_at = max(losses(run_dir))
+    assert stopped_at < ITERS
+    capsys.readouterr()
+    monkeypatch.setenv("AUDIOLLM_MINIMAL_STEP_DELAY_S", "0")
+    assert commands.train(overrides) == 0
+    out = capsys.readouterr().out
+    assert f"resuming run {run_dir}" in out and f"resumed from step_{stopped_at}" in out
+    assert [launch["resumed"] for launch in launches(run_dir)] == [False, True]
+    assert losses(run_dir) == losses(ref_dir)
+    assert commands.status(run_dir) == 0
+    assert f"step      {ITERS}/{ITERS}" in capsys.readouterr().out
+
+
+def test_requeues_are_bounded_by_max_requeues(tmp_path, tiny, monkeypatch):
+    monkeypatch.setenv("AUDIOLLM_MINIMAL_STEP_DELAY_S", "0.25")
+    run_dir = tmp_path / "tiny_cpu" / "bounded"
+    overrides = tiny(tmp_path, "run.name=bounded", "launcher.wait=false", "launcher.max_requeues=0", iters=ITERS)
+    assert commands.train(overrides) == 0
+    wait_for_step(run_dir, 2, timeout=120)
+    os.kill(rank_pids(run_dir, 0)[0], signal.SIGUSR2)
+    info = wait_for_end(run_dir, timeout=120)
+    assert info["state"] == "FAILED", info
+    assert "launcher.max_requeues=0" in info["error"] and "run.resume=auto" in info["error"]
+    assert len(rank_pids(run_dir, 0)) == 1  # not restarted
+    stopped = int((run_dir / "checkpoints" / "latest").read_text().strip().split("_")[1])
+    assert 2 <= stopped < ITERS and max(losses(run_dir)) == stopped
+
+
+def test_local_sweep_runs_each_point_and_writes_the_summary(tmp_path, tiny, capsys):
+    code = commands.train(tiny(tmp_path, "run.name=sw", "train.seed=1,2", ranks=1, iters=3), multirun=True)
+    assert code == 0
+    sweep_dir = tmp_path / "tiny_cpu" / "sw"
+    rows = (sweep_dir / "summary.txt").read_text().splitlines()[2:]
+    assert [row.split()[:4] for row in rows] == [
+        ["000", "train.seed=1", "COMPLETED", "3/3"], ["001", "train.seed=2", "COMPLETED", "3/3"],
+    ]
+    assert losses(sweep_dir / "000") != losses(sweep_dir / "001")
+    assert "=== point 001: train.seed=2" in capsys.readouterr().out

@@ -1,0 +1,40 @@
+"""GPU only: the `te` backend (TransformerEngine linears + flex_attention core attention)
+in bf16 against HF Gemma2 in fp32. Prints `RESULT <json>`.
+Run: torchrun --nproc_per_node=1 tests/models/gpu_te_script.py"""
+
+import json
+
+import torch
+
+from orchestrator.runtime.distributed import ParallelSizes, init_distributed, shutdown
+from tests.models.tiny_models import decoder_config, hf_gemma2
+
+
+def main() -> None:
+    init_distributed(ParallelSizes(tp=1), seed=0)
+    from orchestrator.convert.gemma2_mapping import Gemma2Shape, hf_to_megatron_full, shard_megatron
+    from orchestrator.models.attention import FlexSoftcapAttention
+    from orchestrator.models.gemma2_model import Gemma2Model, gemma2_transformer_config
+
+    hf = hf_gemma2(seed=0).cuda()
+    shape = Gemma2Shape.from_hf_config(hf.config)
+    dec = decoder_config(hf.config)
+    cfg = gemma2_transformer_config(dec, params_dtype=torch.bfloat16)
+    model = Gemma2Model(cfg, dec.vocab_size, dec.max_position_embeddings, backend="te", rope_theta=dec.rope_theta).cuda().eval()
+    assert isinstance(model.decoder.layers[0].self_attention.core_attention, FlexSoftcapAttention)
+    weights = shard_megatron(hf_to_megatron_full(hf.state_dict(), shape), shape, 1, 1)[(0, 0)]
+    model.load_state_dict(weights, strict=False)
+    tokens = torch.randint(0, shape.vocab_size, (2, 64), device="cuda")
+    positions = torch.arange(64, device="cuda")[None].expand(2, -1)
+    with torch.no_grad():
+        ref = hf(tokens).logits
+        logits = model(tokens, positions, None)[..., : shape.vocab_size].float()
+    labels = torch.cat([tokens[:, 1:], tokens[:, :1]], dim=1)
+    loss = model(tokens, positions, None, labels=labels)[:, :-1].float().mean()
+    loss.backward()  # flex_attention has a backward on GPU
+    print("RESULT " + json.dumps({"max_abs_logit_diff": (logits - ref).abs().max().item()}), flush=True)
+    shutdown()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,49 @@
+"""The analytic parameter inventory (pure Python) on composed configs, with LoRA."""
+
+import subprocess
+import sys
+
+from orchestrator.compose import compose
+from orchestrator.model_params import audio_token_count, parameter_inventory
+from tests.distributed_run import REPO
+
+
+def test_model_params_does_not_import_torch():
+    code = "import sys, orchestrator.model_params; sys.exit('torch' in sys.modules)"
+    assert subprocess.run([sys.executable, "-c", code], cwd=REPO).returncode == 0
+
+
+def test_gemma2_9b_whisper_large_v3_counts_match_the_published_models():
+    cfg = compose(["+recipe=gemma2_whisper_tp4pp2"])
+    inv = parameter_inventory(cfg.model, cfg.lora, tp=cfg.parallel.tp)
+    count = {c: sum(p.numel for p in inv if p.component == c) for c in ("encoder", "adapter", "decoder", "embedding")}
+    assert count["decoder"] + count["embedding"] == 9_241_705_984  # HF gemma-2-9b (vocab 256000 needs no padding at tp=4)
+    assert count["encoder"] == 636_968_960  # HF whisper-large-v3 encoder incl. the 1500x1280 position table
+    assert count["adapter"] == 32 + 2 * 1280 + 6400 * 6400 + 6400 + 3584 * 6400 + 3584
+    assert len({p.name for p in inv}) == len(inv)
+    qkv = next(p for p in inv if p.name == "language_model.decoder.layers.0.self_attention.linear_qkv.weight")
+    assert qkv.shape == ((16 + 2 * 8) * 256, 3584) and qkv.tp_split_dim == 0
+    proj = next(p for p in inv if p.name.endswith("layers.0.self_attention.linear_proj.weight"))
+    assert proj.tp_split_dim == 1
+    assert not next(p for p in inv if p.name == "encoder.embed_positions.weight").trainable
+    assert audio_token_count(2 * cfg.model.encoder.max_source_positions, cfg.model.adapter.frame_stack) == 300
+
+
+def test_lora_names_follow_the_contract():
+    cfg = compose(["+recipe=tiny_cpu", "lora=decoder_r16"])
+    inv = {p.name: p for p in parameter_inventory(cfg.model, cfg.lora)}
+    base = "language_model.decoder.layers.1.mlp.linear_fc1"
+    assert inv[base + ".weight"].shape == (2 * 384, 128)
+    assert inv[base + ".lora_a.weight"].shape == (16, 128) and inv[base + ".lora_a.weight"].tp_split_dim is None
+    assert inv[base + ".lora_b.weight"].shape == (768, 16) and inv[base + ".lora_b.weight"].tp_split_dim == 0
+    fc2_a = inv["language_model.decoder.layers.1.mlp.linear_fc2.lora_a.weight"]
+    assert fc2_a.shape == (16, 384) and fc2_a.tp_split_dim == 1
+    lora = [n for n in inv if ".lora_" in n]
+    assert len(lora) == 4 * 4 * 2 and all(n.startswith("language_model.") for n in lora)
+
+
+def test_lora_on_encoder_and_adapter():
+    cfg = compose(["+recipe=tiny_cpu", "lora=decoder_r16", "lora.encoder=true", "lora.adapter=true"])
+    names = {p.name for p in parameter_inventory(cfg.model, cfg.lora)}
+    assert "encoder.layers.0.self_attn.q_proj.lora_a.weight" in names
+    assert "adapter.linear_2.lora_b.weight" in names

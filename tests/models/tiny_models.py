@@ -1,0 +1,70 @@
+"""Tiny random HF models (Gemma2, Whisper) and the matching project config sections.
+
+Weights are redrawn with larger spreads than HF's init (and non-zero norm weights), so
+that every Gemma2 detail (norm offset, softcaps, window, activation) moves the logits
+far beyond the parity tolerance."""
+
+from __future__ import annotations
+
+import torch
+from transformers import Gemma2Config, Gemma2ForCausalLM, WhisperConfig
+from transformers.models.whisper.modeling_whisper import WhisperEncoder
+
+from orchestrator.schema.model import AdapterConfig, DecoderConfig, EncoderConfig, ModelConfig
+
+GEMMA2 = dict(vocab_size=250, hidden_size=64, intermediate_size=96, num_hidden_layers=4,
+              num_attention_heads=4, num_key_value_heads=2, head_dim=16, query_pre_attn_scalar=24,
+              sliding_window=8, attn_logit_softcapping=2.0, final_logit_softcapping=3.0,
+              max_position_embeddings=128, rms_norm_eps=1e-6, rope_theta=10000.0)
+
+
+def hf_gemma2_config(**overrides) -> Gemma2Config:
+    return Gemma2Config(**{**GEMMA2, **overrides}, attn_implementation="eager")
+
+
+def randomize(model: torch.nn.Module, seed: int) -> torch.nn.Module:
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            std = 0.5 if "norm" in name else 0.15
+            param.copy_(torch.randn(param.shape, generator=gen) * std)
+    return model
+
+
+def hf_gemma2(seed: int = 0, **overrides) -> Gemma2ForCausalLM:
+    return randomize(Gemma2ForCausalLM(hf_gemma2_config(**overrides)), seed).eval()
+
+
+def decoder_config(hf_cfg: Gemma2Config) -> DecoderConfig:
+    return DecoderConfig(
+        hidden_size=hf_cfg.hidden_size, num_layers=hf_cfg.num_hidden_layers,
+        num_attention_heads=hf_cfg.num_attention_heads, num_query_groups=hf_cfg.num_key_value_heads,
+        kv_channels=hf_cfg.head_dim, ffn_hidden_size=hf_cfg.intermediate_size, vocab_size=hf_cfg.vocab_size,
+        max_position_embeddings=hf_cfg.max_position_embeddings, rope_theta=hf_cfg.rope_theta,
+        norm_eps=hf_cfg.rms_norm_eps, sliding_window=hf_cfg.sliding_window,
+        query_pre_attn_scalar=hf_cfg.query_pre_attn_scalar, attn_logit_softcap=hf_cfg.attn_logit_softcapping,
+        final_logit_softcap=hf_cfg.final_logit_softcapping,
+    )
+
+
+WHISPER = dict(d_model=32, encoder_layers=2, encoder_attention_heads=4, encoder_ffn_dim=64,
+               num_mel_bins=16, max_source_positions=50,
+               # decoder sizes only matter for the full WhisperModel saved in conversion tests
+               decoder_layers=1, decoder_attention_heads=4, decoder_ffn_dim=64, vocab_size=100, pad_token_id=99,
+               bos_token_id=98, eos_token_id=99, decoder_start_token_id=98,
+               max_target_positions=32)
+
+
+def whisper_config(**overrides) -> WhisperConfig:
+    return WhisperConfig(**{**WHISPER, **overrides}, attn_implementation="eager")
+
+
+def encoder_config(cfg: WhisperConfig, freeze: bool = False) -> EncoderConfig:
+    return EncoderConfig(d_model=cfg.d_model, num_layers=cfg.encoder_layers, num_heads=cfg.encoder_attention_heads,
+                         ffn_dim=cfg.encoder_ffn_dim, num_mel_bins=cfg.num_mel_bins,
+                         max_source_positions=cfg.max_source_positions, freeze=freeze)
+
+
+def tiny_model_config(hf_cfg: Gemma2Config, wcfg: WhisperConfig) -> ModelConfig:
+    return ModelConfig(name="tiny_test", decoder=decoder_config(hf_cfg), encoder=encoder_config(wcfg),
+                       adapter=AdapterConfig(frame_stack=5, dropout=0.0))

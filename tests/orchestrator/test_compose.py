@@ -1,0 +1,75 @@
+import pytest
+from omegaconf import OmegaConf
+
+from orchestrator import compose as compose_module
+from orchestrator import paths
+from orchestrator.compose import ComposeError, compose
+
+
+def test_no_recipe_means_the_default_tiny_cpu_recipe():
+    cfg = compose([])
+    assert cfg.recipe == "tiny_cpu"
+    assert cfg.model.name == "tiny_audiollm"
+    assert cfg.launcher.accelerator == "cpu"
+
+
+def test_recipe_without_plus_is_accepted():
+    assert compose(["recipe=gemma2_whisper_tp4pp2"]).parallel.tp == 4
+
+
+@pytest.mark.parametrize("recipe", paths.recipe_names())
+def test_every_recipe_composes_into_the_typed_schema(recipe):
+    cfg = compose([f"+recipe={recipe}"])
+    assert cfg.recipe == recipe
+    OmegaConf.to_object(cfg)  # every MISSING field is filled
+
+
+@pytest.mark.parametrize(
+    "override, key_path",
+    [
+        ("parallel.tpp=2", "parallel.tpp"),
+        ("model.decoder.hiden_size=3", "model.decoder.hiden_size"),
+        ("launcher.gpu_per_node=8", "launcher.gpu_per_node"),
+        ("optim.global_batch=8", "optim.global_batch"),
+    ],
+)
+def test_unknown_key_on_the_command_line_fails_with_its_path(override, key_path):
+    with pytest.raises(ComposeError) as info:
+        compose([override])
+    assert key_path in str(info.value)
+
+
+@pytest.mark.parametrize(
+    "override, key_path",
+    [("parallel.tp=four", "parallel.tp"), ("parallel.sp=maybe", "parallel.sp"), ("optim.lr=fast", "optim.lr")],
+)
+def test_wrong_type_on_the_command_line_fails_with_its_path(override, key_path):
+    with pytest.raises(ComposeError) as info:
+        compose([override])
+    assert key_path in str(info.value)
+    assert override.split("=")[1] in str(info.value)
+
+
+def test_unknown_recipe_lists_the_known_ones():
+    with pytest.raises(ComposeError) as info:
+        compose(["+recipe=no_such_recipe"])
+    assert "no_such_recipe" in str(info.value)
+    for name in paths.recipe_names():
+        assert name in str(info.value)
+
+
+@pytest.mark.parametrize(
+    "body, key_path",
+    [
+        ("parallel:\n  tensor_parallel: 2\n", "parallel.tensor_parallel"),
+        ("optim:\n  micro_batch_size: one\n", "optim.micro_batch_size"),
+    ],
+)
+def test_typo_or_wrong_type_in_a_recipe_file_fails_with_its_path(tmp_path, monkeypatch, body, key_path):
+    (tmp_path / "broken.yaml").write_text("# @package _global_\nrecipe: broken\n" + body)
+    monkeypatch.setattr(paths, "recipes_dir", lambda: tmp_path)
+    with pytest.raises(ComposeError) as info:
+        compose(["+recipe=broken"])
+    assert key_path in str(info.value)
+    monkeypatch.undo()
+    compose_module.compose([])  # the real recipes register again

@@ -1,0 +1,85 @@
+"""Every recipe resolves to a Plan whose Megatron argv matches its golden file.
+
+Regenerate the golden files after an intended change with:
+    AUDIOLLM_REGENERATE_GOLDEN=1 python -m pytest tests/orchestrator/test_recipes_resolve.py
+"""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from orchestrator import paths
+from orchestrator.compose import compose
+from orchestrator.resolve import resolve
+
+GOLDEN = Path(__file__).with_name("golden")
+REGENERATE = os.environ.get("AUDIOLLM_REGENERATE_GOLDEN") == "1"
+
+
+@pytest.mark.parametrize("recipe", paths.recipe_names())
+def test_recipe_argv_matches_golden_file(recipe):
+    argv = resolve(compose([f"+recipe={recipe}"])).argv
+    golden = GOLDEN / f"{recipe}.argv"
+    text = " ".join(argv).replace(" --", "\n--") + "\n"  # one flag (and its value) per line
+    if REGENERATE:
+        golden.write_text(text)
+    assert golden.exists(), f"no golden file {golden}; regenerate with AUDIOLLM_REGENERATE_GOLDEN=1"
+    assert text == golden.read_text(), f"argv of {recipe} changed; if intended, regenerate (see module docstring)"
+
+
+def _plan_json(*overrides: str) -> dict:
+    proc = subprocess.run([sys.executable, "-m", "orchestrator.cli", "plan", *overrides, "--json"],
+                          capture_output=True, text=True, timeout=60, check=True)
+    return json.loads(proc.stdout)
+
+
+def _contains_run(argv: list[str], run: list[str]) -> bool:
+    return any(argv[i:i + len(run)] == run for i in range(len(argv) - len(run) + 1))
+
+
+def test_plan_json_of_the_four_node_recipe():
+    plan = _plan_json("+recipe=gemma2_whisper_tp4pp2")
+    assert (plan["world_size"], plan["tp"], plan["pp"], plan["cp"], plan["dp"]) == (32, 4, 2, 1, 4)
+    expected = ("--tensor-model-parallel-size 4 --pipeline-model-parallel-size 2 --context-parallel-size 1 "
+                "--use-distributed-optimizer --sequence-parallel --recompute-granularity full --recompute-method "
+                "uniform --recompute-num-layers 1").split()
+    assert _contains_run(plan["argv"], expected), plan["argv"]
+    for run in (["--num-layers", "42"], ["--hidden-size", "3584"], ["--ffn-hidden-size", "14336"],
+                ["--num-attention-heads", "16"], ["--num-query-groups", "8"], ["--kv-channels", "256"],
+                ["--window-size", "(4095,0)"], ["--window-attn-skip-freq", "2"], ["--apply-layernorm-1p"],
+                ["--normalization", "RMSNorm"], ["--bf16"]):
+        assert _contains_run(plan["argv"], run), run
+    assert "--untie-embeddings-and-output-weights" not in plan["argv"]
+    assert plan["num_microbatches"] == 16 and plan["padded_vocab_size"] == 256000
+    assert plan["model_extensions"]["attn_logit_softcap"] == 50.0
+    assert plan["model_extensions"]["final_logit_softcap"] == 30.0
+    assert isinstance(plan["memory_per_gpu_gib"], float) and plan["fits"] is True
+
+
+def test_vocab_is_padded_to_a_multiple_of_128_times_tp():
+    plan = _plan_json("model.decoder.vocab_size=1000", "parallel.tp=2", "launcher.gpus_per_node=2")
+    assert plan["padded_vocab_size"] == 1024
+    plan = _plan_json("+recipe=gemma2_whisper_tp4pp2", "model.decoder.vocab_size=1000")
+    assert plan["padded_vocab_size"] == 1024
+    plan = _plan_json("+recipe=gemma2_whisper_tp4pp2", "model.decoder.vocab_size=1100")
+    assert plan["padded_vocab_size"] == 1536
+
+
+def test_full_finetuning_at_tp1_is_flagged_as_not_fitting():
+    plan = _plan_json("+recipe=gemma2_whisper_tp1", "lora=none")
+    assert plan["fits"] is False and plan["memory_per_gpu_gib"] > 79.1
+    assert _plan_json("+recipe=gemma2_whisper_tp1")["fits"] is True
+
+
+def test_human_summary_shows_topology_layout_memory_and_argv():
+    proc = subprocess.run([sys.executable, "-m", "orchestrator.cli", "plan", "+recipe=gemma2_whisper_tp4pp2"],
+                          capture_output=True, text=True, timeout=60, check=True)
+    out = proc.stdout
+    assert "TP 4 x PP 2 x CP 1 x DP 4" in out
+    assert "TP groups  [0, 1, 2, 3], [4, 5, 6, 7]" in out
+    assert "memory/GPU" in out and "fits" in out
+    assert "--tensor-model-parallel-size 4" in out

@@ -1,0 +1,152 @@
+"""Invalid configurations are refused before submission, each with a message that
+names the offending values; valid ones pass."""
+
+import subprocess
+import sys
+
+import pytest
+
+from orchestrator import paths
+from orchestrator.compose import compose
+from orchestrator.resolve import resolve, to_object
+from orchestrator.validate import ERROR, ConfigInvalid, validate
+
+TP4PP2 = "+recipe=gemma2_whisper_tp4pp2"
+TINY2 = ["launcher.gpus_per_node=2"]  # tiny model on 2 CPU processes
+
+# (overrides, rule, substrings the message must contain)
+INVALID = [
+    pytest.param([TP4PP2, "launcher.nodes=3", "launcher.gpus_per_node=4"], "world_size",
+                 ["tensor_model_parallel_size (4)", "pipeline_model_parallel_size (2)", "= 8", "world size 12",
+                  "nodes 3", "gpus_per_node 4"], id="tp_pp_not_dividing_world"),
+    pytest.param(["parallel.tp=4", "launcher.gpus_per_node=2"], "world_size", ["(4)", "world size 2"], id="tp_above_world"),
+    pytest.param([TP4PP2, "parallel.cp=3", "model.backend=te"], "world_size", ["context_parallel_size (3)", "= 24"], id="cp_not_dividing"),
+    pytest.param([*TINY2, "parallel.tp=0"], "sizes", ["parallel.tp=0"], id="tp_zero"),
+    pytest.param([*TINY2, "parallel.pp=-1"], "sizes", ["parallel.pp=-1"], id="pp_negative"),
+    pytest.param(["launcher.nodes=0"], "sizes", ["launcher.nodes=0"], id="no_nodes"),
+    pytest.param([TP4PP2, "parallel.vpp=0"], "sizes", ["parallel.vpp=0"], id="vpp_zero"),
+    pytest.param([TP4PP2, "parallel.tp=32", "parallel.pp=1"], "heads_tp",
+                 ["num_attention_heads (16)", "parallel.tp (32)"], id="heads_not_divisible_by_tp"),
+    pytest.param(["parallel.tp=2", *TINY2, "model.decoder.num_query_groups=1"], "kv_heads_tp",
+                 ["num_query_groups (1 KV heads)", "parallel.tp (2)"], id="kv_heads_not_divisible_by_tp"),
+    pytest.param(["model.decoder.num_query_groups=3"], "gqa", ["num_attention_heads (4)", "num_query_groups (3)"], id="gqa_mismatch"),
+    pytest.param([TP4PP2, "parallel.pp=4", "parallel.tp=2"], "layers_pp", ["num_layers (42)", "parallel.pp (4)"], id="layers_not_divisible_by_pp"),
+    pytest.param([TP4PP2, "parallel.vpp=2"], "layers_vpp", ["num_layers (42)", "parallel.pp (2)", "parallel.vpp (2)", "= 4"], id="layers_not_divisible_by_vpp"),
+    pytest.param(["parallel.vpp=2"], "vpp_needs_pp", ["parallel.vpp (2)", "pp is 1"], id="vpp_without_pp"),
+    pytest.param([TP4PP2, "parallel.cp=2", "parallel.tp=2", "data.seq_length=2050"], "seq_cp",
+                 ["data.seq_length (2050)", "parallel.cp (2)", "= 4"], id="seq_not_divisible_by_2cp"),
+    pytest.param([TP4PP2, "data.seq_length=2050"], "seq_sp", ["data.seq_length (2050)", "parallel.tp (4)"], id="seq_not_divisible_by_tp_with_sp"),
+    pytest.param(["parallel.sp=true"], "sp_needs_tp", ["parallel.sp=true", "tp is 1"], id="sp_without_tp"),
+    pytest.param(["data.seq_length=2048"], "seq_positions", ["data.seq_length (2048)", "max_position_embeddings (1024)"], id="seq_beyond_positions"),
+    pytest.param(["data.seq_length=0"], "seq_length", ["data.seq_length=0"], id="seq_zero"),
+    pytest.param([*TINY2, "parallel.cp=2"], "cp_backend", ["parallel.cp (2)", "model.backend=te"], id="cp_on_local_backend"),
+    pytest.param([TP4PP2, "optim.global_batch_size=30"], "global_batch",
+                 ["global_batch_size (30)", "micro_batch_size (1)", "data-parallel size (4)", "= 4"], id="gbs_not_divisible"),
+    pytest.param([TP4PP2, "optim.micro_batch_size=3"], "global_batch", ["micro_batch_size (3)", "= 12"], id="mbs_times_dp_not_dividing"),
+    pytest.param(["optim.micro_batch_size=0"], "batch", ["optim.micro_batch_size=0"], id="mbs_zero"),
+    pytest.param([TP4PP2, "parallel.vpp=3", "optim.global_batch_size=12"], "vpp_microbatches",
+                 ["parallel.vpp=3", "micro-batches (3)", "parallel.pp (2)"], id="vpp_microbatches_not_multiple_of_pp"),
+    pytest.param([TP4PP2, "parallel.recompute.method=sideways"], "recompute", ["parallel.recompute.method='sideways'"], id="recompute_bad_method"),
+    pytest.param([TP4PP2, "parallel.recompute.granularity=partial"], "recompute", ["granularity='partial'"], id="recompute_bad_granularity"),
+    pytest.param([TP4PP2, "parallel.recompute.num_layers=null"], "recompute", ["num_layers >= 1"], id="recompute_full_without_layers"),
+    pytest.param([TP4PP2, "parallel.recompute.num_layers=22"], "recompute", ["num_layers (22)", "21 decoder layers per"], id="recompute_more_layers_than_stage"),
+    pytest.param([TP4PP2, "parallel.recompute.granularity=selective"], "recompute", ["selective takes no method"], id="selective_with_method"),
+    pytest.param(["parallel.recompute.method=uniform"], "recompute", ["granularity is null"], id="method_without_granularity"),
+    pytest.param(["parallel.rank_order=dp-tp-pp"], "rank_order", ["parallel.rank_order='dp-tp-pp'"], id="bad_rank_order"),
+    pytest.param(["model.decoder.kv_channels=0"], "decoder", ["model.decoder.kv_channels=0"], id="kv_channels_zero"),
+    pytest.param(["model.decoder.attn_logit_softcap=-50"], "decoder", ["attn_logit_softcap=-50"], id="negative_softcap"),
+    pytest.param(["model.encoder.num_heads=3"], "encoder", ["d_model (128)", "num_heads (3)"], id="encoder_heads"),
+    pytest.param(["model.encoder.num_mel_bins=64"], "encoder", ["num_mel_bins=64"], id="mel_bins"),
+    pytest.param(["model.adapter.frame_stack=3"], "adapter", ["max_source_positions (250)", "frame_stack (3)"], id="frame_stack_not_dividing_window"),
+    pytest.param(["model.adapter.dropout=1.5"], "adapter", ["dropout=1.5"], id="adapter_dropout"),
+    pytest.param(["model.backend=te"], "backend", ["model.backend=te", "launcher.accelerator=cpu"], id="te_on_cpu"),
+    pytest.param(["model.backend=flash"], "backend", ["model.backend='flash'"], id="unknown_backend"),
+    pytest.param(["data.max_audio_seconds=30"], "audio_window", ["max_audio_seconds (30.0)", "encoder window of 5 s", "max_source_positions 250"], id="clip_longer_than_encoder_window"),
+    pytest.param(["data.seq_length=40"], "audio_tokens", ["50 audio tokens", "data.seq_length (40)"], id="audio_tokens_fill_sequence"),
+    pytest.param(["data.prompt_template=Transcribe"], "prompt", ["<SpeechHere>"], id="prompt_without_audio_marker"),
+    pytest.param(["data.on_bad_sample=ignore"], "data", ["data.on_bad_sample='ignore'"], id="bad_sample_policy"),
+    pytest.param(["data.long_audio=truncate"], "data", ["data.long_audio='truncate'"], id="long_audio_policy"),
+    pytest.param(["data.train=[{name: a, path: x, weight: 1}, {name: a, path: y, weight: 1}]"], "dataset_names", ["repeated: a"], id="duplicate_dataset_names"),
+    pytest.param(["data.train=[{name: a, path: x, weight: 0}]"], "dataset_weight", ["data.train[a].weight=0"], id="zero_weight"),
+    pytest.param(["optim.lr=0"], "lr", ["optim.lr=0"], id="lr_zero"),
+    pytest.param(["optim.min_lr=0.5"], "min_lr", ["optim.min_lr (0.5)", "optim.lr (0.001)"], id="min_lr_above_lr"),
+    pytest.param(["optim.lr_warmup_iters=600"], "warmup", ["lr_warmup_iters (600)", "train.iters (600)"], id="warmup_too_long"),
+    pytest.param(["optim.optimizer=lion"], "optim", ["optim.optimizer='lion'"], id="unknown_optimizer"),
+    pytest.param(["optim.lr_decay_style=exp"], "optim", ["optim.lr_decay_style='exp'"], id="unknown_decay"),
+    pytest.param(["train.iters=0"], "train", ["train.iters=0"], id="no_iters"),
+    pytest.param(["run.resume=maybe"], "run", ["run.resume='maybe'"], id="bad_resume"),
+    pytest.param(["launcher.kind=k8s"], "launcher", ["launcher.kind='k8s'"], id="unknown_launcher"),
+    pytest.param(["launcher.nodes=2"], "launcher", ["launcher.kind=local", "launcher.nodes=2"], id="local_with_two_nodes"),
+    pytest.param(["logger.backend=tensorboard"], "logger", ["logger.backend='tensorboard'"], id="unknown_logger"),
+    pytest.param(["lora.rank=8", "lora.targets=[linear_q]"], "lora_targets", ["['linear_q']", "tiny_audiollm"], id="lora_target_missing"),
+    pytest.param(["lora.rank=512"], "lora_rank", ["lora.rank (512)", "(64)"], id="lora_rank_too_big"),
+    pytest.param(["lora.rank=-1"], "lora", ["lora.rank=-1"], id="lora_rank_negative"),
+    pytest.param(["lora.lr_groups=[{name: enc, patterns: ['vision_tower.*'], lr_scale: 1.0}, {name: rest, patterns: ['*'], lr_scale: 1.0}]"],
+                 "lr_group_pattern", ["lr_groups[enc]", "'vision_tower.*'", "tiny_audiollm"], id="lr_pattern_matches_nothing"),
+    pytest.param(["lora.lr_groups=[{name: dec, patterns: ['language_model.*'], lr_scale: 1.0}]"],
+                 "lr_group_unmatched", ["encoder.conv1.weight", "no default rate"], id="trainable_params_without_group"),
+    pytest.param(["lora.lr_groups=[{name: a, patterns: ['*'], lr_scale: 1.0}, {name: a, patterns: ['*'], lr_scale: 1.0}]"],
+                 "lr_groups", ["two groups named 'a'"], id="duplicate_lr_group"),
+    pytest.param(["lora.lr_groups=[{name: a, patterns: ['*'], lr_scale: -1.0}]"], "lr_groups", ["lr_scale=-1.0"], id="negative_lr_scale"),
+    pytest.param(["model.encoder.freeze=true",
+                  "lora.lr_groups=[{name: enc, patterns: ['encoder.*'], lr_scale: 0.1}, {name: rest, patterns: ['*'], lr_scale: 1.0}]"],
+                 "lr_frozen", ["lr_groups[enc]", "lr_scale 0.1", "frozen", "model.encoder.freeze"], id="frozen_encoder_with_lr"),
+    pytest.param([TP4PP2, "lora=decoder_r16", "lora.lr_groups=[{name: lora, patterns: ['*lora_*'], lr_scale: 1.0}, {name: dec, patterns: ['language_model.*'], lr_scale: 1.0}, {name: rest, patterns: ['*'], lr_scale: 1.0}]"],
+                 "lr_frozen", ["lr_groups[dec]", "language_model."], id="lora_base_weights_with_lr"),
+]
+
+
+def _errors(overrides, cfg=None):
+    cfg = compose(overrides) if cfg is None else cfg
+    return [f for f in validate(to_object(cfg), purpose="train") if f.severity == ERROR]
+
+
+@pytest.mark.parametrize("overrides, rule, substrings", INVALID)
+def test_invalid_config_is_refused_naming_its_values(overrides, rule, substrings):
+    cfg = compose(overrides)
+    errors = _errors(overrides, cfg)
+    matching = [e for e in errors if e.rule == rule]
+    assert matching, f"expected a [{rule}] error, got {[str(e) for e in errors]}"
+    message = " | ".join(e.message for e in matching)
+    for text in substrings:
+        assert text in message, f"{text!r} not in {message!r}"
+    with pytest.raises(ConfigInvalid):
+        resolve(cfg, purpose="train")
+
+
+def test_there_are_at_least_forty_distinct_invalid_configurations():
+    assert len({p.id for p in INVALID}) >= 40
+
+
+def test_all_errors_are_reported_together():
+    errors = _errors(["parallel.tp=3", "parallel.sp=true", "optim.lr=0", "launcher.kind=k8s"])
+    assert {"world_size", "heads_tp", "lr", "launcher"} <= {e.rule for e in errors}
+
+
+@pytest.mark.parametrize("recipe", paths.recipe_names())
+def test_every_recipe_is_valid(recipe):
+    errors = [f for f in validate(to_object(compose([f"+recipe={recipe}"])), purpose="plan") if f.severity == ERROR]
+    assert errors == []
+
+
+def test_missing_training_data_is_a_warning_for_plan_and_an_error_for_train():
+    cfg = to_object(compose([TP4PP2]))
+    assert [f.severity for f in validate(cfg, "plan") if f.rule == "no_train_data"] == ["warning"]
+    assert [f.severity for f in validate(cfg, "train") if f.rule == "no_train_data"] == ["error"]
+
+
+def test_too_few_microbatches_for_the_pipeline_is_a_warning():
+    cfg = to_object(compose([TP4PP2, "optim.global_batch_size=4"]))
+    findings = [f for f in validate(cfg) if f.rule == "pipeline_bubble"]
+    assert [f.severity for f in findings] == ["warning"]
+    assert "1 micro-batches" in findings[0].message and "parallel.pp (2)" in findings[0].message
+
+
+def test_plan_command_exits_nonzero_with_every_error_on_stderr():
+    proc = subprocess.run(
+        [sys.executable, "-m", "orchestrator.cli", "plan", "parallel.tp=3", "launcher.gpus_per_node=2", "optim.lr=0"],
+        capture_output=True, text=True, timeout=60,
+    )
+    assert proc.returncode != 0
+    assert proc.stdout == ""
+    assert "[world_size]" in proc.stderr and "[heads_tp]" in proc.stderr and "[lr]" in proc.stderr

@@ -1,0 +1,57 @@
+"""A real single-node SLURM cluster for the tests marked `slurm`.
+
+The session fixture `slurm_cluster` uses a cluster that already answers
+(`scontrol ping`), or starts one with tests/slurm/start_slurm.sh (as root; it
+installs the Debian packages if missing, as `bash setup.sh --test` does) and stops
+it with tests/slurm/stop_slurm.sh when the session ends. So `python -m pytest`
+alone works on a fresh machine.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+HERE = Path(__file__).resolve().parent
+BASE = Path(os.environ.get("SLURM_TEST_BASE", "/tmp/audiollm-slurm"))
+
+
+def cluster_ready() -> bool:
+    if shutil.which("scontrol") is None or shutil.which("sinfo") is None:
+        return False
+    try:
+        ping = subprocess.run(["scontrol", "ping"], capture_output=True, text=True, timeout=20).stdout
+        if "UP" not in ping:
+            return False
+        node = subprocess.run(["sinfo", "-h", "-o", "%t"], capture_output=True, text=True, timeout=20).stdout
+    except (subprocess.SubprocessError, OSError):
+        return False
+    return any(state.strip().rstrip("*") in ("idle", "mix", "alloc") for state in node.split())
+
+
+@pytest.fixture(scope="session")
+def slurm_cluster():
+    conf = BASE / "etc" / "slurm.conf"
+    if conf.exists() and not os.environ.get("SLURM_CONF") and not Path("/etc/slurm/slurm.conf").exists():
+        os.environ["SLURM_CONF"] = str(conf)
+    if cluster_ready():
+        yield "existing"
+        return
+    if os.geteuid() != 0:
+        pytest.skip("no SLURM cluster answers and starting one needs root: sudo bash tests/slurm/start_slurm.sh")
+    start = subprocess.run(["bash", str(HERE / "start_slurm.sh")], capture_output=True, text=True, timeout=600)
+    if start.returncode != 0:
+        pytest.fail(f"tests/slurm/start_slurm.sh failed ({start.returncode}):\n{start.stdout}\n{start.stderr}")
+    os.environ.setdefault("SLURM_CONF", str(conf))
+    deadline = time.time() + 60
+    while not cluster_ready():
+        if time.time() > deadline:
+            pytest.fail("SLURM started but the node is not usable after 60 s:\n" + start.stdout)
+        time.sleep(0.5)
+    yield "started"
+    subprocess.run(["bash", str(HERE / "stop_slurm.sh")], capture_output=True, text=True, timeout=300)
