@@ -37,6 +37,9 @@ def transformer_config(plan: RunPlan, on_gpu: bool, model_fields: Optional[dict]
 
     names = {f.name for f in dataclasses.fields(TransformerConfig)}
     kwargs = {k: v for k, v in plan.megatron_args.items() if k in names and k not in _JOB_DECIDES and v is not None}
+    # Megatron-LM's flag for virtual stages is num_virtual_stages_per_pipeline_rank;
+    # the config field is virtual_pipeline_model_parallel_size. The Plan says it once.
+    kwargs["virtual_pipeline_model_parallel_size"] = plan.vpp if plan.pp > 1 else None
     dtype = compute_dtype(plan, on_gpu)
     kwargs.update(
         bf16=dtype == torch.bfloat16, fp16=False, params_dtype=dtype, pipeline_dtype=dtype,

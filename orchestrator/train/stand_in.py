@@ -63,8 +63,11 @@ class StandInProvider:
         import torch.nn.functional as F
         from functools import partial
 
+        # Plain causal attention and a plain RMSNorm whatever the plan's Gemma2 settings
+        # (the local spec has no zero-centred RMSNorm; windows belong to the real model).
         return dict(normalization="RMSNorm", gated_linear_unit=True,
-                    activation_func=partial(F.gelu, approximate="tanh"), bias_activation_fusion=False)
+                    activation_func=partial(F.gelu, approximate="tanh"), bias_activation_fusion=False,
+                    layernorm_zero_centered_gamma=False, window_size=None)
 
     def build(self, config, pre_process, post_process, vp_stage):
         return StandInGPT(config, self.vocab_size, self.seq_length, pre_process, post_process, vp_stage)
