@@ -16,9 +16,7 @@ from __future__ import annotations
 
 import logging
 import math
-import os
 import time
-import uuid
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
@@ -119,6 +117,9 @@ class Trainer:
         self.step = 0
         self.flops = provider.flops_per_sample(self.config, plan.seq_length, plan.padded_vocab_size)
         self.callbacks: list = []  # called as cb(trainer, step) after each step (and its checkpoint)
+        from launchers import runtime
+
+        self.should_stop = runtime.should_stop  # collective; see launchers/runtime.py
         self._val_initial_state = components.val_source.state_dict() if components.val_source else None
 
     # ---- construction -------------------------------------------------------------
@@ -245,20 +246,12 @@ class Trainer:
 
     # ---- the run ---------------------------------------------------------------------
     def _run_id(self, from_checkpoint: Optional[str]) -> str:
-        """One W&B run id per run directory, fixed at its first start."""
-        path = self.plan.run_dir / "wandb_run_id"
-        if from_checkpoint:
-            run_id = from_checkpoint
-        elif path.exists():
-            run_id = path.read_text().strip()
-        else:
-            run_id = uuid.uuid4().hex[:16]
-        obj = [run_id]
+        """One W&B run id per run directory, fixed at its first start (the launcher's
+        record), or the one the checkpoint carries."""
+        from launchers import runtime
+
+        obj = [from_checkpoint or (runtime.wandb_run_id(self.plan.run_dir) if self.rank == 0 else None)]
         dist.broadcast_object_list(obj, src=0)
-        if self.rank == 0 and not path.exists():
-            tmp = path.with_suffix(".tmp")
-            tmp.write_text(obj[0] + "\n")
-            os.replace(tmp, path)
         return obj[0]
 
     def resume(self) -> Optional[str]:
@@ -303,10 +296,19 @@ class Trainer:
                     history.append({"step": self.step, **metrics})
                     if self.step % log_interval == 0 or last or self.step == 1:
                         print(progress_line(self.step, self.train_iters, metrics), flush=True)
-                if (save_interval and self.step % save_interval == 0) or last:
+                saved = (save_interval and self.step % save_interval == 0) or last
+                if saved:
                     self.save()
                 for callback in self.callbacks:
                     callback(self, self.step)
+                # The launcher's stop request (preemption, time limit, cancel): a
+                # collective, so every rank stops after the same step, checkpointed.
+                if not last and self.should_stop():
+                    if not saved:
+                        self.save()
+                    if self.rank == 0:
+                        log.info("stop requested: checkpoint of step %d written, exiting for requeue", self.step)
+                    break
             exit_code = 0
         finally:
             if writer is not None:

@@ -1,6 +1,7 @@
 """The training job under test, on every rank (torchrun). Modes:
   train RUN_DIR                         train to the end (entry.main's path)
   kill RUN_DIR STEP                     train, then exit the process hard after STEP's checkpoint
+  stop RUN_DIR STEP                     rank 0 gets SIGTERM's stop request at STEP (as from the launcher)
   poison RUN_DIR SAMPLE                 synthetic sample SAMPLE has a NaN loss mask
   eval RUN_DIR CKPT_RUN_DIR             load CKPT_RUN_DIR's latest model weights into this
                                         (maybe differently parallel) plan; print val loss
@@ -35,6 +36,18 @@ def main() -> int:
                 os._exit(17)  # a real crash: no clean-up, no atexit
 
         trainer.callbacks.append(kill)
+    if mode == "stop":
+        stop_step = int(sys.argv[3])
+
+        def stop(trainer, step):
+            if step == stop_step and dist.get_rank() == 0:
+                import signal
+
+                from launchers import runtime
+
+                runtime.request_stop(signal.SIGTERM)
+
+        trainer.callbacks.append(stop)
     if mode == "eval":
         from orchestrator.train import checkpoint as ckpt
 
