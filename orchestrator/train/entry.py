@@ -51,7 +51,7 @@ def setup_logging(rank: int) -> None:
     logging.getLogger("megatron").setLevel(logging.WARNING)
 
 
-def make_trainer(run_dir, components_factory=None):
+def make_trainer(run_dir, components_factory=None, plan=None, training: bool = True):
     """Distributed init + Trainer for the run directory's plan (all ranks)."""
     from megatron.core import parallel_state as ps
 
@@ -59,7 +59,7 @@ def make_trainer(run_dir, components_factory=None):
     from orchestrator.train.loop import Trainer
     from orchestrator.train.run_plan import load_run_plan
 
-    plan = load_run_plan(run_dir)
+    plan = plan or load_run_plan(run_dir)
     seed = int(plan.section("train").get("seed", 1234))
     device = init_distributed(ParallelSizes(tp=plan.tp, pp=plan.pp, cp=plan.cp, vpp=plan.vpp), seed)
     import torch.distributed as dist
@@ -67,7 +67,7 @@ def make_trainer(run_dir, components_factory=None):
     plan.check_world(dist.get_world_size())
     dp_rank, dp_size = ps.get_data_parallel_rank(), ps.get_data_parallel_world_size()
     components = (components_factory or build_components)(plan, dp_rank, dp_size)
-    return Trainer(plan, components, device)
+    return Trainer(plan, components, device, training=training)
 
 
 def main(run_dir: str | Path) -> int:

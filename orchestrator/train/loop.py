@@ -71,7 +71,9 @@ def _freeze_model_parts(chunks, model_cfg: dict) -> None:
 
 
 class Trainer:
-    def __init__(self, plan: RunPlan, components: Components, device: str):
+    def __init__(self, plan: RunPlan, components: Components, device: str, training: bool = True):
+        """training=False (evaluation): the same model chunks (LoRA included, so a
+        checkpoint's names match), no DDP, optimizer or scheduler."""
         from megatron.core import parallel_state as ps
         from megatron.core.distributed import DistributedDataParallel, finalize_model_grads
         from megatron.core.optimizer import get_megatron_optimizer
@@ -93,12 +95,21 @@ class Trainer:
         for chunk in chunks:
             self.adapted += apply_lora(chunk, plan.section("lora"), self.seed, b_std=components.lora_b_init_std)
         _freeze_model_parts(chunks, plan.section("model"))
+        self.unwrapped = chunks
+        self.stats = LossStats(components.train_source.dataset_names)
+        self.val_stats = LossStats(components.val_source.dataset_names) if components.val_source else None
+        self._local_stats: list = []
+        self.last_stats: Optional[torch.Tensor] = None
+        self.step = 0
+        self._val_initial_state = components.val_source.state_dict() if components.val_source else None
+        if not training:
+            self.chunks = chunks
+            return
         ocfg = mcfg.optimizer_config(plan, on_gpu)
         overrides, self.group_members, self.group_scales = lrg.apply_lr_groups(
             chunks, plan.section("lora").get("lr_groups") or [{"name": "default", "patterns": ["*"], "lr_scale": 1.0}],
             ocfg.lr, ocfg.min_lr,
         )
-        self.unwrapped = chunks
         ddp_cfg = mcfg.ddp_config(plan)
         ddp_cfg.check_for_nan_in_grad = True
         self.chunks = [
@@ -109,18 +120,11 @@ class Trainer:
         self.config.finalize_model_grads_func = self._finalize_with_loss_check
         self.optimizer = get_megatron_optimizer(ocfg, self.chunks, config_overrides=lrg.optimizer_overrides(ocfg, overrides))
         self.scheduler = mcfg.lr_scheduler(plan, self.optimizer)
-
-        self.stats = LossStats(components.train_source.dataset_names)
-        self.val_stats = LossStats(components.val_source.dataset_names) if components.val_source else None
-        self._local_stats: list = []
-        self.last_stats: Optional[torch.Tensor] = None
-        self.step = 0
         self.flops = provider.flops_per_sample(self.config, plan.seq_length, plan.padded_vocab_size)
         self.callbacks: list = []  # called as cb(trainer, step) after each step (and its checkpoint)
         from launchers import runtime
 
         self.should_stop = runtime.should_stop  # collective; see launchers/runtime.py
-        self._val_initial_state = components.val_source.state_dict() if components.val_source else None
 
     # ---- construction -------------------------------------------------------------
     def _build_chunks(self, provider):

@@ -6,10 +6,14 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import subprocess
+import sys
 
 import pytest
 import torch
 
+from tests.distributed_run import REPO
 from tests.train.jobs import launch, metrics, result
 from tests.train.plans import write_run_dir
 
@@ -189,7 +193,7 @@ def test_nan_loss_stops_without_saving_then_resumes_with_distributed_optimizer(t
     3: 8 samples per step) has a NaN loss: the run stops at step 3 naming the step and
     the datasets, exits non-zero, and the newest checkpoint is step 2's. A clean
     restart resumes from it (distributed-optimizer state reloaded) and finishes."""
-    run_dir = write_run_dir(tmp_path / "nan", dp=2, iters=5, save_interval=1, keep_last=10,
+    run_dir = write_run_dir(tmp_path / "nan", dp=2, iters=5, save_interval=1, keep_last=10, eval_interval=1,
                             distributed_optimizer=True, warmup=0)
     out = launch("job_script.py", 2, "poison", str(run_dir), "20", log_dir=tmp_path, expect_rc=3)
     assert "DIVERGED loss is nan at step 3" in out, out[-3000:]
@@ -208,3 +212,12 @@ def test_nan_loss_stops_without_saving_then_resumes_with_distributed_optimizer(t
     launch("orchestrator.train.evaluate", 2, str(run_dir), log_dir=tmp_path)
     evaluated = json.loads((run_dir / "eval" / "step_000005.json").read_text())
     assert evaluated["val_loss"] == pytest.approx(rows[-1]["val_loss"], abs=1e-6)
+    # `audiollm eval RUN_DIR`: one process, the DP=2 checkpoint at a one-rank layout
+    proc = subprocess.run([sys.executable, "-c", "import sys; from orchestrator.cli import main; "
+                           f"sys.exit(main(['eval', {str(run_dir)!r}, '--checkpoint', "
+                           f"{str(run_dir / 'checkpoints' / 'step_000004')!r}]))"],
+                          capture_output=True, text=True, timeout=300, cwd=REPO,
+                          env={**os.environ, "PYTHONPATH": str(REPO), "PYTHONWARNINGS": "ignore"})
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    single = json.loads((run_dir / "eval" / "step_000004.json").read_text())
+    assert single["val_loss"] == pytest.approx(rows[3]["val_loss"], abs=1e-5), (single, rows[3])
