@@ -71,7 +71,9 @@ def make_trainer(run_dir, components_factory=None, plan=None, training: bool = T
 
 
 def main(run_dir: str | Path) -> int:
-    """Train the run in `run_dir` on this rank. Returns the process exit code."""
+    """Train the run in `run_dir` on this rank. Returns 0; a diverged run (NaN/Inf
+    loss) is logged with its diagnostic and re-raised, so the launcher records the
+    run as failed with that message."""
     from orchestrator.runtime.distributed import shutdown
     from orchestrator.train.loop import TrainingDiverged
 
@@ -82,7 +84,7 @@ def main(run_dir: str | Path) -> int:
         trainer.run()
     except TrainingDiverged as exc:
         log.error("%s", exc)
-        return 3
+        raise
     finally:
         shutdown()
     return 0

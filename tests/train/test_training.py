@@ -173,17 +173,17 @@ def test_pp2_1f1b_with_full_recompute_trains(tmp_path):
 @pytest.mark.multiprocess
 def test_interleaved_pp2_vpp2_stop_request_and_exact_resume(tmp_path):
     """PP=2 with two virtual stages per rank (interleaved 1F1B). The launcher's stop
-    request (SIGTERM on one rank) at step 5 checkpoints and stops every rank after
-    step 5; the next attempt resumes and reproduces an uninterrupted run exactly."""
-    common = dict(pp=2, vpp=2, num_layers=4, iters=10, num_microbatches=4, lr=3e-3, warmup=0)
+    request (SIGTERM on one rank) at step 4 checkpoints and stops every rank after
+    step 4; the next attempt resumes and reproduces an uninterrupted run exactly."""
+    common = dict(pp=2, vpp=2, num_layers=4, iters=8, num_microbatches=4, lr=3e-3, warmup=0)
     straight = write_run_dir(tmp_path / "straight", **common)
     stopped = write_run_dir(tmp_path / "stopped", **common)
     losses = result(launch("job_script.py", 2, "train", str(straight), log_dir=tmp_path))["losses"]
     print("pp2 vpp2 losses:", losses)
     assert sum(losses[-3:]) / 3 < sum(losses[:3]) / 3 - 0.05, losses
-    assert result(launch("job_script.py", 2, "stop", str(stopped), "5", log_dir=tmp_path))["losses"] == losses[:5]
-    assert (stopped / "checkpoints" / "latest").read_text().strip() == "step_000005"
-    assert result(launch("job_script.py", 2, "train", str(stopped), log_dir=tmp_path))["losses"] == losses[5:]
+    assert result(launch("job_script.py", 2, "stop", str(stopped), "4", log_dir=tmp_path))["losses"] == losses[:4]
+    assert (stopped / "checkpoints" / "latest").read_text().strip() == "step_000004"
+    assert result(launch("job_script.py", 2, "train", str(stopped), log_dir=tmp_path))["losses"] == losses[4:]
     assert [m["loss"] for m in metrics(stopped)] == losses
 
 
