@@ -1,1 +1,14 @@
-"""Job side: code that runs on every rank (may import torch)."""
+"""Job side: the training runtime that runs on every rank.
+
+entry.main(run_dir)      the job (launchers call it on every rank)
+evaluate.main(run_dir)   validation of a run's checkpoint (`audiollm eval RUN_DIR`)
+run_plan                 plan.json as the job reads it
+megatron_config          TransformerConfig / OptimizerConfig / DDP config / LR schedule from the plan
+components               the ModelProvider and BatchSource interfaces the loop uses
+stand_in                 a tiny GPTModel + synthetic rows implementing them (until the AudioLLM lands)
+lora                     LoRA on megatron tensor-parallel linears (and plain linears), merge for export
+lr_groups                lora.lr_groups -> megatron optimizer param groups
+loop                     the Trainer: model transforms, DDP, optimizer, steps, eval, checkpoints
+checkpoint               dist_checkpointing save/load, atomic publication, keep-last-K
+metrics, flops           loss statistics, throughput/MFU, W&B, console, loss curve
+"""

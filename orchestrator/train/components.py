@@ -1,0 +1,43 @@
+"""The two interfaces the training loop uses, so that the model and the data
+pipeline can be swapped without touching the loop.
+
+A ModelProvider builds one model chunk (a megatron module whose parameter names follow
+the project's naming contract) and runs its forward on a micro-batch. A BatchSource
+yields this data-parallel rank's micro-batches and can save and restore its position.
+
+Micro-batch keys the loop itself reads: `loss_mask` [b, s] (float; 0 where no target)
+and `dataset_index` [b, s] (long; index into BatchSource.dataset_names, -1 where no
+dataset). Everything else (tokens, labels, position_ids, cu_seqlens, audio features)
+is for the provider's forward.
+"""
+
+from __future__ import annotations
+
+from typing import Optional, Protocol
+
+import torch
+
+
+class ModelProvider(Protocol):
+    def transformer_fields(self) -> dict:
+        """Model-specific TransformerConfig fields (added to those from the plan)."""
+
+    def build(self, config, pre_process: bool, post_process: bool, vp_stage: Optional[int]) -> torch.nn.Module:
+        """One model chunk for this pipeline stage (virtual stage `vp_stage`)."""
+
+    def forward(self, model: torch.nn.Module, batch: dict) -> torch.Tensor:
+        """On the last pipeline stage the per-token loss [b, s]; elsewhere the stage output."""
+
+    def flops_per_sample(self, config, seq_length: int, vocab_size: int) -> dict:
+        """{'model': forward+backward FLOPs of one sample by the model's own arithmetic,
+        'hardware': the same counting recomputation}."""
+
+
+class BatchSource(Protocol):
+    dataset_names: list
+
+    def next_microbatch(self) -> dict: ...
+
+    def state_dict(self) -> dict: ...
+
+    def load_state_dict(self, state: dict) -> None: ...

@@ -1,0 +1,96 @@
+"""Job entry point, called on every rank: `orchestrator.train.entry.main(run_dir)`.
+
+The launcher sets RANK / WORLD_SIZE / LOCAL_RANK / MASTER_ADDR / MASTER_PORT; the run
+directory holds plan.json (the resolved Plan) and config.yaml. Run by hand with
+  torchrun --nproc_per_node=N -m orchestrator.train.entry RUN_DIR
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from pathlib import Path
+from typing import Optional
+
+log = logging.getLogger("orchestrator.train")
+
+STAND_IN_MODEL = "stand_in_gpt"
+
+
+def build_components(plan, dp_rank: int, dp_size: int, poison_sample: Optional[int] = None):
+    """The model provider and batch sources this plan asks for.
+
+    model.name == "stand_in_gpt": a tiny megatron GPTModel on synthetic token rows
+    (decoder sizes from the plan). The AudioLLM and the MDS loader plug in here."""
+    from orchestrator.train.loop import Components
+
+    model_name = plan.section("model").get("name")
+    if model_name == STAND_IN_MODEL:
+        from orchestrator.train.stand_in import StandInProvider, SyntheticBatches
+
+        common = dict(vocab_size=plan.padded_vocab_size, seq_length=plan.seq_length,
+                      micro_batch_size=plan.micro_batch_size, num_microbatches=plan.num_microbatches,
+                      dp_rank=dp_rank, dp_size=dp_size)
+        seed = int(plan.section("data").get("seed", 17))
+        return Components(
+            provider=StandInProvider(plan.padded_vocab_size, plan.seq_length),
+            train_source=SyntheticBatches(seed=seed, poison_sample=poison_sample, **common),
+            val_source=SyntheticBatches(seed=seed + 1, **common),
+        )
+    raise NotImplementedError(
+        f"model.name {model_name!r}: the AudioLLM provider and MDS batch source are not plugged into "
+        f"orchestrator.train.entry.build_components yet (only {STAND_IN_MODEL!r} runs)"
+    )
+
+
+def setup_logging(rank: int) -> None:
+    logging.basicConfig(level=logging.INFO if rank == 0 else logging.WARNING,
+                        format=f"[rank{rank}] %(asctime)s %(name)s %(levelname)s: %(message)s")
+    # megatron-core logs every parameter and config at INFO.
+    logging.getLogger("megatron").setLevel(logging.WARNING)
+
+
+def make_trainer(run_dir, components_factory=None, plan=None, training: bool = True):
+    """Distributed init + Trainer for the run directory's plan (all ranks)."""
+    from megatron.core import parallel_state as ps
+
+    from orchestrator.runtime.distributed import ParallelSizes, init_distributed
+    from orchestrator.train.loop import Trainer
+    from orchestrator.train.run_plan import load_run_plan
+
+    plan = plan or load_run_plan(run_dir)
+    seed = int(plan.section("train").get("seed", 1234))
+    device = init_distributed(ParallelSizes(tp=plan.tp, pp=plan.pp, cp=plan.cp, vpp=plan.vpp), seed)
+    import torch.distributed as dist
+
+    plan.check_world(dist.get_world_size())
+    dp_rank, dp_size = ps.get_data_parallel_rank(), ps.get_data_parallel_world_size()
+    components = (components_factory or build_components)(plan, dp_rank, dp_size)
+    return Trainer(plan, components, device, training=training)
+
+
+def main(run_dir: str | Path) -> int:
+    """Train the run in `run_dir` on this rank. Returns 0; a diverged run (NaN/Inf
+    loss) is logged with its diagnostic and re-raised, so the launcher records the
+    run as failed with that message."""
+    from orchestrator.runtime.distributed import shutdown
+    from orchestrator.train.loop import TrainingDiverged
+
+    rank = int(os.environ.get("RANK", "0"))
+    setup_logging(rank)
+    try:
+        trainer = make_trainer(run_dir)
+        trainer.run()
+    except TrainingDiverged as exc:
+        log.error("%s", exc)
+        raise
+    finally:
+        shutdown()
+    return 0
+
+
+if __name__ == "__main__":
+    if len(sys.argv) != 2:
+        sys.exit("usage: python -m orchestrator.train.entry RUN_DIR")
+    sys.exit(main(sys.argv[1]))

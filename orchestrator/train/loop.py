@@ -1,0 +1,321 @@
+"""The training loop of one rank: model chunks -> LoRA -> lr groups -> DDP ->
+megatron optimizer + scheduler -> resume -> steps (1F1B, interleaved with virtual
+pipeline stages) -> metrics, checkpoints, evaluation.
+
+Transforms on the model run in this fixed order, because each needs the previous:
+  1. build chunks (every parameter exists, names follow the contract),
+  2. LoRA (adds adapter parameters, freezes the adapted base weights),
+  3. model-level freezes (model.*.freeze),
+  4. lr groups (freeze lr_scale-0 groups; tag the rest) -- must see the final set of
+     trainable parameters and run before DDP, which allocates gradient buffers only
+     for parameters that require grad,
+  5. DDP, then the optimizer (param groups from the tags).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from dataclasses import dataclass, field
+from functools import partial
+from pathlib import Path
+from typing import Callable, Optional
+
+import torch
+import torch.distributed as dist
+
+from orchestrator.train import checkpoint as ckpt
+from orchestrator.train import lr_groups as lrg
+from orchestrator.train import megatron_config as mcfg
+from orchestrator.train.lora import apply_lora
+from orchestrator.train.metrics import LossStats, MetricsWriter, memory_gib, plot_loss_curve, progress_line, throughput
+from orchestrator.train.run_plan import RunPlan
+
+log = logging.getLogger(__name__)
+
+
+class TrainingDiverged(RuntimeError):
+    """The loss became NaN or Inf: the run stops before the optimizer step, so no
+    poisoned weights are ever saved."""
+
+
+@dataclass
+class Components:
+    provider: object  # components.ModelProvider
+    train_source: object  # components.BatchSource
+    val_source: Optional[object] = None  # components.BatchSource (restarted for each evaluation)
+    # Optional generation-based evaluation (greedy decoding + WER per validation
+    # dataset): called as generation_eval(trainer, step) -> {metric: value} on every rank.
+    generation_eval: Optional[Callable] = None
+    lora_b_init_std: float = 0.0  # tests: non-zero B so adapters change the output at once
+
+
+@dataclass
+class StepResult:
+    step: int
+    metrics: dict = field(default_factory=dict)
+
+
+def _freeze_model_parts(chunks, model_cfg: dict) -> None:
+    """model.{encoder,adapter,decoder}.freeze: base weights of that part stop training
+    (LoRA adapters stay trainable)."""
+    prefixes = {"encoder": "encoder.", "adapter": "adapter.", "decoder": "language_model."}
+    frozen = [p for part, p in prefixes.items() if (model_cfg.get(part) or {}).get("freeze")]
+    if not frozen:
+        return
+    for chunk in chunks:
+        for name, param in chunk.named_parameters():
+            if any(name.startswith(p) for p in frozen) and ".lora_" not in name:
+                param.requires_grad_(False)
+
+
+class Trainer:
+    def __init__(self, plan: RunPlan, components: Components, device: str, training: bool = True):
+        """training=False (evaluation): the same model chunks (LoRA included, so a
+        checkpoint's names match), no DDP, optimizer or scheduler."""
+        from megatron.core import parallel_state as ps
+        from megatron.core.distributed import DistributedDataParallel, finalize_model_grads
+        from megatron.core.optimizer import get_megatron_optimizer
+
+        self.plan, self.components, self.device = plan, components, device
+        self.ps = ps
+        self.rank = dist.get_rank()
+        self.world_size = dist.get_world_size()
+        train_cfg = plan.section("train")
+        self.train_cfg = train_cfg
+        self.train_iters = plan.train_iters
+        self.seed = int(train_cfg.get("seed", 1234))
+        provider = components.provider
+        on_gpu = device == "cuda"
+
+        self.config = mcfg.transformer_config(plan, on_gpu, provider.transformer_fields())
+        chunks = self._build_chunks(provider)
+        self.adapted = []
+        for chunk in chunks:
+            self.adapted += apply_lora(chunk, plan.section("lora"), self.seed, b_std=components.lora_b_init_std)
+        _freeze_model_parts(chunks, plan.section("model"))
+        self.unwrapped = chunks
+        self.stats = LossStats(components.train_source.dataset_names)
+        self.val_stats = LossStats(components.val_source.dataset_names) if components.val_source else None
+        self._local_stats: list = []
+        self.last_stats: Optional[torch.Tensor] = None
+        self.step = 0
+        self._val_initial_state = components.val_source.state_dict() if components.val_source else None
+        if not training:
+            self.chunks = chunks
+            return
+        ocfg = mcfg.optimizer_config(plan, on_gpu)
+        overrides, self.group_members, self.group_scales = lrg.apply_lr_groups(
+            chunks, plan.section("lora").get("lr_groups") or [{"name": "default", "patterns": ["*"], "lr_scale": 1.0}],
+            ocfg.lr, ocfg.min_lr,
+        )
+        ddp_cfg = mcfg.ddp_config(plan)
+        ddp_cfg.check_for_nan_in_grad = True
+        self.chunks = [
+            DistributedDataParallel(config=self.config, ddp_config=ddp_cfg, module=chunk, disable_bucketing=i > 0)
+            for i, chunk in enumerate(chunks)
+        ]
+        self._finalize = finalize_model_grads
+        self.config.finalize_model_grads_func = self._finalize_with_loss_check
+        self.optimizer = get_megatron_optimizer(ocfg, self.chunks, config_overrides=lrg.optimizer_overrides(ocfg, overrides))
+        self.scheduler = mcfg.lr_scheduler(plan, self.optimizer)
+        self.flops = provider.flops_per_sample(self.config, plan.seq_length, plan.padded_vocab_size)
+        self.callbacks: list = []  # called as cb(trainer, step) after each step (and its checkpoint)
+        from launchers import runtime
+
+        self.should_stop = runtime.should_stop  # collective; see launchers/runtime.py
+
+    # ---- construction -------------------------------------------------------------
+    def _build_chunks(self, provider):
+        ps = self.ps
+        vpp = self.plan.vpp if self.plan.pp > 1 else None
+        chunks = []
+        for vp_stage in (range(vpp) if vpp else [None]):
+            pre = ps.is_pipeline_first_stage(ignore_virtual=False, vp_stage=vp_stage)
+            post = ps.is_pipeline_last_stage(ignore_virtual=False, vp_stage=vp_stage)
+            model = provider.build(self.config, pre, post, vp_stage)
+            if self.device == "cuda":
+                model.cuda(torch.cuda.current_device())
+            if self.config.bf16:
+                from megatron.core.transformer.module import Float16Module
+
+                model = Float16Module(self.config, model)
+            chunks.append(model)
+        return chunks
+
+    # ---- one step -------------------------------------------------------------------
+    def _loss_func(self, batch: dict, per_token_loss: torch.Tensor):
+        mask = batch["loss_mask"].to(per_token_loss.device).float()
+        loss_sum = (per_token_loss.float() * mask).sum()
+        num_tokens = mask.sum().nan_to_num(0.0).to(torch.int)
+        stats = self.stats_for_batch.of_microbatch(per_token_loss, mask, batch["dataset_index"])
+        self._local_stats.append(stats)
+        return loss_sum, num_tokens, {"loss_sum": loss_sum.detach()}
+
+    def _forward_step(self, data_iterator, model):
+        batch = next(data_iterator)
+        output = self.components.provider.forward(model, batch)
+        return output, partial(self._loss_func, batch)
+
+    def _reduce_stats(self, stats_layout: LossStats) -> torch.Tensor:
+        """Sum the step's loss statistics over all ranks: only the ranks that computed
+        a loss (last pipeline stage) and of them TP rank 0 contribute."""
+        local = stats_layout.zeros()
+        if self._local_stats and self.ps.get_tensor_model_parallel_rank() == 0:
+            local = torch.stack([s.cpu() for s in self._local_stats]).sum(0)
+        self._local_stats = []
+        device = "cuda" if self.device == "cuda" else "cpu"
+        local = local.to(device)
+        dist.all_reduce(local)
+        return local.cpu()
+
+    def _finalize_with_loss_check(self, model, num_tokens=None, **kwargs):
+        """Runs at the end of forward-backward, before gradients are reduced and long
+        before the optimizer step: a NaN/Inf loss stops the run here on every rank."""
+        stats = self._reduce_stats(self.stats)
+        self.last_stats = stats
+        if not (math.isfinite(float(stats[0])) and math.isfinite(float(stats[1]))):
+            raise TrainingDiverged(
+                f"loss is {float(stats[0] / stats[1]) if stats[1] else float(stats[0])} at step {self.step + 1}: "
+                f"datasets in this step's batch: {self.stats.datasets_present(stats)}; "
+                f"datasets with a non-finite loss: {self.stats.datasets_not_finite(stats)}. "
+                f"The run stops before the optimizer step; the last checkpoint is untouched."
+            )
+        return self._finalize(model, num_tokens, **kwargs)
+
+    def _run_schedule(self, microbatches: list, forward_only: bool):
+        from megatron.core.pipeline_parallel import get_forward_backward_func
+
+        iterators = [iter(microbatches) for _ in self.chunks]
+        return get_forward_backward_func()(
+            forward_step_func=self._forward_step,
+            data_iterator=iterators if len(self.chunks) > 1 else iterators[0],
+            model=self.chunks if len(self.chunks) > 1 else self.chunks[0],
+            num_microbatches=len(microbatches), seq_length=self.plan.seq_length,
+            micro_batch_size=self.plan.micro_batch_size, forward_only=forward_only,
+        )
+
+    def train_step(self) -> dict:
+        source = self.components.train_source
+        self.stats_for_batch = self.stats
+        start = time.perf_counter()
+        microbatches = [source.next_microbatch() for _ in range(self.plan.num_microbatches)]
+        for chunk in self.chunks:
+            chunk.train()
+            chunk.zero_grad_buffer()
+        self.optimizer.zero_grad()
+        lrs = lrg.group_learning_rates(self.optimizer, self.group_scales)  # the rates this step uses
+        self._run_schedule(microbatches, forward_only=False)
+        _, grad_norm, _ = self.optimizer.step()
+        self.scheduler.step(increment=1)
+        self.step += 1
+        if self.device == "cuda":
+            torch.cuda.synchronize()
+        elapsed = time.perf_counter() - start
+        metrics = self.stats.summary(self.last_stats)
+        if grad_norm is not None:
+            metrics["grad_norm"] = float(grad_norm)
+        metrics.update({f"lr/{k}": v for k, v in lrs.items()})
+        tokens = int(self.plan.plan.get("tokens_per_step") or self.plan.global_batch_size * self.plan.seq_length)
+        metrics.update(throughput(elapsed, tokens, self.plan.global_batch_size, self.flops, self.world_size,
+                                  self.plan.section("launcher").get("gpu_type")))
+        metrics.update(memory_gib())
+        metrics["step_time_s"] = elapsed
+        return metrics
+
+    # ---- evaluation --------------------------------------------------------------------
+    def evaluate(self) -> dict:
+        """Validation loss per dataset over train.eval_iters batches of the validation
+        source (restarted from its beginning each time)."""
+        source = self.components.val_source
+        if source is None:
+            return {}
+        source.load_state_dict(self._val_initial_state)
+        self.stats_for_batch = self.val_stats
+        for chunk in self.chunks:
+            chunk.eval()
+        total = self.val_stats.zeros()
+        with torch.no_grad():
+            for _ in range(int(self.train_cfg.get("eval_iters", 1))):
+                microbatches = [source.next_microbatch() for _ in range(self.plan.num_microbatches)]
+                self._run_schedule(microbatches, forward_only=True)
+                total += self._reduce_stats(self.val_stats)
+        for chunk in self.chunks:
+            chunk.train()
+        out = self.val_stats.summary(total, prefix="val_loss")
+        if self.components.generation_eval is not None:
+            out.update(self.components.generation_eval(self, self.step))
+        return out
+
+    # ---- the run ---------------------------------------------------------------------
+    def _run_id(self, from_checkpoint: Optional[str]) -> str:
+        """One W&B run id per run directory, fixed at its first start (the launcher's
+        record), or the one the checkpoint carries."""
+        from launchers import runtime
+
+        obj = [from_checkpoint or (runtime.wandb_run_id(self.plan.run_dir) if self.rank == 0 else None)]
+        dist.broadcast_object_list(obj, src=0)
+        return obj[0]
+
+    def resume(self) -> Optional[str]:
+        if (self.plan.section("run").get("resume") or "auto") == "never":
+            return None
+        latest = ckpt.latest_checkpoint(self.plan.run_dir)
+        if latest is None:
+            return None
+        info = ckpt.load_checkpoint(latest, self.chunks, self.optimizer, self.scheduler, self.components.train_source)
+        self.step = info["step"]
+        if self.rank == 0:
+            log.info("resumed from %s at step %d", latest, self.step)
+        return info["wandb_run_id"]
+
+    def save(self) -> Path:
+        return ckpt.save_checkpoint(self.plan.run_dir, self.step, self.chunks, self.optimizer, self.scheduler,
+                                    self.components.train_source, self.run_id, int(self.train_cfg.get("keep_last", 2)))
+
+    def run(self) -> list:
+        """Train to train_iters; returns the per-step metrics (rank 0; others get [])."""
+        run_id_from_ckpt = self.resume()
+        self.run_id = self._run_id(run_id_from_ckpt)
+        writer = None
+        if self.rank == 0:
+            layout = {k: self.plan.plan.get(k) for k in ("world_size", "tp", "pp", "cp", "dp", "vpp", "sp",
+                                                          "num_microbatches", "tokens_per_step")}
+            writer = MetricsWriter(self.plan.run_dir, self.plan.section("logger"), self.plan.section("run"),
+                                   self.run_id, self.step, config_for_wandb={**self.plan.config, "plan": layout})
+        save_interval = int(self.train_cfg.get("save_interval", 0))
+        eval_interval = int(self.train_cfg.get("eval_interval", 0))
+        log_interval = max(int(self.train_cfg.get("log_interval", 1)), 1)
+        history = []
+        exit_code = 1
+        try:
+            while self.step < self.train_iters:
+                metrics = self.train_step()
+                last = self.step == self.train_iters
+                if (eval_interval and self.step % eval_interval == 0) or last:
+                    metrics.update(self.evaluate())
+                if writer is not None:
+                    writer.log(self.step, metrics)
+                    history.append({"step": self.step, **metrics})
+                    if self.step % log_interval == 0 or last or self.step == 1:
+                        print(progress_line(self.step, self.train_iters, metrics), flush=True)
+                saved = (save_interval and self.step % save_interval == 0) or last
+                if saved:
+                    self.save()
+                for callback in self.callbacks:
+                    callback(self, self.step)
+                # The launcher's stop request (preemption, time limit, cancel): a
+                # collective, so every rank stops after the same step, checkpointed.
+                if not last and self.should_stop():
+                    if not saved:
+                        self.save()
+                    if self.rank == 0:
+                        log.info("stop requested: checkpoint of step %d written, exiting for requeue", self.step)
+                    break
+            exit_code = 0
+        finally:
+            if writer is not None:
+                writer.finish(exit_code)
+                plot_loss_curve(self.plan.run_dir)
+        return history

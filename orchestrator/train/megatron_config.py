@@ -1,0 +1,136 @@
+"""megatron-core configs built from the Plan's megatron_args (one source of truth).
+
+Megatron-LM copies every argparse value whose name is a TransformerConfig field into
+the config (core_transformer_config_from_args); we do the same with the Plan's
+megatron_args, then set what the job itself decides (dtype, CPU-safe fusions), then the
+model-specific fields the model provider asks for.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Optional
+
+import torch
+
+from orchestrator.train.run_plan import RunPlan
+
+# Decided by the job, not copied from the plan: dtype follows the device (bf16 on GPU
+# when planned, fp32 on CPU); initialisation placement follows the device.
+_JOB_DECIDES = {"bf16", "fp16", "params_dtype", "pipeline_dtype", "use_cpu_initialization",
+                "perform_initialization", "timers", "finalize_model_grads_func",
+                "calculate_per_token_loss", "variable_seq_lengths"}
+
+# Fused kernels that exist only on CUDA (or need apex/TE); off on CPU.
+_CPU_FIELDS = dict(
+    gradient_accumulation_fusion=False, bias_activation_fusion=False, masked_softmax_fusion=False,
+    persist_layer_norm=False, bias_dropout_fusion=False, apply_rope_fusion=False,
+)
+
+
+def compute_dtype(plan: RunPlan, on_gpu: bool) -> torch.dtype:
+    return torch.bfloat16 if (on_gpu and plan.arg("bf16", False)) else torch.float32
+
+
+def transformer_config(plan: RunPlan, on_gpu: bool, model_fields: Optional[dict] = None):
+    from megatron.core.transformer import TransformerConfig
+
+    names = {f.name for f in dataclasses.fields(TransformerConfig)}
+    kwargs = {k: v for k, v in plan.megatron_args.items() if k in names and k not in _JOB_DECIDES and v is not None}
+    # Megatron-LM's flag for virtual stages is num_virtual_stages_per_pipeline_rank;
+    # the config field is virtual_pipeline_model_parallel_size. The Plan says it once.
+    kwargs["virtual_pipeline_model_parallel_size"] = plan.vpp if plan.pp > 1 else None
+    dtype = compute_dtype(plan, on_gpu)
+    kwargs.update(
+        bf16=dtype == torch.bfloat16, fp16=False, params_dtype=dtype, pipeline_dtype=dtype,
+        # Same seed on every rank + CPU init: TP=1 and TP=2 start from identical weights.
+        use_cpu_initialization=True,
+        # Loss is summed per token and normalised by the step's token count over all
+        # micro-batches and DP ranks (packed rows carry different numbers of targets).
+        calculate_per_token_loss=True,
+    )
+    kwargs.setdefault("hidden_dropout", 0.0)
+    kwargs.setdefault("attention_dropout", 0.0)
+    if not on_gpu:
+        kwargs.update(_CPU_FIELDS)
+    kwargs.update(model_fields or {})
+    unknown = sorted(set(model_fields or {}) - names)
+    if unknown:
+        raise ValueError(f"model provider asked for TransformerConfig fields that do not exist: {unknown}")
+    return TransformerConfig(**kwargs)
+
+
+def optimizer_config(plan: RunPlan, on_gpu: bool):
+    from megatron.core.optimizer import OptimizerConfig
+
+    optim = plan.section("optim")
+    dtype = compute_dtype(plan, on_gpu)
+
+    def pick(name, default):
+        value = plan.arg(name)
+        return optim.get(name, default) if value is None else value
+
+    return OptimizerConfig(
+        optimizer=pick("optimizer", "adam"),
+        lr=float(pick("lr", 1e-4)),
+        min_lr=float(pick("min_lr", 0.0)),
+        weight_decay=float(pick("weight_decay", 0.0)),
+        adam_beta1=float(pick("adam_beta1", 0.9)),
+        adam_beta2=float(pick("adam_beta2", 0.999)),
+        adam_eps=float(pick("adam_eps", 1e-8)),
+        clip_grad=float(pick("clip_grad", 0.0)),
+        bf16=dtype == torch.bfloat16,
+        fp16=False,
+        params_dtype=dtype,
+        use_distributed_optimizer=bool(plan.arg("use_distributed_optimizer", False)),
+    )
+
+
+def ddp_config(plan: RunPlan):
+    from megatron.core.distributed import DistributedDataParallelConfig
+
+    return DistributedDataParallelConfig(
+        grad_reduce_in_fp32=True,
+        overlap_grad_reduce=False,
+        use_distributed_optimizer=bool(plan.arg("use_distributed_optimizer", False)),
+        average_in_collective=False,  # required with per-token loss normalisation
+        # Bucketed all-reduce; None would mean one bucket per model chunk.
+        bucket_size=None,
+    )
+
+
+def lr_scheduler(plan: RunPlan, optimizer):
+    """megatron-core's OptimizerParamScheduler: linear warmup from 0 to each group's
+    max_lr over lr_warmup_iters, then `lr_decay_style` (cosine by default) down to each
+    group's min_lr at lr_decay_iters (default: train_iters). Weight decay constant."""
+    from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
+
+    ocfg = optimizer_config_values(plan)
+    train_iters = plan.train_iters
+    decay_iters = int(plan.arg("lr_decay_iters", train_iters))
+    warmup = int(plan.arg("lr_warmup_iters", plan.section("optim").get("lr_warmup_iters", 0)))
+    if warmup >= decay_iters:
+        raise ValueError(
+            f"lr_warmup_iters ({warmup}) must be smaller than lr_decay_iters ({decay_iters}, "
+            f"train_iters {train_iters}): lower optim.lr_warmup_iters or raise train.iters"
+        )
+    return OptimizerParamScheduler(
+        optimizer,
+        init_lr=float(plan.arg("lr_warmup_init", 0.0)),
+        max_lr=ocfg["lr"], min_lr=ocfg["min_lr"],
+        lr_warmup_steps=warmup, lr_decay_steps=decay_iters,
+        lr_decay_style=str(plan.arg("lr_decay_style", plan.section("optim").get("lr_decay_style", "cosine"))),
+        start_wd=ocfg["weight_decay"], end_wd=ocfg["weight_decay"],
+        wd_incr_steps=max(train_iters, 1), wd_incr_style="constant",
+        # A resumed run continues the checkpoint's schedule.
+        use_checkpoint_opt_param_scheduler=True, override_opt_param_scheduler=False,
+    )
+
+
+def optimizer_config_values(plan: RunPlan) -> dict:
+    optim = plan.section("optim")
+    out = {}
+    for name, default in (("lr", 1e-4), ("min_lr", 0.0), ("weight_decay", 0.0)):
+        value = plan.arg(name)
+        out[name] = float(optim.get(name, default) if value is None else value)
+    return out

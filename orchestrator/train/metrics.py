@@ -1,0 +1,211 @@
+"""Training metrics: the step's reduced loss statistics, throughput and FLOP rates,
+memory, a console progress line, metrics.jsonl and W&B (rank 0), and the loss-curve
+PNG at the end.
+
+The W&B API key is never written anywhere by this module: it is read by wandb from
+the environment (or ~/.netrc) and only its presence decides online vs offline.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+from pathlib import Path
+from typing import Optional
+
+import torch
+
+log = logging.getLogger(__name__)
+
+# Dense bf16 peak per GPU (FLOP/s), for MFU. Unknown devices log no MFU.
+PEAK_FLOPS = {"h100": 989.4e12, "h200": 989.4e12, "b200": 2250e12, "a100": 312e12, "l40s": 362e12, "a10g": 125e12}
+
+
+class LossStats:
+    """Sum of per-token losses and target-token counts, overall and per dataset.
+    Layout of the flat tensor: [loss_sum, tokens, ds_loss_sum x D, ds_tokens x D]."""
+
+    def __init__(self, dataset_names):
+        self.names = list(dataset_names)
+
+    def size(self) -> int:
+        return 2 + 2 * len(self.names)
+
+    def zeros(self, device="cpu") -> torch.Tensor:
+        return torch.zeros(self.size(), dtype=torch.float64, device=device)
+
+    def of_microbatch(self, per_token_loss: torch.Tensor, loss_mask: torch.Tensor, dataset_index: torch.Tensor) -> torch.Tensor:
+        d = len(self.names)
+        loss = (per_token_loss.detach().double() * loss_mask.double()).reshape(-1)
+        weight = loss_mask.double().reshape(-1)
+        index = dataset_index.to(loss.device).reshape(-1)
+        valid = index >= 0
+        index = index.clamp(min=0)
+        out = self.zeros(loss.device)
+        out[0], out[1] = loss.sum(), weight.sum()
+        out[2:2 + d].scatter_add_(0, index, torch.where(valid, loss, torch.zeros_like(loss)))
+        # Token counts use validity only, so a NaN loss mask still shows which datasets
+        # were in the batch.
+        out[2 + d:].scatter_add_(0, index, valid.double())
+        return out
+
+    def summary(self, stats: torch.Tensor, prefix: str = "loss") -> dict:
+        d = len(self.names)
+        stats = stats.double().cpu()
+        out = {prefix: (stats[0] / stats[1]).item() if stats[1] > 0 else float("nan")}
+        for i, name in enumerate(self.names):
+            sums, count = stats[2 + i], stats[2 + d + i]
+            if count > 0:
+                out[f"{prefix}/{name}"] = (sums / count).item()
+        return out
+
+    def datasets_present(self, stats: torch.Tensor) -> list:
+        d = len(self.names)
+        return [name for i, name in enumerate(self.names) if stats[2 + d + i] > 0]
+
+    def datasets_not_finite(self, stats: torch.Tensor) -> list:
+        d = len(self.names)
+        return [name for i, name in enumerate(self.names)
+                if stats[2 + d + i] > 0 and not math.isfinite(float(stats[2 + i]))]
+
+
+def memory_gib() -> dict:
+    if torch.cuda.is_available():
+        return {"memory/max_allocated_gib": torch.cuda.max_memory_allocated() / 2**30,
+                "memory/reserved_gib": torch.cuda.memory_reserved() / 2**30}
+    import psutil
+
+    return {"memory/rss_gib": psutil.Process().memory_info().rss / 2**30}
+
+
+def throughput(step_time_s: float, tokens_per_step: int, samples_per_step: int, flops_per_sample: dict,
+               world_size: int, gpu_type: Optional[str]) -> dict:
+    per_gpu = max(world_size, 1) * step_time_s
+    model = flops_per_sample["model"] * samples_per_step / per_gpu
+    hardware = flops_per_sample["hardware"] * samples_per_step / per_gpu
+    out = {"tokens_per_s_per_gpu": tokens_per_step / per_gpu,
+           "model_tflops_per_gpu": model / 1e12, "hardware_tflops_per_gpu": hardware / 1e12}
+    peak = PEAK_FLOPS.get((gpu_type or "").lower()) if torch.cuda.is_available() else None
+    if peak:
+        out["mfu"] = model / peak
+        out["hfu"] = hardware / peak
+    return out
+
+
+def progress_line(step: int, total: int, m: dict) -> str:
+    parts = [f"step {step}/{total}", f"loss {m['loss']:.4f}"]
+    if "grad_norm" in m:
+        parts.append(f"grad {m['grad_norm']:.3f}")
+    lrs = [f"{k[3:]}={v:.2e}" for k, v in m.items() if k.startswith("lr/")]
+    if lrs:
+        parts.append("lr " + ",".join(lrs))
+    parts.append(f"{m['tokens_per_s_per_gpu']:.0f} tok/s/gpu")
+    parts.append(f"{m['model_tflops_per_gpu']:.3g} TFLOP/s/gpu")
+    if "mfu" in m:
+        parts.append(f"mfu {100 * m['mfu']:.1f}%")
+    mem = m.get("memory/max_allocated_gib", m.get("memory/rss_gib"))
+    if mem is not None:
+        parts.append(f"mem {mem:.2f} GiB")
+    parts.append(f"{1000 * m['step_time_s']:.0f} ms")
+    return " | ".join(parts)
+
+
+class MetricsWriter:
+    """Rank 0 only: metrics.jsonl in the run directory, W&B, console."""
+
+    def __init__(self, run_dir: Path, logger_cfg: dict, run_cfg: dict, run_id: str, resumed_step: int,
+                 config_for_wandb: Optional[dict] = None):
+        self.run_dir = Path(run_dir)
+        self.path = self.run_dir / "metrics.jsonl"
+        self._truncate_after(resumed_step)
+        self.wandb = None
+        backend = (logger_cfg.get("backend") or "none").lower()
+        if backend == "wandb" and (logger_cfg.get("mode") or "offline") != "disabled":
+            self.wandb = _init_wandb(self.run_dir, logger_cfg, run_cfg, run_id, config_for_wandb)
+
+    def _truncate_after(self, step: int) -> None:
+        """A resumed run repeats the steps after its checkpoint: drop their old lines."""
+        if not self.path.exists():
+            return
+        kept = [line for line in self.path.read_text().splitlines()
+                if line.strip() and json.loads(line).get("step", 0) <= step]
+        self.path.write_text("".join(line + "\n" for line in kept))
+
+    def log(self, step: int, metrics: dict) -> None:
+        with self.path.open("a") as f:
+            f.write(json.dumps({"step": step, **metrics}) + "\n")
+        if self.wandb is not None:
+            self.wandb.log(metrics, step=step)
+
+    def finish(self, exit_code: int = 0) -> None:
+        if self.wandb is not None:
+            self.wandb.finish(exit_code=exit_code)
+            self.wandb = None
+
+
+def _api_key_configured() -> bool:
+    if os.environ.get("WANDB_API_KEY"):
+        return True
+    try:
+        import netrc
+
+        return netrc.netrc().authenticators("api.wandb.ai") is not None
+    except (FileNotFoundError, netrc.NetrcParseError, OSError):
+        return False
+
+
+def _init_wandb(run_dir: Path, logger_cfg: dict, run_cfg: dict, run_id: str, config: Optional[dict]):
+    import wandb
+
+    mode = logger_cfg.get("mode") or "offline"
+    if mode == "online" and not _api_key_configured():
+        log.warning("logger.mode is online but no W&B API key is configured: logging offline "
+                    "(sync later with `wandb sync %s/wandb`)", run_dir)
+        mode = "offline"
+    return wandb.init(
+        project=logger_cfg.get("project") or "audiollm", entity=logger_cfg.get("entity"),
+        group=run_cfg.get("experiment"), name=run_cfg.get("name") or run_dir.name,
+        tags=list(logger_cfg.get("tags") or []), id=run_id, resume="allow", mode=mode, dir=str(run_dir),
+        config=config, settings=wandb.Settings(console="off", x_disable_stats=True, silent=True),
+    )
+
+
+def read_metrics(run_dir: Path) -> list:
+    path = Path(run_dir) / "metrics.jsonl"
+    if not path.exists():
+        return []
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return rows
+
+
+def plot_loss_curve(run_dir: Path) -> Optional[Path]:
+    """loss_curve.png: training loss (overall and per dataset) and validation loss."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = read_metrics(run_dir)
+    if not rows:
+        return None
+    fig, ax = plt.subplots(figsize=(8, 5))
+    series = {}
+    for row in rows:
+        for key, value in row.items():
+            if key == "loss" or key.startswith("loss/") or key.startswith("val_loss"):
+                series.setdefault(key, []).append((row["step"], value))
+    for key, points in sorted(series.items()):
+        xs, ys = zip(*points)
+        style = "-" if key == "loss" else ("--" if key.startswith("val") else ":")
+        ax.plot(xs, ys, style, marker="o" if key.startswith("val") else None, label=key, linewidth=1.2)
+    ax.set_xlabel("step")
+    ax.set_ylabel("loss")
+    ax.set_title(Path(run_dir).name)
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3)
+    out = Path(run_dir) / "loss_curve.png"
+    fig.savefig(out, dpi=100, bbox_inches="tight")
+    plt.close(fig)
+    return out

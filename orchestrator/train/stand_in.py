@@ -1,0 +1,137 @@
+"""A stand-in model and data source, used until the AudioLLM and the MDS loader are
+plugged in: a tiny megatron GPTModel (local spec) under the name `language_model`
+(so parameter names follow the AudioLLM contract) and deterministic synthetic token
+rows from several named "datasets". Both implement the interfaces of components.py.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from orchestrator.train.flops import decoder_flops_per_sample
+
+
+def _megatron_module():
+    from megatron.core.transformer.module import MegatronModule
+
+    return MegatronModule
+
+
+class StandInGPT(_megatron_module()):
+    """language_model = GPTModel (local spec, tied embeddings, RMSNorm, RoPE)."""
+
+    def __init__(self, config, vocab_size: int, seq_length: int, pre_process: bool, post_process: bool,
+                 vp_stage: Optional[int]):
+        super().__init__(config=config)
+        from megatron.core.models.gpt import GPTModel
+        from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+
+        self.language_model = GPTModel(
+            config=config, transformer_layer_spec=get_gpt_layer_local_spec(), vocab_size=vocab_size,
+            max_sequence_length=seq_length, pre_process=pre_process, post_process=post_process,
+            share_embeddings_and_output_weights=True, position_embedding_type="rope", vp_stage=vp_stage,
+        )
+        self.pre_process, self.post_process, self.vp_stage = pre_process, post_process, vp_stage
+        # megatron's schedules / finalize_model_grads look for these on the wrapped module.
+        from megatron.core.enums import ModelType
+
+        self.model_type = ModelType.encoder_or_decoder
+        self.share_embeddings_and_output_weights = True
+
+    def set_input_tensor(self, input_tensor):
+        self.language_model.set_input_tensor(input_tensor)
+
+    def shared_embedding_or_output_weight(self):
+        return self.language_model.shared_embedding_or_output_weight()
+
+    def sharded_state_dict(self, prefix: str = "", sharded_offsets: tuple = (), metadata: Optional[dict] = None):
+        return self.language_model.sharded_state_dict(prefix + "language_model.", sharded_offsets, metadata)
+
+    def forward(self, tokens, position_ids, attention_mask, labels=None):
+        return self.language_model(tokens, position_ids, attention_mask, labels=labels)
+
+
+class StandInProvider:
+    def __init__(self, vocab_size: int, seq_length: int):
+        self.vocab_size, self.seq_length = vocab_size, seq_length
+        self._mask = torch.triu(torch.ones(seq_length, seq_length, dtype=torch.bool), diagonal=1)[None, None]
+
+    def transformer_fields(self) -> dict:
+        # Gemma-like: RMSNorm and a gated MLP with tanh-GELU (fc1 = [gate; up]).
+        import torch.nn.functional as F
+        from functools import partial
+
+        # Plain causal attention and a plain RMSNorm whatever the plan's Gemma2 settings
+        # (the local spec has no zero-centred RMSNorm; windows belong to the real model).
+        return dict(normalization="RMSNorm", gated_linear_unit=True,
+                    activation_func=partial(F.gelu, approximate="tanh"), bias_activation_fusion=False,
+                    layernorm_zero_centered_gamma=False, window_size=None)
+
+    def build(self, config, pre_process, post_process, vp_stage):
+        return StandInGPT(config, self.vocab_size, self.seq_length, pre_process, post_process, vp_stage)
+
+    def forward(self, model, batch):
+        device = next(iter(p for p in model.parameters())).device
+        mask = self._mask.to(device)
+        tokens = batch["tokens"].to(device)
+        return model(tokens, batch["position_ids"].to(device), mask, labels=batch["labels"].to(device))
+
+    def flops_per_sample(self, config, seq_length, vocab_size):
+        return decoder_flops_per_sample(config, seq_length, vocab_size)
+
+
+class SyntheticBatches:
+    """Deterministic token rows: sample i belongs to dataset i % len(names); its row
+    counts up from a random start by that dataset's stride (mod vocab), which a tiny
+    model learns in a few steps. Sample i is the same whoever draws it, so the stream
+    only depends on `consumed_samples` (the saved state) and the DP layout.
+
+    `poison_sample` (tests): that sample's loss_mask is NaN, so its loss is NaN."""
+
+    def __init__(self, vocab_size: int, seq_length: int, micro_batch_size: int, num_microbatches: int,
+                 dp_rank: int, dp_size: int, seed: int = 0, names=("synthetic_a", "synthetic_b"),
+                 poison_sample: Optional[int] = None):
+        self.vocab_size, self.seq_length = vocab_size, seq_length
+        self.micro_batch_size, self.num_microbatches = micro_batch_size, num_microbatches
+        self.dp_rank, self.dp_size, self.seed = dp_rank, dp_size, seed
+        self.dataset_names = list(names)
+        self.poison_sample = poison_sample
+        self.consumed_samples = 0  # over all DP ranks, at the start of the current step
+        self._microbatch_in_step = 0
+
+    def _sample(self, index: int):
+        gen = torch.Generator().manual_seed(self.seed * 1_000_003 + index)
+        dataset = index % len(self.dataset_names)
+        stride = 1 + 2 * dataset
+        start = int(torch.randint(0, self.vocab_size, (1,), generator=gen))
+        row = (start + stride * torch.arange(self.seq_length + 1)) % self.vocab_size
+        return row, dataset
+
+    def next_microbatch(self) -> dict:
+        per_rank = self.micro_batch_size * self.num_microbatches
+        first = self.consumed_samples + self.dp_rank * per_rank + self._microbatch_in_step * self.micro_batch_size
+        rows, datasets = zip(*(self._sample(first + j) for j in range(self.micro_batch_size)))
+        rows = torch.stack(rows)
+        loss_mask = torch.ones(self.micro_batch_size, self.seq_length)
+        if self.poison_sample is not None and first <= self.poison_sample < first + self.micro_batch_size:
+            loss_mask[self.poison_sample - first] = float("nan")
+        self._microbatch_in_step += 1
+        if self._microbatch_in_step == self.num_microbatches:
+            self._microbatch_in_step = 0
+            self.consumed_samples += per_rank * self.dp_size
+        return dict(
+            tokens=rows[:, :-1].contiguous(), labels=rows[:, 1:].contiguous(), loss_mask=loss_mask,
+            position_ids=torch.arange(self.seq_length)[None].expand(self.micro_batch_size, -1),
+            dataset_index=torch.tensor(datasets)[:, None].expand(-1, self.seq_length).contiguous(),
+        )
+
+    def state_dict(self) -> dict:
+        if self._microbatch_in_step:
+            raise RuntimeError("a batch source is saved between optimizer steps only")
+        return {"consumed_samples": self.consumed_samples}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.consumed_samples = int(state["consumed_samples"])
+        self._microbatch_in_step = 0

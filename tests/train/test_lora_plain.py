@@ -1,0 +1,54 @@
+"""LoRA on plain torch linears (encoder and adapter), in one process."""
+
+import torch
+
+from orchestrator.train.lora import apply_lora, lora_parameter_names, merge_lora
+
+
+class _Layer(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.self_attn = torch.nn.Module()
+        for name in ("q_proj", "k_proj", "v_proj", "out_proj"):
+            setattr(self.self_attn, name, torch.nn.Linear(8, 8))
+        self.fc1, self.fc2 = torch.nn.Linear(8, 16), torch.nn.Linear(16, 8)
+
+    def forward(self, x):
+        a = self.self_attn
+        x = x + a.out_proj(a.q_proj(x) * torch.sigmoid(a.k_proj(x)) + a.v_proj(x))
+        return x + self.fc2(torch.relu(self.fc1(x)))
+
+
+class _Model(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.encoder = torch.nn.Module()
+        self.encoder.layers = torch.nn.ModuleList([_Layer()])
+        self.adapter = torch.nn.Module()
+        self.adapter.linear_1, self.adapter.linear_2 = torch.nn.Linear(8, 8), torch.nn.Linear(8, 4)
+
+    def forward(self, x):
+        return self.adapter.linear_2(torch.nn.functional.silu(self.adapter.linear_1(self.encoder.layers[0](x))))
+
+
+def test_encoder_and_adapter_lora_names_freeze_and_merge():
+    torch.manual_seed(0)
+    model = _Model()
+    x = torch.randn(3, 8)
+    base = model(x).detach()
+    names = apply_lora(model, {"rank": 2, "alpha": 4, "targets": [], "encoder": True, "adapter": True}, seed=1, b_std=0.1)
+    assert sorted(names) == sorted(
+        [f"encoder.layers.0.self_attn.{n}" for n in ("q_proj", "k_proj", "v_proj", "out_proj")]
+        + ["encoder.layers.0.fc1", "encoder.layers.0.fc2", "adapter.linear_1", "adapter.linear_2"]
+    )
+    params = dict(model.named_parameters())
+    assert params["adapter.linear_1.lora_a.weight"].shape == (2, 8)
+    assert params["adapter.linear_1.lora_b.weight"].shape == (8, 2)
+    assert not params["adapter.linear_1.weight"].requires_grad and not params["adapter.linear_1.bias"].requires_grad
+    trainable = sorted(n for n, p in model.named_parameters() if p.requires_grad)
+    assert trainable == sorted(lora_parameter_names(model)) and len(trainable) == 16
+    adapted = model(x).detach()
+    assert (adapted - base).abs().max() > 1e-3
+    assert merge_lora(model) == 8 and lora_parameter_names(model) == []
+    assert torch.allclose(model(x), adapted, atol=1e-6)
+    assert "adapter.linear_1.weight" in dict(model.named_parameters())
