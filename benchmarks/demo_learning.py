@@ -204,6 +204,9 @@ def main() -> None:
         dt = time.perf_counter() - t0
         step_times.append(dt)
         train_s += dt
+        if step % int(cfg.train.log_interval) == 0:
+            print(f"#   step {step} loss {losses[-1]:.3f} step_s {dt:.2f} lr {scheduler.get_lr(optimizer.param_groups[0]):.2e}",
+                  flush=True)
         if train_s >= next_eval:
             evaluate()
             next_eval += args.eval_every
