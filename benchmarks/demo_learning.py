@@ -59,7 +59,11 @@ def model_inputs(batch):
                       labels=batch["labels"].reshape(1, -1), packed_seq_params=packed_seq_params(batch))
         rows = [0] * clips
     else:
-        kwargs = dict(input_ids=batch["tokens"], position_ids=batch["position_ids"], labels=batch["labels"])
+        # Cut the columns that are padding in every row: causal attention means no real
+        # token ever saw them, so the loss is unchanged and the decoder does less work.
+        width = int((batch["dataset_index"] >= 0).any(dim=0).nonzero().max()) + 1
+        kwargs = dict(input_ids=batch["tokens"][:, :width], position_ids=batch["position_ids"][:, :width],
+                      labels=batch["labels"][:, :width])
         rows = list(range(clips))
     if clips:
         kwargs.update(audio_features=batch["audio_features"], audio_lengths=batch["audio_lengths"].tolist(),
@@ -76,8 +80,10 @@ def heldout_loss(model, validation, max_batches: int) -> float:
         for k, batch in enumerate(loader):
             if k >= max_batches:
                 break
-            loss = model(**model_inputs(batch))
-            mask = batch["loss_mask"].reshape(-1)
+            inputs = model_inputs(batch)
+            loss = model(**inputs)
+            mask = batch["loss_mask"].reshape(-1) if batch["packed"] else \
+                batch["loss_mask"][:, :inputs["input_ids"].shape[1]].reshape(-1)
             total += float((loss.reshape(-1) * mask).sum())
             count += float(mask.sum())
     model.train(was)
@@ -144,8 +150,9 @@ def main() -> None:
 
     def forward_step(data_iterator, module):
         batch = next(data_iterator)
-        out = module(**model_inputs(batch))
-        mask = batch["loss_mask"]
+        inputs = model_inputs(batch)
+        out = module(**inputs)
+        mask = batch["loss_mask"][:, :inputs["input_ids"].shape[1]] if not batch["packed"] else batch["loss_mask"]
 
         def loss_func(per_token):
             loss = masked_mean_loss(per_token, mask)
