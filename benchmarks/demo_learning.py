@@ -96,6 +96,8 @@ def main() -> None:
     parser.add_argument("--eval-every", type=float, default=60.0, help="seconds of training between evaluations")
     parser.add_argument("--eval-samples", type=int, default=100, help="utterances per validation set")
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--init-std", type=float, default=None,
+                        help="decoder init_method_std (megatron config; the model's default is 0.02)")
     parser.add_argument("--json", default=None, help="also write the rows to this file")
     parser.add_argument("overrides", nargs="*", help="hydra overrides on the tiny_cpu recipe")
     args = parser.parse_args()
@@ -130,7 +132,8 @@ def main() -> None:
         data_cfg, cfg.model.encoder, cfg.model.adapter, mbs)
     audio_id = loader.processor.prompts.audio_token_id
 
-    model = build_audiollm(cfg.model, cfg.parallel, audio_token_id=audio_id)
+    extra = {} if args.init_std is None else {"init_method_std": args.init_std}
+    model = build_audiollm(cfg.model, cfg.parallel, audio_token_id=audio_id, **extra)
     n_params = sum(p.numel() for p in model.parameters())
     config = model.config
     model = DistributedDataParallel(config=config, ddp_config=DistributedDataParallelConfig(), module=model)
@@ -165,7 +168,7 @@ def main() -> None:
     print(f"# tiny AudioLLM: {n_params / 1e6:.2f} M parameters; mbs {mbs}, gbs {gbs}, lr {optim_cfg.lr}, "
           f"warmup {optim_cfg.lr_warmup_iters}, iters {iters}, spec_augment "
           f"{cfg.model.spec_augment.enabled}; threads {args.threads}; load avg {os.getloadavg()[0]:.2f}; "
-          f"overrides {args.overrides}", flush=True)
+          f"init_std {args.init_std or 'default'}; overrides {args.overrides}", flush=True)
     header = f"{'train_s':>8} {'step':>5} {'train_loss':>10} {'val_loss':>8} " + " ".join(
         f"{n[:22]:>22}" for n in val_for_wer) + f" {'wer_all':>8} {'eval_s':>6} {'load':>5}"
     print(header, flush=True)
