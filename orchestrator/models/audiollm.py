@@ -109,6 +109,7 @@ def build_audiollm(model_cfg, parallel_cfg, pre_process: bool = True, post_proce
     Call after `init_distributed` (megatron's parallel state must exist). The encoder
     and adapter are fp32 whatever `params_dtype` the decoder uses."""
     dec = model_cfg.decoder
+    config_overrides.setdefault("init_method_std", float(getattr(dec, "init_method_std", 0.02)))
     config = gemma2_transformer_config(
         dec, tp=parallel_cfg.tp, pp=parallel_cfg.pp, sp=bool(getattr(parallel_cfg, "sp", False)),
         params_dtype=params_dtype, **config_overrides,

@@ -28,6 +28,9 @@ class DecoderConfig:
     final_logit_softcap: Optional[float] = 30.0  # cap*tanh(logit/cap) before the loss
     tie_embeddings: bool = True
     freeze: bool = False  # freeze every base decoder weight (LoRA adapters stay trainable)
+    # Std of the random initial weights (megatron init_method_std); matters only without
+    # a checkpoint. A tiny decoder trained from scratch learns faster with a larger one.
+    init_method_std: float = 0.02
 
 
 @dataclass
