@@ -25,7 +25,8 @@ from orchestrator.models.speech import AudioAdapter, build_whisper_encoder, run_
 
 class AudioLLM(MegatronModule):
     def __init__(self, language_model: Gemma2Model, encoder: Optional[torch.nn.Module],
-                 adapter: Optional[AudioAdapter], audio_token_id: int, encoder_pad_value: float = 0.0):
+                 adapter: Optional[AudioAdapter], audio_token_id: int, encoder_pad_value: float = 0.0,
+                 spec_augment: Optional[torch.nn.Module] = None):
         super().__init__(config=language_model.config)
         self.language_model = language_model
         if (encoder is None) != (adapter is None):
@@ -36,6 +37,8 @@ class AudioLLM(MegatronModule):
         self.adapter = adapter
         self.audio_token_id = audio_token_id
         self.encoder_pad_value = encoder_pad_value
+        # Masks the log-mel input in training mode only (a no-op in eval mode); no parameters.
+        self.spec_augment = spec_augment
 
     # megatron's schedules and finalize_model_grads look these up on the model chunk
     @property
@@ -62,6 +65,8 @@ class AudioLLM(MegatronModule):
 
     def audio_embeddings(self, audio_features: torch.Tensor, audio_lengths: Sequence[int]) -> torch.Tensor:
         """[clips, mel, frames] features + true mel lengths -> [audio tokens, hidden], clips in order."""
+        if self.spec_augment is not None and self.training:
+            audio_features = self.spec_augment(audio_features, [int(n) for n in audio_lengths])
         states = run_encoder(self.encoder, audio_features, self.encoder_pad_value)
         return self.adapter(states, [int(n) for n in audio_lengths])
 
@@ -104,6 +109,7 @@ def build_audiollm(model_cfg, parallel_cfg, pre_process: bool = True, post_proce
     Call after `init_distributed` (megatron's parallel state must exist). The encoder
     and adapter are fp32 whatever `params_dtype` the decoder uses."""
     dec = model_cfg.decoder
+    config_overrides.setdefault("init_method_std", float(getattr(dec, "init_method_std", 0.02)))
     config = gemma2_transformer_config(
         dec, tp=parallel_cfg.tp, pp=parallel_cfg.pp, sp=bool(getattr(parallel_cfg, "sp", False)),
         params_dtype=params_dtype, **config_overrides,
@@ -123,4 +129,7 @@ def build_audiollm(model_cfg, parallel_cfg, pre_process: bool = True, post_proce
         if torch.cuda.is_available():
             encoder.cuda()
             adapter.cuda()
-    return AudioLLM(language_model, encoder, adapter, audio_token_id, encoder_pad_value)
+    from orchestrator.models.spec_augment import build_spec_augment
+
+    spec_augment = build_spec_augment(getattr(model_cfg, "spec_augment", None)) if pre_process else None
+    return AudioLLM(language_model, encoder, adapter, audio_token_id, encoder_pad_value, spec_augment)

@@ -28,6 +28,9 @@ class DecoderConfig:
     final_logit_softcap: Optional[float] = 30.0  # cap*tanh(logit/cap) before the loss
     tie_embeddings: bool = True
     freeze: bool = False  # freeze every base decoder weight (LoRA adapters stay trainable)
+    # Std of the random initial weights (megatron init_method_std); matters only without
+    # a checkpoint. A tiny decoder trained from scratch learns faster with a larger one.
+    init_method_std: float = 0.02
 
 
 @dataclass
@@ -56,6 +59,19 @@ class AdapterConfig:
 
 
 @dataclass
+class SpecAugmentConfig:
+    """Time and frequency masks on the encoder's log-mel input, in training mode only
+    (orchestrator.models.spec_augment). Off by default; on for models trained from scratch."""
+
+    enabled: bool = False
+    freq_masks: int = 2  # bands of mel bins per clip
+    freq_width: int = 15  # widest band (mel bins)
+    time_masks: int = 2  # spans of frames per clip
+    time_width: int = 40  # widest span (mel frames, 10 ms each) ...
+    time_ratio: float = 0.1  # ... and at most this share of the clip's valid frames
+
+
+@dataclass
 class ModelConfig:
     name: str = MISSING
     # local: pure PyTorch attention (CPU and GPU; the reference). te: TransformerEngine (GPU only).
@@ -63,6 +79,7 @@ class ModelConfig:
     decoder: DecoderConfig = field(default_factory=DecoderConfig)
     encoder: EncoderConfig = field(default_factory=EncoderConfig)
     adapter: AdapterConfig = field(default_factory=AdapterConfig)
+    spec_augment: SpecAugmentConfig = field(default_factory=SpecAugmentConfig)
     # Optional initial weights: a converted megatron checkpoint directory
     # (`audiollm convert hf-to-megatron`). None means random initialisation.
     init_checkpoint: Optional[str] = None

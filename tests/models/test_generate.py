@@ -1,0 +1,40 @@
+"""Greedy decoding reproduces answers a tiny AudioLLM has memorised (one process launch)."""
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from tests.distributed_run import torchrun
+
+SCRIPT = Path(__file__).with_name("generate_script.py")
+
+
+@pytest.fixture(scope="module")
+def result():
+    out = torchrun(SCRIPT, 1, timeout=240)
+    return json.loads(re.search(r"^RESULT (.*)$", out, re.M).group(1))
+
+
+@pytest.mark.multiprocess
+def test_memorised_answers_are_decoded_from_their_clips(result):
+    assert result["loss"] < 0.02, f"the tiny model did not memorise its three answers: {result}"
+    assert result["batched"] == result["answers"]  # stop token not included, per-row stop
+    assert result["alone"] == result["answers"]  # right padding of shorter prompts does not leak
+    # same prompt tokens, audio swapped: the answers follow the audio
+    assert result["swapped"] == [result["answers"][1], result["answers"][0]]
+    assert result["rows"] == result["answers"][1:]
+
+
+@pytest.mark.multiprocess
+def test_max_new_tokens_caps_and_mode_is_restored(result):
+    assert result["capped"] == [a[:2] for a in result["answers"]]
+    assert result["training_after"] is True
+
+
+@pytest.mark.multiprocess
+def test_spec_augment_hook_acts_in_training_mode_only(result):
+    assert result["spec_augment_built"] and result["plain_has_none"]
+    assert result["train_diff"] > 1e-3
+    assert result["eval_diff"] == 0.0
