@@ -19,6 +19,8 @@ class ParallelSizes:
     pp: int = 1
     cp: int = 1
     vpp: Optional[int] = None
+    # Rank order (parallel.rank_order; orchestrator/topology.py describes the layouts).
+    order: str = "tp-cp-ep-dp-pp"
 
 
 def init_distributed(sizes: ParallelSizes, seed: int, timeout_s: int = 600) -> str:
@@ -45,6 +47,7 @@ def init_distributed(sizes: ParallelSizes, seed: int, timeout_s: int = 600) -> s
             pipeline_model_parallel_size=sizes.pp,
             context_parallel_size=sizes.cp,
             virtual_pipeline_model_parallel_size=sizes.vpp,
+            order=sizes.order,
         )
     # Same seed on every rank: with use_cpu_initialization the full master weights are
     # created identically everywhere and then split, so TP=1 and TP=2 start equal.
