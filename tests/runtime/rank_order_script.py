@@ -1,0 +1,25 @@
+"""Prints this rank's megatron DP and PP groups for a given rank order (world 4: DP 2 x PP 2).
+Run: torchrun --nproc_per_node=4 tests/runtime/rank_order_script.py ORDER"""
+
+import json
+import sys
+
+import torch.distributed as dist
+
+from orchestrator.runtime.distributed import ParallelSizes, init_distributed, shutdown
+
+
+def main() -> None:
+    init_distributed(ParallelSizes(pp=2, order=sys.argv[1]), seed=1)
+    from megatron.core import parallel_state as ps
+
+    groups = {
+        "dp": dist.get_process_group_ranks(ps.get_data_parallel_group()),
+        "pp": dist.get_process_group_ranks(ps.get_pipeline_model_parallel_group()),
+    }
+    print(f"GROUPS {dist.get_rank()} " + json.dumps(groups), flush=True)
+    shutdown()
+
+
+if __name__ == "__main__":
+    main()
