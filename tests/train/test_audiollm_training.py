@@ -39,13 +39,23 @@ def _check_run(out: dict, run_dir, world: int) -> None:
     assert out["eval"]["val_loss"] == pytest.approx(out["eval"]["val_loss/tones_val"], rel=1e-9), out["eval"]
 
 
+SAVE_AT = 6  # checkpoints at steps 6 and 12 (the resume test kills the job after step 6)
+
+
+@pytest.fixture(scope="module")
+def tp2_straight(corpus, tmp_path_factory):
+    """One straight TP=2 run, shared by the training and the resume test."""
+    root = tmp_path_factory.mktemp("tp2_straight")
+    run_dir = write_audiollm_run_dir(root / "tp2", corpus, tp=2, iters=ITERS, save_interval=SAVE_AT)
+    return run_dir, result(launch("job_script.py", 2, "train", str(run_dir), log_dir=root))
+
+
 @pytest.mark.multiprocess
-def test_audiollm_trains_at_tp2_and_pp2(corpus, tmp_path):
+def test_audiollm_trains_at_tp2_and_pp2(corpus, tp2_straight, tmp_path):
     """TP=2 and PP=2 (2 processes each): the loss falls over 12 steps; every trainable
     parameter moves on every rank; TP ranks agree on every replicated weight (encoder,
     adapter, norms), and the PP stages agree on the tied embedding / output weight."""
-    tp_dir = write_audiollm_run_dir(tmp_path / "tp2", corpus, tp=2, iters=ITERS)
-    tp_out = result(launch("job_script.py", 2, "train", str(tp_dir), log_dir=tmp_path))
+    tp_dir, tp_out = tp2_straight
     _check_run(tp_out, tp_dir, 2)
     rank0, rank1 = (r["changes"] for r in tp_out["ranks"])
     assert sorted(rank0) == sorted(rank1)
@@ -63,3 +73,21 @@ def test_audiollm_trains_at_tp2_and_pp2(corpus, tmp_path):
         last["language_model.output_layer.weight"], rel=1e-5)
     print("TP2 losses", tp_out["losses"])
     print("PP2 losses", pp_out["losses"])
+
+
+@pytest.mark.multiprocess
+def test_audiollm_exact_resume_with_the_real_loader(corpus, tp2_straight, tmp_path):
+    """TP=2: 6 steps, a hard process exit after step 6's checkpoint, 6 resumed steps
+    give the straight run's loss at every step (model, optimizer, RNG and the MDS
+    loader's position and packer buffer all restored)."""
+    _, straight = tp2_straight
+    run_dir = write_audiollm_run_dir(tmp_path / "tp2_resumed", corpus, tp=2, iters=ITERS, save_interval=SAVE_AT)
+    launch("job_script.py", 2, "kill", str(run_dir), str(SAVE_AT), log_dir=tmp_path, expect_rc=17)
+    assert [m["step"] for m in metrics(run_dir)] == list(range(1, SAVE_AT + 1))
+    resumed = result(launch("job_script.py", 2, "train", str(run_dir), log_dir=tmp_path))
+    again = [m["loss"] for m in metrics(run_dir)]
+    assert [m["step"] for m in metrics(run_dir)] == list(range(1, ITERS + 1))
+    assert again == straight["losses"], [(i + 1, a, b) for i, (a, b) in enumerate(zip(straight["losses"], again))
+                                         if a != b]
+    assert resumed["losses"] == straight["losses"][SAVE_AT:]
+    assert resumed["eval"] == straight["eval"]
