@@ -167,15 +167,21 @@ def open_mixture(datasets: Sequence[ResolvedDataset], seed: int, shuffle: bool, 
     """One StreamingDataset over all datasets; weights become stream proportions."""
     from streaming import Stream
 
-    streams = []
-    for i, d in enumerate(datasets):
-        remote = d.path if is_remote(d.path) else None
-        local = os.path.join(cache_root, f"{i:05d}") if remote else os.path.abspath(d.path)
-        kwargs = {"proportion": d.weight} if proportional and len(datasets) > 1 else {}
-        streams.append(Stream(remote=remote, local=local, **kwargs))
+    def make_streams():
+        streams = []
+        for i, d in enumerate(datasets):
+            remote = d.path if is_remote(d.path) else None
+            local = os.path.join(cache_root, f"{i:05d}") if remote else os.path.abspath(d.path)
+            kwargs = {"proportion": d.weight} if proportional and len(datasets) > 1 else {}
+            streams.append(Stream(remote=remote, local=local, **kwargs))
+        return streams
+
     cls = _dataset_class()
     last_err: Optional[Exception] = None
     for attempt in range(20):
+        # Fresh Stream objects each attempt: a failed StreamingDataset init has already
+        # turned their proportions into repeat/choose, which the next init refuses.
+        streams = make_streams()
         try:
             with single_rank_world():
                 return cls(streams=streams, shuffle=shuffle, shuffle_seed=seed, num_canonical_nodes=1,

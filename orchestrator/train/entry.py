@@ -22,7 +22,8 @@ def build_components(plan, dp_rank: int, dp_size: int, poison_sample: Optional[i
     """The model provider and batch sources this plan asks for.
 
     model.name == "stand_in_gpt": a tiny megatron GPTModel on synthetic token rows
-    (decoder sizes from the plan). The AudioLLM and the MDS loader plug in here."""
+    (decoder sizes from the plan). Any other model: the AudioLLM (model section) on the
+    MDS loader (data section), see orchestrator.train.audiollm_provider."""
     from orchestrator.train.loop import Components
 
     model_name = plan.section("model").get("name")
@@ -38,10 +39,12 @@ def build_components(plan, dp_rank: int, dp_size: int, poison_sample: Optional[i
             train_source=SyntheticBatches(seed=seed, poison_sample=poison_sample, **common),
             val_source=SyntheticBatches(seed=seed + 1, **common),
         )
-    raise NotImplementedError(
-        f"model.name {model_name!r}: the AudioLLM provider and MDS batch source are not plugged into "
-        f"orchestrator.train.entry.build_components yet (only {STAND_IN_MODEL!r} runs)"
-    )
+    if poison_sample is not None:
+        raise ValueError(f"poison_sample is a test hook of the {STAND_IN_MODEL!r} synthetic rows only "
+                         f"(model.name is {model_name!r})")
+    from orchestrator.train.audiollm_provider import build_audiollm_components
+
+    return build_audiollm_components(plan, dp_rank, dp_size)
 
 
 def setup_logging(rank: int) -> None:

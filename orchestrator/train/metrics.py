@@ -46,9 +46,9 @@ class LossStats:
         out = self.zeros(loss.device)
         out[0], out[1] = loss.sum(), weight.sum()
         out[2:2 + d].scatter_add_(0, index, torch.where(valid, loss, torch.zeros_like(loss)))
-        # Token counts use validity only, so a NaN loss mask still shows which datasets
-        # were in the batch.
-        out[2 + d:].scatter_add_(0, index, valid.double())
+        # Per-dataset target-token counts (the denominator of each dataset's loss); a NaN
+        # loss mask counts as 1, so it still shows which datasets were in the batch.
+        out[2 + d:].scatter_add_(0, index, torch.where(valid, weight.nan_to_num(nan=1.0), torch.zeros_like(weight)))
         return out
 
     def summary(self, stats: torch.Tensor, prefix: str = "loss") -> dict:

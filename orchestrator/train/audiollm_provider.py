@@ -1,0 +1,191 @@
+"""The AudioLLM and the MDS loader behind the training loop's interfaces
+(components.ModelProvider, components.BatchSource).
+
+Micro-batches from the loader are [B, S] rows whose `cu_seqlens` run over the
+flattened B*S tokens (orchestrator.data.packing). The model takes packed input as one
+row: tokens [1, B*S] with THD PackedSeqParams, so every micro-batch goes through the
+model flattened, and the per-token loss comes back reshaped to [B, S] to line up with
+`loss_mask`. The pipeline schedule must then send [B*S, 1, hidden] between stages,
+which `schedule_shape` tells the loop.
+"""
+
+from __future__ import annotations
+
+from typing import Dict, List, Optional
+
+import torch
+
+# Fields of the loop's TransformerConfig (from the plan) that the AudioLLM's own config
+# must share: the pipeline schedule and DDP read the loop's config, the layers read the
+# model's; these must agree.
+_SHARED_CONFIG_FIELDS = ("virtual_pipeline_model_parallel_size", "calculate_per_token_loss",
+                         "recompute_granularity", "recompute_method", "recompute_num_layers")
+
+
+def audiollm_config(plan):
+    """The plan's composed config as the typed schema object (attribute access, each
+    section passed on to the function that owns it)."""
+    from omegaconf import OmegaConf
+
+    from orchestrator.schema import AudioLLMConfig
+
+    return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(AudioLLMConfig), plan.config))
+
+
+def audio_token_id(tokenizer_path: str) -> int:
+    from orchestrator.data.tokenizer_build import AUDIO_TOKEN, load_tokenizer
+
+    token_id = load_tokenizer(tokenizer_path).convert_tokens_to_ids(AUDIO_TOKEN)
+    if token_id is None:
+        raise ValueError(f"tokenizer {tokenizer_path} (data.tokenizer) has no {AUDIO_TOKEN!r} token; "
+                         f"build it with orchestrator.data.tokenizer_build.build_tokenizer")
+    return int(token_id)
+
+
+def _unwrapped(model: torch.nn.Module) -> torch.nn.Module:
+    """The AudioLLM inside DDP / Float16Module wrappers."""
+    while not hasattr(model, "pre_process") and hasattr(model, "module"):
+        model = model.module
+    return model
+
+
+class AudioLLMProvider:
+    """Builds AudioLLM chunks (fp32 on CPU; on GPU a bf16 decoder when the plan says
+    bf16, the encoder and adapter always fp32, so the chunk is not wrapped in
+    Float16Module) and runs a loader micro-batch through one."""
+
+    # The AudioLLM keeps its own mixed precision (fp32 encoder/adapter, decoder in
+    # params_dtype): the loop must not cast the whole chunk.
+    wrap_float16 = False
+
+    def __init__(self, cfg, plan_flops: dict, global_batch_size: int):
+        if cfg.parallel.cp > 1:
+            raise NotImplementedError(
+                f"parallel.cp={cfg.parallel.cp}: the AudioLLM provider does not route context-parallel "
+                f"batches yet; use parallel.cp=1")
+        self.model_cfg, self.parallel_cfg = cfg.model, cfg.parallel
+        self.audio_token_id = audio_token_id(cfg.data.tokenizer)
+        self.plan_flops, self.global_batch_size = plan_flops, global_batch_size
+
+    def transformer_fields(self) -> dict:
+        # The loop's config serves DDP and the pipeline schedule only; the model's layers
+        # use the Gemma2 config build_audiollm makes. Plain RMSNorm here keeps megatron's
+        # TransformerConfig checks for the local spec quiet.
+        return dict(layernorm_zero_centered_gamma=False, window_size=None, bias_activation_fusion=False)
+
+    def schedule_shape(self, seq_length: int, micro_batch_size: int) -> tuple:
+        """(seq_length, micro_batch_size) of the tensors sent between pipeline stages."""
+        return seq_length * micro_batch_size, 1
+
+    def build(self, config, pre_process: bool, post_process: bool, vp_stage: Optional[int]):
+        from orchestrator.models.audiollm import build_audiollm
+
+        shared = {name: getattr(config, name) for name in _SHARED_CONFIG_FIELDS}
+        return build_audiollm(self.model_cfg, self.parallel_cfg, pre_process, post_process,
+                              audio_token_id=self.audio_token_id, params_dtype=config.params_dtype,
+                              vp_stage=vp_stage, **shared)
+
+    def forward(self, model: torch.nn.Module, batch: dict) -> torch.Tensor:
+        from orchestrator.data.packing import packed_seq_params
+
+        inner = _unwrapped(model)
+        device = next(model.parameters()).device
+        rows, seq = batch["tokens"].shape
+        tokens = batch["tokens"].reshape(1, rows * seq).to(device)
+        labels = batch["labels"].reshape(1, rows * seq).to(device)
+        positions = batch["position_ids"].reshape(1, rows * seq).to(device)
+        params = packed_seq_params(batch)
+        params.cu_seqlens_q = params.cu_seqlens_kv = batch["cu_seqlens"].to(device=device, dtype=torch.int32)
+        audio = {}
+        if inner.pre_process and batch["audio_lengths"].numel():
+            # Flattened to one row, every clip belongs to row 0.
+            audio = dict(audio_features=batch["audio_features"].to(device), audio_lengths=batch["audio_lengths"],
+                         audio_clip_rows=[0] * int(batch["audio_lengths"].numel()))
+        output = model(tokens, positions, None, labels=labels, packed_seq_params=params, **audio)
+        if inner.post_process:
+            return output.reshape(rows, seq)
+        return output
+
+    def flops_per_sample(self, config, seq_length: int, vocab_size: int) -> dict:
+        """The plan's step FLOPs (orchestrator.estimate: decoder and encoder) per sample."""
+        return {"model": float(self.plan_flops["model_flops_per_step"]) / self.global_batch_size,
+                "hardware": float(self.plan_flops["hardware_flops_per_step"]) / self.global_batch_size}
+
+
+class LoaderBatches:
+    """BatchSource over the MDS training loader of this data-parallel rank; its state
+    (sample position, pending packer buffer) is the loader's own."""
+
+    def __init__(self, loader):
+        self.loader = loader
+        self.dataset_names = list(loader.names)
+
+    def next_microbatch(self) -> dict:
+        return next(self.loader)
+
+    def state_dict(self) -> dict:
+        return self.loader.state_dict()
+
+    def load_state_dict(self, state: dict) -> None:
+        self.loader.load_state_dict(state)
+
+
+class ValidationBatches:
+    """BatchSource over all validation datasets, read in order, one after the other,
+    starting again at the first when the last is exhausted. `dataset_index` is remapped
+    to this source's list of names. The state is the number of batches drawn, so the
+    loop's restart (load_state_dict of the initial state) starts from the beginning."""
+
+    def __init__(self, validation_sets: Dict[str, object]):
+        if not validation_sets:
+            raise ValueError("no validation datasets (data.validation is empty)")
+        self.sets = list(validation_sets.values())
+        self.dataset_names: List[str] = list(validation_sets)
+        self.drawn = 0
+        self._iter = None
+
+    def _batches(self):
+        while True:
+            drawn = 0
+            for k, vset in enumerate(self.sets):
+                for batch in vset:
+                    index = batch["dataset_index"]
+                    batch["dataset_index"] = torch.where(index >= 0, torch.full_like(index, k), index)
+                    drawn += 1
+                    yield batch
+            if not drawn:
+                raise ValueError(f"the validation datasets {self.dataset_names} give this data-parallel rank no "
+                                 f"batch: add samples or lower the data-parallel size")
+
+    def next_microbatch(self) -> dict:
+        if self._iter is None:
+            self._iter = self._batches()
+        self.drawn += 1
+        return next(self._iter)
+
+    def state_dict(self) -> dict:
+        return {"drawn": self.drawn}
+
+    def load_state_dict(self, state: dict) -> None:
+        self._iter = self._batches()
+        self.drawn = 0
+        for _ in range(int(state["drawn"])):
+            self.next_microbatch()
+
+
+def build_audiollm_components(plan, dp_rank: int, dp_size: int):
+    """Components for an AudioLLM plan: the provider, the train loader of this DP rank and
+    (when data.validation lists datasets) the validation source."""
+    from orchestrator.data.loader import build_train_loader, build_validation_loaders
+    from orchestrator.train.loop import Components
+
+    cfg = audiollm_config(plan)
+    mbs = plan.micro_batch_size
+    provider = AudioLLMProvider(cfg, plan.plan["flops"], plan.global_batch_size)
+    train = build_train_loader(cfg.data, cfg.model.encoder, cfg.model.adapter, mbs, dp_rank, dp_size,
+                               cfg.parallel.cp, cfg.data.seed)
+    val = None
+    if cfg.data.validation:
+        val = ValidationBatches(build_validation_loaders(cfg.data, cfg.model.encoder, cfg.model.adapter, mbs,
+                                                         dp_rank, dp_size, cfg.parallel.cp))
+    return Components(provider=provider, train_source=LoaderBatches(train), val_source=val)

@@ -1,0 +1,60 @@
+"""Run directories for training the real AudioLLM on a tiny MDS corpus made here:
+tone clips with digit-word transcripts (tests/data/conftest.py), a tokenizer built
+from those words, and the tiny_cpu recipe's model resolved by the real planner."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Sequence
+
+from tests.data.conftest import WORDS, tone_samples, write_mds
+
+TRAIN_SAMPLES = 48
+VAL_SAMPLES = 8
+
+
+def make_corpus(root: Path) -> Path:
+    """tokenizer/, train/tones_a, train/tones_b, val/tones_val under `root`."""
+    from orchestrator.data.tokenizer_build import build_tokenizer
+    from orchestrator.schema.data import DataConfig
+
+    root = Path(root)
+    texts = [" ".join(WORDS[i:] + WORDS[:i]) for i in range(len(WORDS))] * 5
+    texts += [DataConfig().prompt_template.replace("<SpeechHere>", " ")] * 5
+    build_tokenizer(texts, root / "tokenizer", vocab_size=320)
+    write_mds(root / "train" / "tones_a", tone_samples(TRAIN_SAMPLES // 2, seed=1))
+    write_mds(root / "train" / "tones_b", tone_samples(TRAIN_SAMPLES // 2, seed=2, tag="the"))
+    write_mds(root / "val" / "tones_val", tone_samples(VAL_SAMPLES, seed=9))
+    return root
+
+
+def write_audiollm_run_dir(run_dir: Path, corpus: Path, *, tp: int = 1, pp: int = 1, iters: int = 12,
+                           micro_batch_size: int = 2, global_batch_size: int = 4, seq_length: int = 128,
+                           save_interval: int = 0, eval_interval: int = 0, extra: Sequence[str] = ()) -> Path:
+    """Compose (tiny_cpu recipe + overrides) -> validate -> resolve -> plan.json, as
+    `audiollm train` writes it."""
+    from omegaconf import OmegaConf
+
+    from orchestrator.compose import compose
+    from orchestrator.resolve import resolve
+    from orchestrator.schema.data import DatasetEntry
+
+    run_dir = Path(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    cfg = compose([
+        f"parallel.tp={tp}", f"parallel.pp={pp}", f"launcher.gpus_per_node={tp * pp}",
+        f"optim.micro_batch_size={micro_batch_size}", f"optim.global_batch_size={global_batch_size}",
+        "optim.lr=3e-3", "optim.min_lr=3e-4", "optim.lr_warmup_iters=2",
+        f"train.iters={iters}", f"train.save_interval={save_interval}", f"train.eval_interval={eval_interval}",
+        "train.eval_iters=1", "train.log_interval=1",
+        f"data.seq_length={seq_length}", "data.packing_buffer=8", "data.feature_cache_mb=64",
+        f"data.tokenizer={corpus / 'tokenizer'}", "model.adapter.dropout=0.0",
+        f"run.name={run_dir.name}", f"run.output_root={run_dir.parent}", *extra,
+    ])
+    cfg.data.train = [DatasetEntry(name=name, path=str(corpus / "train" / name)) for name in ("tones_a", "tones_b")]
+    cfg.data.validation = [DatasetEntry(name="tones_val", path=str(corpus / "val" / "tones_val"))]
+    plan = resolve(cfg).to_dict()
+    (run_dir / "plan.json").write_text(json.dumps(plan, indent=1))
+    (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg))
+    return run_dir

@@ -1,0 +1,93 @@
+"""The real AudioLLM trained by the job entry's components (orchestrator.train.entry
+.build_components -> AudioLLMProvider + the MDS loader) on a tiny tone corpus made
+here, at TP=2 and at PP=2 over gloo, from plans made by the real planner."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.train.audiollm_runs import make_corpus, write_audiollm_run_dir
+from tests.train.jobs import launch, metrics, result
+
+ITERS = 12
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    return make_corpus(tmp_path_factory.mktemp("audiollm_corpus"))
+
+
+def _falls(losses: list) -> bool:
+    first, last = sum(losses[:3]) / 3, sum(losses[-3:]) / 3
+    return last < 0.8 * first
+
+
+def _check_run(out: dict, run_dir, world: int) -> None:
+    losses = out["losses"]
+    assert len(losses) == ITERS and all(loss == loss for loss in losses), losses
+    assert _falls(losses), f"loss did not fall: {losses}"
+    assert [m["loss"] for m in metrics(run_dir)] == losses
+    ranks = out["ranks"]
+    assert len(ranks) == world
+    for rank, info in enumerate(ranks):
+        frozen = set(info["frozen"])
+        unchanged = [n for n, c in info["changes"].items() if n not in frozen and c == 0.0]
+        assert not unchanged, f"rank {rank}: trainable parameters that did not change: {unchanged}"
+        assert all(c == 0.0 for n, c in info["changes"].items() if n in frozen), f"rank {rank} moved frozen weights"
+    # One validation dataset: its loss is the overall validation loss (both are means
+    # over target tokens).
+    assert out["eval"]["val_loss"] == pytest.approx(out["eval"]["val_loss/tones_val"], rel=1e-9), out["eval"]
+
+
+SAVE_AT = 6  # checkpoints at steps 6 and 12 (the resume test kills the job after step 6)
+
+
+@pytest.fixture(scope="module")
+def tp2_straight(corpus, tmp_path_factory):
+    """One straight TP=2 run, shared by the training and the resume test."""
+    root = tmp_path_factory.mktemp("tp2_straight")
+    run_dir = write_audiollm_run_dir(root / "tp2", corpus, tp=2, iters=ITERS, save_interval=SAVE_AT)
+    return run_dir, result(launch("job_script.py", 2, "train", str(run_dir), log_dir=root))
+
+
+@pytest.mark.multiprocess
+def test_audiollm_trains_at_tp2_and_pp2(corpus, tp2_straight, tmp_path):
+    """TP=2 and PP=2 (2 processes each): the loss falls over 12 steps; every trainable
+    parameter moves on every rank; TP ranks agree on every replicated weight (encoder,
+    adapter, norms), and the PP stages agree on the tied embedding / output weight."""
+    tp_dir, tp_out = tp2_straight
+    _check_run(tp_out, tp_dir, 2)
+    rank0, rank1 = (r["changes"] for r in tp_out["ranks"])
+    assert sorted(rank0) == sorted(rank1)
+    replicated = [n for n in rank0 if n.startswith(("encoder.", "adapter.")) or "layernorm" in n]
+    assert len(replicated) > 10, sorted(rank0)
+    for name in replicated:
+        assert rank0[name] == pytest.approx(rank1[name], rel=1e-5, abs=1e-9), name
+
+    pp_dir = write_audiollm_run_dir(tmp_path / "pp2", corpus, pp=2, iters=ITERS)
+    pp_out = result(launch("job_script.py", 2, "train", str(pp_dir), log_dir=tmp_path))
+    _check_run(pp_out, pp_dir, 2)
+    first, last = (r["changes"] for r in pp_out["ranks"])
+    assert any(n.startswith("encoder.") for n in first) and not any(n.startswith("encoder.") for n in last)
+    assert first["language_model.embedding.word_embeddings.weight"] == pytest.approx(
+        last["language_model.output_layer.weight"], rel=1e-5)
+    print("TP2 losses", tp_out["losses"])
+    print("PP2 losses", pp_out["losses"])
+
+
+@pytest.mark.multiprocess
+def test_audiollm_exact_resume_with_the_real_loader(corpus, tp2_straight, tmp_path):
+    """TP=2: 6 steps, a hard process exit after step 6's checkpoint, 6 resumed steps
+    give the straight run's loss at every step (model, optimizer, RNG and the MDS
+    loader's position and packer buffer all restored)."""
+    _, straight = tp2_straight
+    run_dir = write_audiollm_run_dir(tmp_path / "tp2_resumed", corpus, tp=2, iters=ITERS, save_interval=SAVE_AT)
+    launch("job_script.py", 2, "kill", str(run_dir), str(SAVE_AT), log_dir=tmp_path, expect_rc=17)
+    assert [m["step"] for m in metrics(run_dir)] == list(range(1, SAVE_AT + 1))
+    resumed = result(launch("job_script.py", 2, "train", str(run_dir), log_dir=tmp_path))
+    again = [m["loss"] for m in metrics(run_dir)]
+    assert [m["step"] for m in metrics(run_dir)] == list(range(1, ITERS + 1))
+    assert again == straight["losses"], [(i + 1, a, b) for i, (a, b) in enumerate(zip(straight["losses"], again))
+                                         if a != b]
+    assert resumed["losses"] == straight["losses"][SAVE_AT:]
+    assert resumed["eval"] == straight["eval"]
