@@ -64,7 +64,8 @@ def make_trainer(run_dir, components_factory=None, plan=None, training: bool = T
 
     plan = plan or load_run_plan(run_dir)
     seed = int(plan.section("train").get("seed", 1234))
-    device = init_distributed(ParallelSizes(tp=plan.tp, pp=plan.pp, cp=plan.cp, vpp=plan.vpp), seed)
+    order = plan.section("parallel").get("rank_order", ParallelSizes.order)
+    device = init_distributed(ParallelSizes(tp=plan.tp, pp=plan.pp, cp=plan.cp, vpp=plan.vpp, order=order), seed)
     import torch.distributed as dist
 
     plan.check_world(dist.get_world_size())
