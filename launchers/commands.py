@@ -56,8 +56,9 @@ def prepare(overrides: Sequence[str], run_dir: Path | None = None) -> tuple[Prep
     """Compose, validate and plan one run; (None, errors) when it is not valid."""
     from omegaconf import OmegaConf
 
-    from launchers.hooks import make_plan, validate
     from orchestrator.compose import ComposeError
+    from orchestrator.resolve import resolve, to_object
+    from orchestrator.validate import ERROR, validate
 
     try:
         cfg = _compose(overrides)
@@ -65,15 +66,13 @@ def prepare(overrides: Sequence[str], run_dir: Path | None = None) -> tuple[Prep
         return None, [str(exc)]
     # A dry run shows what would run (like `audiollm plan`); a real launch is checked for training.
     purpose = "plan" if cfg.launcher.dry_run else "train"
-    errors, warnings = validate(cfg, purpose)
+    findings = validate(to_object(cfg), purpose)
+    errors = [str(f) for f in findings if f.severity == ERROR]
     if errors:
         return None, errors
-    for warning in warnings:
+    for warning in (str(f) for f in findings if f.severity != ERROR):
         print(warning, file=sys.stderr)
-    try:
-        plan = make_plan(cfg, purpose)
-    except ValueError as exc:
-        return None, [str(exc)]
+    plan = resolve(cfg, purpose).to_dict()
     container = OmegaConf.to_container(cfg, resolve=True)
     run_dir = Path(run_dir or rd.run_dir_for(container)).absolute()
     try:

@@ -450,6 +450,11 @@ def check_launcher(launcher: LauncherConfig) -> Iterator[Finding]:
         )
     if launcher.max_requeues < 0:
         yield _error("launcher", f"launcher.max_requeues={launcher.max_requeues} must be >= 0")
+    if "." not in launcher.entry.replace(":", "."):
+        yield _error("launcher", f"launcher.entry={launcher.entry!r} must be a dotted path 'package.module.function'")
+    for key in ("cpus_per_task", "timeout_min", "signal_delay_s", "array_parallelism"):
+        if getattr(launcher, key) < 1:
+            yield _error("launcher", f"launcher.{key}={getattr(launcher, key)} must be at least 1")
 
 
 def check_logger(logger: LoggerConfig) -> Iterator[Finding]:
