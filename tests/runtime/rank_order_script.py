@@ -1,8 +1,10 @@
-"""Prints this rank's megatron DP and PP groups for a given rank order (world 4: DP 2 x PP 2).
-Run: torchrun --nproc_per_node=4 tests/runtime/rank_order_script.py ORDER"""
+"""Writes this rank's megatron DP and PP groups for a given rank order (world 4: DP 2 x PP 2)
+to OUT_DIR/rank<N>.json (a file per rank: lines printed by several ranks can interleave).
+Run: torchrun --nproc_per_node=4 tests/runtime/rank_order_script.py ORDER OUT_DIR"""
 
 import json
 import sys
+from pathlib import Path
 
 import torch.distributed as dist
 
@@ -17,7 +19,7 @@ def main() -> None:
         "dp": dist.get_process_group_ranks(ps.get_data_parallel_group()),
         "pp": dist.get_process_group_ranks(ps.get_pipeline_model_parallel_group()),
     }
-    print(f"GROUPS {dist.get_rank()} " + json.dumps(groups), flush=True)
+    (Path(sys.argv[2]) / f"rank{dist.get_rank()}.json").write_text(json.dumps(groups))
     shutdown()
 
 
