@@ -10,6 +10,7 @@ import torch
 from transformers import Gemma2Config, Gemma2ForCausalLM, WhisperConfig
 from transformers.models.whisper.modeling_whisper import WhisperEncoder
 
+from orchestrator.convert.gemma2_mapping import decoder_config_from_hf
 from orchestrator.schema.model import AdapterConfig, DecoderConfig, EncoderConfig, ModelConfig
 
 GEMMA2 = dict(vocab_size=250, hidden_size=64, intermediate_size=96, num_hidden_layers=4,
@@ -36,15 +37,7 @@ def hf_gemma2(seed: int = 0, **overrides) -> Gemma2ForCausalLM:
 
 
 def decoder_config(hf_cfg: Gemma2Config) -> DecoderConfig:
-    return DecoderConfig(
-        hidden_size=hf_cfg.hidden_size, num_layers=hf_cfg.num_hidden_layers,
-        num_attention_heads=hf_cfg.num_attention_heads, num_query_groups=hf_cfg.num_key_value_heads,
-        kv_channels=hf_cfg.head_dim, ffn_hidden_size=hf_cfg.intermediate_size, vocab_size=hf_cfg.vocab_size,
-        max_position_embeddings=hf_cfg.max_position_embeddings, rope_theta=hf_cfg.rope_theta,
-        norm_eps=hf_cfg.rms_norm_eps, sliding_window=hf_cfg.sliding_window,
-        query_pre_attn_scalar=hf_cfg.query_pre_attn_scalar, attn_logit_softcap=hf_cfg.attn_logit_softcapping,
-        final_logit_softcap=hf_cfg.final_logit_softcapping,
-    )
+    return decoder_config_from_hf(hf_cfg)
 
 
 WHISPER = dict(d_model=32, encoder_layers=2, encoder_attention_heads=4, encoder_ffn_dim=64,
