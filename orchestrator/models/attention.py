@@ -106,6 +106,29 @@ class _Gemma2CoreAttentionBase(MegatronModule):
         self.window = sliding_window if sliding_window and is_sliding_window_layer(layer_number) else None
         self.dropout_p = config.attention_dropout if attention_dropout is None else attention_dropout
 
+    def forward(
+        self,
+        query: Tensor,
+        key: Tensor,
+        value: Tensor,
+        attention_mask: Optional[Tensor],
+        attn_mask_type: Optional[AttnMaskType] = None,
+        attention_bias: Optional[Tensor] = None,
+        packed_seq_params: Optional[PackedSeqParams] = None,
+    ) -> Tensor:
+        if attention_bias is not None:
+            raise ValueError("Gemma2 attention takes no attention_bias")
+        packed = packed_seq_params is not None
+        if packed:  # thd: [t, heads, dim] -> [t, 1, heads, dim]
+            query, key, value = query.unsqueeze(1), key.unsqueeze(1), value.unsqueeze(1)
+        context = self._attend(query, key, value, attention_mask, self._packed_boundaries(packed_seq_params))
+        return context.squeeze(1) if packed else context
+
+    def _attend(self, query: Tensor, key: Tensor, value: Tensor, attention_mask: Optional[Tensor],
+                cu_seqlens: Optional[Tensor]) -> Tensor:
+        """[sq, b, heads, dim] each -> context [sq, b, hidden per partition]."""
+        raise NotImplementedError
+
     @staticmethod
     def _packed_boundaries(packed_seq_params: Optional[PackedSeqParams]) -> Optional[Tensor]:
         if packed_seq_params is None:
@@ -122,21 +145,8 @@ class _Gemma2CoreAttentionBase(MegatronModule):
 class SoftcapDotProductAttention(_Gemma2CoreAttentionBase):
     """Plain-PyTorch Gemma2 core attention (the reference path; runs on CPU)."""
 
-    def forward(
-        self,
-        query: Tensor,
-        key: Tensor,
-        value: Tensor,
-        attention_mask: Optional[Tensor],
-        attn_mask_type: Optional[AttnMaskType] = None,
-        attention_bias: Optional[Tensor] = None,
-        packed_seq_params: Optional[PackedSeqParams] = None,
-    ) -> Tensor:
-        if attention_bias is not None:
-            raise ValueError("Gemma2 attention takes no attention_bias")
-        packed = packed_seq_params is not None
-        if packed:  # thd: [t, heads, dim] -> [t, 1, heads, dim]
-            query, key, value = query.unsqueeze(1), key.unsqueeze(1), value.unsqueeze(1)
+    def _attend(self, query: Tensor, key: Tensor, value: Tensor, attention_mask: Optional[Tensor],
+                cu_seqlens: Optional[Tensor]) -> Tensor:
         sq, b = query.shape[0], query.shape[1]
         rep = self.heads_per_partition // self.groups_per_partition
         if rep > 1:  # grouped-query attention: head h reads key/value group h // rep
@@ -148,20 +158,14 @@ class SoftcapDotProductAttention(_Gemma2CoreAttentionBase):
         scores = torch.matmul(q, k).float() * self.softmax_scale
         if self.softcap is not None:
             scores = torch.tanh(scores / self.softcap) * self.softcap
-        allowed = allowed_attention(
-            sq, key.shape[0], scores.device, self.window,
-            self._packed_boundaries(packed_seq_params), attention_mask,
-        )
+        allowed = allowed_attention(sq, key.shape[0], scores.device, self.window, cu_seqlens, attention_mask)
         scores = scores.masked_fill(~allowed, torch.finfo(scores.dtype).min)
         probs = torch.softmax(scores, dim=-1).to(v.dtype)
         if self.dropout_p > 0 and self.training:
             with tensor_parallel.get_cuda_rng_tracker().fork():
                 probs = torch.nn.functional.dropout(probs, p=self.dropout_p)
         context = torch.matmul(probs, v)  # [b, np, sq, hn]
-        context = context.permute(2, 0, 1, 3).reshape(sq, b, self.hidden_per_partition)
-        if packed:
-            context = context.squeeze(1)
-        return context
+        return context.permute(2, 0, 1, 3).reshape(sq, b, self.hidden_per_partition)
 
 
 _BLOCK_MASKS: dict = {}
@@ -189,27 +193,13 @@ class FlexSoftcapAttention(_Gemma2CoreAttentionBase):
             self._kernel = torch.compile(kernel, dynamic=False) if device.type == "cuda" else kernel
         return self._kernel
 
-    def forward(
-        self,
-        query: Tensor,
-        key: Tensor,
-        value: Tensor,
-        attention_mask: Optional[Tensor],
-        attn_mask_type: Optional[AttnMaskType] = None,
-        attention_bias: Optional[Tensor] = None,
-        packed_seq_params: Optional[PackedSeqParams] = None,
-    ) -> Tensor:
-        if attention_bias is not None:
-            raise ValueError("Gemma2 attention takes no attention_bias")
-        packed = packed_seq_params is not None
-        if packed:
-            query, key, value = query.unsqueeze(1), key.unsqueeze(1), value.unsqueeze(1)
+    def _attend(self, query: Tensor, key: Tensor, value: Tensor, attention_mask: Optional[Tensor],
+                cu_seqlens: Optional[Tensor]) -> Tensor:
         sq, b = query.shape[0], query.shape[1]
         device = query.device
         window = self.window
         cap = self.softcap
         doc = None
-        cu_seqlens = self._packed_boundaries(packed_seq_params)
         if cu_seqlens is not None:
             doc = document_ids(cu_seqlens.to(device), sq)
         extra = None if attention_mask is None else ~attention_mask.to(device=device, dtype=torch.bool)
@@ -248,7 +238,4 @@ class FlexSoftcapAttention(_Gemma2CoreAttentionBase):
             score_mod=score_mod if cap is not None else None, block_mask=block_mask,
             scale=self.softmax_scale, enable_gqa=self.heads_per_partition != self.groups_per_partition,
         )
-        context = out.permute(2, 0, 1, 3).reshape(sq, b, self.hidden_per_partition)
-        if packed:
-            context = context.squeeze(1)
-        return context
+        return out.permute(2, 0, 1, 3).reshape(sq, b, self.hidden_per_partition)
