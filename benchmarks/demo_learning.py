@@ -48,27 +48,12 @@ def masked_mean_loss(per_token: torch.Tensor, loss_mask: torch.Tensor) -> torch.
 
 
 def model_inputs(batch):
-    """Micro-batch -> AudioLLM forward kwargs on one rank. Packed: THD, one flat row
-    (attention kept inside documents). Unpacked: [B, S] rows, one sample each, causal
-    attention (the padding after a sample is never attended to by it)."""
-    from orchestrator.data.packing import packed_seq_params
+    """Micro-batch -> AudioLLM forward kwargs on one rank, as the trainer's provider makes
+    them (columns that are padding in every row cut)."""
+    from orchestrator.data.packing import used_columns
+    from orchestrator.train.audiollm_provider import model_inputs as provider_inputs
 
-    clips = int(batch["audio_lengths"].shape[0]) if "audio_lengths" in batch else 0
-    if batch["packed"]:
-        kwargs = dict(input_ids=batch["tokens"].reshape(1, -1), position_ids=batch["position_ids"].reshape(1, -1),
-                      labels=batch["labels"].reshape(1, -1), packed_seq_params=packed_seq_params(batch))
-        rows = [0] * clips
-    else:
-        # Cut the columns that are padding in every row: causal attention means no real
-        # token ever saw them, so the loss is unchanged and the decoder does less work.
-        width = int((batch["dataset_index"] >= 0).any(dim=0).nonzero().max()) + 1
-        kwargs = dict(input_ids=batch["tokens"][:, :width], position_ids=batch["position_ids"][:, :width],
-                      labels=batch["labels"][:, :width])
-        rows = list(range(clips))
-    if clips:
-        kwargs.update(audio_features=batch["audio_features"], audio_lengths=batch["audio_lengths"].tolist(),
-                      audio_clip_rows=rows)
-    return kwargs
+    return provider_inputs(batch, used_columns(batch), "cpu")
 
 
 @torch.no_grad()
@@ -82,8 +67,7 @@ def heldout_loss(model, validation, max_batches: int) -> float:
                 break
             inputs = model_inputs(batch)
             loss = model(**inputs)
-            mask = batch["loss_mask"].reshape(-1) if batch["packed"] else \
-                batch["loss_mask"][:, :inputs["input_ids"].shape[1]].reshape(-1)
+            mask = batch["loss_mask"][:, :inputs["input_ids"].shape[1]].reshape(-1)
             total += float((loss.reshape(-1) * mask).sum())
             count += float(mask.sum())
     model.train(was)
@@ -155,7 +139,7 @@ def main() -> None:
         batch = next(data_iterator)
         inputs = model_inputs(batch)
         out = module(**inputs)
-        mask = batch["loss_mask"][:, :inputs["input_ids"].shape[1]] if not batch["packed"] else batch["loss_mask"]
+        mask = batch["loss_mask"][:, :inputs["input_ids"].shape[1]]
 
         def loss_func(per_token):
             loss = masked_mean_loss(per_token, mask)

@@ -21,6 +21,7 @@ Micro-batch (all torch tensors unless said):
   audio_features      float32 [C, n_mels, window_frames]  one entry per clip, in placeholder order
   audio_lengths       int64 [C]      valid mel frames of each clip
   audio_num_tokens    int64 [C]      placeholders of each clip (adapter output kept per clip)
+  audio_clip_rows     int64 [C]      the row each clip's placeholders are in
   audio_token_id      int            the placeholder token id
   num_samples, num_tokens (non-padding), packed (bool)
 """
@@ -116,6 +117,7 @@ def collate(rows: Sequence[Sequence[Example]], seq_length: int, pad_id: int, pad
     seqlens: List[int] = []
     examples: List[Example] = []
     clip_tokens: List[int] = []
+    clip_rows: List[int] = []
     sample_datasets: List[str] = []
     num_tokens = 0
     for r in range(b):
@@ -130,6 +132,7 @@ def collate(rows: Sequence[Sequence[Example]], seq_length: int, pad_id: int, pad
             seqlens.append(span)
             examples.append(ex)
             clip_tokens.extend(t.audio_tokens)
+            clip_rows.extend([r] * len(t.audio_tokens))
             sample_datasets.append(dataset_names[ex.dataset_id])
             num_tokens += n
             at += span
@@ -145,6 +148,7 @@ def collate(rows: Sequence[Sequence[Example]], seq_length: int, pad_id: int, pad
         "dataset_index": torch.from_numpy(dataset_index), "dataset_names": list(dataset_names),
         "sample_datasets": sample_datasets, "audio_token_id": int(audio_token_id),
         "audio_num_tokens": torch.tensor(clip_tokens, dtype=torch.long),
+        "audio_clip_rows": torch.tensor(clip_rows, dtype=torch.long),
         "num_samples": len(sample_datasets), "num_tokens": num_tokens, "packed": packed,
     }
     if features_fn is not None:
@@ -160,6 +164,24 @@ def packed_seq_params(batch: Dict[str, Any]):
     cu = batch["cu_seqlens"]
     return PackedSeqParams(qkv_format="thd", cu_seqlens_q=cu, cu_seqlens_kv=cu, max_seqlen_q=batch["max_seqlen"],
                            max_seqlen_kv=batch["max_seqlen"])
+
+
+def row_document_mask(position_ids: torch.Tensor) -> torch.Tensor:
+    """[B, 1, S, S] bool attention mask of packed rows, True where query and key lie in
+    different documents (megatron's convention: True = masked out). Positions restart at 0
+    at every document and at a row's tail padding, which is how documents are found.
+    With causal attention on top, each row then attends exactly as THD attention over
+    its documents would; RoPE is relative, so the per-row positions give the same scores
+    as per-document ones."""
+    documents = torch.cumsum(position_ids == 0, dim=1)
+    return (documents[:, :, None] != documents[:, None, :])[:, None]
+
+
+def used_columns(batch: Dict[str, Any]) -> int:
+    """Columns up to the last that holds a sample token in some row (at least 1); the
+    columns after it are padding in every row."""
+    used = (batch["dataset_index"] >= 0).any(dim=0).nonzero()
+    return int(used.max()) + 1 if used.numel() else 1
 
 
 def utilization(batch: Dict[str, Any]) -> float:

@@ -26,7 +26,7 @@ from orchestrator.models.speech import AudioAdapter, build_whisper_encoder, run_
 class AudioLLM(MegatronModule):
     def __init__(self, language_model: Gemma2Model, encoder: Optional[torch.nn.Module],
                  adapter: Optional[AudioAdapter], audio_token_id: int, encoder_pad_value: float = 0.0,
-                 spec_augment: Optional[torch.nn.Module] = None):
+                 spec_augment: Optional[torch.nn.Module] = None, encoder_mask_padding: bool = False):
         super().__init__(config=language_model.config)
         self.language_model = language_model
         if (encoder is None) != (adapter is None):
@@ -37,6 +37,7 @@ class AudioLLM(MegatronModule):
         self.adapter = adapter
         self.audio_token_id = audio_token_id
         self.encoder_pad_value = encoder_pad_value
+        self.encoder_mask_padding = encoder_mask_padding
         # Masks the log-mel input in training mode only (a no-op in eval mode); no parameters.
         self.spec_augment = spec_augment
 
@@ -67,8 +68,10 @@ class AudioLLM(MegatronModule):
         """[clips, mel, frames] features + true mel lengths -> [audio tokens, hidden], clips in order."""
         if self.spec_augment is not None and self.training:
             audio_features = self.spec_augment(audio_features, [int(n) for n in audio_lengths])
-        states = run_encoder(self.encoder, audio_features, self.encoder_pad_value)
-        return self.adapter(states, [int(n) for n in audio_lengths])
+        lengths = [int(n) for n in audio_lengths]
+        states = run_encoder(self.encoder, audio_features, self.encoder_pad_value,
+                             lengths if self.encoder_mask_padding else None)
+        return self.adapter(states, lengths)
 
     def embed(self, input_ids: torch.Tensor, audio_features: Optional[torch.Tensor] = None,
               audio_lengths: Optional[Sequence[int]] = None, audio_clip_rows: Optional[Sequence[int]] = None
@@ -132,4 +135,5 @@ def build_audiollm(model_cfg, parallel_cfg, pre_process: bool = True, post_proce
     from orchestrator.models.spec_augment import build_spec_augment
 
     spec_augment = build_spec_augment(getattr(model_cfg, "spec_augment", None)) if pre_process else None
-    return AudioLLM(language_model, encoder, adapter, audio_token_id, encoder_pad_value, spec_augment)
+    return AudioLLM(language_model, encoder, adapter, audio_token_id, encoder_pad_value, spec_augment,
+                    encoder_mask_padding=bool(getattr(model_cfg.encoder, "mask_padding", False)))

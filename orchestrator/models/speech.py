@@ -1,10 +1,20 @@
 """Speech side of the AudioLLM: HF Whisper encoder and the frame-stacking adapter.
 
-Encoder window: HF `WhisperEncoder` only accepts exactly 2*max_source_positions mel
-frames (3000 for 30-s Whisper). Shorter inputs are padded on the right with
-`pad_value` up to that window; their padding frames are removed again (per sample, by
-the true mel length) before the adapter. The best padding is the feature extractor's
-own (log-mel of zero audio), so the data side should pad the waveform when it can.
+Encoder window, two modes (`model.encoder.mask_padding`):
+
+- false (Whisper's own behaviour, right for pretrained weights): HF `WhisperEncoder`
+  runs on exactly 2*max_source_positions mel frames (3000 for 30-s Whisper), every
+  frame attending to every other, padding included. Shorter inputs are padded on the
+  right with `pad_value` up to that window. The best padding is the feature
+  extractor's own (log-mel of zero audio), so the data side pads the waveform.
+- true (for encoders trained from scratch on short clips): the encoder runs on the
+  batch's longest clip (plus a few frames of the features' own padding, so the
+  convolutions see the same edge for every clip) and each clip's frames attend only to
+  that clip's frames. A clip's encoding is then the same whatever batch it is in and
+  however long the window is, and no time is spent on padding.
+
+Either way, padding frames are removed (per sample, by the true mel length) before
+the adapter.
 
 Which encoder states are mixed: HF's `hidden_states` tuple holds num_layers+1 entries,
 the convolution/position embedding and the residual stream after layers 1..N-1 (all
@@ -18,7 +28,7 @@ at zero (a uniform average).
 
 from __future__ import annotations
 
-from typing import List, Sequence
+from typing import List, Optional, Sequence
 
 import torch
 from torch import nn
@@ -47,9 +57,17 @@ def build_whisper_encoder(encoder) -> nn.Module:
     return module
 
 
-def run_encoder(encoder: nn.Module, features: torch.Tensor, pad_value: float = 0.0) -> List[torch.Tensor]:
+# Mel frames kept after the longest clip in masked mode: conv1 (kernel 3) and conv2
+# (kernel 3, stride 2) read up to 3 frames past a clip's last one.
+_EDGE_FRAMES = 4
+
+
+def run_encoder(encoder: nn.Module, features: torch.Tensor, pad_value: float = 0.0,
+                mel_lengths: Optional[Sequence[int]] = None) -> List[torch.Tensor]:
     """features [b, mel, frames <= window] -> the N layer outputs of HF's hidden_states
-    (entries 1..N), each [b, window/2, d], in the encoder's dtype (fp32)."""
+    (entries 1..N), each [b, frames/2, d], in the encoder's dtype (fp32). Without
+    `mel_lengths`: HF's forward over the whole window. With them: the masked forward
+    over the longest clip (see the module docstring)."""
     window = 2 * encoder.config.max_source_positions
     frames = features.shape[-1]
     if frames > window:
@@ -62,13 +80,43 @@ def run_encoder(encoder: nn.Module, features: torch.Tensor, pad_value: float = 0
                          f"model.encoder.num_mel_bins = {encoder.config.num_mel_bins}")
     dtype = encoder.conv1.weight.dtype
     features = features.to(dtype)
-    if frames < window:
-        features = nn.functional.pad(features, (0, window - frames), value=pad_value)
+    if mel_lengths is None:
+        width = window
+    else:  # even, so conv2's stride-2 output covers every kept frame
+        width = min(window, max(int(n) for n in mel_lengths) + _EDGE_FRAMES)
+        width += width % 2
+    if frames < width:
+        features = nn.functional.pad(features, (0, width - frames), value=pad_value)
+    features = features[..., :width]
     frozen = not any(p.requires_grad for p in encoder.parameters())
     with torch.autocast(device_type=features.device.type, enabled=False), torch.set_grad_enabled(
             torch.is_grad_enabled() and not frozen):
-        out = encoder(features, output_hidden_states=True, return_dict=True)
-    return list(out.hidden_states[1:])
+        if mel_lengths is None:
+            return list(encoder(features, output_hidden_states=True, return_dict=True).hidden_states[1:])
+        return _masked_encoder_states(encoder, features, mel_lengths)
+
+
+def _masked_encoder_states(encoder: nn.Module, features: torch.Tensor, mel_lengths: Sequence[int]) -> List[torch.Tensor]:
+    """HF WhisperEncoder's forward (eval-mode layerdrop, no head mask) on a window of any
+    even length, with a key mask keeping each clip's attention inside its own frames.
+    Returns what HF's hidden_states[1:] holds: the outputs of layers 1..N-1, then layer
+    N's output after the final LayerNorm."""
+    act = nn.functional.gelu
+    hidden = act(encoder.conv2(act(encoder.conv1(features)))).permute(0, 2, 1)
+    frames = hidden.shape[1]
+    hidden = hidden + encoder.embed_positions.weight[:frames]
+    hidden = nn.functional.dropout(hidden, p=encoder.dropout, training=encoder.training)
+    valid = torch.tensor([encoder_frame_count(int(n)) for n in mel_lengths], device=hidden.device)
+    keys_out = torch.arange(frames, device=hidden.device)[None, :] >= valid[:, None]  # [b, frames]
+    mask = torch.zeros(keys_out.shape, dtype=hidden.dtype, device=hidden.device)
+    mask = mask.masked_fill(keys_out, torch.finfo(hidden.dtype).min)[:, None, None, :]  # additive, [b, 1, 1, k]
+    states = []
+    for layer in encoder.layers:
+        out = layer(hidden, mask, layer_head_mask=None)
+        hidden = out[0] if isinstance(out, tuple) else out
+        states.append(hidden)
+    states[-1] = encoder.layer_norm(hidden)
+    return states
 
 
 class AudioAdapter(nn.Module):

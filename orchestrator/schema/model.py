@@ -45,6 +45,11 @@ class EncoderConfig:
     # Positions after the stride-2 conv: 1500 for 30-s windows (3000 mel frames).
     # A small encoder can use a shorter window sized to its clips.
     max_source_positions: int = 1500
+    # false: Whisper's own forward, every clip padded to the whole window and attending
+    # to its padding (what pretrained Whisper weights expect). true: the encoder runs on
+    # the batch's longest clip and each clip attends only to its own frames (cheaper;
+    # for encoders trained on short clips). See orchestrator/models/speech.py.
+    mask_padding: bool = False
     freeze: bool = True
 
 

@@ -1,12 +1,13 @@
 """The AudioLLM and the MDS loader behind the training loop's interfaces
 (components.ModelProvider, components.BatchSource).
 
-Micro-batches from the loader are [B, S] rows whose `cu_seqlens` run over the
-flattened B*S tokens (orchestrator.data.packing). The model takes packed input as one
-row: tokens [1, B*S] with THD PackedSeqParams, so every micro-batch goes through the
-model flattened, and the per-token loss comes back reshaped to [B, S] to line up with
-`loss_mask`. The pipeline schedule must then send [B*S, 1, hidden] between stages,
-which `schedule_shape` tells the loop.
+Micro-batches from the loader are [B, S] rows (orchestrator.data.packing) and go
+through the model as rows: unpacked rows are one sample each under causal attention;
+packed rows add a per-row document mask, so attention costs B*S^2, not (B*S)^2 as THD
+over the flattened micro-batch would. Without pipeline parallelism the columns that
+are padding in every row are cut before the forward and the per-token loss is padded
+back to [B, S] (zeros there, where `loss_mask` is 0 too); with it, the schedule sends
+fixed [S, B, hidden] tensors between stages, so rows keep their full length.
 """
 
 from __future__ import annotations
@@ -73,10 +74,6 @@ class AudioLLMProvider:
         # TransformerConfig checks for the local spec quiet.
         return dict(layernorm_zero_centered_gamma=False, window_size=None, bias_activation_fusion=False)
 
-    def schedule_shape(self, seq_length: int, micro_batch_size: int) -> tuple:
-        """(seq_length, micro_batch_size) of the tensors sent between pipeline stages."""
-        return seq_length * micro_batch_size, 1
-
     def build(self, config, pre_process: bool, post_process: bool, vp_stage: Optional[int]):
         from orchestrator.models.audiollm import build_audiollm
 
@@ -86,30 +83,39 @@ class AudioLLMProvider:
                               vp_stage=vp_stage, **shared)
 
     def forward(self, model: torch.nn.Module, batch: dict) -> torch.Tensor:
-        from orchestrator.data.packing import packed_seq_params
+        from orchestrator.data.packing import used_columns
 
         inner = _unwrapped(model)
-        device = next(model.parameters()).device
-        rows, seq = batch["tokens"].shape
-        tokens = batch["tokens"].reshape(1, rows * seq).to(device)
-        labels = batch["labels"].reshape(1, rows * seq).to(device)
-        positions = batch["position_ids"].reshape(1, rows * seq).to(device)
-        params = packed_seq_params(batch)
-        params.cu_seqlens_q = params.cu_seqlens_kv = batch["cu_seqlens"].to(device=device, dtype=torch.int32)
-        audio = {}
-        if inner.pre_process and batch["audio_lengths"].numel():
-            # Flattened to one row, every clip belongs to row 0.
-            audio = dict(audio_features=batch["audio_features"].to(device), audio_lengths=batch["audio_lengths"],
-                         audio_clip_rows=[0] * int(batch["audio_lengths"].numel()))
-        output = model(tokens, positions, None, labels=labels, packed_seq_params=params, **audio)
-        if inner.post_process:
-            return output.reshape(rows, seq)
+        seq = batch["tokens"].shape[1]
+        width = seq
+        if self.parallel_cfg.pp == 1:  # sequence parallel splits the sequence over TP ranks
+            multiple = self.parallel_cfg.tp
+            width = min(seq, -(-used_columns(batch) // multiple) * multiple)
+        inputs = model_inputs(batch, width, next(model.parameters()).device, with_audio=inner.pre_process)
+        output = model(**inputs)
+        if inner.post_process:  # per-token loss [rows, width] -> [rows, seq]
+            return torch.nn.functional.pad(output, (0, seq - width))
         return output
 
     def flops_per_sample(self, config, seq_length: int, vocab_size: int) -> dict:
         """The plan's step FLOPs (orchestrator.estimate: decoder and encoder) per sample."""
         return {"model": float(self.plan_flops["model_flops_per_step"]) / self.global_batch_size,
                 "hardware": float(self.plan_flops["hardware_flops_per_step"]) / self.global_batch_size}
+
+
+def model_inputs(batch: dict, width: int, device, with_audio: bool = True) -> dict:
+    """AudioLLM.forward arguments for the first `width` columns of a loader micro-batch:
+    rows as they are, a per-row document mask for packed rows, and the clips with the
+    row each belongs to."""
+    from orchestrator.data.packing import row_document_mask
+
+    tokens, labels, positions = (batch[k][:, :width].to(device) for k in ("tokens", "labels", "position_ids"))
+    inputs = dict(input_ids=tokens, position_ids=positions, labels=labels,
+                  attention_mask=row_document_mask(positions) if batch["packed"] else None)
+    if with_audio and batch["audio_lengths"].numel():
+        inputs.update(audio_features=batch["audio_features"].to(device), audio_lengths=batch["audio_lengths"],
+                      audio_clip_rows=batch["audio_clip_rows"].tolist())
+    return inputs
 
 
 class LoaderBatches:

@@ -189,17 +189,12 @@ class Trainer:
         from megatron.core.pipeline_parallel import get_forward_backward_func
 
         iterators = [iter(microbatches) for _ in self.chunks]
-        # The shape of what pipeline stages exchange: a provider that runs its
-        # micro-batches in another layout (packed rows flattened to one) says so.
-        shape = getattr(self.components.provider, "schedule_shape", None)
-        seq_length, micro_batch_size = (shape(self.plan.seq_length, self.plan.micro_batch_size) if shape
-                                        else (self.plan.seq_length, self.plan.micro_batch_size))
         return get_forward_backward_func()(
             forward_step_func=self._forward_step,
             data_iterator=iterators if len(self.chunks) > 1 else iterators[0],
             model=self.chunks if len(self.chunks) > 1 else self.chunks[0],
-            num_microbatches=len(microbatches), seq_length=seq_length,
-            micro_batch_size=micro_batch_size, forward_only=forward_only,
+            num_microbatches=len(microbatches), seq_length=self.plan.seq_length,
+            micro_batch_size=self.plan.micro_batch_size, forward_only=forward_only,
         )
 
     def train_step(self) -> dict:

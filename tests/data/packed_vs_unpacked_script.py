@@ -1,5 +1,6 @@
-"""The same samples through the real AudioLLM, packed into one row (THD, cu_seqlens) and
-one per row (plain causal attention): the masked mean loss must agree.
+"""The same samples through the real AudioLLM, packed into one row (THD, cu_seqlens), the
+same packed row with the trainer's per-row document mask (audiollm_provider.model_inputs)
+and one per row (plain causal attention): the masked mean loss must agree.
 
 Run: torchrun --nproc_per_node=1 tests/data/packed_vs_unpacked_script.py OUT_DIR
 Prints `RESULT <json>` with both losses.
@@ -18,6 +19,7 @@ from orchestrator.data.tokenizer_build import AUDIO_TOKEN, build_tokenizer, load
 from orchestrator.resolve import to_object
 from orchestrator.runtime.distributed import ParallelSizes, init_distributed, shutdown
 from orchestrator.schema.data import DatasetEntry
+from orchestrator.train.audiollm_provider import model_inputs
 from tests.data.conftest import WORDS, data_config, tone_samples, write_mds
 
 NUM_SAMPLES = 4
@@ -52,10 +54,12 @@ def main() -> None:
                             audio_features=packed["audio_features"], audio_lengths=packed["audio_lengths"],
                             audio_clip_rows=[0] * len(packed["audio_lengths"]),
                             packed_seq_params=packed_seq_params(packed))
+        loss_row_mask = model(**model_inputs(packed, packed["tokens"].shape[1], "cpu"))
         loss_unpacked = model(unpacked["tokens"], unpacked["position_ids"], None, labels=unpacked["labels"],
                               audio_features=unpacked["audio_features"], audio_lengths=unpacked["audio_lengths"])
     result = {
         "packed": masked_mean(loss_packed, packed["loss_mask"]).item(),
+        "packed_row_mask": masked_mean(loss_row_mask, packed["loss_mask"]).item(),
         "unpacked": masked_mean(loss_unpacked, unpacked["loss_mask"]).item(),
         "masked_tokens": [int(packed["loss_mask"].sum()), int(unpacked["loss_mask"].sum())],
         "rows": [list(packed["tokens"].shape), list(unpacked["tokens"].shape)],

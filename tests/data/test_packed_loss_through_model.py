@@ -16,3 +16,4 @@ def test_packed_row_gives_the_unpacked_loss_through_the_real_model(tmp_path):
     assert result["rows"][0][0] == 1 and result["rows"][1][0] == 4
     assert result["masked_tokens"][0] == result["masked_tokens"][1] > 0
     assert result["packed"] == pytest.approx(result["unpacked"], abs=1e-6)
+    assert result["packed_row_mask"] == pytest.approx(result["unpacked"], abs=1e-6)

@@ -1,0 +1,59 @@
+"""The encoder's masked mode (model.encoder.mask_padding=true): a clip's encoding does
+not depend on the other clips of its batch nor on the window, and with nothing to mask
+it is HF WhisperEncoder's own forward."""
+
+import torch
+
+from orchestrator.model_params import encoder_frame_count
+from orchestrator.models.speech import build_whisper_encoder, run_encoder
+from tests.models.tiny_models import encoder_config, randomize, whisper_config
+
+WINDOW = 2 * 40  # mel frames of max_source_positions=40
+MEL = 16  # tiny_models.WHISPER num_mel_bins
+
+
+def _encoder():
+    cfg = whisper_config(max_source_positions=WINDOW // 2)
+    return randomize(build_whisper_encoder(encoder_config(cfg)), seed=3).eval()
+
+
+def _clips(lengths, seed=0, pad_value=-0.7):
+    """Features padded the way the data side pads them: the clip's own floor value."""
+    gen = torch.Generator().manual_seed(seed)
+    feats = torch.full((len(lengths), MEL, WINDOW), pad_value)
+    for i, n in enumerate(lengths):
+        feats[i, :, :n] = torch.randn(MEL, n, generator=gen)
+    return feats
+
+
+def test_masked_encoding_of_a_clip_is_the_same_in_any_batch():
+    encoder = _encoder()
+    lengths = [23, 61, 40]
+    batch = run_encoder(encoder, _clips(lengths), mel_lengths=lengths)
+    assert batch[0].shape[1] < WINDOW // 2  # ran on the longest clip, not the window
+    for i, n in enumerate(lengths):
+        alone = run_encoder(encoder, _clips(lengths)[i:i + 1], mel_lengths=[n])
+        frames = encoder_frame_count(n)
+        for state_batch, state_alone in zip(batch, alone):
+            torch.testing.assert_close(state_batch[i, :frames], state_alone[0, :frames], atol=2e-6, rtol=0)
+
+
+def test_masked_mode_without_padding_is_hf_whisper():
+    encoder = _encoder()
+    feats = _clips([WINDOW, WINDOW])
+    ours = run_encoder(encoder, feats, mel_lengths=[WINDOW, WINDOW])
+    hf = encoder(feats, output_hidden_states=True, return_dict=True).hidden_states[1:]
+    assert len(ours) == len(hf) == encoder.config.encoder_layers
+    for a, b in zip(ours, hf):
+        torch.testing.assert_close(a, b, atol=0, rtol=0)
+
+
+def test_unmasked_mode_attends_to_padding_so_the_batch_matters():
+    """The control: Whisper's own forward lets a clip see the padding, so a clip padded
+    to the window differs from the same clip run in the masked mode."""
+    encoder = _encoder()
+    n = 23
+    frames = encoder_frame_count(n)
+    full = run_encoder(encoder, _clips([n]))
+    masked = run_encoder(encoder, _clips([n]), mel_lengths=[n])
+    assert (full[-1][0, :frames] - masked[-1][0, :frames]).abs().max() > 1e-3
