@@ -224,6 +224,31 @@ def _wait_slurm(jobs) -> int:
     return EXIT_FAILED if failed else EXIT_OK
 
 
+class DemoCorpusError(RuntimeError):
+    """Writing the demo corpus failed (its own message is already on stderr)."""
+
+
+def ensure_demo_corpus(runs: Sequence[PreparedRun]) -> None:
+    """data.demo_corpus: write the espeak-ng demo corpus into that directory first unless
+    it holds one already (manifest.json, written last). A subprocess, so that this side
+    never imports torch."""
+    wanted = {}
+    for run in runs:
+        data = run.container["data"]
+        if data.get("demo_corpus"):
+            wanted[str(data["demo_corpus"])] = int(data.get("demo_corpus_samples") or 3000)
+    for root, samples in wanted.items():
+        if (Path(root) / "manifest.json").is_file():
+            continue
+        print(f"data.demo_corpus={root} holds no corpus yet: synthesizing {samples} training utterances "
+              f"with espeak-ng first", flush=True)
+        proc = subprocess.run([sys.executable, "-m", "orchestrator.data.cli", "demo", root,
+                               "--num-samples", str(samples), "--no-progress"])
+        if proc.returncode != 0:
+            raise DemoCorpusError(f"writing the demo corpus into {root} failed (exit {proc.returncode}); fix what "
+                                  f"it printed above, or point data.demo_corpus (or $AUDIOLLM_DEMO_DATA) elsewhere")
+
+
 def _print_errors(errors: Sequence[str], header: str = "invalid configuration") -> None:
     print(f"{header}:", file=sys.stderr)
     for error in errors:
@@ -243,8 +268,9 @@ def train(overrides: Sequence[str], multirun: bool = False) -> int:
         print(dry_run_text(run), end="")
         return EXIT_OK
     try:
+        ensure_demo_corpus([run])
         job = submit_run(run)
-    except RunActive as exc:
+    except (RunActive, DemoCorpusError) as exc:
         _print_errors([str(exc)], header="not submitted")
         return EXIT_INVALID
     verb = "resuming" if run.resumes else "starting"
@@ -347,7 +373,8 @@ def train_sweep(overrides: Sequence[str]) -> int:
     try:
         for _, run in points:
             ensure_not_active(run.run_dir)
-    except RunActive as exc:
+        ensure_demo_corpus([run for _, run in points])
+    except (RunActive, DemoCorpusError) as exc:
         _print_errors([str(exc)], header="sweep not submitted")
         return EXIT_INVALID
     if launcher["kind"] == "slurm":

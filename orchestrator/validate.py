@@ -366,6 +366,9 @@ def check_data(data: DataConfig, model: ModelConfig, purpose: str) -> Iterator[F
             "data_workers",
             f"data.num_workers={data.num_workers}: decoding runs in the training process; set data.num_workers=0",
         )
+    if data.demo_corpus and data.demo_corpus_samples < 1:
+        yield _error("data", f"data.demo_corpus_samples={data.demo_corpus_samples} must be >= 1 "
+                             f"(training utterances written into data.demo_corpus={data.demo_corpus})")
     if data.feature_cache_mb < 0:
         yield _error("data", f"data.feature_cache_mb={data.feature_cache_mb} must be >= 0 (0 disables the cache)")
     if data.max_audio_seconds <= 0:
@@ -433,10 +436,24 @@ def check_train(train: TrainConfig, run: RunConfig) -> Iterator[Finding]:
     yield from _positive(
         "train", **{"train.iters": train.iters, "train.log_interval": train.log_interval, "train.keep_last": train.keep_last}
     )
-    for key in ("eval_interval", "save_interval", "eval_iters"):
+    for key in ("eval_interval", "save_interval", "eval_iters", "eval_wer_batches"):
         if getattr(train, key) < 0:
             yield _error("train", f"train.{key}={getattr(train, key)} must be >= 0")
+    if train.eval_wer and train.eval_wer_max_new_tokens < 1:
+        yield _error("train", f"train.eval_wer_max_new_tokens={train.eval_wer_max_new_tokens} must be >= 1")
     yield from _one_of("run", "run.resume", run.resume, ("auto", "never"))
+
+
+def check_eval_wer(train: TrainConfig, data: DataConfig, parallel: ParallelConfig) -> Iterator[Finding]:
+    if not train.eval_wer:
+        return
+    if not data.validation:
+        yield _error("eval_wer", "train.eval_wer=true needs validation datasets to transcribe, but data.validation "
+                                 "is empty; add datasets to data.validation or set train.eval_wer=false")
+    if parallel.tp * parallel.pp > 1:
+        yield _warning("eval_wer", f"train.eval_wer=true: greedy decoding runs inside training only at "
+                                   f"parallel.tp=1 and parallel.pp=1 (here tp={parallel.tp}, pp={parallel.pp}), so "
+                                   f"training reports no WER; score checkpoints with `audiollm eval RUN_DIR`")
 
 
 def check_launcher(launcher: LauncherConfig) -> Iterator[Finding]:
@@ -576,6 +593,7 @@ def validate(cfg: AudioLLMConfig, purpose: str = "plan") -> list[Finding]:
         lambda: check_packing(cfg.data, cfg.optim),
         lambda: check_optim(cfg.optim, cfg.train),
         lambda: check_train(cfg.train, cfg.run),
+        lambda: check_eval_wer(cfg.train, cfg.data, p),
         lambda: check_launcher(l),
         lambda: check_logger(cfg.logger),
         lambda: check_lora(cfg.lora, m),

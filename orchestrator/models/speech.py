@@ -45,6 +45,7 @@ def whisper_encoder_config(encoder):
         encoder_ffn_dim=encoder.ffn_dim, num_mel_bins=encoder.num_mel_bins,
         max_source_positions=encoder.max_source_positions, dropout=0.0, attention_dropout=0.0,
         activation_dropout=0.0, encoder_layerdrop=0.0, attn_implementation="eager",
+        init_std=float(getattr(encoder, "init_std", 0.02)),
     )
 
 

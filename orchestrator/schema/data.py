@@ -46,5 +46,10 @@ class DataConfig:
     # so later epochs of a small corpus skip decoding and the STFT. 0: off.
     feature_cache_mb: int = 0
     validation_max_samples: Optional[int] = None  # per validation dataset; None: all of it
+    # The espeak-ng demo corpus (conf/data/demo.yaml points every path into it): when
+    # set, `audiollm train` first writes the corpus into this directory unless it
+    # already holds one (its manifest.json), with this many training utterances.
+    demo_corpus: Optional[str] = None
+    demo_corpus_samples: int = 3000
     num_workers: int = 0
     seed: int = 17

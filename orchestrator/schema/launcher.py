@@ -34,7 +34,7 @@ class LauncherConfig:
     dry_run: bool = False  # print sbatch script and argv, submit nothing
     # The job: a callable `f(run_dir: str)` run on every rank with the torch.distributed
     # environment set ("package.module.function" or "package.module:function").
-    entry: str = "orchestrator.train.minimal_job.main"
+    entry: str = "orchestrator.train.entry.main"
     # Seconds between SLURM's warning signal (USR2) and the end of the time limit:
     # room to finish a step and write a checkpoint.
     signal_delay_s: int = 120

@@ -50,6 +50,11 @@ class EncoderConfig:
     # the batch's longest clip and each clip attends only to its own frames (cheaper;
     # for encoders trained on short clips). See orchestrator/models/speech.py.
     mask_padding: bool = False
+    # Std of the normal init of the encoder's linear and conv weights (HF WhisperConfig
+    # init_std). Only matters without pretrained weights: at HF's 0.02 a small encoder's
+    # conv stack passes on ~1/40 of the scale of the position embeddings it is added
+    # to, so training from scratch first has to grow the acoustic signal.
+    init_std: float = 0.02
     freeze: bool = True
 
 

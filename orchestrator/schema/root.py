@@ -18,6 +18,12 @@ class TrainConfig:
     log_interval: int = 10
     eval_interval: int = 0  # 0: evaluate only at the end
     eval_iters: int = 10
+    # Also greedy-decode the validation datasets at every evaluation and report the word
+    # error rate per dataset (orchestrator/train/wer_eval.py). Runs inside training when
+    # tp = pp = 1; other layouts score with `audiollm eval RUN_DIR` (one process).
+    eval_wer: bool = False
+    eval_wer_batches: int = 0  # batches of optim.micro_batch_size per validation dataset; 0: all
+    eval_wer_max_new_tokens: int = 48
     save_interval: int = 0  # 0: save only at the end and on preemption
     keep_last: int = 2  # checkpoints kept
     seed: int = 1234

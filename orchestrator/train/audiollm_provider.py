@@ -194,4 +194,9 @@ def build_audiollm_components(plan, dp_rank: int, dp_size: int):
     if cfg.data.validation:
         val = ValidationBatches(build_validation_loaders(cfg.data, cfg.model.encoder, cfg.model.adapter, mbs,
                                                          dp_rank, dp_size, cfg.parallel.cp))
-    return Components(provider=provider, train_source=LoaderBatches(train), val_source=val)
+    wer = None
+    if cfg.train.eval_wer:
+        from orchestrator.train.wer_eval import WerEvaluation
+
+        wer = WerEvaluation(cfg, dp_rank, dp_size)
+    return Components(provider=provider, train_source=LoaderBatches(train), val_source=val, generation_eval=wer)

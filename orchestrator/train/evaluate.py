@@ -1,6 +1,6 @@
-"""Evaluate a run's checkpoint: validation loss per dataset, plus the generation
-metrics (greedy decoding, WER per validation dataset) when the components provide
-`generation_eval`. Writes <run_dir>/eval/<checkpoint name>.json (rank 0).
+"""Evaluate a run's checkpoint: validation loss and word error rate (greedy decoding,
+orchestrator/train/wer_eval.py) per validation dataset, whatever the run's
+train.eval_wer. Writes <run_dir>/eval/<checkpoint name>.json (rank 0).
 
     audiollm eval RUN_DIR [--checkpoint DIR]
         one process: the checkpoint is loaded resharded to TP=PP=1 (dist_checkpointing
@@ -32,6 +32,8 @@ def single_rank_plan(plan):
     data["megatron_args"].update(tensor_model_parallel_size=1, pipeline_model_parallel_size=1,
                                  context_parallel_size=1, sequence_parallel=False, use_distributed_optimizer=False,
                                  num_virtual_stages_per_pipeline_rank=None)
+    # The model is built from the config's parallel section: it must say the same.
+    data["config"]["parallel"].update(tp=1, pp=1, cp=1, vpp=None, sp=False, distributed_optimizer=False)
     return RunPlan(run_dir=plan.run_dir, plan=data)
 
 
@@ -45,7 +47,7 @@ def _single_process_env() -> None:
 def evaluate_run(run_dir: str | Path, checkpoint: Optional[str | Path] = None) -> dict:
     from orchestrator.runtime.distributed import shutdown
     from orchestrator.train import checkpoint as ckpt
-    from orchestrator.train.entry import make_trainer, setup_logging
+    from orchestrator.train.entry import STAND_IN_MODEL, make_trainer, setup_logging
     from orchestrator.train.run_plan import load_run_plan
 
     run_dir = Path(run_dir)
@@ -54,6 +56,8 @@ def evaluate_run(run_dir: str | Path, checkpoint: Optional[str | Path] = None) -
         raise FileNotFoundError(f"{run_dir}: no checkpoint to evaluate ({path or 'checkpoints/latest is missing'}); "
                                 f"train first or pass --checkpoint DIR")
     plan = load_run_plan(run_dir)
+    if plan.section("data").get("validation") and plan.section("model").get("name") != STAND_IN_MODEL:
+        plan.config["train"]["eval_wer"] = True  # what this command is for: WER whatever the run's setting
     if "WORLD_SIZE" not in os.environ or int(os.environ["WORLD_SIZE"]) == 1:
         _single_process_env()
         plan = single_rank_plan(plan)

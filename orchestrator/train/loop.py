@@ -29,7 +29,8 @@ from orchestrator.train import checkpoint as ckpt
 from orchestrator.train import lr_groups as lrg
 from orchestrator.train import megatron_config as mcfg
 from orchestrator.train.lora import apply_lora
-from orchestrator.train.metrics import LossStats, MetricsWriter, memory_gib, plot_loss_curve, progress_line, throughput
+from orchestrator.train.metrics import (LossStats, MetricsWriter, eval_line, memory_gib, plot_loss_curve, progress_line,
+                                        throughput)
 from orchestrator.train.run_plan import RunPlan
 
 log = logging.getLogger(__name__)
@@ -301,6 +302,9 @@ class Trainer:
                     history.append({"step": self.step, **metrics})
                     if self.step % log_interval == 0 or last or self.step == 1:
                         print(progress_line(self.step, self.train_iters, metrics), flush=True)
+                    evaluated = eval_line(self.step, metrics)
+                    if evaluated:
+                        print(evaluated, flush=True)
                 saved = (save_interval and self.step % save_interval == 0) or last
                 if saved:
                     self.save()

@@ -112,6 +112,19 @@ def progress_line(step: int, total: int, m: dict) -> str:
     return " | ".join(parts)
 
 
+def eval_line(step: int, m: dict) -> Optional[str]:
+    """The evaluation results among a step's metrics as one line (None without any):
+    validation loss, then word error rate overall and per validation dataset."""
+    parts = []
+    if "val_loss" in m:
+        parts.append(f"val_loss {m['val_loss']:.4f}")
+    if "wer/all" in m:
+        per_set = ", ".join(f"{k[4:]} {100 * v:.1f}%" for k, v in m.items()
+                            if k.startswith("wer/") and k not in ("wer/all", "wer/utterances"))
+        parts.append(f"WER {100 * m['wer/all']:.1f}% over {m.get('wer/utterances', 0):.0f} utterances ({per_set})")
+    return f"eval at step {step}: " + " | ".join(parts) if parts else None
+
+
 class MetricsWriter:
     """Rank 0 only: metrics.jsonl in the run directory, W&B, console."""
 
@@ -181,7 +194,8 @@ def read_metrics(run_dir: Path) -> list:
 
 
 def plot_loss_curve(run_dir: Path) -> Optional[Path]:
-    """loss_curve.png: training loss (overall and per dataset) and validation loss."""
+    """loss_curve.png: training loss (overall and per dataset) and validation loss; next
+    to it the word error rate per validation dataset when the run measured one."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -190,13 +204,16 @@ def plot_loss_curve(run_dir: Path) -> Optional[Path]:
     rows = read_metrics(run_dir)
     if not rows:
         return None
-    fig, ax = plt.subplots(figsize=(8, 5))
-    series = {}
+    loss_series, wer_series = {}, {}
     for row in rows:
         for key, value in row.items():
             if key == "loss" or key.startswith("loss/") or key.startswith("val_loss"):
-                series.setdefault(key, []).append((row["step"], value))
-    for key, points in sorted(series.items()):
+                loss_series.setdefault(key, []).append((row["step"], value))
+            elif key.startswith("wer/") and key != "wer/utterances":
+                wer_series.setdefault(key, []).append((row["step"], 100 * value))
+    fig, axes = plt.subplots(1, 2 if wer_series else 1, figsize=(14 if wer_series else 8, 5), squeeze=False)
+    ax = axes[0][0]
+    for key, points in sorted(loss_series.items()):
         xs, ys = zip(*points)
         style = "-" if key == "loss" else ("--" if key.startswith("val") else ":")
         ax.plot(xs, ys, style, marker="o" if key.startswith("val") else None, label=key, linewidth=1.2)
@@ -205,6 +222,17 @@ def plot_loss_curve(run_dir: Path) -> Optional[Path]:
     ax.set_title(Path(run_dir).name)
     ax.legend(fontsize=8)
     ax.grid(alpha=0.3)
+    if wer_series:
+        ax = axes[0][1]
+        for key, points in sorted(wer_series.items()):
+            xs, ys = zip(*points)
+            ax.plot(xs, ys, "-" if key == "wer/all" else ":", marker="o", label=key,
+                    linewidth=2 if key == "wer/all" else 1)
+        ax.set_xlabel("step")
+        ax.set_ylabel("word error rate (%)")
+        ax.set_title("validation WER (greedy decoding)")
+        ax.legend(fontsize=8)
+        ax.grid(alpha=0.3)
     out = Path(run_dir) / "loss_curve.png"
     fig.savefig(out, dpi=100, bbox_inches="tight")
     plt.close(fig)

@@ -1,6 +1,8 @@
-"""A minimal real training job, the launcher's stand-in for the AudioLLM trainer.
+"""A minimal real training job: a small MLP that starts in a second, for checking a
+launcher set-up without the AudioLLM trainer (the default entry,
+orchestrator.train.entry.main) and for the launchers' own tests.
 
-    launcher.entry=orchestrator.train.minimal_job.main      (the default)
+    launcher.entry=orchestrator.train.minimal_job.main
 
 Run on every rank by launchers/job.py with the torch.distributed environment set.
 It trains a small MLP on deterministic synthetic regression data, data parallel

@@ -12,10 +12,14 @@ from launchers.rundir import read_json, read_metrics
 from launchers.summary import run_state
 
 
+MINIMAL_JOB = "launcher.entry=orchestrator.train.minimal_job.main"
+
+
 def tiny_overrides(root, *extra: str, ranks: int = 2, iters: int = 6) -> list[str]:
-    """The default tiny recipe as a `ranks`-process CPU job writing under `root`."""
+    """The default tiny recipe as a `ranks`-process CPU job writing under `root`, running
+    the launchers' minimal job (seconds to start; these tests are about launching)."""
     return [
-        "launcher.accelerator=cpu", f"launcher.gpus_per_node={ranks}", f"optim.micro_batch_size={16 // ranks}",
+        MINIMAL_JOB, "launcher.accelerator=cpu", f"launcher.gpus_per_node={ranks}", f"optim.micro_batch_size={16 // ranks}",
         "optim.lr_warmup_iters=0", f"train.iters={iters}", "train.log_interval=1", f"run.output_root={root}",
         *extra,
     ]

@@ -4,9 +4,15 @@ here, at TP=2 and at PP=2 over gloo, from plans made by the real planner."""
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
+
 import pytest
 
-from tests.train.audiollm_runs import make_corpus, write_audiollm_run_dir
+from tests.distributed_run import REPO
+from tests.train.audiollm_runs import VAL_SAMPLES, make_corpus, write_audiollm_run_dir
 from tests.train.jobs import launch, metrics, result
 
 ITERS = 12
@@ -52,9 +58,10 @@ def tp2_straight(corpus, tmp_path_factory):
 
 @pytest.mark.multiprocess
 def test_audiollm_trains_at_tp2_and_pp2(corpus, tp2_straight, tmp_path):
-    """TP=2 and PP=2 (2 processes each): the loss falls over 12 steps; every trainable
-    parameter moves on every rank; TP ranks agree on every replicated weight (encoder,
-    adapter, norms), and the PP stages agree on the tied embedding / output weight."""
+    """TP=2 (one sample per row) and PP=2 (packed rows), 2 processes each: the loss falls
+    over 12 steps; every trainable parameter moves on every rank; TP ranks agree on every
+    replicated weight (encoder, adapter, norms), and the PP stages agree on the tied
+    embedding / output weight."""
     tp_dir, tp_out = tp2_straight
     _check_run(tp_out, tp_dir, 2)
     rank0, rank1 = (r["changes"] for r in tp_out["ranks"])
@@ -64,7 +71,7 @@ def test_audiollm_trains_at_tp2_and_pp2(corpus, tp2_straight, tmp_path):
     for name in replicated:
         assert rank0[name] == pytest.approx(rank1[name], rel=1e-5, abs=1e-9), name
 
-    pp_dir = write_audiollm_run_dir(tmp_path / "pp2", corpus, pp=2, iters=ITERS)
+    pp_dir = write_audiollm_run_dir(tmp_path / "pp2", corpus, pp=2, iters=ITERS, extra=["data.packing=true"])
     pp_out = result(launch("job_script.py", 2, "train", str(pp_dir), log_dir=tmp_path))
     _check_run(pp_out, pp_dir, 2)
     first, last = (r["changes"] for r in pp_out["ranks"])
@@ -91,3 +98,20 @@ def test_audiollm_exact_resume_with_the_real_loader(corpus, tp2_straight, tmp_pa
                                          if a != b]
     assert resumed["losses"] == straight["losses"][SAVE_AT:]
     assert resumed["eval"] == straight["eval"]
+
+
+@pytest.mark.multiprocess
+def test_audiollm_eval_reshards_tp2_to_one_process_and_scores_wer(tp2_straight):
+    """`audiollm eval RUN_DIR` on the TP=2 run: one process loads the last checkpoint at
+    TP=1, reproduces the training's final validation loss and greedy-decodes every
+    validation utterance for a word error rate."""
+    run_dir, straight = tp2_straight
+    proc = subprocess.run([sys.executable, "-c", "import sys; from orchestrator.cli import main; "
+                           f"sys.exit(main(['eval', {str(run_dir)!r}]))"],
+                          capture_output=True, text=True, timeout=300, cwd=REPO,
+                          env={**os.environ, "PYTHONPATH": str(REPO), "PYTHONWARNINGS": "ignore"})
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    evaluated = json.loads((run_dir / "eval" / f"step_{ITERS:06d}.json").read_text())
+    assert evaluated["val_loss"] == pytest.approx(straight["eval"]["val_loss"], abs=1e-5)
+    assert evaluated["wer/utterances"] == VAL_SAMPLES
+    assert 0.0 <= evaluated["wer/tones_val"] == evaluated["wer/all"]
