@@ -47,17 +47,8 @@ def masked_mean_loss(per_token: torch.Tensor, loss_mask: torch.Tensor) -> torch.
     return (per_token.reshape(-1) * mask).sum() / mask.sum().clamp_min(1.0)
 
 
-def model_inputs(batch):
-    """Micro-batch -> AudioLLM forward kwargs on one rank, as the trainer's provider makes
-    them (columns that are padding in every row cut)."""
-    from orchestrator.data.packing import used_columns
-    from orchestrator.train.audiollm_provider import model_inputs as provider_inputs
-
-    return provider_inputs(batch, used_columns(batch), "cpu")
-
-
 @torch.no_grad()
-def heldout_loss(model, validation, max_batches: int) -> float:
+def heldout_loss(provider, model, validation, max_batches: int) -> float:
     was = model.training
     model.eval()
     total = count = 0.0
@@ -65,9 +56,8 @@ def heldout_loss(model, validation, max_batches: int) -> float:
         for k, batch in enumerate(loader):
             if k >= max_batches:
                 break
-            inputs = model_inputs(batch)
-            loss = model(**inputs)
-            mask = batch["loss_mask"][:, :inputs["input_ids"].shape[1]].reshape(-1)
+            loss = provider.forward(model, batch)
+            mask = batch["loss_mask"].reshape(-1)
             total += float((loss.reshape(-1) * mask).sum())
             count += float(mask.sum())
     model.train(was)
@@ -117,6 +107,10 @@ def main() -> None:
     audio_id = loader.processor.prompts.audio_token_id
 
     extra = {} if args.init_std is None else {"init_method_std": args.init_std}
+    from orchestrator.resolve import to_object
+    from orchestrator.train.audiollm_provider import AudioLLMProvider
+
+    provider = AudioLLMProvider(to_object(cfg), plan_flops={}, global_batch_size=gbs)
     model = build_audiollm(cfg.model, cfg.parallel, audio_token_id=audio_id, **extra)
     n_params = sum(p.numel() for p in model.parameters())
     config = model.config
@@ -137,9 +131,8 @@ def main() -> None:
 
     def forward_step(data_iterator, module):
         batch = next(data_iterator)
-        inputs = model_inputs(batch)
-        out = module(**inputs)
-        mask = batch["loss_mask"][:, :inputs["input_ids"].shape[1]]
+        out = provider.forward(module, batch)  # the trainer's forward: per-token loss [B, S] (+ CTC term)
+        mask = batch["loss_mask"]
 
         def loss_func(per_token):
             loss = masked_mean_loss(per_token, mask)
@@ -169,7 +162,7 @@ def main() -> None:
         inner = model.module
         report = evaluate_wer(inner, val_for_wer, tokenizer, max_new_tokens=40,
                               max_batches=math.ceil(args.eval_samples / 32), examples=2)
-        vloss = heldout_loss(inner, validation, max_batches=2)
+        vloss = heldout_loss(provider, inner, validation, max_batches=2)
         tl = sum(losses) / len(losses) if losses else float("nan")
         losses.clear()
         row = {"train_s": round(train_s, 1), "step": step, "train_loss": tl, "val_loss": vloss,

@@ -112,6 +112,8 @@ def adapter_params(model: ModelConfig, lora: LoraConfig) -> list[ParamSpec]:
     specs += _norm("adapter.norm", d, c, trainable)
     specs += _linear("adapter.linear_1", k * d, k * d, c, trainable)
     specs += _linear("adapter.linear_2", hidden, k * d, c, trainable)
+    if model.adapter.ctc_weight > 0:  # the auxiliary CTC head: vocabulary + blank (never LoRA-adapted)
+        specs += _linear("adapter.ctc_head", model.decoder.vocab_size + 1, hidden, c, not model.adapter.freeze)
     if adapted:
         specs += _lora("adapter.linear_1", k * d, k * d, lora.rank, c, None)
         specs += _lora("adapter.linear_2", hidden, k * d, lora.rank, c, None)

@@ -335,6 +335,8 @@ def check_encoder(model: ModelConfig) -> Iterator[Finding]:
         )
     if not 0.0 <= adapter.dropout < 1.0:
         yield _error("adapter", f"model.adapter.dropout={adapter.dropout} must be in [0, 1)")
+    if adapter.ctc_weight < 0:
+        yield _error("adapter", f"model.adapter.ctc_weight={adapter.ctc_weight} must be >= 0 (0: no CTC head)")
 
 
 def check_backend(model: ModelConfig, launcher: LauncherConfig) -> Iterator[Finding]:
@@ -442,6 +444,13 @@ def check_train(train: TrainConfig, run: RunConfig) -> Iterator[Finding]:
     if train.eval_wer and train.eval_wer_max_new_tokens < 1:
         yield _error("train", f"train.eval_wer_max_new_tokens={train.eval_wer_max_new_tokens} must be >= 1")
     yield from _one_of("run", "run.resume", run.resume, ("auto", "never"))
+
+
+def check_ctc(model: ModelConfig, parallel: ParallelConfig) -> Iterator[Finding]:
+    if model.adapter.ctc_weight > 0 and parallel.pp > 1:
+        yield _error("ctc", f"model.adapter.ctc_weight={model.adapter.ctc_weight}: the auxiliary CTC loss is computed "
+                            f"on the first pipeline stage and added to the loss on the last, so it needs "
+                            f"parallel.pp=1 (got {parallel.pp}); set model.adapter.ctc_weight=0 or parallel.pp=1")
 
 
 def check_eval_wer(train: TrainConfig, data: DataConfig, parallel: ParallelConfig) -> Iterator[Finding]:
@@ -594,6 +603,7 @@ def validate(cfg: AudioLLMConfig, purpose: str = "plan") -> list[Finding]:
         lambda: check_optim(cfg.optim, cfg.train),
         lambda: check_train(cfg.train, cfg.run),
         lambda: check_eval_wer(cfg.train, cfg.data, p),
+        lambda: check_ctc(m, p),
         lambda: check_launcher(l),
         lambda: check_logger(cfg.logger),
         lambda: check_lora(cfg.lora, m),

@@ -20,7 +20,7 @@ from megatron.core.transformer.module import MegatronModule
 
 from orchestrator.models.fusion import fuse_audio
 from orchestrator.models.gemma2_model import Gemma2Model, gemma2_transformer_config
-from orchestrator.models.speech import AudioAdapter, build_whisper_encoder, run_encoder
+from orchestrator.models.speech import AudioAdapter, build_whisper_encoder, ctc_losses, run_encoder
 
 
 class AudioLLM(MegatronModule):
@@ -77,8 +77,13 @@ class AudioLLM(MegatronModule):
               audio_lengths: Optional[Sequence[int]] = None, audio_clip_rows: Optional[Sequence[int]] = None
               ) -> torch.Tensor:
         """Decoder input [s(/tp), b, h] of the first stage."""
+        return self._embed(input_ids, audio_features, audio_lengths, audio_clip_rows)[0]
+
+    def _embed(self, input_ids, audio_features, audio_lengths, audio_clip_rows):
+        """(decoder input, audio embeddings [audio tokens, h] or None, tokens per clip)."""
         lm = self.language_model
         embeddings = lm.embed_tokens(input_ids)
+        audio, per_clip = None, []
         if audio_features is not None:
             if audio_lengths is None:
                 raise ValueError("audio_features given without audio_lengths (true mel frames per clip)")
@@ -88,7 +93,7 @@ class AudioLLM(MegatronModule):
             embeddings = fuse_audio(embeddings, input_ids, audio, self.audio_token_id, per_clip, audio_clip_rows)
         elif bool((input_ids == self.audio_token_id).any()):
             raise ValueError(f"input_ids hold audio placeholders (id {self.audio_token_id}) but no audio_features were given")
-        return lm.scale_embeddings(embeddings)
+        return lm.scale_embeddings(embeddings), audio, per_clip
 
     def adapter_tokens(self, mel_frames: int) -> int:
         from orchestrator.model_params import audio_token_count
@@ -97,12 +102,21 @@ class AudioLLM(MegatronModule):
 
     def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor, attention_mask=None, labels=None,
                 audio_features: Optional[torch.Tensor] = None, audio_lengths: Optional[Sequence[int]] = None,
-                audio_clip_rows: Optional[Sequence[int]] = None, packed_seq_params=None, **kwargs):
-        decoder_input = None
+                audio_clip_rows: Optional[Sequence[int]] = None, packed_seq_params=None,
+                ctc_targets: Optional[Sequence[Sequence[int]]] = None, **kwargs):
+        """The language model's output (per-token loss with `labels`). With `ctc_targets`
+        (token ids of each clip's transcript; first stage, adapter with a CTC head) the
+        pair (that output, CTC loss per clip [clips])."""
+        decoder_input = ctc = None
         if self.pre_process:
-            decoder_input = self.embed(input_ids, audio_features, audio_lengths, audio_clip_rows)
-        return self.language_model(input_ids, position_ids, attention_mask, decoder_input=decoder_input,
-                                   labels=labels, packed_seq_params=packed_seq_params, **kwargs)
+            decoder_input, audio, per_clip = self._embed(input_ids, audio_features, audio_lengths, audio_clip_rows)
+            if ctc_targets is not None:
+                ctc = ctc_losses(self.adapter, audio, per_clip, ctc_targets)
+        elif ctc_targets is not None:
+            raise ValueError("ctc_targets need the first pipeline stage (the adapter lives there)")
+        output = self.language_model(input_ids, position_ids, attention_mask, decoder_input=decoder_input,
+                                     labels=labels, packed_seq_params=packed_seq_params, **kwargs)
+        return output if ctc_targets is None else (output, ctc)
 
 
 def build_audiollm(model_cfg, parallel_cfg, pre_process: bool = True, post_process: bool = True,
@@ -125,8 +139,9 @@ def build_audiollm(model_cfg, parallel_cfg, pre_process: bool = True, post_proce
     encoder = adapter = None
     if pre_process:
         encoder = build_whisper_encoder(model_cfg.encoder)
+        ctc_vocab = dec.vocab_size if float(getattr(model_cfg.adapter, "ctc_weight", 0.0)) > 0 else 0
         adapter = AudioAdapter(model_cfg.encoder.num_layers, model_cfg.encoder.d_model, dec.hidden_size,
-                               model_cfg.adapter.frame_stack, model_cfg.adapter.dropout).float()
+                               model_cfg.adapter.frame_stack, model_cfg.adapter.dropout, ctc_vocab).float()
         if model_cfg.adapter.freeze:
             adapter.requires_grad_(False)
         if torch.cuda.is_available():

@@ -124,7 +124,8 @@ class AudioAdapter(nn.Module):
     """Softmax-weighted sum of the encoder layer outputs -> LayerNorm -> stack
     `frame_stack` consecutive frames -> Linear(kd, kd) -> SiLU -> Dropout -> Linear(kd, hidden)."""
 
-    def __init__(self, num_states: int, d_model: int, hidden_size: int, frame_stack: int = 5, dropout: float = 0.0):
+    def __init__(self, num_states: int, d_model: int, hidden_size: int, frame_stack: int = 5, dropout: float = 0.0,
+                 ctc_vocab_size: int = 0):
         super().__init__()
         self.frame_stack = frame_stack
         stacked = frame_stack * d_model
@@ -134,6 +135,8 @@ class AudioAdapter(nn.Module):
         self.act = nn.SiLU()
         self.dropout = nn.Dropout(dropout)
         self.linear_2 = nn.Linear(stacked, hidden_size)
+        # Optional auxiliary CTC head: the vocabulary plus a blank (the last index).
+        self.ctc_head = nn.Linear(hidden_size, ctc_vocab_size + 1) if ctc_vocab_size else None
 
     def mix(self, states: Sequence[torch.Tensor]) -> torch.Tensor:
         weights = torch.softmax(self.layer_weights.float(), dim=0).to(states[0].dtype)
@@ -154,3 +157,22 @@ class AudioAdapter(nn.Module):
             stacks.append(mixed[i, :frames].reshape(tokens, -1))
         stacked = torch.cat(stacks, dim=0)
         return self.linear_2(self.dropout(self.act(self.linear_1(stacked))))
+
+
+def ctc_losses(adapter: AudioAdapter, audio_tokens: torch.Tensor, tokens_per_clip: Sequence[int],
+               targets: Sequence[Sequence[int]]) -> torch.Tensor:
+    """CTC loss of each clip [clips]: the adapter's CTC head over the clip's audio tokens
+    (`audio_tokens` [sum of tokens, hidden], clips in order) against its transcript's
+    token ids. A transcript longer than the clip's audio tokens cannot be aligned and
+    gives 0 (zero_infinity) rather than an infinite loss."""
+    if adapter.ctc_head is None:
+        raise ValueError("the adapter has no CTC head (model.adapter.ctc_weight is 0)")
+    if len(targets) != len(tokens_per_clip):
+        raise ValueError(f"{len(targets)} CTC targets for {len(tokens_per_clip)} audio clips")
+    blank = adapter.ctc_head.out_features - 1
+    log_probs = torch.log_softmax(adapter.ctc_head(audio_tokens).float(), dim=-1)
+    padded = nn.utils.rnn.pad_sequence(list(log_probs.split(list(tokens_per_clip))))  # [T, clips, vocab + 1]
+    flat = torch.tensor([t for target in targets for t in target], dtype=torch.long, device=audio_tokens.device)
+    return nn.functional.ctc_loss(
+        padded, flat, torch.tensor(list(tokens_per_clip), dtype=torch.long),
+        torch.tensor([len(t) for t in targets], dtype=torch.long), blank=blank, reduction="none", zero_infinity=True)

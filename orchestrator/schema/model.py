@@ -66,6 +66,12 @@ class AdapterConfig:
     frame_stack: int = 5  # 1500 encoder frames -> 300 tokens per 30 s
     dropout: float = 0.1
     freeze: bool = False
+    # Auxiliary CTC loss on the adapter output (a linear head `adapter.ctc_head` over the
+    # vocabulary + a blank), added to the training loss with this weight; 0: no head.
+    # Joint CTC training teaches a from-scratch encoder a monotonic audio-text alignment
+    # much sooner than the decoder's attention alone. Training only (pp = 1); the head
+    # is not used for generation.
+    ctc_weight: float = 0.0
 
 
 @dataclass

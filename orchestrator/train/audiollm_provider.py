@@ -66,6 +66,12 @@ class AudioLLMProvider:
                 f"batches yet; use parallel.cp=1")
         self.model_cfg, self.parallel_cfg = cfg.model, cfg.parallel
         self.audio_token_id = audio_token_id(cfg.data.tokenizer)
+        self.ctc_weight = float(cfg.model.adapter.ctc_weight)
+        self.special_ids = set()
+        if self.ctc_weight > 0:  # CTC targets are the transcript's tokens without the chat markers
+            from orchestrator.data.tokenizer_build import load_tokenizer
+
+            self.special_ids = set(load_tokenizer(cfg.data.tokenizer).all_special_ids)
         self.plan_flops, self.global_batch_size = plan_flops, global_batch_size
 
     def transformer_fields(self) -> dict:
@@ -92,7 +98,14 @@ class AudioLLMProvider:
             multiple = self.parallel_cfg.tp
             width = min(seq, -(-used_columns(batch) // multiple) * multiple)
         inputs = model_inputs(batch, width, next(model.parameters()).device, with_audio=inner.pre_process)
+        samples = []
+        if self.ctc_weight > 0 and inner.training and "audio_features" in inputs:
+            samples = ctc_samples(batch, self.special_ids)
+            inputs["ctc_targets"] = [targets for _, _, targets in samples]
         output = model(**inputs)
+        if samples:
+            output, ctc = output
+            output = output + ctc_per_token(ctc, samples, tuple(output.shape), self.ctc_weight)
         if inner.post_process:  # per-token loss [rows, width] -> [rows, seq]
             return torch.nn.functional.pad(output, (0, seq - width))
         return output
@@ -116,6 +129,45 @@ def model_inputs(batch: dict, width: int, device, with_audio: bool = True) -> di
         inputs.update(audio_features=batch["audio_features"].to(device), audio_lengths=batch["audio_lengths"],
                       audio_clip_rows=batch["audio_clip_rows"].tolist())
     return inputs
+
+
+def ctc_samples(batch: dict, special_ids: set) -> list:
+    """(row, trained positions [S] bool, transcript token ids) of each clip's sample, in
+    clip order. A sample is a document of its row (positions restart at 0 at each); its
+    transcript is its trained labels without special tokens (end of turn, eos)."""
+    tokens, labels = batch["tokens"], batch["labels"]
+    trained = batch["loss_mask"] > 0
+    documents = torch.cumsum(batch["position_ids"] == 0, dim=1)
+    rows = batch["audio_clip_rows"].tolist()
+    per_clip = batch["audio_num_tokens"].tolist()
+    audio_id = int(batch["audio_token_id"])
+    placeholders = {r: (tokens[r] == audio_id).nonzero().flatten().tolist() for r in set(rows)}
+    used = {r: 0 for r in placeholders}
+    samples, seen = [], set()
+    for row, count in zip(rows, per_clip):
+        first = placeholders[row][used[row]]
+        used[row] += count
+        document = int(documents[row, first])
+        if (row, document) in seen:
+            raise ValueError(f"row {row}: a sample with several audio clips; the auxiliary CTC loss "
+                             f"(model.adapter.ctc_weight) needs one clip per sample")
+        seen.add((row, document))
+        positions = trained[row] & (documents[row] == document)
+        targets = [int(t) for t in labels[row][positions].tolist() if int(t) not in special_ids]
+        samples.append((row, positions, targets))
+    return samples
+
+
+def ctc_per_token(ctc: torch.Tensor, samples: list, shape: tuple, weight: float) -> torch.Tensor:
+    """`shape` [rows, width] to add to the per-token loss: `weight` x each clip's CTC loss
+    spread evenly over its sample's trained tokens, so the loop's mean over trained
+    tokens becomes LM loss + weight x CTC loss per trained token."""
+    rows, width = shape
+    per_row = [torch.zeros(width, dtype=ctc.dtype, device=ctc.device) for _ in range(rows)]
+    for k, (row, positions, _) in enumerate(samples):
+        share = positions[:width].to(device=ctc.device, dtype=ctc.dtype)
+        per_row[row] = per_row[row] + share * (weight * ctc[k] / share.sum().clamp_min(1.0))
+    return torch.stack(per_row)
 
 
 class LoaderBatches:
