@@ -1,4 +1,6 @@
-"""Jobs on the real local SLURM cluster (tests/slurm/conftest.py starts it if needed).
+"""The real AudioLLM trainer (the default job entry, orchestrator.train.entry.main) on
+the real local SLURM cluster (tests/slurm/conftest.py starts it if needed): the tiny
+AudioLLM trained on a tone corpus made here (tests/train/audiollm_runs.py).
 
 Every run directory, and so every submitit folder, lives under pytest's tmp_path:
 job ids restart at 1 on a fresh cluster and must never meet an old result file.
@@ -7,6 +9,7 @@ Every wait has a deadline; on timeout the job is cancelled and the test fails.
 
 from __future__ import annotations
 
+import re
 import subprocess
 import time
 
@@ -14,30 +17,59 @@ import pytest
 
 from launchers import commands
 from launchers.rundir import read_json, read_metrics
-from tests.launchers.helpers import launches, losses, tiny_overrides, wait_for_end, wait_for_step, wait_until
+from tests.launchers.helpers import launches, losses, wait_for_end, wait_for_step, wait_until
+from tests.train.audiollm_runs import make_corpus, train_overrides
 
 pytestmark = [pytest.mark.slurm, pytest.mark.multiprocess]
 
-ITERS = 10
-# 1 CPU and 1 GB per task, so that two tasks (one 2-rank job, or two sweep points) run at once on 2 cores.
-SLURM = ["launcher=slurm", "launcher.cpus_per_task=1", "launcher.mem_gb=1", "launcher.timeout_min=15"]
-
-
-def _slurm_run(root, *extra, ranks=2, iters=ITERS):
-    return tiny_overrides(root, *SLURM, *extra, ranks=ranks, iters=iters)
+# Enough steps that the preempted run is still training when its signal arrives: a step
+# takes ~0.1 s here, the signal is seen 2-3 steps after it was sent.
+ITERS = 30
+SIGNAL_AFTER = 2
+SWEEP_ITERS = 4
+# 1 CPU per task, so that two tasks (one 2-rank job, or two sweep points) run at once on
+# 2 cores; a rank of the tiny AudioLLM holds ~0.9 GiB. This cluster does not bind tasks to
+# their CPUs, so torch would start one thread per core of the machine in every rank: on a
+# busy machine that oversubscription made steps 10-100x slower (0.1 s -> 3-30 s). The job
+# uses as many threads as the CPUs SLURM gave its task, as a user would set it.
+SLURM = ["launcher=slurm", "launcher.accelerator=cpu", "launcher.cpus_per_task=1", "launcher.mem_gb=4",
+         "launcher.timeout_min=15", "launcher.setup=['export OMP_NUM_THREADS=$SLURM_CPUS_PER_TASK']"]
+# Starting a job (imports, process group, model, loader) takes ~20-60 s here; a busy
+# machine can make it several times slower.
+JOB_TIMEOUT = 480
 
 
 @pytest.fixture(scope="module")
-def submitted(slurm_cluster, tmp_path_factory):
+def corpus(tmp_path_factory):
+    return make_corpus(tmp_path_factory.mktemp("tones"))
+
+
+def _slurm_run(root, corpus, *extra, ranks=2, iters=ITERS):
+    """A `ranks`-process data-parallel job of the real trainer writing under `root`."""
+    return [*SLURM, f"launcher.gpus_per_node={ranks}", *train_overrides(corpus), f"train.iters={iters}",
+            f"run.output_root={root}", *extra]
+
+
+@pytest.fixture(scope="module")
+def submitted(slurm_cluster, corpus, tmp_path_factory):
     """Queue the 2-rank reference job and the 3-point sweep together; tests wait on them."""
     root = tmp_path_factory.mktemp("slurm")
-    t0 = time.time()
-    ref_code = commands.train(_slurm_run(root, "run.name=ref"))
+    ref_code = commands.train(_slurm_run(root, corpus, "run.name=ref"))
     sweep_code = commands.train(
-        _slurm_run(root, "run.name=sweep", "optim.lr=1e-3,3e-3,1e-2", ranks=1, iters=4), multirun=True
+        _slurm_run(root, corpus, "run.name=sweep", "optim.lr=1e-3,3e-3,1e-2", ranks=1, iters=SWEEP_ITERS),
+        multirun=True,
     )
-    return {"root": root, "t0": t0, "ref_code": ref_code, "sweep_code": sweep_code,
+    return {"root": root, "ref_code": ref_code, "sweep_code": sweep_code,
             "ref": root / "tiny_cpu" / "ref", "sweep": root / "tiny_cpu" / "sweep"}
+
+
+def _restarted_or_ended(run_dir):
+    state = read_json(run_dir / "state.json") or {}
+    return state if state.get("attempt", 0) >= 2 or state.get("state") in ("COMPLETED", "FAILED") else None
+
+
+def _wandb_runs(run_dir) -> list:
+    return sorted(p.name for p in (run_dir / "wandb").glob("offline-run-*"))
 
 
 def test_two_rank_job_trains_to_completion(submitted, capsys):
@@ -45,17 +77,27 @@ def test_two_rank_job_trains_to_completion(submitted, capsys):
     run_dir = submitted["ref"]
     (launch,) = launches(run_dir)
     assert launch["kind"] == "slurm" and launch["job_ids"][0].isdigit()
-    info = wait_for_end(run_dir, timeout=240)
+    assert read_json(run_dir / "plan.json")["dp"] == 2
+    # The trainer's metrics rows carry no wall-clock time: note when step 1 appears.
+    wait_for_step(run_dir, 1, timeout=JOB_TIMEOUT)
+    first_step_seen = time.time()
+    info = wait_for_end(run_dir, timeout=JOB_TIMEOUT)
     assert info["state"] == "COMPLETED", info
-    assert sorted(losses(run_dir)) == list(range(1, ITERS + 1))
+    by_step = losses(run_dir)
+    assert sorted(by_step) == list(range(1, ITERS + 1))
+    curve = [by_step[s] for s in range(1, ITERS + 1)]
+    assert sum(curve[-3:]) < 0.8 * sum(curve[:3]), f"the loss did not fall: {curve}"
     for rank in (0, 1):
         assert f"rank {rank}/2 pid" in (run_dir / "logs" / f"rank{rank}.log").read_text()
+    rank0 = (run_dir / "logs" / "rank0.log").read_text()
+    assert f"step {ITERS}/{ITERS} | loss" in rank0 and f"eval at step {ITERS}: val_loss" in rank0
+    assert (run_dir / "checkpoints" / "latest").read_text().strip() == f"step_{ITERS:06d}"
     capsys.readouterr()
     assert commands.status(run_dir) == 0
     out = capsys.readouterr().out
     assert "COMPLETED" in out and f"{ITERS}/{ITERS}" in out
-    first_step = read_metrics(run_dir)[0]["time"]
-    print(f"measured: SLURM submit -> first step {first_step - launch['submitted_at']:.1f} s")
+    with capsys.disabled():
+        print(f"\nmeasured: SLURM submit -> first step seen {first_step_seen - launch['submitted_at']:.1f} s")
 
 
 def test_sweep_is_one_job_array_with_a_summary(submitted):
@@ -68,7 +110,7 @@ def test_sweep_is_one_job_array_with_a_summary(submitted):
     assert job_ids == [f"{array_id}_{i}" for i in range(3)]
     finals = []
     for point in points:
-        info = wait_for_end(sweep_dir / point["dir"], timeout=240)
+        info = wait_for_end(sweep_dir / point["dir"], timeout=JOB_TIMEOUT)
         assert info["state"] == "COMPLETED", (point, info)
         finals.append(info["loss"])
     assert len(set(finals)) == 3  # different learning rates, different runs
@@ -76,29 +118,46 @@ def test_sweep_is_one_job_array_with_a_summary(submitted):
     table = (sweep_dir / "summary.txt").read_text().splitlines()
     assert table[0].split() == ["point", "overrides", "state", "step", "final", "loss"]
     rows = table[2:]
-    assert len(rows) == 3 and all("COMPLETED" in row and "4/4" in row for row in rows)
+    assert len(rows) == 3 and all("COMPLETED" in row and f"{SWEEP_ITERS}/{SWEEP_ITERS}" in row for row in rows)
     assert [float(row.split()[-1]) for row in rows] == pytest.approx(finals, rel=1e-5)
 
 
-def test_preempted_job_requeues_and_reproduces_every_loss(submitted, tmp_path, monkeypatch):
+def test_preempted_job_requeues_and_reproduces_every_loss(submitted, corpus, capsys):
+    """USR2 (SLURM's preemption / time-limit warning) mid-training: the trainer writes a
+    checkpoint at the next step boundary, the launcher requeues the job, the next attempt
+    resumes from that checkpoint and reproduces the uninterrupted run's loss at every step."""
     ref_dir = submitted["ref"]
-    assert wait_for_end(ref_dir, timeout=240)["state"] == "COMPLETED"
-    monkeypatch.setenv("AUDIOLLM_MINIMAL_STEP_DELAY_S", "0.3")
-    assert commands.train(_slurm_run(tmp_path, "run.name=pre")) == 0
-    run_dir = tmp_path / "tiny_cpu" / "pre"
+    assert wait_for_end(ref_dir, timeout=JOB_TIMEOUT)["state"] == "COMPLETED"
+    # The same configuration as the reference run but for run.name.
+    assert commands.train(_slurm_run(submitted["root"], corpus, "run.name=pre")) == 0
+    run_dir = submitted["root"] / "tiny_cpu" / "pre"
     job_id = launches(run_dir)[0]["job_ids"][0]
-    wait_for_step(run_dir, 3, timeout=240)
+    wait_for_step(run_dir, SIGNAL_AFTER, timeout=JOB_TIMEOUT)
     signalled = time.time()
     subprocess.run(["scancel", "--signal=USR2", job_id], check=True, timeout=30)
-    wait_until(lambda: (read_json(run_dir / "state.json") or {}).get("attempt", 0) >= 2, 180,
-               "the requeued job to start again", [run_dir])
-    info = wait_for_end(run_dir, timeout=240)
+    state = wait_until(lambda: _restarted_or_ended(run_dir), JOB_TIMEOUT, "the requeued job to start again", [run_dir])
+    assert state.get("attempt") == 2, f"the run was not preempted (it ended before USR2 reached it?): {state}"
+    # The first attempt has ended (rank 0 of the second one wrote `attempt`): its last
+    # row is the checkpointed step; note when the next step appears.
+    done_before = max(m["step"] for m in read_metrics(run_dir))
+    wait_for_step(run_dir, done_before + 1, timeout=JOB_TIMEOUT)
+    first_after = time.time()
+    info = wait_for_end(run_dir, timeout=JOB_TIMEOUT)
     assert info["state"] == "COMPLETED", info
     state = read_json(run_dir / "state.json")
     assert state["requeues"] == 1 and state["signal"] == "SIGUSR2" and state["job_id"] == job_id
     log = (run_dir / "logs" / "rank0.log").read_text()
-    assert "resumed from step_" in log
+    resumed = re.findall(r"resumed from (\S+) at step (\d+)", log)
+    assert len(resumed) == 1, log[-3000:]
+    path, stopped_at = resumed[0][0], int(resumed[0][1])
+    assert path == str(run_dir / "checkpoints" / f"step_{stopped_at:06d}")
+    assert SIGNAL_AFTER <= stopped_at == done_before < ITERS
+    assert f"stop requested: checkpoint of step {stopped_at} written" in log
+    assert sorted(losses(run_dir)) == list(range(1, ITERS + 1))
     assert losses(run_dir) == losses(ref_dir)
-    stopped_at = int(log.split("resumed from step_")[1].split()[0])
-    first_after = next(m["time"] for m in read_metrics(run_dir) if m["step"] == stopped_at + 1)
-    print(f"measured: USR2 -> first step after requeue {first_after - signalled:.1f} s")
+    # One W&B run continued across the requeue: both attempts logged under the run's id.
+    run_id = (run_dir / "wandb_id").read_text().strip()
+    assert [name.rsplit("-", 1)[-1] for name in _wandb_runs(run_dir)] == [run_id, run_id]
+    with capsys.disabled():
+        print(f"\nmeasured: USR2 at step >= {SIGNAL_AFTER}, checkpoint of step {stopped_at}; "
+              f"USR2 -> first step after requeue seen {first_after - signalled:.1f} s")

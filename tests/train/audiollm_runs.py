@@ -12,6 +12,8 @@ from tests.data.conftest import WORDS, tone_samples, write_mds
 
 TRAIN_SAMPLES = 48
 VAL_SAMPLES = 8
+TRAIN_SETS = ("tones_a", "tones_b")
+VAL_SET = "tones_val"
 
 
 def make_corpus(root: Path) -> Path:
@@ -27,6 +29,21 @@ def make_corpus(root: Path) -> Path:
     write_mds(root / "train" / "tones_b", tone_samples(TRAIN_SAMPLES // 2, seed=2, tag="the"))
     write_mds(root / "val" / "tones_val", tone_samples(VAL_SAMPLES, seed=9))
     return root
+
+
+def train_overrides(corpus: Path) -> list[str]:
+    """`audiollm train` overrides for the tiny AudioLLM on make_corpus's datasets (not the
+    demo corpus), with the small batch and sequence sizes of write_audiollm_run_dir: the
+    real trainer at a fraction of a second per step on CPU."""
+    corpus = Path(corpus)
+    train = ",".join(f"{{name:{name},path:'{corpus / 'train' / name}'}}" for name in TRAIN_SETS)
+    return [
+        "data.demo_corpus=null", f"data.tokenizer='{corpus / 'tokenizer'}'", f"data.train=[{train}]",
+        f"data.validation=[{{name:{VAL_SET},path:'{corpus / 'val' / VAL_SET}'}}]",
+        "optim.micro_batch_size=2", "optim.global_batch_size=4", "optim.lr=3e-3", "optim.min_lr=3e-4",
+        "optim.lr_warmup_iters=2", "data.seq_length=128", "data.packing_buffer=8", "data.feature_cache_mb=64",
+        "model.adapter.dropout=0.0", "train.eval_iters=1", "train.log_interval=1",
+    ]
 
 
 def write_audiollm_run_dir(run_dir: Path, corpus: Path, *, tp: int = 1, pp: int = 1, iters: int = 12,
@@ -52,8 +69,8 @@ def write_audiollm_run_dir(run_dir: Path, corpus: Path, *, tp: int = 1, pp: int 
         f"data.tokenizer={corpus / 'tokenizer'}", "model.adapter.dropout=0.0",
         f"run.name={run_dir.name}", f"run.output_root={run_dir.parent}", *extra,
     ])
-    cfg.data.train = [DatasetEntry(name=name, path=str(corpus / "train" / name)) for name in ("tones_a", "tones_b")]
-    cfg.data.validation = [DatasetEntry(name="tones_val", path=str(corpus / "val" / "tones_val"))]
+    cfg.data.train = [DatasetEntry(name=name, path=str(corpus / "train" / name)) for name in TRAIN_SETS]
+    cfg.data.validation = [DatasetEntry(name=VAL_SET, path=str(corpus / "val" / VAL_SET))]
     plan = resolve(cfg).to_dict()
     (run_dir / "plan.json").write_text(json.dumps(plan, indent=1))
     (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg))
