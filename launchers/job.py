@@ -85,6 +85,22 @@ def _update_state(run_dir: Path, **fields: Any) -> None:
     write_json(path, state)
 
 
+def _limit_cpu_threads(local_world_size: int) -> int:
+    """CPU ranks of a node share its cores, but torch starts one thread per core in every
+    rank: N ranks would oversubscribe the machine N-fold (SLURM does not always pin tasks
+    to their CPUs). Like torchrun, set OMP_NUM_THREADS unless the user did: the task's
+    CPUs on SLURM, else this process's usable cores split among the node's ranks.
+    Returns the thread count in effect."""
+    if os.environ.get("OMP_NUM_THREADS"):
+        return int(os.environ["OMP_NUM_THREADS"])
+    per_task = os.environ.get("SLURM_CPUS_PER_TASK")
+    threads = int(per_task) if per_task else max(1, len(os.sched_getaffinity(0)) // max(1, local_world_size))
+    os.environ["OMP_NUM_THREADS"] = str(threads)
+    if "torch" in sys.modules:  # already imported: the variable alone comes too late
+        sys.modules["torch"].set_num_threads(threads)
+    return threads
+
+
 class RankJob:
     """Picklable job callable; see the module docstring."""
 
@@ -105,6 +121,7 @@ class RankJob:
             _set_visible_device(dist_env.local_rank)
         rank = dist_env.rank
         on_slurm = env.name() == "slurm"
+        threads = _limit_cpu_threads(dist_env.local_world_size) if self.accelerator == "cpu" else None
 
         (run_path / "logs").mkdir(parents=True, exist_ok=True)
         log = open(run_path / "logs" / f"rank{rank}.log", "a", buffering=1)
@@ -117,7 +134,7 @@ class RankJob:
         print(
             f"[launcher {time.strftime('%H:%M:%S')}] rank {rank}/{dist_env.world_size} pid {os.getpid()} "
             f"job {env.job_id} on {env.hostname} master {dist_env.master_addr}:{dist_env.master_port}"
-            + (f" attempt {attempt}" if rank == 0 else ""),
+            + (f" cpu threads {threads}" if threads else "") + (f" attempt {attempt}" if rank == 0 else ""),
             flush=True,
         )
         if rank == 0:

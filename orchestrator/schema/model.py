@@ -69,8 +69,9 @@ class AdapterConfig:
     # Auxiliary CTC loss on the adapter output (a linear head `adapter.ctc_head` over the
     # vocabulary + a blank), added to the training loss with this weight; 0: no head.
     # Joint CTC training teaches a from-scratch encoder a monotonic audio-text alignment
-    # much sooner than the decoder's attention alone. Training only (pp = 1); the head
-    # is not used for generation.
+    # much sooner than the decoder's attention alone. Training only (pp = 1): the logged
+    # training loss includes weight x CTC per trained token, the validation loss does
+    # not, and generation never uses the head.
     ctc_weight: float = 0.0
 
 

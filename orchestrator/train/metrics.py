@@ -12,6 +12,7 @@ import json
 import logging
 import math
 import os
+import time
 from pathlib import Path
 from typing import Optional
 
@@ -94,8 +95,11 @@ def throughput(step_time_s: float, tokens_per_step: int, samples_per_step: int, 
     return out
 
 
-def progress_line(step: int, total: int, m: dict) -> str:
-    parts = [f"step {step}/{total}", f"loss {m['loss']:.4f}"]
+def progress_line(step: int, total: int, m: dict, width: int = 20) -> str:
+    """One console line per logged step: a progress bar, then the step's figures. Lines,
+    not a redrawn bar, so that log files and `tail -f` read the same as the console."""
+    done = width * step // max(total, 1)
+    parts = [f"[{'#' * done}{'.' * (width - done)}] step {step}/{total}", f"loss {m['loss']:.4f}"]
     if "grad_norm" in m:
         parts.append(f"grad {m['grad_norm']:.3f}")
     lrs = [f"{k[3:]}={v:.2e}" for k, v in m.items() if k.startswith("lr/")]
@@ -148,7 +152,8 @@ class MetricsWriter:
 
     def log(self, step: int, metrics: dict) -> None:
         with self.path.open("a") as f:
-            f.write(json.dumps({"step": step, **metrics}) + "\n")
+            # Wall-clock time of the row, for timings across restarts (submit -> first step, ...).
+            f.write(json.dumps({"step": step, "time": round(time.time(), 3), **metrics}) + "\n")
         if self.wandb is not None:
             self.wandb.log(metrics, step=step)
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 
 import pytest
@@ -36,8 +37,11 @@ def test_local_run_writes_the_run_directory_and_streams_rank0(reference, capfd):
     (launch,) = launches(run_dir)
     assert launch["kind"] == "local" and launch["job_ids"] and launch["version"] and launch["command"]
     assert "attempt 1" in (run_dir / "logs" / "rank0.log").read_text()
+    # Each CPU rank gets its share of the cores (unless OMP_NUM_THREADS says otherwise).
+    threads = os.environ.get("OMP_NUM_THREADS") or max(1, len(os.sched_getaffinity(0)) // 2)
     for rank in (0, 1):
-        assert "] rank %d/2 pid" % rank in (run_dir / "logs" / f"rank{rank}.log").read_text()
+        log = (run_dir / "logs" / f"rank{rank}.log").read_text()
+        assert "] rank %d/2 pid" % rank in log and re.search(rf" cpu threads {threads}\b", log), log[-2000:]
     assert (run_dir / "checkpoints" / "latest").read_text().strip() == f"step_{ITERS}"
     assert len((run_dir / "wandb_id").read_text().strip()) == 16
 
