@@ -189,10 +189,11 @@ class LoaderBatches:
 
 
 class ValidationBatches:
-    """BatchSource over all validation datasets, read in order, one after the other,
-    starting again at the first when the last is exhausted. `dataset_index` is remapped
-    to this source's list of names. The state is the number of batches drawn, so the
-    loop's restart (load_state_dict of the initial state) starts from the beginning."""
+    """BatchSource over all validation datasets, read round-robin (one batch of each in
+    turn, so that even a few evaluation batches, train.eval_iters, cover every dataset),
+    starting again when all are exhausted. `dataset_index` is remapped to this source's
+    list of names. The state is the number of batches drawn, so the loop's restart
+    (load_state_dict of the initial state) starts from the beginning."""
 
     def __init__(self, validation_sets: Dict[str, object]):
         if not validation_sets:
@@ -204,9 +205,14 @@ class ValidationBatches:
 
     def _batches(self):
         while True:
+            readers = {k: iter(vset) for k, vset in enumerate(self.sets)}
             drawn = 0
-            for k, vset in enumerate(self.sets):
-                for batch in vset:
+            while readers:
+                for k in list(readers):
+                    batch = next(readers[k], None)
+                    if batch is None:
+                        del readers[k]
+                        continue
                     index = batch["dataset_index"]
                     batch["dataset_index"] = torch.where(index >= 0, torch.full_like(index, k), index)
                     drawn += 1
