@@ -236,14 +236,14 @@ def audiollm_cases(hf, shape, full) -> None:
     class ScaleBeforeFusion(AudioLLM):
         """The known mistake: embeddings scaled before the audio is scattered in."""
 
-        def embed(self, input_ids, audio_features=None, audio_lengths=None, audio_clip_rows=None):
+        def _embed(self, input_ids, audio_features, audio_lengths, audio_clip_rows):
             lm = self.language_model
             emb = lm.embed_tokens(input_ids)
             emb = emb * torch.tensor(lm.config.hidden_size**0.5, dtype=emb.dtype)
             audio = self.audio_embeddings(audio_features, audio_lengths)
-            emb = fuse_audio(emb, input_ids, audio, self.audio_token_id,
-                             [self.adapter_tokens(n) for n in audio_lengths], audio_clip_rows)
-            return emb.transpose(0, 1).contiguous()
+            per_clip = [self.adapter_tokens(n) for n in audio_lengths]
+            emb = fuse_audio(emb, input_ids, audio, self.audio_token_id, per_clip, audio_clip_rows)
+            return emb.transpose(0, 1).contiguous(), audio, per_clip
 
     wcfg = whisper_config()
     model_cfg = tiny_model_config(hf.config, wcfg)
