@@ -50,8 +50,10 @@ def build_components(plan, dp_rank: int, dp_size: int, poison_sample: Optional[i
 def setup_logging(rank: int) -> None:
     logging.basicConfig(level=logging.INFO if rank == 0 else logging.WARNING,
                         format=f"[rank{rank}] %(asctime)s %(name)s %(levelname)s: %(message)s")
-    # megatron-core logs every parameter and config at INFO.
-    logging.getLogger("megatron").setLevel(logging.WARNING)
+    # megatron-core logs every parameter and config at INFO; streaming logs its defaults
+    # each time a dataset is opened.
+    for noisy in ("megatron", "streaming"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
 
 
 def make_trainer(run_dir, components_factory=None, plan=None, training: bool = True):

@@ -159,6 +159,13 @@ def test_too_few_microbatches_for_the_pipeline_is_a_warning():
     assert "1 micro-batches" in findings[0].message and "parallel.pp (2)" in findings[0].message
 
 
+def test_wer_inside_training_with_model_parallelism_is_a_warning_pointing_to_eval():
+    cfg = to_object(compose(["train.eval_wer=true", "parallel.tp=2", "launcher.gpus_per_node=2"]))
+    findings = [f for f in validate(cfg, "train") if f.rule == "eval_wer"]
+    assert [f.severity for f in findings] == ["warning"]
+    assert "tp=2" in findings[0].message and "audiollm eval RUN_DIR" in findings[0].message
+
+
 def test_plan_command_exits_nonzero_with_every_error_on_stderr():
     proc = subprocess.run(
         [sys.executable, "-m", "orchestrator.cli", "plan", "parallel.tp=3", "launcher.gpus_per_node=2", "optim.lr=0"],
