@@ -236,7 +236,7 @@ def ensure_demo_corpus(runs: Sequence[PreparedRun]) -> None:
     for run in runs:
         data = run.container["data"]
         if data.get("demo_corpus"):
-            wanted[str(data["demo_corpus"])] = int(data.get("demo_corpus_samples") or 3000)
+            wanted[str(data["demo_corpus"])] = int(data["demo_corpus_samples"])
     for root, samples in wanted.items():
         if (Path(root) / "manifest.json").is_file():
             continue

@@ -74,13 +74,9 @@ class AudioLLM(MegatronModule):
         return self.adapter(states, lengths)
 
     def embed(self, input_ids: torch.Tensor, audio_features: Optional[torch.Tensor] = None,
-              audio_lengths: Optional[Sequence[int]] = None, audio_clip_rows: Optional[Sequence[int]] = None
-              ) -> torch.Tensor:
-        """Decoder input [s(/tp), b, h] of the first stage."""
-        return self._embed(input_ids, audio_features, audio_lengths, audio_clip_rows)[0]
-
-    def _embed(self, input_ids, audio_features, audio_lengths, audio_clip_rows):
-        """(decoder input, audio embeddings [audio tokens, h] or None, tokens per clip)."""
+              audio_lengths: Optional[Sequence[int]] = None, audio_clip_rows: Optional[Sequence[int]] = None):
+        """First stage: (decoder input [s(/tp), b, h], audio embeddings [audio tokens, h] or
+        None, audio tokens per clip)."""
         lm = self.language_model
         embeddings = lm.embed_tokens(input_ids)
         audio, per_clip = None, []
@@ -109,7 +105,7 @@ class AudioLLM(MegatronModule):
         pair (that output, CTC loss per clip [clips])."""
         decoder_input = ctc = None
         if self.pre_process:
-            decoder_input, audio, per_clip = self._embed(input_ids, audio_features, audio_lengths, audio_clip_rows)
+            decoder_input, audio, per_clip = self.embed(input_ids, audio_features, audio_lengths, audio_clip_rows)
             if ctc_targets is not None:
                 ctc = ctc_losses(self.adapter, audio, per_clip, ctc_targets)
         elif ctc_targets is not None:

@@ -33,10 +33,10 @@ def audiollm_config(plan):
     return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(AudioLLMConfig), plan.config))
 
 
-def audio_token_id(tokenizer_path: str) -> int:
-    from orchestrator.data.tokenizer_build import AUDIO_TOKEN, load_tokenizer
+def audio_token_id(tokenizer, tokenizer_path: str) -> int:
+    from orchestrator.data.tokenizer_build import AUDIO_TOKEN
 
-    token_id = load_tokenizer(tokenizer_path).convert_tokens_to_ids(AUDIO_TOKEN)
+    token_id = tokenizer.convert_tokens_to_ids(AUDIO_TOKEN)
     if token_id is None:
         raise ValueError(f"tokenizer {tokenizer_path} (data.tokenizer) has no {AUDIO_TOKEN!r} token; "
                          f"build it with orchestrator.data.tokenizer_build.build_tokenizer")
@@ -65,13 +65,13 @@ class AudioLLMProvider:
                 f"parallel.cp={cfg.parallel.cp}: the AudioLLM provider does not route context-parallel "
                 f"batches yet; use parallel.cp=1")
         self.model_cfg, self.parallel_cfg = cfg.model, cfg.parallel
-        self.audio_token_id = audio_token_id(cfg.data.tokenizer)
-        self.ctc_weight = float(cfg.model.adapter.ctc_weight)
-        self.special_ids = set()
-        if self.ctc_weight > 0:  # CTC targets are the transcript's tokens without the chat markers
-            from orchestrator.data.tokenizer_build import load_tokenizer
+        from orchestrator.data.tokenizer_build import load_tokenizer
 
-            self.special_ids = set(load_tokenizer(cfg.data.tokenizer).all_special_ids)
+        tokenizer = load_tokenizer(cfg.data.tokenizer)
+        self.audio_token_id = audio_token_id(tokenizer, cfg.data.tokenizer)
+        self.ctc_weight = float(cfg.model.adapter.ctc_weight)
+        # CTC targets are the transcript's tokens without the chat markers.
+        self.special_ids = set(tokenizer.all_special_ids)
         self.plan_flops, self.global_batch_size = plan_flops, global_batch_size
 
     def transformer_fields(self) -> dict:
@@ -248,13 +248,14 @@ def build_audiollm_components(plan, dp_rank: int, dp_size: int):
     provider = AudioLLMProvider(cfg, plan.plan["flops"], plan.global_batch_size)
     train = build_train_loader(cfg.data, cfg.model.encoder, cfg.model.adapter, mbs, dp_rank, dp_size,
                                cfg.parallel.cp, cfg.data.seed)
-    val = None
+    val = wer = None
     if cfg.data.validation:
-        val = ValidationBatches(build_validation_loaders(cfg.data, cfg.model.encoder, cfg.model.adapter, mbs,
-                                                         dp_rank, dp_size, cfg.parallel.cp))
-    wer = None
-    if cfg.train.eval_wer:
-        from orchestrator.train.wer_eval import WerEvaluation
+        # One set of validation loaders (one open validation mixture) serves the loss and the WER.
+        loaders = build_validation_loaders(cfg.data, cfg.model.encoder, cfg.model.adapter, mbs, dp_rank, dp_size,
+                                           cfg.parallel.cp)
+        val = ValidationBatches(loaders)
+        if cfg.train.eval_wer:
+            from orchestrator.train.wer_eval import WerEvaluation
 
-        wer = WerEvaluation(cfg, dp_rank, dp_size)
+            wer = WerEvaluation(loaders, cfg.data.tokenizer, cfg.train, cfg.parallel)
     return Components(provider=provider, train_source=LoaderBatches(train), val_source=val, generation_eval=wer)

@@ -22,16 +22,16 @@ _COUNTS = ("errors", "words", "utterances")
 
 
 class WerEvaluation:
-    def __init__(self, cfg, dp_rank: int, dp_size: int):
-        from orchestrator.data.loader import build_validation_loaders
+    def __init__(self, loaders: dict, tokenizer_path: str, train_cfg, parallel_cfg):
+        """`loaders`: this DP rank's validation sets by name (the same ones the validation
+        loss reads)."""
         from orchestrator.data.tokenizer_build import load_tokenizer
 
-        self.loaders = build_validation_loaders(cfg.data, cfg.model.encoder, cfg.model.adapter,
-                                                cfg.optim.micro_batch_size, dp_rank, dp_size, cfg.parallel.cp)
-        self.tokenizer = load_tokenizer(cfg.data.tokenizer)
-        self.max_batches = int(cfg.train.eval_wer_batches) or None
-        self.max_new_tokens = int(cfg.train.eval_wer_max_new_tokens)
-        self.single_model_rank = cfg.parallel.tp * cfg.parallel.pp * cfg.parallel.cp == 1
+        self.loaders = loaders
+        self.tokenizer = load_tokenizer(tokenizer_path)
+        self.max_batches = int(train_cfg.eval_wer_batches) or None
+        self.max_new_tokens = int(train_cfg.eval_wer_max_new_tokens)
+        self.single_model_rank = parallel_cfg.tp * parallel_cfg.pp * parallel_cfg.cp == 1
         self._warned = False
 
     def __call__(self, trainer, step: int) -> Dict[str, float]:
