@@ -98,6 +98,11 @@ def resolve(cfg: DictConfig | AudioLLMConfig, purpose: str = "plan") -> Plan:
     """Validate (raises validate.ConfigInvalid on any error) and resolve `cfg`."""
     obj = to_object(cfg)
     findings: list[Finding] = check(obj, purpose)
+    if obj.model.init_checkpoint:
+        # The job loads exactly the checkpoint planned (a run directory's latest step now).
+        from orchestrator.checkpoint_dirs import resolve_model_checkpoint
+
+        obj.model.init_checkpoint = resolve_model_checkpoint(obj.model.init_checkpoint)[0]
     p, launcher, optim = obj.parallel, obj.launcher, obj.optim
     world = world_size(launcher)
     dp = data_parallel_size(p, launcher)

@@ -339,6 +339,28 @@ def check_encoder(model: ModelConfig) -> Iterator[Finding]:
         yield _error("adapter", f"model.adapter.ctc_weight={adapter.ctc_weight} must be >= 0 (0: no CTC head)")
 
 
+def check_init_checkpoint(model: ModelConfig, lora: LoraConfig) -> Iterator[Finding]:
+    """The pretrained weights exist and are a checkpoint; nothing is frozen at its
+    random initial value (a frozen random encoder is never what anyone means)."""
+    from orchestrator.checkpoint_dirs import resolve_model_checkpoint
+
+    if model.init_checkpoint:
+        _, problem = resolve_model_checkpoint(model.init_checkpoint)
+        if problem:
+            yield _error("init_checkpoint", f"model.init_checkpoint={model.init_checkpoint}: {problem}")
+        return
+    frozen = [f"model.{part}.freeze=true" for part in ("encoder", "adapter", "decoder")
+              if getattr(model, part).freeze]
+    if lora.rank > 0:
+        frozen.append(f"lora.rank={lora.rank} (LoRA freezes the adapted decoder weights)")
+    if frozen:
+        yield _error("frozen_random", f"{', '.join(frozen)} but model.init_checkpoint is null: frozen weights would "
+                                      f"stay at their random initial values; set model.init_checkpoint to pretrained "
+                                      f"weights (`audiollm convert hf-to-megatron --hf GEMMA2_DIR --whisper "
+                                      f"WHISPER_DIR --out DIR`), or unfreeze to train from scratch "
+                                      f"(model.encoder.freeze=false, lora=none)")
+
+
 def check_backend(model: ModelConfig, launcher: LauncherConfig) -> Iterator[Finding]:
     yield from _one_of("backend", "model.backend", model.backend, ("local", "te"))
     if model.backend == "te" and launcher.accelerator == "cpu":
@@ -598,6 +620,7 @@ def validate(cfg: AudioLLMConfig, purpose: str = "plan") -> list[Finding]:
         lambda: check_decoder(m),
         lambda: check_encoder(m),
         lambda: check_backend(m, l),
+        lambda: check_init_checkpoint(m, cfg.lora),
         lambda: check_data(cfg.data, m, purpose),
         lambda: check_packing(cfg.data, cfg.optim),
         lambda: check_optim(cfg.optim, cfg.train),

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Dict
+from typing import Dict, List, Optional
 
 import torch
+from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
 SHARD_BYTES = 5 * 1024**3
@@ -19,8 +20,7 @@ def read_hf_config(hf_dir: Path) -> dict:
     return json.loads(path.read_text())
 
 
-def read_hf_state_dict(hf_dir: Path) -> Dict[str, torch.Tensor]:
-    hf_dir = Path(hf_dir)
+def _safetensors_files(hf_dir: Path) -> List[Path]:
     index = hf_dir / "model.safetensors.index.json"
     if index.is_file():
         files = sorted(set(json.loads(index.read_text())["weight_map"].values()))
@@ -29,17 +29,49 @@ def read_hf_state_dict(hf_dir: Path) -> Dict[str, torch.Tensor]:
     if not files:
         raise FileNotFoundError(f"no *.safetensors in {hf_dir} (pytorch_model.bin checkpoints are not read; "
                                 "re-save with save_pretrained(safe_serialization=True))")
+    return [hf_dir / name for name in files]
+
+
+class SafetensorsDir:
+    """The tensors of a safetensors directory (single file or sharded), read one at a
+    time on access, so a conversion holds only what it has converted so far."""
+
+    def __init__(self, hf_dir: Path):
+        self.dir = Path(hf_dir)
+        self._where: Dict[str, Path] = {}
+        for path in _safetensors_files(self.dir):
+            with safe_open(str(path), framework="pt") as f:
+                self._where.update({name: path for name in f.keys()})
+
+    def names(self) -> List[str]:
+        return list(self._where)
+
+    def __contains__(self, name: str) -> bool:
+        return name in self._where
+
+    def __getitem__(self, name: str) -> torch.Tensor:
+        if name not in self._where:
+            raise KeyError(f"{self.dir} has no tensor {name!r}")
+        with safe_open(str(self._where[name]), framework="pt") as f:
+            return f.get_tensor(name)
+
+    def dtype(self) -> torch.dtype:
+        return self[next(iter(self._where))].dtype
+
+
+def read_hf_state_dict(hf_dir: Path) -> Dict[str, torch.Tensor]:
     state: Dict[str, torch.Tensor] = {}
-    for name in files:
-        state.update(load_file(str(hf_dir / name)))
+    for path in _safetensors_files(Path(hf_dir)):
+        state.update(load_file(str(path)))
     return state
 
 
-def write_hf_checkpoint(out_dir: Path, state: Dict[str, torch.Tensor], config_text: str) -> None:
-    """config.json verbatim and the tensors as safetensors (sharded above 5 GiB)."""
+def write_hf_checkpoint(out_dir: Path, state: Dict[str, torch.Tensor], config_text: Optional[str]) -> None:
+    """config.json verbatim (unless None) and the tensors as safetensors (sharded above 5 GiB)."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "config.json").write_text(config_text)
+    if config_text is not None:
+        (out_dir / "config.json").write_text(config_text)
     state = {k: v.contiguous() for k, v in state.items()}
     total = sum(t.numel() * t.element_size() for t in state.values())
     if total <= SHARD_BYTES:

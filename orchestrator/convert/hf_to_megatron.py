@@ -1,61 +1,86 @@
-"""`audiollm convert hf-to-megatron --hf HF_DIR --out OUT_DIR [--tp N] [--pp M] [--whisper DIR] [--verify]`
+"""`audiollm convert hf-to-megatron --hf HF_DIR --out OUT_DIR [--whisper DIR] [--adapter DIR] [--verify]`
 
-Writes the project's per-rank megatron checkpoint (see orchestrator.convert.checkpoint)
-from a HF Gemma2 checkpoint, optionally with the encoder of a HF Whisper checkpoint.
-With --verify, runs the HF model and the converted megatron model (on tp*pp local
-processes) on the same random tokens; the last output line is a JSON object with
-max_abs_logit_diff and loss_diff, and the exit status is 1 above the tolerance."""
+Writes a HF Gemma2 checkpoint (and the encoder of a HF Whisper checkpoint, and an
+adapter exported by `megatron-to-hf`) as one megatron dist_checkpointing checkpoint
+that every TP / PP / virtual-PP layout loads (`model.init_checkpoint`). With --verify,
+runs the HF model and the converted model (on tp*pp local processes) on the same
+random tokens; the last output line is a JSON object with max_abs_logit_diff and
+loss_diff, and the exit status is 1 above the tolerance."""
 
 from __future__ import annotations
 
 import argparse
 import json
 import sys
+import time
 from pathlib import Path
-from typing import Dict, List, Optional
+from typing import Iterator, List, Optional, Tuple
 
 import torch
 
-from orchestrator.convert.checkpoint import write_checkpoint
-from orchestrator.convert.gemma2_mapping import (Gemma2Shape, check_divisibility, hf_gemma2_config,
-                                                 hf_to_megatron_full, shard_megatron)
-from orchestrator.convert.hf_io import read_hf_config, read_hf_state_dict
-from orchestrator.megatron_args import padded_vocab_size
+from orchestrator.checkpoint_dirs import CONVERTED_META, ENCODER_SUBDIR, ADAPTER_SUBDIR
+from orchestrator.convert.gemma2_mapping import Gemma2Shape, hf_gemma2_config, hf_to_megatron_tensors
+from orchestrator.convert.hf_io import SafetensorsDir, read_hf_config
 
-WHISPER_PREFIXES = ("model.encoder.", "encoder.")
+# Where encoder tensors sit: WhisperForConditionalGeneration, WhisperModel, a bare
+# WhisperEncoder (what megatron-to-hf writes).
+WHISPER_PREFIXES = ("model.encoder.", "encoder.", "")
+_ENCODER_MODULES = {"conv1", "conv2", "embed_positions", "layers", "layer_norm"}
 
 
-def whisper_encoder_state(whisper_dir: Path) -> Dict[str, torch.Tensor]:
-    """encoder.* tensors of a HF Whisper checkpoint (WhisperModel or WhisperForConditionalGeneration)."""
-    state = read_hf_state_dict(whisper_dir)
+def whisper_encoder_tensors(whisper_dir: Path) -> Iterator[Tuple[str, torch.Tensor]]:
+    """encoder.* tensors of a HF Whisper checkpoint."""
+    source = SafetensorsDir(whisper_dir)
     for prefix in WHISPER_PREFIXES:
-        found = {"encoder." + k[len(prefix):]: v for k, v in state.items() if k.startswith(prefix)}
-        if found:
-            return found
-    raise ValueError(f"{whisper_dir} holds no Whisper encoder tensors (looked for {WHISPER_PREFIXES})")
+        names = [n for n in source.names()
+                 if n.startswith(prefix) and n[len(prefix):].split(".")[0] in _ENCODER_MODULES]
+        if names:
+            for name in names:
+                yield "encoder." + name[len(prefix):], source[name]
+            return
+    raise ValueError(f"{whisper_dir} holds no Whisper encoder tensors (conv1, layers, ... under "
+                     f"{[p or '(no prefix)' for p in WHISPER_PREFIXES]})")
 
 
-def convert(hf_dir: Path, out_dir: Path, tp: int = 1, pp: int = 1, whisper_dir: Optional[Path] = None) -> dict:
-    config_text = (Path(hf_dir) / "config.json").read_text() if (Path(hf_dir) / "config.json").is_file() else None
-    hf_cfg = hf_gemma2_config(read_hf_config(hf_dir))
-    shape = Gemma2Shape.from_hf_config(hf_cfg)
-    check_divisibility(shape, tp, pp)
-    hf_state = read_hf_state_dict(hf_dir)
-    hf_state.pop("lm_head.weight", None)  # tied to the embedding
-    full = hf_to_megatron_full(hf_state, shape)
-    shards = shard_megatron(full, shape, tp, pp)
-    shards = {key: {"language_model." + k: v for k, v in sd.items()} for key, sd in shards.items()}
-    meta = {"tp": tp, "pp": pp, "vocab_size": shape.vocab_size, "padded_vocab_size": padded_vocab_size(shape.vocab_size, tp),
-            "num_layers": shape.num_layers, "has_encoder": whisper_dir is not None,
-            "dtype": str(next(iter(full.values())).dtype).replace("torch.", "")}
+def adapter_tensors(adapter_dir: Path) -> Iterator[Tuple[str, torch.Tensor]]:
+    source = SafetensorsDir(adapter_dir)
+    for name in source.names():
+        yield "adapter." + name, source[name]
+
+
+def convert(hf_dir: Path, out_dir: Path, whisper_dir: Optional[Path] = None, adapter_dir: Optional[Path] = None
+            ) -> dict:
+    from orchestrator.convert.dist_format import write_model_tensors
+
+    hf_dir, out_dir = Path(hf_dir), Path(out_dir)
+    config_dict = read_hf_config(hf_dir)
+    shape = Gemma2Shape.from_hf_config(hf_gemma2_config(config_dict))
+    # An export of this project carries the encoder and adapter beside the decoder.
+    if whisper_dir is None and (hf_dir / ENCODER_SUBDIR / "config.json").is_file():
+        whisper_dir = hf_dir / ENCODER_SUBDIR
+    if adapter_dir is None and (hf_dir / ADAPTER_SUBDIR).is_dir():
+        adapter_dir = hf_dir / ADAPTER_SUBDIR
+    source = SafetensorsDir(hf_dir)
+
+    def tensors():
+        for name, tensor in hf_to_megatron_tensors(source, shape):
+            yield "language_model." + name, tensor
+        if whisper_dir is not None:
+            yield from whisper_encoder_tensors(Path(whisper_dir))
+        if adapter_dir is not None:
+            yield from adapter_tensors(Path(adapter_dir))
+
+    count = write_model_tensors(out_dir, tensors(), shape.num_layers)
+    parts = ["decoder"] + (["encoder"] if whisper_dir else []) + (["adapter"] if adapter_dir else [])
+    meta = {"format": "audiollm-dist/1", "source": str(hf_dir.resolve()), "parts": parts,
+            "vocab_size": shape.vocab_size, "num_layers": shape.num_layers, "tensors": count,
+            "dtype": str(source.dtype()).replace("torch.", "")}
+    (out_dir / "hf_config.json").write_text((hf_dir / "config.json").read_text())
     if whisper_dir is not None:
-        encoder = whisper_encoder_state(Path(whisper_dir))
-        for t in range(tp):  # the encoder is replicated over TP, first pipeline stage only
-            shards[(t, 0)].update(encoder)
-    write_checkpoint(out_dir, shards, meta)
-    (Path(out_dir) / "hf_config.json").write_text(config_text)
-    if whisper_dir is not None:
-        (Path(out_dir) / "whisper_config.json").write_text((Path(whisper_dir) / "config.json").read_text())
+        (out_dir / "whisper_config.json").write_text((Path(whisper_dir) / "config.json").read_text())
+    if adapter_dir is not None and (Path(adapter_dir) / "adapter_config.json").is_file():
+        (out_dir / "adapter_config.json").write_text((Path(adapter_dir) / "adapter_config.json").read_text())
+    (out_dir / CONVERTED_META).write_text(json.dumps(meta, indent=2) + "\n")
     return meta
 
 
@@ -63,24 +88,31 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser = argparse.ArgumentParser(prog="audiollm convert hf-to-megatron", description=__doc__.split("\n\n")[1])
     parser.add_argument("--hf", required=True, type=Path, help="HF Gemma2 checkpoint directory")
     parser.add_argument("--out", required=True, type=Path, help="output directory")
-    parser.add_argument("--tp", type=int, default=1, help="tensor-parallel size to shard for")
-    parser.add_argument("--pp", type=int, default=1, help="pipeline-parallel size to shard for")
-    parser.add_argument("--whisper", type=Path, default=None, help="HF Whisper checkpoint for encoder.* weights")
+    parser.add_argument("--whisper", type=Path, default=None,
+                        help=f"HF Whisper checkpoint for encoder.* weights (default: HF_DIR/{ENCODER_SUBDIR} if present)")
+    parser.add_argument("--adapter", type=Path, default=None,
+                        help=f"adapter weights written by megatron-to-hf (default: HF_DIR/{ADAPTER_SUBDIR} if present)")
     parser.add_argument("--verify", action="store_true", help="compare HF and converted logits on random tokens")
+    parser.add_argument("--tp", type=int, default=1, help="--verify: tensor-parallel size to load the checkpoint at")
+    parser.add_argument("--pp", type=int, default=1, help="--verify: pipeline-parallel size to load the checkpoint at")
+    parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32",
+                        help="--verify: compute dtype of both models")
     parser.add_argument("--tolerance", type=float, default=1e-3, help="max |logit difference| accepted by --verify")
     parser.add_argument("--seq-len", type=int, default=None,
                         help="--verify sequence length (default: twice the sliding window, at most max positions)")
     args = parser.parse_args(argv)
     if args.tp < 1 or args.pp < 1:
         parser.error(f"--tp ({args.tp}) and --pp ({args.pp}) must be >= 1")
-    meta = convert(args.hf, args.out, args.tp, args.pp, args.whisper)
-    print(f"wrote {args.out} (tp={meta['tp']}, pp={meta['pp']}, {meta['num_layers']} layers, "
-          f"vocab {meta['vocab_size']} padded to {meta['padded_vocab_size']}, encoder: {meta['has_encoder']})")
+    start = time.perf_counter()
+    meta = convert(args.hf, args.out, args.whisper, args.adapter)
+    print(f"wrote {args.out}: {meta['tensors']} tensors ({', '.join(meta['parts'])}; {meta['num_layers']} layers, "
+          f"vocab {meta['vocab_size']}, {meta['dtype']}) in {time.perf_counter() - start:.1f} s; "
+          f"loads at any TP/PP (model.init_checkpoint={args.out})")
     if not args.verify:
         return 0
     from orchestrator.convert.verify import verify
 
-    result = verify(args.hf, args.out, seq_len=args.seq_len)
+    result = verify(args.hf, args.out, tp=args.tp, pp=args.pp, seq_len=args.seq_len, dtype=args.dtype)
     result["tolerance"] = args.tolerance
     result["ok"] = result["max_abs_logit_diff"] <= args.tolerance and result["loss_diff"] <= args.tolerance
     print(json.dumps(result))

@@ -1,52 +1,149 @@
-"""`audiollm convert megatron-to-hf --megatron CKPT_DIR --out HF_DIR`
+"""`audiollm convert megatron-to-hf --megatron CKPT --out HF_DIR`
 
-Merges a checkpoint written by `hf-to-megatron` (any TP/PP) back into a HF Gemma2
-directory: config.json as it came in and the tensors as safetensors, bit-identical to
-the source. The Whisper encoder, if present, is written to HF_DIR/whisper_encoder/
-(encoder.* names, with the source Whisper config.json)."""
+Exports model weights to HF: CKPT is a converted checkpoint (hf-to-megatron), a
+training checkpoint (RUN/checkpoints/step_N) or a run directory (its latest step),
+written at any TP/PP. LoRA adapters are merged into their base weights
+(W + alpha/rank * B A). HF_DIR gets:
+
+    config.json, model.safetensors   a HF Gemma2ForCausalLM (`from_pretrained` loads it)
+    whisper_encoder/                 the encoder as a HF WhisperEncoder (config + weights)
+    audio_adapter/                   the adapter's weights and adapter_config.json
+    tokenizer files                  the run's data.tokenizer (training checkpoints)
+
+`hf-to-megatron --hf HF_DIR` reads the encoder and adapter back from there."""
 
 from __future__ import annotations
 
 import argparse
+import json
+import re
+import shutil
 import sys
 from pathlib import Path
-from typing import List, Optional
+from typing import Dict, List, Optional, Tuple
 
-from orchestrator.convert.checkpoint import read_meta, read_shards
-from orchestrator.convert.gemma2_mapping import Gemma2Shape, hf_gemma2_config, megatron_full_to_hf, unshard_megatron
+import torch
+
+from orchestrator.checkpoint_dirs import ADAPTER_SUBDIR, CONVERTED_META, ENCODER_SUBDIR, resolve_model_checkpoint
+from orchestrator.convert.gemma2_mapping import Gemma2Shape, hf_gemma2_config, megatron_full_to_hf
 from orchestrator.convert.hf_io import write_hf_checkpoint
 
-
-def megatron_dir_to_hf_state(ckpt_dir: Path):
-    """(HF Gemma2 state dict, encoder state dict, config.json text) of a converted checkpoint."""
-    import json
-
-    read_meta(ckpt_dir)
-    config_text = (Path(ckpt_dir) / "hf_config.json").read_text()
-    shape = Gemma2Shape.from_hf_config(hf_gemma2_config(json.loads(config_text)))
-    shards = read_shards(ckpt_dir)
-    decoder = {k: {n[len("language_model."):]: t for n, t in sd.items() if n.startswith("language_model.")}
-               for k, sd in shards.items()}
-    encoder = {n: t for n, t in shards[(0, 0)].items() if n.startswith("encoder.")}
-    return megatron_full_to_hf(unshard_megatron(decoder, shape), shape), encoder, config_text
+_LORA = re.compile(r"^(.*)\.lora_([ab])\.weight$")
 
 
-def convert(ckpt_dir: Path, out_dir: Path) -> None:
-    hf_state, encoder, config_text = megatron_dir_to_hf_state(ckpt_dir)
-    write_hf_checkpoint(out_dir, hf_state, config_text)
+def merge_lora_tensors(state: Dict[str, torch.Tensor], scaling: Optional[float]) -> int:
+    """Fold every `<linear>.lora_a/b.weight` pair into `<linear>.weight` (in place) and
+    drop the adapters. The tensors are full (TP=1) ones, so W [out, in] += s * B [out, r] @ A [r, in]
+    holds in every layout megatron shards them to. Returns how many were merged."""
+    pairs: Dict[str, Dict[str, torch.Tensor]] = {}
+    for name in [n for n in state if _LORA.match(n)]:
+        base, which = _LORA.match(name).groups()
+        pairs.setdefault(base, {})[which] = state.pop(name)
+    if pairs and scaling is None:
+        raise ValueError("the checkpoint holds LoRA adapters but no lora.alpha / lora.rank to merge them with")
+    for base, ab in pairs.items():
+        weight = state[base + ".weight"]
+        delta = (ab["b"].double() @ ab["a"].double()) * scaling
+        state[base + ".weight"] = (weight.double() + delta).to(weight.dtype)
+    return len(pairs)
+
+
+def _source_configs(ckpt: Path) -> Tuple[dict, Optional[dict], Optional[float], Optional[str]]:
+    """(model section as a dict or the converted source configs, ..., LoRA scaling,
+    tokenizer dir) for a converted checkpoint or a training step (its run's plan.json)."""
+    if (ckpt / CONVERTED_META).is_file():
+        return {"converted": ckpt}, None, None, None
+    plan_path = ckpt.parent.parent / "plan.json"
+    if not plan_path.is_file():
+        raise FileNotFoundError(f"{ckpt}: neither {CONVERTED_META} (a converted checkpoint) nor {plan_path} "
+                                f"(a training checkpoint's run) is there; cannot tell the model's config")
+    config = json.loads(plan_path.read_text())["config"]
+    lora = config.get("lora") or {}
+    scaling = float(lora["alpha"]) / int(lora["rank"]) if int(lora.get("rank") or 0) > 0 else None
+    return config["model"], config.get("data"), scaling, (config.get("data") or {}).get("tokenizer")
+
+
+def convert(ckpt_dir: Path, out_dir: Path) -> dict:
+    from orchestrator.convert.dist_format import read_model_tensors
+
+    resolved, problem = resolve_model_checkpoint(str(ckpt_dir))
+    if problem:
+        raise FileNotFoundError(problem)
+    ckpt, out = Path(resolved), Path(out_dir)
+    model, _, scaling, tokenizer = _source_configs(ckpt)
+    state = read_model_tensors(ckpt)
+    merged = merge_lora_tensors(state, scaling)
+    decoder = {n[len("language_model."):]: t for n, t in state.items() if n.startswith("language_model.")}
+    encoder = {n[len("encoder."):]: t for n, t in state.items() if n.startswith("encoder.")}
+    adapter = {n[len("adapter."):]: t for n, t in state.items() if n.startswith("adapter.")}
+    if "converted" in model:
+        hf_config = json.loads((ckpt / "hf_config.json").read_text())
+        whisper_path, adapter_path = ckpt / "whisper_config.json", ckpt / "adapter_config.json"
+        whisper_config = json.loads(whisper_path.read_text()) if whisper_path.is_file() else None
+        adapter_config = json.loads(adapter_path.read_text()) if adapter_path.is_file() else None
+    else:
+        hf_config = gemma2_hf_config(model["decoder"], tokenizer)
+        whisper_config = whisper_hf_config(model["encoder"])
+        adapter_config = {k: model["adapter"][k] for k in ("frame_stack", "dropout", "ctc_weight")
+                          if k in model["adapter"]}
+    shape = Gemma2Shape.from_hf_config(hf_gemma2_config(hf_config))
+    write_hf_checkpoint(out, megatron_full_to_hf(decoder, shape), json.dumps(hf_config, indent=2))
     if encoder:
-        whisper_cfg = Path(ckpt_dir) / "whisper_config.json"
-        write_hf_checkpoint(Path(out_dir) / "whisper_encoder", encoder,
-                            whisper_cfg.read_text() if whisper_cfg.is_file() else "{}")
+        write_hf_checkpoint(out / ENCODER_SUBDIR, encoder, json.dumps(whisper_config or {}, indent=2))
+    if adapter:
+        write_hf_checkpoint(out / ADAPTER_SUBDIR, adapter, None)
+        (out / ADAPTER_SUBDIR / "adapter_config.json").write_text(json.dumps(adapter_config or {}, indent=2))
+    if tokenizer and Path(tokenizer).is_dir():
+        for path in Path(tokenizer).iterdir():
+            if path.is_file():
+                shutil.copy2(path, out / path.name)
+    return {"checkpoint": str(ckpt), "lora_merged": merged, "encoder": bool(encoder), "adapter": bool(adapter),
+            "tokenizer": bool(tokenizer)}
+
+
+def gemma2_hf_config(decoder: dict, tokenizer_dir: Optional[str] = None) -> dict:
+    """HF Gemma2Config (as config.json) of the project's `model.decoder` section;
+    special-token ids from the tokenizer when there is one."""
+    config = {
+        "architectures": ["Gemma2ForCausalLM"], "model_type": "gemma2", "hidden_activation": "gelu_pytorch_tanh",
+        "hidden_size": decoder["hidden_size"], "num_hidden_layers": decoder["num_layers"],
+        "num_attention_heads": decoder["num_attention_heads"], "num_key_value_heads": decoder["num_query_groups"],
+        "head_dim": decoder["kv_channels"], "intermediate_size": decoder["ffn_hidden_size"],
+        "vocab_size": decoder["vocab_size"], "max_position_embeddings": decoder["max_position_embeddings"],
+        "rope_theta": decoder["rope_theta"], "rms_norm_eps": decoder["norm_eps"],
+        "sliding_window": decoder["sliding_window"], "query_pre_attn_scalar": decoder["query_pre_attn_scalar"],
+        "attn_logit_softcapping": decoder["attn_logit_softcap"],
+        "final_logit_softcapping": decoder["final_logit_softcap"], "tie_word_embeddings": True,
+        "torch_dtype": "float32",
+    }
+    if tokenizer_dir and (Path(tokenizer_dir) / "tokenizer.json").is_file():
+        from orchestrator.data.tokenizer_build import load_tokenizer
+
+        tok = load_tokenizer(tokenizer_dir)
+        config.update(bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
+    return config
+
+
+def whisper_hf_config(encoder: dict) -> dict:
+    """HF WhisperConfig (as config.json) of the project's `model.encoder` section."""
+    from orchestrator.models.speech import whisper_encoder_config
+    from orchestrator.schema.model import EncoderConfig
+
+    fields = {k: v for k, v in encoder.items() if k in EncoderConfig.__dataclass_fields__}
+    return whisper_encoder_config(EncoderConfig(**fields)).to_dict()
 
 
 def main(argv: Optional[List[str]] = None) -> int:
     parser = argparse.ArgumentParser(prog="audiollm convert megatron-to-hf", description=__doc__.split("\n\n")[1])
-    parser.add_argument("--megatron", required=True, type=Path, help="checkpoint written by hf-to-megatron")
+    parser.add_argument("--megatron", required=True, type=Path,
+                        help="a converted checkpoint, a training checkpoint (RUN/checkpoints/step_N) or a run directory")
     parser.add_argument("--out", required=True, type=Path, help="output HF directory")
     args = parser.parse_args(argv)
-    convert(args.megatron, args.out)
-    print(f"wrote {args.out}")
+    result = convert(args.megatron, args.out)
+    parts = ["Gemma2"] + (["whisper_encoder/"] if result["encoder"] else []) + \
+        (["audio_adapter/"] if result["adapter"] else []) + (["tokenizer"] if result["tokenizer"] else [])
+    print(f"wrote {args.out} from {result['checkpoint']}: {', '.join(parts)}"
+          f"{'; LoRA merged into %d linears' % result['lora_merged'] if result['lora_merged'] else ''}")
     return 0
 
 

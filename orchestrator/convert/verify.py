@@ -1,10 +1,12 @@
 """Numerical check of a conversion: HF Gemma2 vs the converted megatron checkpoint on
-the same random tokens (fp32), run on tp*pp local processes (torchrun; gloo on CPU).
+the same random tokens, run on tp*pp local processes (torchrun; gloo on CPU) that load
+the checkpoint the way a training job does (orchestrator.train.init_weights), at the
+layout asked for.
 
-`verify(hf_dir, ckpt_dir)` launches the workers and returns
-{max_abs_logit_diff, loss_diff, loss_hf, loss_megatron, tp, pp, seq_len, batch}.
+`verify(hf_dir, ckpt_dir, tp, pp)` launches the workers and returns
+{max_abs_logit_diff, loss_diff, loss_hf, loss_megatron, tp, pp, seq_len, batch, dtype}.
 Worker entry (what verify launches):
-    torchrun --nproc_per_node=TP*PP -m orchestrator.convert.verify --hf H --megatron C --result R.json
+    torchrun --nproc_per_node=TP*PP -m orchestrator.convert.verify --hf H --megatron C --tp T --pp P --result R.json
 """
 
 from __future__ import annotations
@@ -30,16 +32,15 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
-def verify(hf_dir: Path, ckpt_dir: Path, seq_len: Optional[int] = None, timeout: int = 3600) -> dict:
-    from orchestrator.convert.checkpoint import read_meta
-
-    meta = read_meta(ckpt_dir)
-    nproc = meta["tp"] * meta["pp"]
+def verify(hf_dir: Path, ckpt_dir: Path, tp: int = 1, pp: int = 1, seq_len: Optional[int] = None,
+           dtype: str = "float32", timeout: int = 3600) -> dict:
+    nproc = tp * pp
     with tempfile.TemporaryDirectory() as tmp:
         result_path = Path(tmp) / "verify.json"
         cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}",
                "--master_addr=127.0.0.1", f"--master_port={_free_port()}", "-m", "orchestrator.convert.verify",
-               "--hf", str(hf_dir), "--megatron", str(ckpt_dir), "--result", str(result_path)]
+               "--hf", str(hf_dir), "--megatron", str(ckpt_dir), "--result", str(result_path),
+               "--tp", str(tp), "--pp", str(pp), "--dtype", dtype]
         if seq_len:
             cmd += ["--seq-len", str(seq_len)]
         env = dict(os.environ)
@@ -54,23 +55,22 @@ def verify(hf_dir: Path, ckpt_dir: Path, seq_len: Optional[int] = None, timeout:
 def _worker(args) -> None:
     from megatron.core import parallel_state as ps
 
-    from orchestrator.convert.checkpoint import load_converted_checkpoint, read_meta
     from orchestrator.convert.gemma2_mapping import decoder_config_from_hf, hf_gemma2_config
     from orchestrator.convert.hf_io import read_hf_config
     from orchestrator.convert.megatron_forward import pipeline_forward
     from orchestrator.models.gemma2_model import Gemma2Model, gemma2_transformer_config
     from orchestrator.runtime.distributed import ParallelSizes, init_distributed, shutdown
+    from orchestrator.train.init_weights import load_init_checkpoint
 
-    meta = read_meta(args.megatron)
-    tp, pp = meta["tp"], meta["pp"]
+    tp, pp = args.tp, args.pp
+    dtype = getattr(torch, args.dtype)
     device = init_distributed(ParallelSizes(tp=tp, pp=pp), seed=0)
     hf_cfg = hf_gemma2_config(read_hf_config(args.hf))
     dec = decoder_config_from_hf(hf_cfg)
-    model = Gemma2Model(gemma2_transformer_config(dec, tp=tp, pp=pp), dec.vocab_size, dec.max_position_embeddings,
-                        pre_process=ps.is_pipeline_first_stage(), post_process=ps.is_pipeline_last_stage(),
-                        rope_theta=dec.rope_theta).eval()
-    load_converted_checkpoint(model, args.megatron, ps.get_tensor_model_parallel_rank(),
-                              ps.get_pipeline_model_parallel_rank(), tp, pp)
+    config = gemma2_transformer_config(dec, tp=tp, pp=pp, params_dtype=dtype)
+    model = Gemma2Model(config, dec.vocab_size, dec.max_position_embeddings, pre_process=ps.is_pipeline_first_stage(),
+                        post_process=ps.is_pipeline_last_stage(), rope_theta=dec.rope_theta).eval()
+    load_init_checkpoint(args.megatron, [model], prefix="language_model.")
     seq = args.seq_len or min(2 * (dec.sliding_window or 64), dec.max_position_embeddings)
     tokens = torch.randint(0, dec.vocab_size, (BATCH, seq), generator=torch.Generator().manual_seed(1234)).to(device)
     positions = torch.arange(seq, device=device)[None].expand(BATCH, -1)
@@ -81,14 +81,14 @@ def _worker(args) -> None:
     if logits is not None and ps.get_tensor_model_parallel_rank() == 0:
         from transformers import Gemma2ForCausalLM
 
-        hf = Gemma2ForCausalLM.from_pretrained(args.hf, torch_dtype=torch.float32, attn_implementation="eager")
+        hf = Gemma2ForCausalLM.from_pretrained(args.hf, torch_dtype=dtype, attn_implementation="eager")
         hf = hf.to(device).eval()
         with torch.no_grad():
             ref = hf(tokens, labels=tokens)
         loss = token_loss[:, :-1].float().mean().item()
         result = {"max_abs_logit_diff": (logits[..., : dec.vocab_size].float() - ref.logits.float()).abs().max().item(),
                   "loss_diff": abs(loss - ref.loss.item()), "loss_hf": ref.loss.item(), "loss_megatron": loss,
-                  "tp": tp, "pp": pp, "seq_len": seq, "batch": BATCH}
+                  "tp": tp, "pp": pp, "seq_len": seq, "batch": BATCH, "dtype": args.dtype}
         Path(args.result).write_text(json.dumps(result))
     shutdown()
 
@@ -99,6 +99,9 @@ def main(argv=None) -> int:
     parser.add_argument("--megatron", required=True, type=Path)
     parser.add_argument("--result", required=True, type=Path)
     parser.add_argument("--seq-len", type=int, default=None)
+    parser.add_argument("--tp", type=int, default=1)
+    parser.add_argument("--pp", type=int, default=1)
+    parser.add_argument("--dtype", default="float32")
     _worker(parser.parse_args(argv))
     return 0
 

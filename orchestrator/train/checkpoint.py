@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import logging
 import os
-import queue
 import random
 import re
 import shutil
@@ -31,6 +30,8 @@ from typing import Optional, Sequence
 import numpy as np
 import torch
 import torch.distributed as dist
+
+from orchestrator.convert.dist_format import use_in_process_results_queue
 
 log = logging.getLogger(__name__)
 
@@ -96,26 +97,11 @@ def _set_rng_state(state: dict) -> None:
     get_cuda_rng_tracker().set_states(state["tracker"])
 
 
-def _use_in_process_results_queue() -> None:
-    """dist_checkpointing's writer hands its results back through a queue served by a
-    spawned multiprocessing.Manager process (megatron-core 0.16.1,
-    strategies/filesystem_async._get_write_results_queue). Our saves are synchronous:
-    the put and the get both happen in this process, so an in-process queue does the
-    same job without that extra process -- which a crashed rank would leave behind,
-    orphaned and holding the job's stdout, and which forces a __main__ guard on every
-    entry script. Without the module attribute (another megatron version) this does
-    nothing and megatron's own queue is used."""
-    from megatron.core.dist_checkpointing.strategies import filesystem_async
-
-    if getattr(filesystem_async, "_results_queue", "missing") is None:
-        filesystem_async._results_queue = queue.Queue()
-
-
 def save_checkpoint(run_dir, step: int, chunks: Sequence, optimizer, scheduler, batch_source,
                     wandb_run_id: Optional[str], keep_last: int) -> Path:
     from megatron.core import dist_checkpointing
 
-    _use_in_process_results_queue()
+    use_in_process_results_queue()
     root = checkpoints_dir(run_dir)
     name = f"step_{step:06d}"
     final, tmp = root / name, root / f".tmp-{name}"

@@ -3,7 +3,8 @@ megatron optimizer + scheduler -> resume -> steps (1F1B, interleaved with virtua
 pipeline stages) -> metrics, checkpoints, evaluation.
 
 Transforms on the model run in this fixed order, because each needs the previous:
-  1. build chunks (every parameter exists, names follow the contract),
+  1. build chunks (every parameter exists, names follow the contract), and load
+     model.init_checkpoint into them (pretrained weights, before anything wraps them),
   2. LoRA (adds adapter parameters, freezes the adapted base weights),
   3. model-level freezes (model.*.freeze),
   4. lr groups (freeze lr_scale-0 groups; tag the rest) -- must see the final set of
@@ -92,6 +93,8 @@ class Trainer:
 
         self.config = mcfg.transformer_config(plan, on_gpu, provider.transformer_fields())
         chunks = self._build_chunks(provider)
+        if training:
+            self._load_init_checkpoint(chunks)
         self.adapted = []
         for chunk in chunks:
             self.adapted += apply_lora(chunk, plan.section("lora"), self.seed, b_std=components.lora_b_init_std)
@@ -145,6 +148,19 @@ class Trainer:
                 model = Float16Module(self.config, model)
             chunks.append(model)
         return chunks
+
+    def _load_init_checkpoint(self, chunks) -> None:
+        """model.init_checkpoint: pretrained weights, before LoRA and the freezes; only
+        when the run starts fresh (a resumed run has its own checkpoint)."""
+        from orchestrator.train.init_weights import describe, load_init_checkpoint
+
+        path = self.plan.section("model").get("init_checkpoint")
+        resumes = (self.plan.section("run").get("resume") or "auto") != "never"
+        if not path or (resumes and ckpt.latest_checkpoint(self.plan.run_dir) is not None):
+            return
+        result = load_init_checkpoint(path, chunks)
+        if self.rank == 0:
+            log.info("%s", describe(path, result))
 
     # ---- one step -------------------------------------------------------------------
     def _loss_func(self, batch: dict, per_token_loss: torch.Tensor):

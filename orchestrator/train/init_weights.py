@@ -1,0 +1,152 @@
+"""`model.init_checkpoint`: pretrained weights into a fresh run (Megatron-LM's
+`--finetune`: weights only; step 0, fresh optimizer and scheduler).
+
+The source is a megatron dist_checkpointing directory: a converted HF checkpoint
+(`audiollm convert hf-to-megatron`) or a training checkpoint of an earlier run.
+dist_checkpointing reshards it to this job's TP / PP / virtual-PP layout, whatever
+layout wrote it. It runs on every rank after the model chunks are built and before
+LoRA and the freezes (loop.Trainer), so LoRA wraps pretrained weights.
+
+Every model tensor must be accounted for before the first step, on every rank alike:
+- a tensor the model needs and the checkpoint lacks is an error, except the modules
+  that start fresh in a fine-tune: LoRA factors, the adapter when the checkpoint has
+  none (a converted HF model), the adapter's CTC head;
+- a checkpoint tensor the model does not have (a renamed tensor, another model) and a
+  shape that differs are errors naming the tensors.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Dict, List, Sequence
+
+import torch
+import torch.distributed as dist
+
+log = logging.getLogger(__name__)
+
+_MAX_NAMED = 12
+
+
+class InitCheckpointError(ValueError):
+    """The init checkpoint does not fit the model."""
+
+
+def _flat_sharded(chunk, prefix: str = "") -> Dict[str, object]:
+    """{state-dict name: ShardedTensor / ShardedTensorFactory / ShardedObject} of a chunk."""
+    from orchestrator.train.checkpoint import _SHARDING_METADATA, _unwrap_ddp
+
+    return _unwrap_ddp(chunk).sharded_state_dict(prefix=prefix, metadata=dict(_SHARDING_METADATA))
+
+
+def _global_shape(sharded) -> tuple:
+    from megatron.core.dist_checkpointing.mapping import ShardedTensorFactory
+
+    if isinstance(sharded, ShardedTensorFactory):
+        return tuple(sharded.build()[0].global_shape)
+    return tuple(sharded.global_shape)
+
+
+def _starts_fresh(key: str, stored_keys) -> str:
+    """The reason a model tensor missing from the checkpoint may start at its initial
+    value, or '' when it may not."""
+    if ".lora_" in key:
+        return "LoRA"
+    if key.startswith("adapter.ctc_head."):
+        return "CTC head"
+    if key.startswith("adapter.") and not any(k.startswith("adapter.") for k in stored_keys):
+        return "adapter"
+    return ""
+
+
+def _names(items: Sequence[str]) -> str:
+    items = sorted(items)
+    return ", ".join(items[:_MAX_NAMED]) + (f" ... ({len(items)} in all)" if len(items) > _MAX_NAMED else "")
+
+
+def load_init_checkpoint(path: str | Path, chunks: Sequence, prefix: str = "") -> dict:
+    """Load the weights of `path` into this rank's model chunks (collective: call on
+    every rank). `prefix` names the part of the AudioLLM the chunks are (a bare decoder:
+    `language_model.`); checkpoint tensors outside it are then ignored. Returns {'loaded': n, 'fresh': {reason: n}}
+    counted over the whole model; raises InitCheckpointError before anything is loaded
+    when the checkpoint does not fit."""
+    from megatron.core import dist_checkpointing
+    from megatron.core.dist_checkpointing.mapping import ShardedObject
+
+    from orchestrator.convert.dist_format import stored_model_tensors
+
+    stored = {k: v for k, v in stored_model_tensors(path).items() if k.startswith(prefix)}
+    requests: List[dict] = []
+    skipped: List[set] = []  # per chunk: names left at their initial values
+    needed, fresh, mismatched = set(), {}, []
+    for chunk in chunks:
+        request, skip = {}, set()
+        for name, sharded in _flat_sharded(chunk, prefix).items():
+            if isinstance(sharded, ShardedObject):
+                skip.add(name)  # extra state (TransformerEngine's fp8 metadata): rebuilt by the layer
+                continue
+            key = sharded.key
+            needed.add(key)
+            if key not in stored:
+                fresh[key] = _starts_fresh(key, stored)
+                skip.add(name)
+                continue
+            want, have = _global_shape(sharded), tuple(stored[key].global_shape)
+            if getattr(sharded, "allow_shape_mismatch", False):  # vocabulary rows: padded per layout
+                want, have = want[1:], have[1:]
+            if want != have:
+                mismatched.append(f"{key} (checkpoint {tuple(stored[key].global_shape)}, model {_global_shape(sharded)})")
+                continue
+            request[name] = sharded
+        requests.append(request)
+        skipped.append(skip)
+    # The same verdict on every rank: each sees only its own stages' tensors.
+    gathered: List[dict] = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, {"needed": needed, "fresh": fresh, "mismatched": mismatched})
+    needed = set().union(*(g["needed"] for g in gathered))
+    fresh = {k: v for g in gathered for k, v in g["fresh"].items()}
+    mismatched = sorted(set().union(*(g["mismatched"] for g in gathered)))
+    missing = sorted(k for k, reason in fresh.items() if not reason)
+    unexpected = sorted(set(stored) - needed)
+    problems = []
+    if missing:
+        problems.append(f"the model needs tensors the checkpoint lacks: {_names(missing)}")
+    if unexpected:
+        hint = (" (LoRA adapters of an earlier run: export it with `audiollm convert megatron-to-hf`, which "
+                "merges them, and convert that back)") if any(".lora_" in k for k in unexpected) else ""
+        problems.append(f"the checkpoint holds tensors the model does not have: {_names(unexpected)}{hint}")
+    if mismatched:
+        problems.append(f"shapes differ: {_names(mismatched)}")
+    if problems:
+        raise InitCheckpointError(
+            f"model.init_checkpoint={path} does not fit model (this config's model section): " + "; ".join(problems)
+            + ". Convert the checkpoint for this model, or set the model section to the checkpoint's shapes.")
+    for chunk, request, skip in zip(chunks, requests, skipped):
+        loaded = dist_checkpointing.load({"model": request}, str(path))["model"]
+        with torch.no_grad():
+            result = _unwrap(chunk).load_state_dict(_strip(loaded, prefix), strict=False)
+        left = [k for k in result.missing_keys if prefix + k not in skip]
+        if result.unexpected_keys or left:
+            raise InitCheckpointError(f"loading {path}: unexpected {result.unexpected_keys}, not loaded {left}")
+    counts: Dict[str, int] = {}
+    for reason in fresh.values():
+        counts[reason] = counts.get(reason, 0) + 1
+    return {"loaded": len(needed) - len(fresh), "fresh": counts}
+
+
+def _unwrap(chunk):
+    from orchestrator.train.checkpoint import _unwrap_ddp
+
+    return _unwrap_ddp(chunk)
+
+
+def _strip(state: dict, prefix: str) -> dict:
+    return {k[len(prefix):] if k.startswith(prefix) else k: v for k, v in state.items()}
+
+
+def describe(path: str | Path, result: dict) -> str:
+    """The job's one log line about the initial weights."""
+    fresh = ", ".join(f"{reason} ({n} tensors)" for reason, n in sorted(result["fresh"].items()))
+    return (f"init_checkpoint: loaded {result['loaded']} tensors from {path}; "
+            f"starting fresh: {fresh or 'nothing'}")

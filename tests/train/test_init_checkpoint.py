@@ -1,0 +1,137 @@
+"""Pretrained weights end to end: a tiny random HF Gemma2 + HF Whisper (+ adapter
+weights) saved with save_pretrained, converted once (`audiollm convert hf-to-megatron`),
+trained from at TP=2 and at PP=2 through `audiollm train` (local launcher, real
+trainer); the first step's loss equals the same batch's loss through the HF reference
+(HF Gemma2 + HF WhisperEncoder + the adapter written out in plain torch)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from tests.distributed_run import REPO
+from tests.train.audiollm_runs import make_corpus, train_overrides
+
+# The tiny_audiollm model section (conf/model/tiny_audiollm.yaml), as HF configs.
+GEMMA2 = dict(vocab_size=512, hidden_size=128, intermediate_size=384, num_hidden_layers=4, num_attention_heads=4,
+              num_key_value_heads=2, head_dim=32, query_pre_attn_scalar=32, sliding_window=64,
+              attn_logit_softcapping=50.0, final_logit_softcapping=30.0, max_position_embeddings=1024,
+              rms_norm_eps=1e-6, rope_theta=10000.0)
+WHISPER = dict(d_model=128, encoder_layers=2, encoder_attention_heads=4, encoder_ffn_dim=512, num_mel_bins=80,
+               max_source_positions=250, decoder_layers=1, decoder_attention_heads=4, decoder_ffn_dim=64,
+               vocab_size=100, pad_token_id=99, bos_token_id=98, eos_token_id=99, decoder_start_token_id=98,
+               max_target_positions=32)
+FRAME_STACK = 5
+STEP1_TOLERANCE = 1e-4  # fp32, both sides; the issue's bound
+
+
+def _hf_models(seed: int = 0):
+    from transformers import Gemma2Config, Gemma2ForCausalLM, WhisperConfig, WhisperModel
+
+    from orchestrator.models.speech import AudioAdapter
+    from tests.models.tiny_models import randomize
+
+    gemma = randomize(Gemma2ForCausalLM(Gemma2Config(**GEMMA2, attn_implementation="eager")), seed).eval()
+    whisper = randomize(WhisperModel(WhisperConfig(**WHISPER, attn_implementation="eager")), seed + 1).eval()
+    adapter = AudioAdapter(WHISPER["encoder_layers"], WHISPER["d_model"], GEMMA2["hidden_size"], FRAME_STACK)
+    randomize(adapter, seed + 2)
+    return gemma, whisper, adapter
+
+
+@pytest.fixture(scope="module")
+def pretrained(tmp_path_factory):
+    """(corpus, HF dirs, converted checkpoint)."""
+    from safetensors.torch import save_file
+
+    from orchestrator.convert import hf_to_megatron
+
+    root = tmp_path_factory.mktemp("pretrained")
+    corpus = make_corpus(root / "corpus")
+    gemma, whisper, adapter = _hf_models()
+    gemma.save_pretrained(root / "gemma2", safe_serialization=True)
+    whisper.save_pretrained(root / "whisper", safe_serialization=True)
+    (root / "adapter").mkdir()
+    save_file({k: v.contiguous() for k, v in adapter.state_dict().items()}, str(root / "adapter" / "model.safetensors"))
+    assert hf_to_megatron.main(["--hf", str(root / "gemma2"), "--whisper", str(root / "whisper"),
+                                "--adapter", str(root / "adapter"), "--out", str(root / "converted")]) == 0
+    return {"root": root, "corpus": corpus, "converted": root / "converted"}
+
+
+def _overrides(pretrained, run_name: str, extra=()) -> list:
+    return [*train_overrides(pretrained["corpus"]), f"model.init_checkpoint={pretrained['converted']}",
+            "data.validation=[]", "train.eval_wer=false", "model.adapter.ctc_weight=0",
+            "model.spec_augment.enabled=false", "model.encoder.mask_padding=false", "train.iters=1",
+            "optim.lr_warmup_iters=0",
+            "logger=none", f"run.name={run_name}", f"run.output_root={pretrained['root'] / 'runs'}", *extra]
+
+
+def _cli(args: list, cwd: Path) -> str:
+    env = {**os.environ, "PYTHONPATH": str(REPO), "PYTHONWARNINGS": "ignore", "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run([sys.executable, "-c", "import sys; from orchestrator.cli import main; "
+                           "sys.exit(main(sys.argv[1:]))", *args], capture_output=True, text=True, timeout=600,
+                          cwd=cwd, env=env)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-6000:]
+    return out
+
+
+def _reference_step1_loss(overrides: list) -> float:
+    """The trainer's first step (global batch of its micro-batches) through HF modules."""
+    from transformers import Gemma2ForCausalLM, WhisperModel
+
+    from orchestrator.compose import compose
+    from orchestrator.data.loader import build_train_loader
+    from orchestrator.resolve import to_object
+    from tests.models.parity_script import reference_adapter
+
+    cfg = to_object(compose(overrides))
+    root = Path(cfg.model.init_checkpoint).parent
+    gemma = Gemma2ForCausalLM.from_pretrained(root / "gemma2", attn_implementation="eager").eval()
+    encoder = WhisperModel.from_pretrained(root / "whisper", attn_implementation="eager").encoder.eval()
+    from safetensors.torch import load_file
+
+    adapter = {"adapter." + k: v for k, v in load_file(str(root / "adapter" / "model.safetensors")).items()}
+    mbs = cfg.optim.micro_batch_size
+    loader = build_train_loader(cfg.data, cfg.model.encoder, cfg.model.adapter, mbs, 0, 1, 1, cfg.data.seed)
+    total, tokens = 0.0, 0.0
+    window = 2 * WHISPER["max_source_positions"]
+    with torch.no_grad():
+        for _ in range(cfg.optim.global_batch_size // mbs):
+            batch = next(loader)
+            assert not batch["packed"]
+            features = F.pad(batch["audio_features"], (0, window - batch["audio_features"].shape[-1]))
+            states = encoder(features, output_hidden_states=True).hidden_states[1:]
+            lengths = [int(n) for n in batch["audio_lengths"]]
+            audio = reference_adapter(states, adapter, lengths, FRAME_STACK)
+            ids = batch["tokens"]
+            embeds = gemma.model.embed_tokens(ids)
+            embeds[ids == int(batch["audio_token_id"])] = audio
+            logits = gemma(inputs_embeds=embeds).logits
+            per_token = F.cross_entropy(logits.flatten(0, 1).double(), batch["labels"].flatten(), reduction="none")
+            mask = batch["loss_mask"].flatten().double()
+            total += float((per_token * mask).sum())
+            tokens += float(mask.sum())
+    return total / tokens
+
+
+@pytest.mark.multiprocess
+@pytest.mark.parametrize("layout", [["parallel.tp=2", "launcher.gpus_per_node=2"],
+                                    ["parallel.pp=2", "launcher.gpus_per_node=2"]], ids=["tp2", "pp2"])
+def test_first_step_loss_from_a_converted_hf_checkpoint_equals_hf(pretrained, layout):
+    name = "from_hf_" + "_".join(o.split("=")[1] for o in layout[:1])
+    overrides = _overrides(pretrained, name, layout)
+    out = _cli(["train", *overrides], cwd=pretrained["root"])
+    run_dir = pretrained["root"] / "runs" / "tiny_cpu" / name
+    log = "\n".join(p.read_text() for p in run_dir.glob("**/*.log")) + out
+    assert f"init_checkpoint: loaded" in log and "starting fresh: nothing" in log, log[-4000:]
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    reference = _reference_step1_loss(overrides)
+    print(f"{name}: step-1 loss {rows[0]['loss']:.8f}, HF reference {reference:.8f}")
+    assert abs(rows[0]["loss"] - reference) <= STEP1_TOLERANCE, (rows[0]["loss"], reference)
