@@ -1,8 +1,8 @@
 """`audiollm compare-weights A B [--rtol R] [--atol T]`
 
-Compares two checkpoints parameter by parameter (HF Gemma2 directories or checkpoints
-written by `audiollm convert hf-to-megatron`, in any mix; megatron ones are merged
-and renamed to HF names first). Lists every parameter whose statistics (mean, std,
+Compares two checkpoints parameter by parameter (HF Gemma2 directories, converted or
+training checkpoints, in any mix; megatron ones are read at TP=1 with LoRA merged and
+renamed to HF names first, as `megatron-to-hf` exports them). Lists every parameter whose statistics (mean, std,
 min, max, L2 norm) or shape differ beyond atol + rtol*|value|, and every parameter
 present on one side only. Exit status 1 when anything is listed."""
 
@@ -20,11 +20,11 @@ STATS = ("mean", "std", "min", "max", "norm")
 
 def load_any(path: Path) -> Dict[str, torch.Tensor]:
     path = Path(path)
-    if (path / "audiollm_checkpoint.json").is_file():
-        from orchestrator.convert.megatron_to_hf import megatron_dir_to_hf_state
+    if not (path / "config.json").is_file():
+        from orchestrator.convert.megatron_to_hf import export_state
 
-        decoder, encoder, _ = megatron_dir_to_hf_state(path)
-        return {**decoder, **encoder}
+        state = export_state(path)
+        return {**state["decoder"], **{"encoder." + k: v for k, v in state["encoder"].items()}}
     from orchestrator.convert.hf_io import read_hf_state_dict
 
     state = read_hf_state_dict(path)

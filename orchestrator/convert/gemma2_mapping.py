@@ -124,7 +124,7 @@ def hf_gemma2_config(config_dict: dict):
 
     if config_dict.get("model_type") != "gemma2":
         raise ValueError(f"config.json has model_type {config_dict.get('model_type')!r}; only 'gemma2' converts")
-    cfg = Gemma2Config.from_dict(config_dict)
+    cfg = Gemma2Config.from_dict(dict(config_dict))  # from_dict adds keys to the dict it is given
     if cfg.hidden_activation != "gelu_pytorch_tanh":
         raise ValueError(f"config.json hidden_activation {cfg.hidden_activation!r}: the decoder implements "
                          "Gemma2's 'gelu_pytorch_tanh' only")

@@ -20,7 +20,7 @@ import re
 import shutil
 import sys
 from pathlib import Path
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, List, Optional
 
 import torch
 
@@ -48,57 +48,65 @@ def merge_lora_tensors(state: Dict[str, torch.Tensor], scaling: Optional[float])
     return len(pairs)
 
 
-def _source_configs(ckpt: Path) -> Tuple[dict, Optional[dict], Optional[float], Optional[str]]:
-    """(model section as a dict or the converted source configs, ..., LoRA scaling,
-    tokenizer dir) for a converted checkpoint or a training step (its run's plan.json)."""
-    if (ckpt / CONVERTED_META).is_file():
-        return {"converted": ckpt}, None, None, None
-    plan_path = ckpt.parent.parent / "plan.json"
-    if not plan_path.is_file():
-        raise FileNotFoundError(f"{ckpt}: neither {CONVERTED_META} (a converted checkpoint) nor {plan_path} "
-                                f"(a training checkpoint's run) is there; cannot tell the model's config")
-    config = json.loads(plan_path.read_text())["config"]
-    lora = config.get("lora") or {}
-    scaling = float(lora["alpha"]) / int(lora["rank"]) if int(lora.get("rank") or 0) > 0 else None
-    return config["model"], config.get("data"), scaling, (config.get("data") or {}).get("tokenizer")
-
-
-def convert(ckpt_dir: Path, out_dir: Path) -> dict:
+def export_state(ckpt_dir: Path) -> dict:
+    """Everything an export writes, in memory: {checkpoint, decoder (HF Gemma2 names),
+    encoder (WhisperEncoder names), adapter, hf_config, whisper_config, adapter_config,
+    tokenizer, lora_merged}. The model's config comes from a converted checkpoint's
+    source configs, or from a training checkpoint's run (its plan.json)."""
     from orchestrator.convert.dist_format import read_model_tensors
 
     resolved, problem = resolve_model_checkpoint(str(ckpt_dir))
     if problem:
         raise FileNotFoundError(problem)
-    ckpt, out = Path(resolved), Path(out_dir)
-    model, _, scaling, tokenizer = _source_configs(ckpt)
-    state = read_model_tensors(ckpt)
-    merged = merge_lora_tensors(state, scaling)
-    decoder = {n[len("language_model."):]: t for n, t in state.items() if n.startswith("language_model.")}
-    encoder = {n[len("encoder."):]: t for n, t in state.items() if n.startswith("encoder.")}
-    adapter = {n[len("adapter."):]: t for n, t in state.items() if n.startswith("adapter.")}
-    if "converted" in model:
+    ckpt = Path(resolved)
+    plan_path = ckpt.parent.parent / "plan.json"
+    if (ckpt / CONVERTED_META).is_file():
         hf_config = json.loads((ckpt / "hf_config.json").read_text())
-        whisper_path, adapter_path = ckpt / "whisper_config.json", ckpt / "adapter_config.json"
-        whisper_config = json.loads(whisper_path.read_text()) if whisper_path.is_file() else None
-        adapter_config = json.loads(adapter_path.read_text()) if adapter_path.is_file() else None
-    else:
+        whisper_config, adapter_config = (_json_or_none(ckpt / name) for name in ("whisper_config.json",
+                                                                                   "adapter_config.json"))
+        scaling, tokenizer = None, None
+    elif plan_path.is_file():
+        config = json.loads(plan_path.read_text())["config"]
+        model, lora = config["model"], config.get("lora") or {}
+        tokenizer = (config.get("data") or {}).get("tokenizer")
         hf_config = gemma2_hf_config(model["decoder"], tokenizer)
         whisper_config = whisper_hf_config(model["encoder"])
-        adapter_config = {k: model["adapter"][k] for k in ("frame_stack", "dropout", "ctc_weight")
-                          if k in model["adapter"]}
+        adapter_config = {k: model["adapter"][k] for k in ("frame_stack", "dropout", "ctc_weight")}
+        scaling = float(lora["alpha"]) / int(lora["rank"]) if int(lora.get("rank") or 0) > 0 else None
+    else:
+        raise FileNotFoundError(f"{ckpt}: neither {CONVERTED_META} (a converted checkpoint) nor {plan_path} "
+                                f"(a training checkpoint's run) is there, so the model's config is unknown")
+    state = read_model_tensors(ckpt)
+    merged = merge_lora_tensors(state, scaling)
+    parts = {part: {n[len(part) + 1:]: t for n, t in state.items() if n.startswith(part + ".")}
+             for part in ("language_model", "encoder", "adapter")}
     shape = Gemma2Shape.from_hf_config(hf_gemma2_config(hf_config))
-    write_hf_checkpoint(out, megatron_full_to_hf(decoder, shape), json.dumps(hf_config, indent=2))
-    if encoder:
-        write_hf_checkpoint(out / ENCODER_SUBDIR, encoder, json.dumps(whisper_config or {}, indent=2))
-    if adapter:
-        write_hf_checkpoint(out / ADAPTER_SUBDIR, adapter, None)
-        (out / ADAPTER_SUBDIR / "adapter_config.json").write_text(json.dumps(adapter_config or {}, indent=2))
+    return {"checkpoint": str(ckpt), "decoder": megatron_full_to_hf(parts["language_model"], shape),
+            "encoder": parts["encoder"], "adapter": parts["adapter"], "hf_config": hf_config,
+            "whisper_config": whisper_config, "adapter_config": adapter_config, "tokenizer": tokenizer,
+            "lora_merged": merged}
+
+
+def _json_or_none(path: Path) -> Optional[dict]:
+    return json.loads(path.read_text()) if path.is_file() else None
+
+
+def convert(ckpt_dir: Path, out_dir: Path) -> dict:
+    out = Path(out_dir)
+    state = export_state(ckpt_dir)
+    write_hf_checkpoint(out, state["decoder"], json.dumps(state["hf_config"], indent=2))
+    if state["encoder"]:
+        write_hf_checkpoint(out / ENCODER_SUBDIR, state["encoder"], json.dumps(state["whisper_config"] or {}, indent=2))
+    if state["adapter"]:
+        write_hf_checkpoint(out / ADAPTER_SUBDIR, state["adapter"], None)
+        (out / ADAPTER_SUBDIR / "adapter_config.json").write_text(json.dumps(state["adapter_config"] or {}, indent=2))
+    tokenizer = state["tokenizer"]
     if tokenizer and Path(tokenizer).is_dir():
         for path in Path(tokenizer).iterdir():
             if path.is_file():
                 shutil.copy2(path, out / path.name)
-    return {"checkpoint": str(ckpt), "lora_merged": merged, "encoder": bool(encoder), "adapter": bool(adapter),
-            "tokenizer": bool(tokenizer)}
+    return {"checkpoint": state["checkpoint"], "lora_merged": state["lora_merged"], "encoder": bool(state["encoder"]),
+            "adapter": bool(state["adapter"]), "tokenizer": bool(tokenizer)}
 
 
 def gemma2_hf_config(decoder: dict, tokenizer_dir: Optional[str] = None) -> dict:

@@ -1,6 +1,7 @@
-"""HF Gemma2 <-> project megatron checkpoint: bit-identical round trips, --verify at
-TP=1 and TP=2 (real megatron processes vs the HF model), and compare-weights catching
-the zero-centred-norm offset mistake."""
+"""HF Gemma2 (+ Whisper) <-> the project's dist_checkpointing checkpoint: bit-identical
+round trips, --verify at several layouts (real megatron processes loading the
+checkpoint as a job does vs the HF model), and the mistakes a converter can make
+caught (norm offset by --verify and compare-weights, a renamed tensor by the loader)."""
 
 import json
 from pathlib import Path
@@ -9,10 +10,12 @@ import pytest
 import torch
 from safetensors.torch import load_file
 from transformers import WhisperModel
+from transformers.models.whisper.modeling_whisper import WhisperEncoder
 
 from orchestrator.convert import compare_weights, hf_to_megatron, megatron_to_hf
-from orchestrator.convert.checkpoint import read_shards, shard_path
-from orchestrator.convert.gemma2_mapping import Gemma2Shape, check_divisibility
+from orchestrator.convert.dist_format import write_model_tensors
+from orchestrator.convert.gemma2_mapping import Gemma2Shape, hf_to_megatron_tensors
+from orchestrator.convert.hf_io import SafetensorsDir
 from tests.models.tiny_models import hf_gemma2, randomize, whisper_config
 
 
@@ -34,44 +37,39 @@ def _tensors(path: Path):
     return load_file(str(path / "model.safetensors"))
 
 
-@pytest.mark.parametrize("tp,pp,dtype", [(1, 1, torch.float32), (2, 2, torch.float32), (2, 1, torch.bfloat16)])
-def test_hf_megatron_hf_round_trip_is_bit_identical(tmp_path, tp, pp, dtype):
+def _write_converted(hf_dir: Path, out: Path, edit) -> None:
+    """A converter with a mistake: `edit(name, tensor)` applied to each decoder tensor."""
+    shape = Gemma2Shape.from_hf_config(json.loads((hf_dir / "config.json").read_text()))
+    tensors = ((edit("language_model." + n, t)) for n, t in hf_to_megatron_tensors(SafetensorsDir(hf_dir), shape))
+    write_model_tensors(out, tensors, shape.num_layers)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_hf_megatron_hf_round_trip_is_bit_identical(tmp_path, dtype):
     src = tmp_path / "hf"
     hf_gemma2(seed=1).to(dtype).save_pretrained(src, safe_serialization=True)
-    assert hf_to_megatron.main(["--hf", str(src), "--out", str(tmp_path / "mg"), "--tp", str(tp), "--pp", str(pp)]) == 0
-    assert len(list((tmp_path / "mg" / "model").glob("*.pt"))) == tp * pp
+    assert hf_to_megatron.main(["--hf", str(src), "--out", str(tmp_path / "mg")]) == 0
+    assert (tmp_path / "mg" / "metadata.json").is_file()  # a dist_checkpointing directory
     assert megatron_to_hf.main(["--megatron", str(tmp_path / "mg"), "--out", str(tmp_path / "back")]) == 0
     a, b = _tensors(src), _tensors(tmp_path / "back")
     assert sorted(a) == sorted(b)
     for name in a:
         assert a[name].dtype == b[name].dtype == dtype, name
         assert torch.equal(a[name], b[name]), name
-    assert (src / "config.json").read_text() == (tmp_path / "back" / "config.json").read_text()
+    assert json.loads((src / "config.json").read_text()) == json.loads((tmp_path / "back" / "config.json").read_text())
 
 
-def test_whisper_encoder_travels_with_the_first_stage(tmp_path, hf_dir, whisper_dir):
+def test_whisper_encoder_travels_and_comes_back_as_a_hf_encoder(tmp_path, hf_dir, whisper_dir):
     out = tmp_path / "mg"
-    assert hf_to_megatron.main(["--hf", str(hf_dir), "--out", str(out), "--tp", "2", "--pp", "2",
-                                "--whisper", str(whisper_dir)]) == 0
-    shards = read_shards(out)
-    source = {k[len("encoder."):]: v for k, v in load_file(str(whisper_dir / "model.safetensors")).items()
-              if k.startswith("encoder.")}
-    for t in (0, 1):
-        enc = {k[len("encoder."):]: v for k, v in shards[(t, 0)].items() if k.startswith("encoder.")}
-        assert sorted(enc) == sorted(source) and all(torch.equal(enc[k], source[k]) for k in source)
-        assert not any(k.startswith("encoder.") for k in shards[(t, 1)])
+    assert hf_to_megatron.main(["--hf", str(hf_dir), "--out", str(out), "--whisper", str(whisper_dir)]) == 0
+    assert json.loads((out / "audiollm_checkpoint.json").read_text())["parts"] == ["decoder", "encoder"]
     assert megatron_to_hf.main(["--megatron", str(out), "--out", str(tmp_path / "back")]) == 0
-    back = load_file(str(tmp_path / "back" / "whisper_encoder" / "model.safetensors"))
-    assert all(torch.equal(back["encoder." + k], v) for k, v in source.items())
-
-
-def test_sharding_refuses_indivisible_layouts():
-    shape = Gemma2Shape(num_layers=4, hidden_size=64, num_heads=4, num_kv_heads=2, head_dim=16,
-                        ffn_hidden_size=96, vocab_size=250)
-    with pytest.raises(ValueError, match=r"num_key_value_heads \(2\) is not divisible by tp \(4\)"):
-        check_divisibility(shape, 4, 1)
-    with pytest.raises(ValueError, match=r"num_hidden_layers \(4\) is not divisible by pp \(3\)"):
-        check_divisibility(shape, 1, 3)
+    source = WhisperModel.from_pretrained(whisper_dir).encoder.state_dict()
+    back = WhisperEncoder.from_pretrained(tmp_path / "back" / "whisper_encoder").state_dict()
+    assert sorted(back) == sorted(source) and all(torch.equal(back[k], source[k]) for k in source)
+    # the export converts again, encoder included (found beside the decoder)
+    assert hf_to_megatron.main(["--hf", str(tmp_path / "back"), "--out", str(tmp_path / "again")]) == 0
+    assert json.loads((tmp_path / "again" / "audiollm_checkpoint.json").read_text())["parts"] == ["decoder", "encoder"]
 
 
 def _verify(capsys, hf_dir, out, *extra):
@@ -81,40 +79,50 @@ def _verify(capsys, hf_dir, out, *extra):
 
 
 @pytest.mark.multiprocess
-@pytest.mark.parametrize("tp", [1, 2])
-def test_verify_reports_parity_as_last_json_line(capsys, tmp_path, hf_dir, tp):
-    code, result = _verify(capsys, hf_dir, tmp_path / "mg", "--tp", str(tp))
+@pytest.mark.parametrize("tp,pp", [(1, 1), (2, 1), (1, 2)])
+def test_one_conversion_verifies_at_every_layout(capsys, tmp_path, hf_dir, tp, pp):
+    code, result = _verify(capsys, hf_dir, tmp_path / "mg", "--tp", str(tp), "--pp", str(pp))
     assert code == 0, result
-    assert result["tp"] == tp and result["seq_len"] > 8  # longer than the sliding window
+    assert (result["tp"], result["pp"]) == (tp, pp) and result["seq_len"] > 8  # longer than the sliding window
     assert result["max_abs_logit_diff"] <= 1e-4 and result["loss_diff"] <= 1e-5, result
-    print(f"verify tp={tp}: {result}")
+    print(f"verify tp={tp} pp={pp}: {result}")
 
 
 @pytest.mark.multiprocess
-def test_verify_fails_on_a_wrong_conversion(tmp_path, hf_dir):
+def test_verify_fails_on_a_converter_that_forgets_the_norm_offset(tmp_path, hf_dir):
     from orchestrator.convert.verify import verify
 
     out = tmp_path / "mg"
-    assert hf_to_megatron.main(["--hf", str(hf_dir), "--out", str(out)]) == 0
-    path = shard_path(out, 0, 0)
-    state = torch.load(path, weights_only=True)
-    torch.save({k: (v + 1.0 if k.endswith("layernorm.weight") else v) for k, v in state.items()}, path)
+    _write_converted(hf_dir, out, lambda n, t: (n, t + 1.0 if n.endswith("layernorm.weight") else t))
     result = verify(hf_dir, out)
     assert result["max_abs_logit_diff"] > 1e-2, result
 
 
+@pytest.mark.multiprocess
+def test_a_renamed_tensor_is_refused_by_the_loader_naming_both(tmp_path, hf_dir):
+    from orchestrator.convert.verify import verify
+
+    out = tmp_path / "mg"
+    renamed = "language_model.decoder.final_norm.weight"
+    _write_converted(hf_dir, out, lambda n, t: (renamed if n == "language_model.decoder.final_layernorm.weight" else n, t))
+    with pytest.raises(RuntimeError) as err:
+        verify(hf_dir, out)
+    assert "the model needs tensors the checkpoint lacks: language_model.decoder.final_layernorm.weight" in str(err.value)
+    assert f"the checkpoint holds tensors the model does not have: {renamed}" in str(err.value)
+
+
 def test_compare_weights_flags_the_norm_offset_mistake(tmp_path, hf_dir, capsys):
     good = tmp_path / "good"
-    assert hf_to_megatron.main(["--hf", str(hf_dir), "--out", str(good), "--tp", "2"]) == 0
+    assert hf_to_megatron.main(["--hf", str(hf_dir), "--out", str(good)]) == 0
     capsys.readouterr()
     assert compare_weights.main([str(hf_dir), str(good)]) == 0
     assert "all" in capsys.readouterr().out
     # a converter that treats megatron's norm weight as the full scale (1 + w)
-    for t in range(2):
-        path = shard_path(good, t, 0)
-        state = torch.load(path, weights_only=True)
-        torch.save({k: (v + 1.0 if "layernorm" in k else v) for k, v in state.items()}, path)
-    assert compare_weights.main([str(hf_dir), str(good)]) == 1
+    bad = tmp_path / "bad"
+    _write_converted(hf_dir, bad, lambda n, t: (n, t + 1.0 if "layernorm" in n else t))
+    (bad / "hf_config.json").write_text((hf_dir / "config.json").read_text())
+    (bad / "audiollm_checkpoint.json").write_text((good / "audiollm_checkpoint.json").read_text())
+    assert compare_weights.main([str(hf_dir), str(bad)]) == 1
     flagged = [line.split(":")[0] for line in capsys.readouterr().out.splitlines() if ": " in line]
     hf_names = load_file(str(hf_dir / "model.safetensors"))
     norms = sorted(n for n in hf_names if "norm" in n)
@@ -127,5 +135,5 @@ def test_bad_sources_get_clear_errors(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "llama"}))
     with pytest.raises(ValueError, match="model_type 'llama'; only 'gemma2' converts"):
         hf_to_megatron.main(["--hf", str(tmp_path), "--out", str(tmp_path / "out")])
-    with pytest.raises(FileNotFoundError, match="not a checkpoint written by `audiollm convert hf-to-megatron`"):
+    with pytest.raises(FileNotFoundError, match="is a HF checkpoint \\(model_type 'llama'\\); convert it first"):
         megatron_to_hf.main(["--megatron", str(tmp_path), "--out", str(tmp_path / "back")])

@@ -39,7 +39,8 @@ def main() -> None:
     from megatron.core import parallel_state as ps
     from megatron.core.packed_seq_params import PackedSeqParams
 
-    from orchestrator.convert.gemma2_mapping import Gemma2Shape, hf_to_megatron_full, shard_megatron
+    from orchestrator.convert.gemma2_mapping import Gemma2Shape, hf_to_megatron_full
+    from tests.models.sharding import shard_megatron
     from orchestrator.convert.megatron_forward import pipeline_forward
     from orchestrator.models.attention import FlexSoftcapAttention, SoftcapDotProductAttention
     from orchestrator.models.gemma2_model import Gemma2Model, gemma2_transformer_config
@@ -137,7 +138,7 @@ def norm_grad_cases(shape, full, dec, tokens) -> None:
     from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig, finalize_model_grads
     from megatron.core.pipeline_parallel import get_forward_backward_func
 
-    from orchestrator.convert.gemma2_mapping import shard_megatron
+    from tests.models.sharding import shard_megatron
     from orchestrator.models.gemma2_model import Gemma2Model, gemma2_transformer_config
 
     positions = torch.arange(SEQ)[None].expand(BATCH, -1)
@@ -181,7 +182,7 @@ def recompute_check(shape, full, dec, tokens) -> None:
     import torch.distributed as dist
     from megatron.core import parallel_state as ps
 
-    from orchestrator.convert.gemma2_mapping import shard_megatron
+    from tests.models.sharding import shard_megatron
     from orchestrator.models.gemma2_model import Gemma2Model, gemma2_transformer_config
 
     if ps.model_parallel_is_initialized():
@@ -226,7 +227,7 @@ def audiollm_cases(hf, shape, full) -> None:
     from megatron.core.packed_seq_params import PackedSeqParams
     from transformers.models.whisper.modeling_whisper import WhisperEncoder
 
-    from orchestrator.convert.gemma2_mapping import shard_megatron
+    from tests.models.sharding import shard_megatron
     from orchestrator.convert.megatron_forward import pipeline_forward
     from orchestrator.models.audiollm import AudioLLM, build_audiollm
     from orchestrator.models.fusion import fuse_audio
@@ -352,8 +353,12 @@ def inventory_check(hf) -> None:
 
 
 def load_checkpoint_check(hf) -> None:
-    """A converted checkpoint (Gemma2 + Whisper encoder, tp=2) loads into the AudioLLM:
-    every rank reads its own shard; only the adapter stays at its initial values."""
+    """A converted checkpoint (Gemma2 + Whisper encoder, written once by the CLI in one
+    process) loads into the AudioLLM at TP=2 through the job's loader: every decoder
+    weight equals its expected TP shard, the encoder equals Whisper's, and only the
+    adapter starts fresh."""
+    import subprocess
+    import sys
     import tempfile
     from pathlib import Path
 
@@ -361,38 +366,41 @@ def load_checkpoint_check(hf) -> None:
     from megatron.core import parallel_state as ps
     from transformers import WhisperModel
 
-    from orchestrator.convert.checkpoint import load_converted_checkpoint
-    from orchestrator.convert.hf_to_megatron import convert
+    from orchestrator.convert.gemma2_mapping import Gemma2Shape, hf_to_megatron_full
     from orchestrator.models.audiollm import build_audiollm
     from orchestrator.schema.parallel import ParallelConfig
+    from orchestrator.train.init_weights import load_init_checkpoint
+    from tests.models.sharding import shard_megatron
     from tests.models.tiny_models import randomize, tiny_model_config, whisper_config
 
     if ps.model_parallel_is_initialized():
         ps.destroy_model_parallel()
     init_distributed(ParallelSizes(tp=2), seed=0)
-    with tempfile.TemporaryDirectory() as tmp:  # each rank converts its own copy
-        hf.save_pretrained(Path(tmp) / "hf")
-        whisper = randomize(WhisperModel(whisper_config()), seed=5)
-        whisper.save_pretrained(Path(tmp) / "whisper")
-        convert(Path(tmp) / "hf", Path(tmp) / "mg", tp=2, pp=1, whisper_dir=Path(tmp) / "whisper")
-        model = build_audiollm(tiny_model_config(hf.config, whisper_config()), ParallelConfig(tp=2), audio_token_id=AUDIO_TOKEN)
-        rank = ps.get_tensor_model_parallel_rank()
-        left = load_converted_checkpoint(model, Path(tmp) / "mg", rank, 0, 2, 1)
-        try:
-            load_converted_checkpoint(model, Path(tmp) / "mg", rank, 0, 1, 1)
-            wrong_layout_error = ""
-        except ValueError as err:
-            wrong_layout_error = str(err)
-    qkv = model.language_model.decoder.layers[1].self_attention.linear_qkv.weight
-    expected_rows = qkv.shape[0]
-    ok_encoder = torch.equal(model.encoder.layers[0].fc1.weight, whisper.encoder.layers[0].fc1.weight)
-    ok_embedding = torch.equal(model.language_model.embedding.word_embeddings.weight[: 125 if rank == 0 else 0],
-                               hf.model.embed_tokens.weight[:125] if rank == 0 else hf.model.embed_tokens.weight[:0])
+    whisper = randomize(WhisperModel(whisper_config()), seed=5)
+    tmp = [tempfile.mkdtemp() if dist.get_rank() == 0 else None]
+    dist.broadcast_object_list(tmp, src=0)
+    root = Path(tmp[0])
     if dist.get_rank() == 0:
-        print("RESULT " + json.dumps({"case": "load_converted_audiollm_tp2", "left_at_init": left,
-                                      "encoder_loaded": ok_encoder, "embedding_loaded": ok_embedding,
-                                      "qkv_rows_per_rank": expected_rows, "wrong_layout_error": wrong_layout_error}),
-              flush=True)
+        hf.save_pretrained(root / "hf")
+        whisper.save_pretrained(root / "whisper")
+        subprocess.run([sys.executable, "-m", "orchestrator.cli", "convert", "hf-to-megatron", "--hf", str(root / "hf"),
+                        "--whisper", str(root / "whisper"), "--out", str(root / "mg")], check=True,
+                       capture_output=True)
+    dist.barrier()
+    model = build_audiollm(tiny_model_config(hf.config, whisper_config()), ParallelConfig(tp=2), audio_token_id=AUDIO_TOKEN)
+    loaded = load_init_checkpoint(root / "mg", [model])
+    shape = Gemma2Shape.from_hf_config(hf.config)
+    expected = shard_megatron(hf_to_megatron_full(hf.state_dict(), shape), shape, 2, 1)[(ps.get_tensor_model_parallel_rank(), 0)]
+    own = model.state_dict()
+    decoder_mismatch = [k for k, v in expected.items() if not torch.equal(own["language_model." + k], v)]
+    encoder_mismatch = [k for k, v in whisper.encoder.state_dict().items() if not torch.equal(own["encoder." + k], v)]
+    gathered = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, {"decoder": decoder_mismatch, "encoder": encoder_mismatch,
+                                      "compared": len(expected), "qkv_rows": own[
+                                          "language_model.decoder.layers.1.self_attention.linear_qkv.weight"].shape[0]})
+    if dist.get_rank() == 0:
+        print("RESULT " + json.dumps({"case": "load_converted_audiollm_tp2", "fresh": loaded["fresh"],
+                                      "loaded": loaded["loaded"], "ranks": gathered}), flush=True)
 
 
 if __name__ == "__main__":
