@@ -1,5 +1,6 @@
 """A regular (non-editable) install ships conf/ and recipes/ and works from any directory."""
 
+import os
 import re
 import shutil
 import subprocess
@@ -53,7 +54,8 @@ def test_wheel_ships_configuration_and_plans_from_another_directory(tmp_path):
          "assert str(p.conf_dir()).startswith(sys.argv[1]), p.conf_dir(); "
          "sys.exit(main(['plan', '+recipe=gemma2_whisper_tp4pp2', '--json']))", str(target)],
         capture_output=True, text=True, timeout=120, cwd=elsewhere,
-        env={"PATH": "/usr/bin:/bin", "PYTHONNOUSERSITE": "1"},
+        env={"PATH": "/usr/bin:/bin", "PYTHONNOUSERSITE": "1",
+             "AUDIOLLM_INIT_CHECKPOINT": os.environ["AUDIOLLM_INIT_CHECKPOINT"]},  # tests/conftest.py
     )
     assert proc.returncode == 0, proc.stderr
     assert re.search(r'"dp": 4', proc.stdout)
