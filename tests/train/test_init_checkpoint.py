@@ -135,3 +135,33 @@ def test_first_step_loss_from_a_converted_hf_checkpoint_equals_hf(pretrained, la
     reference = _reference_step1_loss(overrides)
     print(f"{name}: step-1 loss {rows[0]['loss']:.8f}, HF reference {reference:.8f}")
     assert abs(rows[0]["loss"] - reference) <= STEP1_TOLERANCE, (rows[0]["loss"], reference)
+
+
+@pytest.mark.multiprocess
+def test_lora_run_from_the_converted_checkpoint_exports_to_hf_with_lora_merged(pretrained):
+    """LoRA fine-tune at TP=2 from the converted HF checkpoint -> `megatron-to-hf` of the
+    run (LoRA merged, TP=2 checkpoint read whole) -> HF Gemma2 logits equal the project's
+    own model with its adapters unmerged."""
+    from tests.train.jobs import result
+
+    name = "lora_tp2"
+    lora = ["lora=decoder_r16", "lora.rank=4", "lora.alpha=8",
+            "lora.lr_groups=[{name: lora, patterns: ['*lora_*'], lr_scale: 1.0}, {name: rest, patterns: ['*'], lr_scale: 0.0}]"]
+    overrides = _overrides(pretrained, name, ["parallel.tp=2", "launcher.gpus_per_node=2", "train.iters=4",
+                                              "optim.lr=1e-2", "optim.min_lr=1e-2", *lora])
+    _cli(["train", *overrides], cwd=pretrained["root"])
+    run_dir = pretrained["root"] / "runs" / "tiny_cpu" / name
+    export = pretrained["root"] / "export"
+    out = _cli(["convert", "megatron-to-hf", "--megatron", str(run_dir), "--out", str(export)], cwd=pretrained["root"])
+    assert "LoRA merged into 16 linears" in out, out  # 4 layers x qkv, proj, fc1, fc2
+    assert (export / "tokenizer.json").is_file() and (export / "audio_adapter" / "model.safetensors").is_file()
+    env = {**os.environ, "PYTHONPATH": str(REPO), "PYTHONWARNINGS": "ignore", "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run([sys.executable, str(Path(__file__).with_name("lora_export_script.py")), str(run_dir),
+                           str(export), str(pretrained["root"] / "gemma2")], capture_output=True, text=True,
+                          timeout=300, env=env, cwd=REPO)
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
+    r = result(proc.stdout)
+    print(f"LoRA export: {r}")
+    assert r["lora_modules"] == 16
+    assert r["lora_effect"] > 1e-3, r  # the adapters changed the model, so the merge is what is compared
+    assert r["max_abs_logit_diff"] <= 1e-4, r

@@ -1,0 +1,45 @@
+"""The project's own logits of a trained LoRA run (adapters unmerged, checkpoint read at
+TP=1 as `audiollm eval` reads it) vs HF Gemma2's logits of its `megatron-to-hf` export
+(LoRA merged), on the same random tokens, fp32.
+
+Run: python tests/train/lora_export_script.py RUN_DIR EXPORT_DIR PRETRAINED_HF_DIR
+Prints `RESULT {"max_abs_logit_diff", "lora_effect", "lora_modules"}`.
+"""
+
+import json
+import sys
+
+import torch
+
+
+def main() -> None:
+    from transformers import Gemma2ForCausalLM
+
+    from orchestrator.runtime.distributed import shutdown
+    from orchestrator.train import checkpoint as ckpt
+    from orchestrator.train.entry import make_trainer
+    from orchestrator.train.evaluate import _single_process_env, single_rank_plan
+    from orchestrator.train.run_plan import load_run_plan
+
+    run_dir, export, pretrained = sys.argv[1:4]
+    _single_process_env()
+    trainer = make_trainer(run_dir, plan=single_rank_plan(load_run_plan(run_dir)), training=False)
+    ckpt.load_model_weights(ckpt.latest_checkpoint(run_dir), trainer.chunks)
+    model = trainer.chunks[0].eval()
+    lora_modules = sum(1 for m in model.modules() if getattr(m, "lora_enabled", False))
+    vocab = model.language_model.real_vocab_size
+    tokens = torch.randint(0, vocab, (2, 48), generator=torch.Generator().manual_seed(7))
+    tokens[tokens == model.audio_token_id] = 0  # text only: the decoder is what the merge changed
+    positions = torch.arange(tokens.shape[1])[None].expand(2, -1)
+    with torch.no_grad():
+        ours = model(tokens, positions, None)[..., :vocab]
+        merged = Gemma2ForCausalLM.from_pretrained(export, attn_implementation="eager").eval()(tokens).logits
+        base = Gemma2ForCausalLM.from_pretrained(pretrained, attn_implementation="eager").eval()(tokens).logits
+    print("RESULT " + json.dumps({"max_abs_logit_diff": (ours - merged).abs().max().item(),
+                                  "lora_effect": (merged - base).abs().max().item(), "lora_modules": lora_modules}),
+          flush=True)
+    shutdown()
+
+
+if __name__ == "__main__":
+    main()
