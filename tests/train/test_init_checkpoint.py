@@ -165,3 +165,26 @@ def test_lora_run_from_the_converted_checkpoint_exports_to_hf_with_lora_merged(p
     assert r["lora_modules"] == 16
     assert r["lora_effect"] > 1e-3, r  # the adapters changed the model, so the merge is what is compared
     assert r["max_abs_logit_diff"] <= 1e-4, r
+
+
+@pytest.mark.multiprocess
+def test_a_checkpoint_that_does_not_fit_stops_the_job_before_the_first_step(pretrained):
+    """One renamed encoder tensor: the job names both names and never trains a step."""
+    from orchestrator.convert.dist_format import read_model_tensors, write_model_tensors
+
+    bad = pretrained["root"] / "renamed"
+    tensors = read_model_tensors(pretrained["converted"])
+    tensors["encoder.layer_norm.scale"] = tensors.pop("encoder.layer_norm.weight")
+    write_model_tensors(bad, tensors.items(), GEMMA2["num_hidden_layers"])
+    name = "renamed"
+    overrides = [o if not o.startswith("model.init_checkpoint=") else f"model.init_checkpoint={bad}"
+                 for o in _overrides(pretrained, name)]
+    env = {**os.environ, "PYTHONPATH": str(REPO), "PYTHONWARNINGS": "ignore", "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run([sys.executable, "-m", "orchestrator.cli", "train", *overrides], capture_output=True,
+                          text=True, timeout=300, cwd=pretrained["root"], env=env)
+    run_dir = pretrained["root"] / "runs" / "tiny_cpu" / name
+    log = proc.stdout + proc.stderr + "\n".join(p.read_text() for p in run_dir.glob("**/*.log"))
+    assert proc.returncode != 0
+    assert "the model needs tensors the checkpoint lacks: encoder.layer_norm.weight" in log, log[-4000:]
+    assert "the checkpoint holds tensors the model does not have: encoder.layer_norm.scale" in log
+    assert not (run_dir / "metrics.jsonl").exists() or not (run_dir / "metrics.jsonl").read_text().strip()
