@@ -91,13 +91,8 @@ def hf_to_megatron_tensors(hf: Mapping[str, torch.Tensor], shape: Gemma2Shape) -
                          f"{' ...' if len(unused) > 10 else ''}")
 
 
-def hf_to_megatron_full(hf: Mapping[str, torch.Tensor], shape: Gemma2Shape) -> Dict[str, torch.Tensor]:
-    """HF Gemma2 state dict -> {megatron name: tensor} at TP=1, PP=1 (unpadded vocab)."""
-    return dict(hf_to_megatron_tensors(hf, shape))
-
-
 def megatron_full_to_hf(mg: Dict[str, torch.Tensor], shape: Gemma2Shape) -> Dict[str, torch.Tensor]:
-    """Inverse of `hf_to_megatron_full` (vocabulary padding rows are dropped)."""
+    """Inverse of `hf_to_megatron_tensors` (vocabulary padding rows are dropped)."""
     out = {"model.embed_tokens.weight": mg["embedding.word_embeddings.weight"][: shape.vocab_size],
            "model.norm.weight": mg["decoder.final_layernorm.weight"]}
     g, rep, d = shape.num_kv_heads, shape.num_heads // shape.num_kv_heads, shape.head_dim

@@ -97,6 +97,9 @@ class ModelConfig:
     encoder: EncoderConfig = field(default_factory=EncoderConfig)
     adapter: AdapterConfig = field(default_factory=AdapterConfig)
     spec_augment: SpecAugmentConfig = field(default_factory=SpecAugmentConfig)
-    # Optional initial weights: a converted megatron checkpoint directory
-    # (`audiollm convert hf-to-megatron`). None means random initialisation.
+    # Pretrained weights, loaded by every rank at the job's own TP/PP before LoRA and the
+    # freezes (step 0, fresh optimizer): a converted checkpoint (`audiollm convert
+    # hf-to-megatron`), a training checkpoint (RUN/checkpoints/step_N) or a run directory
+    # (its latest step, fixed when planned). None: random initialisation, which
+    # validation refuses for frozen modules. See orchestrator/train/init_weights.py.
     init_checkpoint: Optional[str] = None

@@ -17,14 +17,11 @@ Every model tensor must be accounted for before the first step, on every rank al
 
 from __future__ import annotations
 
-import logging
 from pathlib import Path
 from typing import Dict, List, Sequence
 
 import torch
 import torch.distributed as dist
-
-log = logging.getLogger(__name__)
 
 _MAX_NAMED = 12
 

@@ -12,8 +12,8 @@ from tests.models.tiny_models import decoder_config, hf_gemma2
 
 def main() -> None:
     init_distributed(ParallelSizes(tp=1), seed=0)
-    from orchestrator.convert.gemma2_mapping import Gemma2Shape, hf_to_megatron_full
-    from tests.models.sharding import shard_megatron
+    from orchestrator.convert.gemma2_mapping import Gemma2Shape
+    from tests.models.sharding import hf_to_megatron_full, shard_megatron
     from orchestrator.models.attention import FlexSoftcapAttention
     from orchestrator.models.gemma2_model import Gemma2Model, gemma2_transformer_config
 

@@ -39,8 +39,8 @@ def main() -> None:
     from megatron.core import parallel_state as ps
     from megatron.core.packed_seq_params import PackedSeqParams
 
-    from orchestrator.convert.gemma2_mapping import Gemma2Shape, hf_to_megatron_full
-    from tests.models.sharding import shard_megatron
+    from orchestrator.convert.gemma2_mapping import Gemma2Shape
+    from tests.models.sharding import hf_to_megatron_full, shard_megatron
     from orchestrator.convert.megatron_forward import pipeline_forward
     from orchestrator.models.attention import FlexSoftcapAttention, SoftcapDotProductAttention
     from orchestrator.models.gemma2_model import Gemma2Model, gemma2_transformer_config
@@ -366,7 +366,8 @@ def load_checkpoint_check(hf) -> None:
     from megatron.core import parallel_state as ps
     from transformers import WhisperModel
 
-    from orchestrator.convert.gemma2_mapping import Gemma2Shape, hf_to_megatron_full
+    from orchestrator.convert.gemma2_mapping import Gemma2Shape
+    from tests.models.sharding import hf_to_megatron_full
     from orchestrator.models.audiollm import build_audiollm
     from orchestrator.schema.parallel import ParallelConfig
     from orchestrator.train.init_weights import load_init_checkpoint

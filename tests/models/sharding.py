@@ -15,8 +15,13 @@ from typing import Dict, Tuple
 
 import torch
 
-from orchestrator.convert.gemma2_mapping import Gemma2Shape
+from orchestrator.convert.gemma2_mapping import Gemma2Shape, hf_to_megatron_tensors
 from orchestrator.megatron_args import padded_vocab_size
+
+
+def hf_to_megatron_full(hf: Dict[str, torch.Tensor], shape: Gemma2Shape) -> Dict[str, torch.Tensor]:
+    """HF Gemma2 state dict -> {megatron name: tensor} at TP=1, PP=1 (unpadded vocab)."""
+    return dict(hf_to_megatron_tensors(hf, shape))
 
 
 def _tp_split(name: str, tensor: torch.Tensor, tp: int):

@@ -130,7 +130,7 @@ def test_first_step_loss_from_a_converted_hf_checkpoint_equals_hf(pretrained, la
     out = _cli(["train", *overrides], cwd=pretrained["root"])
     run_dir = pretrained["root"] / "runs" / "tiny_cpu" / name
     log = "\n".join(p.read_text() for p in run_dir.glob("**/*.log")) + out
-    assert f"init_checkpoint: loaded" in log and "starting fresh: nothing" in log, log[-4000:]
+    assert "init_checkpoint: loaded" in log and "starting fresh: nothing" in log, log[-4000:]
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     reference = _reference_step1_loss(overrides)
     print(f"{name}: step-1 loss {rows[0]['loss']:.8f}, HF reference {reference:.8f}")
