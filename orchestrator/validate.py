@@ -431,6 +431,32 @@ def check_data(data: DataConfig, model: ModelConfig, purpose: str) -> Iterator[F
 
 
 # --------------------------------------------------------------------------- optimizer and loop
+def check_tokenizer(data: DataConfig, model: ModelConfig) -> Iterator[Finding]:
+    """A local HF tokenizer (its tokenizer.json, read as JSON: no transformers here)
+    knows data.audio_token as one token and fits the model's vocabulary. A tokenizer
+    not written yet (the demo corpus is made by `audiollm train`) is checked by the job."""
+    from orchestrator.tokenizer_file import TokenizerFileError, read_vocabulary
+
+    if not data.tokenizer:
+        return
+    try:
+        vocab = read_vocabulary(data.tokenizer)
+    except FileNotFoundError:
+        return
+    except TokenizerFileError as exc:
+        yield _error("tokenizer", f"data.tokenizer={data.tokenizer}: {exc}")
+        return
+    if data.audio_token not in vocab:
+        yield _error("audio_token", f"data.audio_token={data.audio_token!r} is not one token of data.tokenizer="
+                                    f"{data.tokenizer}; choose a token the tokenizer already has (for Gemma2 "
+                                    f"'<unused0>'): a new token would need an embedding row the checkpoint lacks")
+    size = max(vocab.values()) + 1
+    if size > model.decoder.vocab_size:
+        yield _error("tokenizer_vocab", f"data.tokenizer={data.tokenizer} has {size} token ids but "
+                                        f"model.decoder.vocab_size={model.decoder.vocab_size}: ids past the "
+                                        f"embedding would fail; use the model's tokenizer or a larger vocab_size")
+
+
 def check_packing(data: DataConfig, optim: OptimConfig) -> Iterator[Finding]:
     if data.packing and data.packing_buffer < optim.micro_batch_size:
         yield _error(
@@ -623,6 +649,7 @@ def validate(cfg: AudioLLMConfig, purpose: str = "plan") -> list[Finding]:
         lambda: check_init_checkpoint(m, cfg.lora),
         lambda: check_data(cfg.data, m, purpose),
         lambda: check_packing(cfg.data, cfg.optim),
+        lambda: check_tokenizer(cfg.data, m),
         lambda: check_optim(cfg.optim, cfg.train),
         lambda: check_train(cfg.train, cfg.run),
         lambda: check_eval_wer(cfg.train, cfg.data, p),

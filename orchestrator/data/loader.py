@@ -46,7 +46,7 @@ class SampleProcessor:
         self.window_frames = mel.window_frames_for(self.max_source_positions)
         self.prompts = PromptBuilder(tokenizer, data_cfg.prompt_template, data_cfg.response_suffix,
                                      add_bos=data_cfg.add_bos, add_eos=data_cfg.add_eos,
-                                     loss_on_prompt=data_cfg.loss_on_prompt)
+                                     loss_on_prompt=data_cfg.loss_on_prompt, audio_token=data_cfg.audio_token)
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
         self.pad_multiple = pad_multiple
         self.max_samples = int(round(data_cfg.max_audio_seconds * data_cfg.sample_rate))
@@ -165,7 +165,7 @@ def _tokenizer(data_cfg, tokenizer_path: Optional[str]):
     path = tokenizer_path or data_cfg.tokenizer
     if not path:
         raise ValueError("no tokenizer: set data.tokenizer to a local HF tokenizer directory")
-    return load_tokenizer(path)
+    return load_tokenizer(path, audio_token=data_cfg.audio_token)
 
 
 class TrainLoader:

@@ -17,6 +17,10 @@ class DataConfig:
     train: List[DatasetEntry] = field(default_factory=list)
     validation: List[DatasetEntry] = field(default_factory=list)
     tokenizer: Optional[str] = None  # local HF tokenizer directory
+    # The audio placeholder, repeated once per adapter output frame: one token the
+    # tokenizer already has (Gemma2: one of its <unusedN> tokens). A new token would need
+    # an embedding row that pretrained weights lack. The demo tokenizers have <audio>.
+    audio_token: str = "<audio>"
     # The user turn; <SpeechHere> becomes as many audio placeholder tokens as the
     # adapter makes for the clip. The response is the transcript + response_suffix.
     prompt_template: str = "<start_of_turn>user\nTranscribe: <SpeechHere><end_of_turn>\n<start_of_turn>model\n"

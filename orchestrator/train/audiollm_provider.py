@@ -33,14 +33,6 @@ def audiollm_config(plan):
     return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(AudioLLMConfig), plan.config))
 
 
-def audio_token_id(tokenizer, tokenizer_path: str) -> int:
-    from orchestrator.data.tokenizer_build import AUDIO_TOKEN
-
-    token_id = tokenizer.convert_tokens_to_ids(AUDIO_TOKEN)
-    if token_id is None:
-        raise ValueError(f"tokenizer {tokenizer_path} (data.tokenizer) has no {AUDIO_TOKEN!r} token; "
-                         f"build it with orchestrator.data.tokenizer_build.build_tokenizer")
-    return int(token_id)
 
 
 def _unwrapped(model: torch.nn.Module) -> torch.nn.Module:
@@ -67,8 +59,8 @@ class AudioLLMProvider:
         self.model_cfg, self.parallel_cfg = cfg.model, cfg.parallel
         from orchestrator.data.tokenizer_build import load_tokenizer
 
-        tokenizer = load_tokenizer(cfg.data.tokenizer)
-        self.audio_token_id = audio_token_id(tokenizer, cfg.data.tokenizer)
+        tokenizer = load_tokenizer(cfg.data.tokenizer, audio_token=cfg.data.audio_token)
+        self.audio_token_id = int(tokenizer.convert_tokens_to_ids(cfg.data.audio_token))
         self.ctc_weight = float(cfg.model.adapter.ctc_weight)
         # CTC targets are the transcript's tokens without the chat markers.
         self.special_ids = set(tokenizer.all_special_ids)
