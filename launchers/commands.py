@@ -236,14 +236,15 @@ def ensure_demo_corpus(runs: Sequence[PreparedRun]) -> None:
     for run in runs:
         data = run.container["data"]
         if data.get("demo_corpus"):
-            wanted[str(data["demo_corpus"])] = int(data["demo_corpus_samples"])
-    for root, samples in wanted.items():
+            wanted[str(data["demo_corpus"])] = (int(data["demo_corpus_samples"]), data.get("demo_corpus_accent"))
+    for root, (samples, accent) in wanted.items():
         if (Path(root) / "manifest.json").is_file():
             continue
         print(f"data.demo_corpus={root} holds no corpus yet: synthesizing {samples} training utterances "
               f"with espeak-ng first", flush=True)
         proc = subprocess.run([sys.executable, "-m", "orchestrator.data.cli", "demo", root,
-                               "--num-samples", str(samples), "--no-progress"])
+                               "--num-samples", str(samples), "--no-progress",
+                               *(["--accent", str(accent)] if accent else [])])
         if proc.returncode != 0:
             raise DemoCorpusError(f"writing the demo corpus into {root} failed (exit {proc.returncode}); fix what "
                                   f"it printed above, or point data.demo_corpus (or $AUDIOLLM_DEMO_DATA) elsewhere")

@@ -16,10 +16,17 @@ def pretrained_checkpoint_location(tmp_path_factory):
     path = tmp_path_factory.mktemp("pretrained_marker")
     (path / "metadata.json").write_text(json.dumps({"sharded_backend": "torch_dist", "sharded_backend_version": 1,
                                                     "common_backend": "torch", "common_backend_version": 1}))
-    previous = os.environ.get("AUDIOLLM_INIT_CHECKPOINT")
-    os.environ["AUDIOLLM_INIT_CHECKPOINT"] = str(path)
+    # tiny_cpu_finetune reads the HF export at $AUDIOLLM_FINETUNE_FROM and its conversion beside it.
+    export = path.parent / "finetune_from"
+    export.mkdir()
+    (path.parent / "finetune_from_megatron").mkdir()
+    (path.parent / "finetune_from_megatron" / "metadata.json").write_text((path / "metadata.json").read_text())
+    values = {"AUDIOLLM_INIT_CHECKPOINT": str(path), "AUDIOLLM_FINETUNE_FROM": str(export)}
+    previous = {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
     yield path
-    if previous is None:
-        os.environ.pop("AUDIOLLM_INIT_CHECKPOINT", None)
-    else:
-        os.environ["AUDIOLLM_INIT_CHECKPOINT"] = previous
+    for key, value in previous.items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value

@@ -1,6 +1,6 @@
 """`audiollm data ...` commands. `main(argv)` receives the arguments after `data`.
 
-    audiollm data demo OUT_DIR [--num-samples 3000] [--num-val-samples 100] [--seed 0] [--workers 2]
+    audiollm data demo OUT_DIR [--num-samples 3000] [--num-val-samples 100] [--seed 0] [--workers 2] [--accent VOICE]
 """
 
 from __future__ import annotations
@@ -25,6 +25,8 @@ def _parser() -> argparse.ArgumentParser:
                       help="utterances per validation dataset (4 datasets; default 100)")
     demo.add_argument("--seed", type=int, default=0, help="the corpus is a pure function of the seed")
     demo.add_argument("--workers", type=int, default=None, help="synthesis processes (default: min(2, cores))")
+    demo.add_argument("--accent", default=None,
+                      help="one espeak-ng voice's accent only (e.g. nl: Dutch-accented English), for fine-tuning")
     demo.add_argument("--no-progress", action="store_true", help="no progress bar")
     return parser
 
@@ -41,7 +43,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         try:
             manifest = write_corpus(args.out_dir, num_samples=args.num_samples,
                                     num_val_samples=args.num_val_samples, seed=args.seed,
-                                    workers=args.workers, progress=not args.no_progress)
+                                    workers=args.workers, progress=not args.no_progress, accent=args.accent)
         except (FileExistsError, RuntimeError) as err:
             print(f"error: {err}", file=sys.stderr)
             return 1

@@ -14,6 +14,11 @@ Training uses 6 accents x 8 variants = 48 voices, written as four datasets
   *_heldout_accent   accents en-gb-scotland and en-029 (Caribbean), training variants
   *_heldout_variant  training accents with variants m5 and f3
 
+An accent corpus (`--accent VOICE`, the fine-tuning demo: speech the default model
+never heard) has one espeak-ng voice's accent only, training variants for training and
+the held-out variants, with other sentences, for validation:
+  train/{digits,sentences}_ACCENT/   val/{digits,sentences}_ACCENT_heldout/
+
 Layout of OUT_DIR:
   train/{digits_us,digits_gb,sentences_us,sentences_gb}/   MDS (index.json + shards)
   val/{digits,sentences}_heldout_{accent,variant}/         MDS
@@ -123,6 +128,24 @@ def plan_corpus(num_samples: int, num_val_samples: int, seed: int) -> List[Utter
     return items
 
 
+def plan_accent_corpus(accent: str, num_samples: int, num_val_samples: int, seed: int) -> List[Utterance]:
+    """Every utterance of a one-accent corpus (dataset names use the accent's name)."""
+    rng = np.random.default_rng(seed)
+    tag = accent.replace("-", "_")
+    items: List[Utterance] = []
+    for i in range(num_samples):
+        task = TASKS[i % 2]
+        text = digit_string(rng) if task == "digits" else sentence(rng)
+        items.append(Utterance(f"train/{task}_{tag}", text, accent, TRAIN_VARIANTS[(i // 2) % len(TRAIN_VARIANTS)],
+                               int(rng.integers(140, 191)), int(rng.integers(30, 71))))
+    for task in TASKS:
+        for i in range(num_val_samples):
+            text = digit_string(rng) if task == "digits" else sentence(rng)
+            items.append(Utterance(f"val/{task}_{tag}_heldout", text, accent, HELDOUT_VARIANTS[i % len(HELDOUT_VARIANTS)],
+                                   int(rng.integers(140, 191)), int(rng.integers(30, 71))))
+    return items
+
+
 def synthesize(utt: Utterance) -> np.ndarray:
     """espeak-ng -> 16-kHz mono float32 (espeak speaks at 22.05 kHz; resampled here)."""
     import soundfile as sf
@@ -169,8 +192,9 @@ def tokenizer_texts(utterances: List[Utterance]) -> List[str]:
 
 def write_corpus(out_dir: str | Path, num_samples: int = 3000, num_val_samples: int = 100, seed: int = 0,
                  workers: Optional[int] = None, shard_size: str = "4mb", progress: bool = True,
-                 vocab_size: int = 512) -> Dict:
-    """Synthesize and write the corpus; returns the manifest (also saved as manifest.json)."""
+                 vocab_size: int = 512, accent: Optional[str] = None) -> Dict:
+    """Synthesize and write the corpus (one accent's with `accent`); returns the manifest
+    (also saved as manifest.json)."""
     from streaming import MDSWriter
     from tqdm import tqdm
 
@@ -182,7 +206,8 @@ def write_corpus(out_dir: str | Path, num_samples: int = 3000, num_val_samples: 
     if out.exists() and any(out.iterdir()):
         raise FileExistsError(f"{out} exists and is not empty; choose a new directory or delete it")
     out.mkdir(parents=True, exist_ok=True)
-    utterances = plan_corpus(num_samples, num_val_samples, seed)
+    utterances = (plan_accent_corpus(accent, num_samples, num_val_samples, seed) if accent
+                  else plan_corpus(num_samples, num_val_samples, seed))
     workers = workers or min(2, os.cpu_count() or 1)
     start = time.perf_counter()
     writers: Dict[str, MDSWriter] = {}
@@ -204,7 +229,7 @@ def write_corpus(out_dir: str | Path, num_samples: int = 3000, num_val_samples: 
     synth_s = time.perf_counter() - start
     build_tokenizer(tokenizer_texts(utterances), out / "tokenizer", vocab_size=vocab_size)
     manifest = {
-        "seed": seed, "num_samples": num_samples, "num_val_samples": num_val_samples,
+        "seed": seed, "num_samples": num_samples, "num_val_samples": num_val_samples, "accent": accent,
         "datasets": {name: {"samples": counts[name], "audio_seconds": round(seconds[name], 2)} for name in counts},
         "train_voices": [f"{a}+{v}" for accs in TRAIN_ACCENTS.values() for a in accs for v in TRAIN_VARIANTS],
         "heldout_accents": HELDOUT_ACCENTS, "heldout_variants": HELDOUT_VARIANTS,

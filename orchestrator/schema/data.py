@@ -55,5 +55,8 @@ class DataConfig:
     # already holds one (its manifest.json), with this many training utterances.
     demo_corpus: Optional[str] = None
     demo_corpus_samples: int = 3000
+    # The demo corpus of one espeak-ng voice's accent only (the fine-tuning demo,
+    # recipe tiny_cpu_finetune); None: the default 48-voice corpus.
+    demo_corpus_accent: Optional[str] = None
     num_workers: int = 0
     seed: int = 17

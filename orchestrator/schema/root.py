@@ -18,6 +18,9 @@ class TrainConfig:
     log_interval: int = 10
     eval_interval: int = 0  # 0: evaluate only at the end
     eval_iters: int = 10
+    # Also evaluate before the first step (step 0): the starting point of a fine-tune,
+    # e.g. the pretrained model's WER on the new data. Fresh runs only, not on resume.
+    eval_at_start: bool = False
     # Also greedy-decode the validation datasets at every evaluation and report the word
     # error rate per dataset (orchestrator/train/wer_eval.py). Runs inside training when
     # tp = pp = 1; other layouts score with `audiollm eval RUN_DIR` (one process).

@@ -308,6 +308,13 @@ class Trainer:
         history = []
         exit_code = 1
         try:
+            if self.train_cfg.get("eval_at_start") and self.step == 0:
+                metrics = self.evaluate()
+                if writer is not None and metrics:
+                    writer.log(0, metrics)
+                    history.append({"step": 0, **metrics})
+                    if eval_line(0, metrics):
+                        print(eval_line(0, metrics), flush=True)
             while self.step < self.train_iters:
                 metrics = self.train_step()
                 last = self.step == self.train_iters

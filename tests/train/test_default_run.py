@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -17,6 +18,7 @@ ITERS = 6
 
 
 @pytest.mark.multiprocess
+@pytest.mark.skipif(shutil.which("espeak-ng") is None, reason="the demo corpus is spoken by espeak-ng (apt-get install -y espeak-ng)")
 def test_default_command_makes_the_demo_corpus_trains_and_prints_wer(tmp_path):
     corpus = tmp_path / "demo_data"
     env = {**os.environ, "PYTHONPATH": str(REPO), "PYTHONWARNINGS": "ignore", "AUDIOLLM_DEMO_DATA": str(corpus),

@@ -123,15 +123,21 @@ def _reference_step1_loss(overrides: list) -> float:
 
 @pytest.mark.multiprocess
 @pytest.mark.parametrize("layout", [["parallel.tp=2", "launcher.gpus_per_node=2"],
-                                    ["parallel.pp=2", "launcher.gpus_per_node=2"]], ids=["tp2", "pp2"])
+                                    ["parallel.pp=2", "launcher.gpus_per_node=2", "train.eval_at_start=true",
+                                     "train.eval_iters=1"]], ids=["tp2", "pp2"])
 def test_first_step_loss_from_a_converted_hf_checkpoint_equals_hf(pretrained, layout):
-    name = "from_hf_" + "_".join(o.split("=")[1] for o in layout[:1])
+    name = "from_hf_" + layout[0].replace("parallel.", "").replace("=", "")
     overrides = _overrides(pretrained, name, layout)
+    if "train.eval_at_start=true" in layout:  # a validation set to evaluate on
+        overrides = [o for o in overrides if o != "data.validation=[]"]
     out = _cli(["train", *overrides], cwd=pretrained["root"])
     run_dir = pretrained["root"] / "runs" / "tiny_cpu" / name
     log = "\n".join(p.read_text() for p in run_dir.glob("**/*.log")) + out
     assert "init_checkpoint: loaded" in log and "starting fresh: nothing" in log, log[-4000:]
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    if "train.eval_at_start=true" in overrides:  # the pretrained model's validation loss, before any step
+        assert rows[0]["step"] == 0 and rows[0]["val_loss"] > 0 and "loss" not in rows[0], rows[0]
+        rows = rows[1:]
     reference = _reference_step1_loss(overrides)
     print(f"{name}: step-1 loss {rows[0]['loss']:.8f}, HF reference {reference:.8f}")
     assert abs(rows[0]["loss"] - reference) <= STEP1_TOLERANCE, (rows[0]["loss"], reference)
