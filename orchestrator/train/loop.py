@@ -93,11 +93,12 @@ class Trainer:
 
         self.config = mcfg.transformer_config(plan, on_gpu, provider.transformer_fields())
         chunks = self._build_chunks(provider)
-        if training:
-            self._load_init_checkpoint(chunks)
+        init = self._load_init_checkpoint(chunks) if training else None
         self.adapted = []
         for chunk in chunks:
             self.adapted += apply_lora(chunk, plan.section("lora"), self.seed, b_std=components.lora_b_init_std)
+        if init is not None:
+            self._log_init(init, chunks)
         _freeze_model_parts(chunks, plan.section("model"))
         self.unwrapped = chunks
         self.stats = LossStats(components.train_source.dataset_names)
@@ -149,18 +150,31 @@ class Trainer:
             chunks.append(model)
         return chunks
 
-    def _load_init_checkpoint(self, chunks) -> None:
+    def _load_init_checkpoint(self, chunks) -> Optional[dict]:
         """model.init_checkpoint: pretrained weights, before LoRA and the freezes; only
         when the run starts fresh (a resumed run has its own checkpoint)."""
-        from orchestrator.train.init_weights import describe, load_init_checkpoint
+        from orchestrator.train.init_weights import load_init_checkpoint
 
         path = self.plan.section("model").get("init_checkpoint")
         resumes = (self.plan.section("run").get("resume") or "auto") != "never"
         if not path or (resumes and ckpt.latest_checkpoint(self.plan.run_dir) is not None):
-            return
-        result = load_init_checkpoint(path, chunks)
+            return None
+        return {"path": path, **load_init_checkpoint(path, chunks)}
+
+    def _log_init(self, init: dict, chunks) -> None:
+        """One line: what was loaded, and what starts fresh (LoRA included, added after the load)."""
+        from orchestrator.train.init_weights import describe
+
+        stage = self.ps.get_pipeline_model_parallel_rank()  # layer names restart at 0 on every stage
+        lora = {(stage, i, name) for i, chunk in enumerate(chunks) for name, _ in chunk.named_parameters()
+                if ".lora_" in name}
+        gathered = [None] * self.world_size
+        dist.all_gather_object(gathered, lora)
+        count = len(set().union(*gathered))
+        if count:
+            init["fresh"]["LoRA"] = count
         if self.rank == 0:
-            log.info("%s", describe(path, result))
+            log.info("%s", describe(init["path"], init))
 
     # ---- one step -------------------------------------------------------------------
     def _loss_func(self, batch: dict, per_token_loss: torch.Tensor):

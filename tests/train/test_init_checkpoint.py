@@ -155,8 +155,10 @@ def test_lora_run_from_the_converted_checkpoint_exports_to_hf_with_lora_merged(p
             "lora.lr_groups=[{name: lora, patterns: ['*lora_*'], lr_scale: 1.0}, {name: rest, patterns: ['*'], lr_scale: 0.0}]"]
     overrides = _overrides(pretrained, name, ["parallel.tp=2", "launcher.gpus_per_node=2", "train.iters=4",
                                               "optim.lr=1e-2", "optim.min_lr=1e-2", *lora])
-    _cli(["train", *overrides], cwd=pretrained["root"])
+    out = _cli(["train", *overrides], cwd=pretrained["root"])
     run_dir = pretrained["root"] / "runs" / "tiny_cpu" / name
+    log = out + "\n".join(p.read_text() for p in run_dir.glob("**/*.log"))
+    assert "starting fresh: LoRA (32 tensors)" in log, log[-3000:]  # A and B of 16 linears, added after the load
     export = pretrained["root"] / "export"
     out = _cli(["convert", "megatron-to-hf", "--megatron", str(run_dir), "--out", str(export)], cwd=pretrained["root"])
     assert "LoRA merged into 16 linears" in out, out  # 4 layers x qkv, proj, fc1, fc2
