@@ -119,11 +119,11 @@ def read_model_tensors(ckpt_dir: Path) -> Dict[str, torch.Tensor]:
     from megatron.core import dist_checkpointing
     from megatron.core.dist_checkpointing.mapping import ShardedTensor
 
-    stored = stored_model_tensors(ckpt_dir)
-    request = {key: ShardedTensor.from_rank_offsets(key, torch.empty(meta.global_shape, dtype=meta.dtype),
-                                                    replica_id=0)
-               for key, meta in stored.items()}
-    with process_group():
+    with process_group():  # one group for both reads
+        stored = stored_model_tensors(ckpt_dir)
+        request = {key: ShardedTensor.from_rank_offsets(key, torch.empty(meta.global_shape, dtype=meta.dtype),
+                                                        replica_id=0)
+                   for key, meta in stored.items()}
         loaded = dist_checkpointing.load(request, str(ckpt_dir))
     out: Dict[str, torch.Tensor] = {}
     for key, tensor in loaded.items():

@@ -60,7 +60,7 @@ def hf_to_megatron_tensors(hf: Mapping[str, torch.Tensor], shape: Gemma2Shape) -
     """(megatron name at TP=1, PP=1, tensor) for each tensor of a HF Gemma2 state dict,
     read from `hf` one layer at a time (vocab unpadded). Every HF tensor must be used:
     an unknown one (another architecture, a renamed tensor) is an error."""
-    names = set(hf.names()) if hasattr(hf, "names") else set(hf)
+    names = set(hf)
     names.discard("lm_head.weight")  # the tied copy of the embedding
     used = set()
 

@@ -32,19 +32,27 @@ def _safetensors_files(hf_dir: Path) -> List[Path]:
     return [hf_dir / name for name in files]
 
 
+# safetensors header dtype names -> torch's
+_DTYPES = {"F32": "float32", "BF16": "bfloat16", "F16": "float16", "F64": "float64"}
+
+
 class SafetensorsDir:
-    """The tensors of a safetensors directory (single file or sharded), read one at a
-    time on access, so a conversion holds only what it has converted so far."""
+    """The tensors of a safetensors directory (single file or sharded), each file opened
+    once and each tensor read on access, so a conversion holds only what it has
+    converted so far."""
 
     def __init__(self, hf_dir: Path):
         self.dir = Path(hf_dir)
-        self._where: Dict[str, Path] = {}
+        self._where = {}  # tensor name -> the open file holding it
         for path in _safetensors_files(self.dir):
-            with safe_open(str(path), framework="pt") as f:
-                self._where.update({name: path for name in f.keys()})
+            handle = safe_open(str(path), framework="pt")
+            self._where.update({name: handle for name in handle.keys()})
 
     def names(self) -> List[str]:
         return list(self._where)
+
+    def __iter__(self):
+        return iter(self._where)
 
     def __contains__(self, name: str) -> bool:
         return name in self._where
@@ -52,11 +60,13 @@ class SafetensorsDir:
     def __getitem__(self, name: str) -> torch.Tensor:
         if name not in self._where:
             raise KeyError(f"{self.dir} has no tensor {name!r}")
-        with safe_open(str(self._where[name]), framework="pt") as f:
-            return f.get_tensor(name)
+        return self._where[name].get_tensor(name)
 
-    def dtype(self) -> torch.dtype:
-        return self[next(iter(self._where))].dtype
+    def dtype_name(self) -> str:
+        """The dtype of the first tensor, from the file header (no tensor is read)."""
+        name = next(iter(self._where))
+        stored = self._where[name].get_slice(name).get_dtype()
+        return _DTYPES.get(stored, stored.lower())
 
 
 def read_hf_state_dict(hf_dir: Path) -> Dict[str, torch.Tensor]:

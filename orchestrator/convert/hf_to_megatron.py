@@ -74,7 +74,7 @@ def convert(hf_dir: Path, out_dir: Path, whisper_dir: Optional[Path] = None, ada
     parts = ["decoder"] + (["encoder"] if whisper_dir else []) + (["adapter"] if adapter_dir else [])
     meta = {"format": "audiollm-dist/1", "source": str(hf_dir.resolve()), "parts": parts,
             "vocab_size": shape.vocab_size, "num_layers": shape.num_layers, "tensors": count,
-            "dtype": str(source.dtype()).replace("torch.", "")}
+            "dtype": source.dtype_name()}
     (out_dir / "hf_config.json").write_text((hf_dir / "config.json").read_text())
     if whisper_dir is not None:
         (out_dir / "whisper_config.json").write_text((Path(whisper_dir) / "config.json").read_text())

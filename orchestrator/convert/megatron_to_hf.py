@@ -77,6 +77,9 @@ def export_state(ckpt_dir: Path) -> dict:
         raise FileNotFoundError(f"{ckpt}: neither {CONVERTED_META} (a converted checkpoint) nor {plan_path} "
                                 f"(a training checkpoint's run) is there, so the model's config is unknown")
     state = read_model_tensors(ckpt)
+    if not (ckpt / CONVERTED_META).is_file():  # a config made here: the dtype is what the run stored
+        embedding = state["language_model.embedding.word_embeddings.weight"]
+        hf_config["torch_dtype"] = str(embedding.dtype).replace("torch.", "")
     merged = merge_lora_tensors(state, scaling)
     parts = {part: {n[len(part) + 1:]: t for n, t in state.items() if n.startswith(part + ".")}
              for part in ("language_model", "encoder", "adapter")}
@@ -122,7 +125,6 @@ def gemma2_hf_config(decoder: dict, tokenizer_dir: Optional[str] = None) -> dict
         "sliding_window": decoder["sliding_window"], "query_pre_attn_scalar": decoder["query_pre_attn_scalar"],
         "attn_logit_softcapping": decoder["attn_logit_softcap"],
         "final_logit_softcapping": decoder["final_logit_softcap"], "tie_word_embeddings": True,
-        "torch_dtype": "float32",
     }
     if tokenizer_dir and (Path(tokenizer_dir) / "tokenizer.json").is_file():
         from orchestrator.data.tokenizer_build import load_tokenizer

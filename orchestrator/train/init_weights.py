@@ -72,6 +72,7 @@ def load_init_checkpoint(path: str | Path, chunks: Sequence, prefix: str = "") -
     from megatron.core.dist_checkpointing.mapping import ShardedObject
 
     from orchestrator.convert.dist_format import stored_model_tensors
+    from orchestrator.train.checkpoint import _unwrap_ddp
 
     stored = {k: v for k, v in stored_model_tensors(path).items() if k.startswith(prefix)}
     requests: List[dict] = []
@@ -89,11 +90,11 @@ def load_init_checkpoint(path: str | Path, chunks: Sequence, prefix: str = "") -
                 fresh[key] = _starts_fresh(key, stored)
                 skip.add(name)
                 continue
-            want, have = _global_shape(sharded), tuple(stored[key].global_shape)
-            if getattr(sharded, "allow_shape_mismatch", False):  # vocabulary rows: padded per layout
-                want, have = want[1:], have[1:]
-            if want != have:
-                mismatched.append(f"{key} (checkpoint {tuple(stored[key].global_shape)}, model {_global_shape(sharded)})")
+            model_shape, stored_shape = _global_shape(sharded), tuple(stored[key].global_shape)
+            # vocabulary rows are padded per layout: only the other dimensions must agree
+            skip_rows = 1 if getattr(sharded, "allow_shape_mismatch", False) else 0
+            if model_shape[skip_rows:] != stored_shape[skip_rows:]:
+                mismatched.append(f"{key} (checkpoint {stored_shape}, model {model_shape})")
                 continue
             request[name] = sharded
         requests.append(request)
@@ -119,10 +120,11 @@ def load_init_checkpoint(path: str | Path, chunks: Sequence, prefix: str = "") -
         raise InitCheckpointError(
             f"model.init_checkpoint={path} does not fit model (this config's model section): " + "; ".join(problems)
             + ". Convert the checkpoint for this model, or set the model section to the checkpoint's shapes.")
-    for chunk, request, skip in zip(chunks, requests, skipped):
-        loaded = dist_checkpointing.load({"model": request}, str(path))["model"]
+    # One read of the checkpoint for all chunks (several with virtual pipeline stages).
+    loaded = dist_checkpointing.load({str(i): request for i, request in enumerate(requests)}, str(path))
+    for i, (chunk, skip) in enumerate(zip(chunks, skipped)):
         with torch.no_grad():
-            result = _unwrap(chunk).load_state_dict(_strip(loaded, prefix), strict=False)
+            result = _unwrap_ddp(chunk).load_state_dict(_strip(loaded[str(i)], prefix), strict=False)
         left = [k for k in result.missing_keys if prefix + k not in skip]
         if result.unexpected_keys or left:
             raise InitCheckpointError(f"loading {path}: unexpected {result.unexpected_keys}, not loaded {left}")
@@ -130,12 +132,6 @@ def load_init_checkpoint(path: str | Path, chunks: Sequence, prefix: str = "") -
     for reason in fresh.values():
         counts[reason] = counts.get(reason, 0) + 1
     return {"loaded": len(needed) - len(fresh), "fresh": counts}
-
-
-def _unwrap(chunk):
-    from orchestrator.train.checkpoint import _unwrap_ddp
-
-    return _unwrap_ddp(chunk)
 
 
 def _strip(state: dict, prefix: str) -> dict:

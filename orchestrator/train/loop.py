@@ -327,8 +327,7 @@ class Trainer:
                 if writer is not None and metrics:
                     writer.log(0, metrics)
                     history.append({"step": 0, **metrics})
-                    if eval_line(0, metrics):
-                        print(eval_line(0, metrics), flush=True)
+                    print(eval_line(0, metrics), flush=True)  # metrics hold the validation loss
             while self.step < self.train_iters:
                 metrics = self.train_step()
                 last = self.step == self.train_iters

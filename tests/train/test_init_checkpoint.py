@@ -196,3 +196,23 @@ def test_a_checkpoint_that_does_not_fit_stops_the_job_before_the_first_step(pret
     assert "the model needs tensors the checkpoint lacks: encoder.layer_norm.weight" in log, log[-4000:]
     assert "the checkpoint holds tensors the model does not have: encoder.layer_norm.scale" in log
     assert not (run_dir / "metrics.jsonl").exists() or not (run_dir / "metrics.jsonl").read_text().strip()
+
+
+@pytest.mark.multiprocess
+def test_the_finetune_recipe_builds_from_a_converted_checkpoint_and_trains(pretrained):
+    """recipes/tiny_cpu_finetune.yaml as written (LoRA on decoder and encoder, adapter in
+    full, evaluation before the first step), on this module's converted checkpoint and
+    tone corpus instead of the demo's export and accent corpus."""
+    corpus = pretrained["corpus"]
+    name = "finetune_recipe"
+    overrides = ["+recipe=tiny_cpu_finetune", f"model.init_checkpoint={pretrained['converted']}",
+                 *[o for o in train_overrides(corpus) if not o.startswith("optim.lr")],
+                 "data.demo_corpus=null", "data.demo_corpus_accent=null", "train.iters=2", "train.eval_iters=1",
+                 "train.eval_wer=false", "optim.lr_warmup_iters=0", "logger=none", f"run.name={name}",
+                 f"run.output_root={pretrained['root'] / 'runs'}"]
+    out = _cli(["train", *overrides], cwd=pretrained["root"])
+    run_dir = pretrained["root"] / "runs" / "tiny_cpu_finetune" / name
+    log = out + "\n".join(p.read_text() for p in run_dir.glob("**/*.log"))
+    assert "starting fresh: CTC head (2 tensors), LoRA (" in log, log[-3000:]
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [0, 1, 2] and "val_loss" in rows[0], rows
