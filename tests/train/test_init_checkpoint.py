@@ -1,8 +1,9 @@
 """Pretrained weights end to end: a tiny random HF Gemma2 + HF Whisper (+ adapter
 weights) saved with save_pretrained, converted once (`audiollm convert hf-to-megatron`),
-trained from at TP=2 and at PP=2 through `audiollm train` (local launcher, real
+trained from at TP=1, TP=2 and PP=2 through `audiollm train` (local launcher, real
 trainer); the first step's loss equals the same batch's loss through the HF reference
-(HF Gemma2 + HF WhisperEncoder + the adapter written out in plain torch)."""
+(HF Gemma2 + HF WhisperEncoder + the adapter written out in plain torch), with the
+encoder in Whisper's own full-window mode and in `model.encoder.mask_padding` mode."""
 
 from __future__ import annotations
 
@@ -65,11 +66,14 @@ def pretrained(tmp_path_factory):
 
 
 def _overrides(pretrained, run_name: str, extra=()) -> list:
-    return [*train_overrides(pretrained["corpus"]), f"model.init_checkpoint={pretrained['converted']}",
+    """The step-1 run's overrides; a key in `extra` replaces the default one."""
+    base = [*train_overrides(pretrained["corpus"]), f"model.init_checkpoint={pretrained['converted']}",
             "data.validation=[]", "train.eval_wer=false", "model.adapter.ctc_weight=0",
             "model.spec_augment.enabled=false", "model.encoder.mask_padding=false", "train.iters=1",
             "optim.lr_warmup_iters=0",
-            "logger=none", f"run.name={run_name}", f"run.output_root={pretrained['root'] / 'runs'}", *extra]
+            "logger=none", f"run.name={run_name}", f"run.output_root={pretrained['root'] / 'runs'}"]
+    replaced = {o.split("=", 1)[0] for o in extra}
+    return [o for o in base if o.split("=", 1)[0] not in replaced] + list(extra)
 
 
 def _cli(args: list, cwd: Path) -> str:
@@ -80,6 +84,29 @@ def _cli(args: list, cwd: Path) -> str:
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-6000:]
     return out
+
+
+def _masked_reference_states(encoder, features: torch.Tensor, lengths: list) -> list:
+    """`mask_padding` mode as its definition says, without a mask: each clip alone, HF's
+    convolutions over its features (and the zeros the model pads with past them), then
+    the HF encoder layers over only the clip's own frames, the final LayerNorm on the
+    last. Returns, per clip, the N layer outputs [1, frames, d]."""
+    from orchestrator.model_params import encoder_frame_count
+
+    per_clip = []
+    for i, n in enumerate(lengths):
+        x = F.pad(features[i:i + 1], (0, 4))  # conv2's last kept frame reads up to 2 mel frames past n
+        x = F.gelu(encoder.conv2(F.gelu(encoder.conv1(x)))).permute(0, 2, 1)
+        frames = encoder_frame_count(n)
+        hidden = x[:, :frames] + encoder.embed_positions.weight[:frames]
+        states = []
+        for layer in encoder.layers:
+            out = layer(hidden, attention_mask=None, layer_head_mask=None)
+            hidden = out[0] if isinstance(out, tuple) else out
+            states.append(hidden)
+        states[-1] = encoder.layer_norm(hidden)
+        per_clip.append(states)
+    return per_clip
 
 
 def _reference_step1_loss(overrides: list) -> float:
@@ -106,10 +133,14 @@ def _reference_step1_loss(overrides: list) -> float:
         for _ in range(cfg.optim.global_batch_size // mbs):
             batch = next(loader)
             assert not batch["packed"]
-            features = F.pad(batch["audio_features"], (0, window - batch["audio_features"].shape[-1]))
-            states = encoder(features, output_hidden_states=True).hidden_states[1:]
             lengths = [int(n) for n in batch["audio_lengths"]]
-            audio = reference_adapter(states, adapter, lengths, FRAME_STACK)
+            if cfg.model.encoder.mask_padding:
+                audio = torch.cat([reference_adapter(states, adapter, [n], FRAME_STACK) for n, states in
+                                   zip(lengths, _masked_reference_states(encoder, batch["audio_features"], lengths))])
+            else:  # Whisper's own mode: the whole window, padding included
+                features = F.pad(batch["audio_features"], (0, window - batch["audio_features"].shape[-1]))
+                states = encoder(features, output_hidden_states=True).hidden_states[1:]
+                audio = reference_adapter(states, adapter, lengths, FRAME_STACK)
             ids = batch["tokens"]
             embeds = gemma.model.embed_tokens(ids)
             embeds[ids == int(batch["audio_token_id"])] = audio
@@ -122,11 +153,12 @@ def _reference_step1_loss(overrides: list) -> float:
 
 
 @pytest.mark.multiprocess
-@pytest.mark.parametrize("layout", [["parallel.tp=2", "launcher.gpus_per_node=2"],
+@pytest.mark.parametrize("layout", [["parallel.tp=1", "model.encoder.mask_padding=true"],
+                                    ["parallel.tp=2", "launcher.gpus_per_node=2"],
                                     ["parallel.pp=2", "launcher.gpus_per_node=2", "train.eval_at_start=true",
-                                     "train.eval_iters=1"]], ids=["tp2", "pp2"])
+                                     "train.eval_iters=1"]], ids=["tp1_masked_encoder", "tp2", "pp2"])
 def test_first_step_loss_from_a_converted_hf_checkpoint_equals_hf(pretrained, layout):
-    name = "from_hf_" + layout[0].replace("parallel.", "").replace("=", "")
+    name = "from_hf_" + "_".join(o.split(".")[-1].replace("=", "") for o in layout[:2])
     overrides = _overrides(pretrained, name, layout)
     if "train.eval_at_start=true" in layout:  # a validation set to evaluate on
         overrides = [o for o in overrides if o != "data.validation=[]"]
@@ -141,6 +173,9 @@ def test_first_step_loss_from_a_converted_hf_checkpoint_equals_hf(pretrained, la
     reference = _reference_step1_loss(overrides)
     print(f"{name}: step-1 loss {rows[0]['loss']:.8f}, HF reference {reference:.8f}")
     assert abs(rows[0]["loss"] - reference) <= STEP1_TOLERANCE, (rows[0]["loss"], reference)
+    if "model.encoder.mask_padding=true" in layout:  # the mode changes the loss, so the bound tells them apart
+        full_window = _reference_step1_loss(overrides + ["model.encoder.mask_padding=false"])
+        assert abs(rows[0]["loss"] - full_window) > 100 * STEP1_TOLERANCE, (rows[0]["loss"], full_window)
 
 
 @pytest.mark.multiprocess
