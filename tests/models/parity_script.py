@@ -178,7 +178,8 @@ def norm_grad_cases(shape, full, dec, tokens) -> None:
 
 def recompute_check(shape, full, dec, tokens) -> None:
     """Full (uniform, 1 layer) and selective (core attention) recomputation through the
-    Gemma2 layer give the gradients of no recomputation."""
+    Gemma2 layer give the gradients of no recomputation, and really recompute: the
+    first layer (full) or its core attention (selective) runs again in the backward."""
     import torch.distributed as dist
     from megatron.core import parallel_state as ps
 
@@ -190,19 +191,25 @@ def recompute_check(shape, full, dec, tokens) -> None:
     init_distributed(ParallelSizes(tp=1), seed=0)
     positions = torch.arange(SEQ)[None].expand(BATCH, -1)
     labels = torch.cat([tokens[:, 1:], tokens[:, :1]], dim=1)
-    grads = {}
+    grads, calls = {}, {}
     for name, kw in [("none", {}),
                      ("full", dict(recompute_granularity="full", recompute_method="uniform", recompute_num_layers=1)),
                      ("selective", dict(recompute_granularity="selective", recompute_modules=["core_attn"]))]:
         model = Gemma2Model(gemma2_transformer_config(dec, **kw), dec.vocab_size, dec.max_position_embeddings,
                             rope_theta=dec.rope_theta).train()
         model.load_state_dict(shard_megatron(full, shape, 1, 1)[(0, 0)], strict=False)
+        # Forward calls of the first layer and of its core attention, over forward and
+        # backward: recomputation shows as a second call.
+        layer = model.decoder.layers[0]
+        for module, key in [(layer, f"{name}_layer_calls"), (layer.self_attention.core_attention, f"{name}_attention_calls")]:
+            calls[key] = 0
+            module.register_forward_hook(lambda *_, key=key: calls.__setitem__(key, calls[key] + 1))
         model(tokens, positions, None, labels=labels)[:, :-1].mean().backward()
         grads[name] = torch.cat([p.grad.flatten() for p in model.parameters()])
     if dist.get_rank() == 0:
         print("RESULT " + json.dumps({"case": "recompute", "full_vs_none": (grads["full"] - grads["none"]).abs().max().item(),
                                       "selective_vs_none": (grads["selective"] - grads["none"]).abs().max().item(),
-                                      "grad_scale": grads["none"].abs().max().item()}), flush=True)
+                                      "grad_scale": grads["none"].abs().max().item(), **calls}), flush=True)
 
 
 AUDIO_TOKEN = 249  # last id of the tiny vocabulary (250)

@@ -39,3 +39,8 @@ def test_sequence_parallel_norm_grads_are_partial_without_finalize(parity_result
 def test_activation_recomputation_keeps_gradients(parity_results):
     r = parity_results["recompute"]
     assert r["grad_scale"] > 0 and r["full_vs_none"] <= 1e-6 and r["selective_vs_none"] <= 1e-6, r
+    # What ran: without recompute each module runs once; full recompute runs the whole
+    # layer again in the backward, selective only its core attention.
+    assert (r["none_layer_calls"], r["none_attention_calls"]) == (1, 1), r
+    assert (r["full_layer_calls"], r["full_attention_calls"]) == (2, 2), r
+    assert (r["selective_layer_calls"], r["selective_attention_calls"]) == (1, 2), r
