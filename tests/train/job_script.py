@@ -7,6 +7,7 @@
                                         (maybe differently parallel) plan; print val loss
 Prints `RESULT <json>` on rank 0."""
 
+import hashlib
 import json
 import os
 import sys
@@ -69,9 +70,13 @@ def main() -> int:
         params = {n: p for c in trainer.unwrapped for n, p in c.named_parameters()}
         changes = {n: (params[n].detach() - before).abs().max().item()
                    for n, before in {**frozen_before, **trainable_before}.items()}
+        # The final weights themselves, as a digest of their bytes: ranks that hold
+        # replicas of a tensor must hold the same bits.
+        digests = {n: hashlib.sha1(p.detach().float().contiguous().numpy().tobytes()).hexdigest()
+                   for n, p in params.items()}
         everyone = [None] * dist.get_world_size()
         dist.all_gather_object(everyone, {"members": trainer.group_members, "changes": changes,
-                                          "frozen": sorted(frozen_before)})
+                                          "digests": digests, "frozen": sorted(frozen_before)})
         result["ranks"] = everyone
         result["eval"] = trainer.evaluate()
     if dist.get_rank() == 0:

@@ -64,12 +64,14 @@ def test_audiollm_trains_at_tp2_and_pp2(corpus, tp2_straight, tmp_path):
     embedding / output weight."""
     tp_dir, tp_out = tp2_straight
     _check_run(tp_out, tp_dir, 2)
-    rank0, rank1 = (r["changes"] for r in tp_out["ranks"])
+    rank0, rank1 = (r["digests"] for r in tp_out["ranks"])
     assert sorted(rank0) == sorted(rank1)
     replicated = [n for n in rank0 if n.startswith(("encoder.", "adapter.")) or "layernorm" in n]
-    assert len(replicated) > 10, sorted(rank0)
-    for name in replicated:
-        assert rank0[name] == pytest.approx(rank1[name], rel=1e-5, abs=1e-9), name
+    trained = [n for n in replicated if tp_out["ranks"][0]["changes"].get(n, 0) > 0]
+    assert len(replicated) > 10 and len(trained) > 10, sorted(rank0)
+    assert [n for n in replicated if rank0[n] != rank1[n]] == []  # the same bits on both TP ranks
+    sharded = [n for n in rank0 if "linear_fc1" in n or "linear_qkv" in n]
+    assert sharded and all(rank0[n] != rank1[n] for n in sharded)  # (the digests tell different shards apart)
 
     # The auxiliary CTC loss needs pp=1 (validate.check_ctc); the TP=2 run trains with it.
     pp_dir = write_audiollm_run_dir(tmp_path / "pp2", corpus, pp=2, iters=ITERS,
@@ -78,8 +80,9 @@ def test_audiollm_trains_at_tp2_and_pp2(corpus, tp2_straight, tmp_path):
     _check_run(pp_out, pp_dir, 2)
     first, last = (r["changes"] for r in pp_out["ranks"])
     assert any(n.startswith("encoder.") for n in first) and not any(n.startswith("encoder.") for n in last)
-    assert first["language_model.embedding.word_embeddings.weight"] == pytest.approx(
-        last["language_model.output_layer.weight"], rel=1e-5)
+    assert first["language_model.embedding.word_embeddings.weight"] > 0
+    first, last = (r["digests"] for r in pp_out["ranks"])  # the tied weight: the same bits on both stages
+    assert first["language_model.embedding.word_embeddings.weight"] == last["language_model.output_layer.weight"]
     print("TP2 losses", tp_out["losses"])
     print("PP2 losses", pp_out["losses"])
 
