@@ -1,7 +1,8 @@
 """LoRA under tensor parallelism, on every rank (torchrun): builds the stand-in model
 of PLAN_RUN_DIR at its TP size, adds LoRA (non-zero B, so the adapters change the
 output), and writes to OUT_DIR/lora_tp{TP}.pt the full logits of a fixed batch with
-adapters and after merging them into the base weights.
+adapters, after merging them into the base weights, and of the base weights plus
+(alpha/r) B A computed here.
   torchrun --nproc_per_node=2 tests/train/lora_script.py PLAN_RUN_DIR OUT_DIR"""
 
 import sys
@@ -42,6 +43,19 @@ def main() -> None:
         if hasattr(module, "lora_enabled"):
             module.lora_enabled = False
     base = logits()
+    # The reference, written here from LoRA's definition: base weights W + (alpha/r) B A
+    # (this rank's shards of W and B A), with the plan's alpha and rank.
+    lora_cfg = plan.section("lora")
+    scale = float(lora_cfg["alpha"]) / int(lora_cfg["rank"])
+    params = dict(model.named_parameters())
+    originals = {n: params[n + ".weight"].detach().clone() for n in names}
+    with torch.no_grad():
+        for n in names:
+            params[n + ".weight"].add_(scale * params[n + ".lora_b.weight"] @ params[n + ".lora_a.weight"])
+    reference = logits()
+    with torch.no_grad():
+        for n in names:
+            params[n + ".weight"].copy_(originals[n])
     for module in model.modules():
         if hasattr(module, "lora_enabled"):
             module.lora_enabled = True
@@ -49,7 +63,7 @@ def main() -> None:
     merged = logits()
     leftover = lora_parameter_names(model)
     if dist.get_rank() == 0:
-        torch.save(dict(adapted=adapted, base=base, merged=merged, names=names, lora_names=lora_names,
+        torch.save(dict(adapted=adapted, base=base, merged=merged, reference=reference, names=names, lora_names=lora_names,
                         frozen_base=frozen_base, merged_count=merged_count, leftover=leftover,
                         param_names=sorted(n for n, _ in model.named_parameters())),
                    f"{out_dir}/lora_tp{ps.get_tensor_model_parallel_world_size()}.pt")

@@ -49,6 +49,14 @@ def test_encoder_and_adapter_lora_names_freeze_and_merge():
     assert trainable == sorted(lora_parameter_names(model)) and len(trainable) == 16
     adapted = model(x).detach()
     assert (adapted - base).abs().max() > 1e-3
+    # the reference from LoRA's definition: a copy of the model with W + (alpha/r) B A
+    reference = _Model()
+    state = {n: p for n, p in model.state_dict().items() if "lora_" not in n}
+    for name in names:
+        b, a = params[f"{name}.lora_b.weight"], params[f"{name}.lora_a.weight"]
+        state[f"{name}.weight"] = state[f"{name}.weight"] + (4 / 2) * b.detach() @ a.detach()
+    reference.load_state_dict(state)
+    assert torch.allclose(reference(x), adapted, atol=1e-6)
     assert merge_lora(model) == 8 and lora_parameter_names(model) == []
     assert torch.allclose(model(x), adapted, atol=1e-6)
     assert "adapter.linear_1.weight" in dict(model.named_parameters())

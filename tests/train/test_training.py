@@ -147,6 +147,9 @@ def test_lora_tp2_forward_equals_tp1_and_merge_reproduces_it(tmp_path):
     # the adapters matter, and TP=2 computes what TP=1 computes
     assert (tp1["adapted"] - tp1["base"]).abs().max() > 1e-2
     assert torch.allclose(tp2["adapted"], tp1["adapted"], atol=1e-5)
+    # the adapted model is W + (alpha/r) B A, computed in the test script from the plan
+    for run in (tp1, tp2):
+        assert torch.allclose(run["adapted"], run["reference"], atol=1e-5)
     # merged weights reproduce the adapted output; no adapter is left; names unchanged
     for run in (tp1, tp2):
         assert run["merged_count"] == 8 and run["leftover"] == []
