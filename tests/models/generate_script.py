@@ -68,9 +68,10 @@ def main() -> None:
     swapped = greedy_generate(model, prompts[:2], features[[1, 0]], lengths[:2], stop_ids=[STOP],
                               max_new_tokens=12, pad_id=PAD)
     capped = greedy_generate(model, prompts, features, lengths, stop_ids=[STOP], max_new_tokens=2, pad_id=PAD)
-    # clip i of a later prompt: two prompts, clip rows given explicitly
-    rows = greedy_generate(model, prompts[1:], features[1:], lengths[1:], stop_ids=[STOP], max_new_tokens=12,
-                           pad_id=PAD, audio_clip_rows=[0, 1])
+    # clips mapped to rows explicitly, not clip i -> row i: row 0 is text only, clip 0 is in
+    # row 1 and clip 1 in row 2 (the default mapping would fail the placeholder count)
+    rows = greedy_generate(model, [[BOS, SEP]] + prompts[1:], features[1:], lengths[1:], stop_ids=[STOP],
+                           max_new_tokens=12, pad_id=PAD, audio_clip_rows=[1, 2])[1:]
     training_after = model.training
 
     # SpecAugment hook: same weights, masks change the audio embeddings in training mode only.
