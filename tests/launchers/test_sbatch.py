@@ -1,12 +1,10 @@
 """The sbatch script the SLURM launcher submits, rendered without a cluster.
 
-Regenerate the golden files after an intended change:
-    AUDIOLLM_REGEN_GOLDEN=1 python -m pytest tests/launchers/test_sbatch.py
+Golden files: see tests/golden.py (AUDIOLLM_REGENERATE_GOLDEN=1 regenerates).
 """
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
@@ -14,6 +12,7 @@ from omegaconf import OmegaConf
 
 from launchers.executors import render_sbatch, slurm_parameters
 from orchestrator.compose import compose
+from tests.golden import check_golden
 
 GOLDEN = Path(__file__).parent / "golden"
 FOLDER = Path("/RUN_DIR/submitit")  # a stand-in: the real one is <run dir>/submitit
@@ -37,13 +36,7 @@ def _render(overrides: list[str], array_size: int | None = None) -> str:
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_sbatch_matches_golden(name):
     text = _render(CASES[name])
-    path = GOLDEN / name
-    if os.environ.get("AUDIOLLM_REGEN_GOLDEN"):
-        path.write_text(text)
-    assert path.exists(), f"missing {path}; create it with AUDIOLLM_REGEN_GOLDEN=1 python -m pytest {__file__}"
-    assert text == path.read_text(), (
-        f"rendered sbatch differs from {path}; if intended: AUDIOLLM_REGEN_GOLDEN=1 python -m pytest {__file__}"
-    )
+    check_golden(GOLDEN / name, text)
 
 
 def test_recipe_topology_reaches_sbatch():

@@ -1,11 +1,9 @@
 """Every recipe resolves to a Plan whose Megatron argv matches its golden file.
 
-Regenerate the golden files after an intended change with:
-    AUDIOLLM_REGENERATE_GOLDEN=1 python -m pytest tests/orchestrator/test_recipes_resolve.py
+Golden files: see tests/golden.py (AUDIOLLM_REGENERATE_GOLDEN=1 regenerates).
 """
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -15,9 +13,9 @@ import pytest
 from orchestrator import paths
 from orchestrator.compose import compose
 from orchestrator.resolve import resolve
+from tests.golden import check_golden
 
 GOLDEN = Path(__file__).with_name("golden")
-REGENERATE = os.environ.get("AUDIOLLM_REGENERATE_GOLDEN") == "1"
 
 
 @pytest.mark.parametrize("recipe", paths.recipe_names())
@@ -25,10 +23,7 @@ def test_recipe_argv_matches_golden_file(recipe):
     argv = resolve(compose([f"+recipe={recipe}"])).argv
     golden = GOLDEN / f"{recipe}.argv"
     text = " ".join(argv).replace(" --", "\n--") + "\n"  # one flag (and its value) per line
-    if REGENERATE:
-        golden.write_text(text)
-    assert golden.exists(), f"no golden file {golden}; regenerate with AUDIOLLM_REGENERATE_GOLDEN=1"
-    assert text == golden.read_text(), f"argv of {recipe} changed; if intended, regenerate (see module docstring)"
+    check_golden(golden, text)
 
 
 def _plan_json(*overrides: str) -> dict:
