@@ -8,7 +8,9 @@ is printed by `audiollm plan` is what runs.
 Gemma2 features that Megatron-LM has no flag for (logit softcaps, sandwich norms,
 GeGLU with tanh GELU, embedding scaling, query_pre_attn_scalar when it differs from
 kv_channels) are not invented as flags here: they travel in the Plan's
-`model_extensions` (resolve.py).
+`model_extensions` (resolve.py). Two flags that Megatron-LM has, --apply-layernorm-1p
+and --window-size, are printed to describe the model, but the job implements them in
+its own modules (model_extensions["implemented_by_audiollm"] says where).
 """
 
 from __future__ import annotations

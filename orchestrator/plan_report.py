@@ -65,6 +65,8 @@ def render(plan: Plan, with_params: bool = False) -> str:
         )
     lines.append("megatron argv")
     lines.append("  " + " ".join(plan.argv))
+    lines.append("  implemented by audiollm's own modules, not by megatron-core: " + "; ".join(
+        f"{flags} ({where})" for flags, where in plan.model_extensions["implemented_by_audiollm"].items()))
     for warning in plan.warnings:
         lines.append(warning)
     if with_params:

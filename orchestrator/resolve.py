@@ -76,6 +76,12 @@ def to_object(cfg: DictConfig | AudioLLMConfig) -> AudioLLMConfig:
     return OmegaConf.to_object(cfg) if isinstance(cfg, DictConfig) else cfg
 
 
+ARGV_IMPLEMENTED_BY_AUDIOLLM = {
+    "--apply-layernorm-1p": "orchestrator/models/norms.py ZeroCenteredRMSNorm",
+    "--window-size --window-attn-skip-freq": "orchestrator/models/attention.py (window on even layers, softcap)",
+}
+
+
 def model_extensions(cfg: AudioLLMConfig) -> dict[str, Any]:
     dec, enc, adapter = cfg.model.decoder, cfg.model.encoder, cfg.model.adapter
     return {
@@ -89,6 +95,10 @@ def model_extensions(cfg: AudioLLMConfig) -> dict[str, Any]:
         "final_logit_softcap": dec.final_logit_softcap,
         "sliding_window": dec.sliding_window,
         "sliding_window_layers": "even",
+        # Flags of the argv that describe the model but that the job does not hand to
+        # megatron-core: it switches them off there and implements them in its own
+        # modules. Megatron-LM's own layer specs fed this argv build a different model.
+        "implemented_by_audiollm": ARGV_IMPLEMENTED_BY_AUDIOLLM,
         "encoder": asdict(enc),
         "adapter": asdict(adapter),
     }

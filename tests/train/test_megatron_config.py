@@ -28,3 +28,23 @@ def test_recipe_plan_builds_transformer_and_optimizer_configs(recipe, tmp_path):
         optim = mcfg.optimizer_config(plan, on_gpu=on_gpu)
         assert optim.lr == args["lr"] and optim.min_lr == args["min_lr"] and optim.clip_grad == args["clip_grad"]
         assert optim.use_distributed_optimizer == args["use_distributed_optimizer"]
+
+
+def test_flags_the_job_implements_itself_are_said_so_and_off_in_megatron():
+    """--apply-layernorm-1p and --window-size describe the model in the printed argv; the
+    job's megatron config has both off (its own modules implement them), and the Plan
+    and `audiollm plan` say so."""
+    from orchestrator.plan_report import render
+    from orchestrator.resolve import ARGV_IMPLEMENTED_BY_AUDIOLLM
+    from orchestrator.train.audiollm_provider import AudioLLMProvider
+
+    resolved = resolve(compose(["+recipe=gemma2_whisper_tp4pp2"]))
+    for flags in ARGV_IMPLEMENTED_BY_AUDIOLLM:
+        assert all(flag in resolved.argv for flag in flags.split()), flags
+    assert resolved.model_extensions["implemented_by_audiollm"] == ARGV_IMPLEMENTED_BY_AUDIOLLM
+    assert "--apply-layernorm-1p (orchestrator/models/norms.py" in render(resolved)
+    plan = RunPlan("/unused", resolved.to_dict())
+    fields = AudioLLMProvider.transformer_fields(None)
+    config = mcfg.transformer_config(plan, on_gpu=False, model_fields=fields)
+    assert plan.megatron_args["layernorm_zero_centered_gamma"] and plan.megatron_args["window_size"]
+    assert config.layernorm_zero_centered_gamma is False and config.window_size is None
