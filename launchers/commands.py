@@ -165,15 +165,22 @@ def _follow_hint(path: Path, sweep: bool = False) -> str:
             f"  cancel:  audiollm cancel {path}")
 
 
+# submitit's own start/finish notices ("submitit INFO (<time>) - Starting with
+# JobEnvironment(...)"): they stay in its log files, not on the console.
+_SUBMITIT_NOTICE = "submitit INFO ("
+
+
 def _stream_local(job, timeout_s: float | None = None) -> int:
-    """Print rank 0's stdout/stderr while the local job runs; Ctrl-C stops it gracefully."""
+    """Print rank 0's stdout/stderr while the local job runs (whole lines, without
+    submitit's own notices); Ctrl-C stops it gracefully."""
     from submitit.core.utils import JobPaths
 
     paths = JobPaths(job.paths.folder, job_id=job.job_id, task_id=0)
     offsets = {paths.stdout: 0, paths.stderr: 0}
+    partial = {paths.stdout: "", paths.stderr: ""}  # a line not yet ended
     deadline = None if timeout_s is None else time.time() + timeout_s
 
-    def pump() -> None:
+    def pump(final: bool = False) -> None:
         for path, stream in ((paths.stdout, sys.stdout), (paths.stderr, sys.stderr)):
             try:
                 with open(path, "rb") as handle:
@@ -181,9 +188,14 @@ def _stream_local(job, timeout_s: float | None = None) -> int:
                     data = handle.read()
             except FileNotFoundError:
                 continue
-            if data:
-                offsets[path] += len(data)
-                stream.write(data.decode(errors="replace"))
+            offsets[path] += len(data)
+            lines = (partial[path] + data.decode(errors="replace")).split("\n")
+            partial[path] = "" if final else lines.pop()
+            shown = [line for line in lines if not line.startswith(_SUBMITIT_NOTICE)]
+            if final and shown and shown[-1] == "":
+                shown.pop()
+            if shown:
+                stream.write("\n".join(shown) + "\n")
                 stream.flush()
 
     try:
@@ -201,9 +213,9 @@ def _stream_local(job, timeout_s: float | None = None) -> int:
             if job.done():
                 break
             time.sleep(0.1)
-        pump()
+        pump(final=True)
         return 130
-    pump()
+    pump(final=True)
     try:
         job.results()
     except Exception as exc:  # noqa: BLE001 - submitit re-raises the task's failure

@@ -5,6 +5,7 @@
 1. exports the torch.distributed environment (RANK, WORLD_SIZE, LOCAL_RANK,
    LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT) from submitit's job environment;
 2. copies this rank's output into <run_dir>/logs/rank<N>.log (appended across restarts);
+   Python warnings go to that log only;
 3. replaces submitit's signal handlers: SIGUSR2 (preemption / time limit warning)
    and SIGTERM only set a flag that the entry reads at its next step boundary
    (launchers.runtime.should_stop), so checkpoints are never written mid-step;
@@ -27,6 +28,7 @@ import subprocess
 import sys
 import time
 import traceback
+import warnings
 from pathlib import Path
 from typing import Any, Callable
 
@@ -52,19 +54,28 @@ def load_callable(dotted: str) -> Callable[[str], Any]:
 
 
 class _Tee(io.TextIOBase):
-    """Write to the task's original stream and to the per-rank log file."""
+    """Write to the task's original stream and to the per-rank log file (`log`, which
+    the job may also write to alone: details that the console does not need)."""
 
     def __init__(self, stream, log):
-        self._stream, self._log = stream, log
+        self._stream, self.log = stream, log
 
     def write(self, text: str) -> int:
         self._stream.write(text)
-        self._log.write(text)
+        self.log.write(text)
         return len(text)
 
     def flush(self) -> None:
         self._stream.flush()
-        self._log.flush()
+        self.log.flush()
+
+
+def _warnings_to_log(log):
+    """Python warnings (libraries' notices: optional packages missing, deprecations) go to
+    the rank log only, not to the console."""
+    def show(message, category, filename, lineno, file=None, line=None):
+        log.write(warnings.formatwarning(message, category, filename, lineno, line))
+    return show
 
     def fileno(self) -> int:
         return self._stream.fileno()
@@ -126,6 +137,7 @@ class RankJob:
         (run_path / "logs").mkdir(parents=True, exist_ok=True)
         log = open(run_path / "logs" / f"rank{rank}.log", "a", buffering=1)
         sys.stdout, sys.stderr = _Tee(sys.__stdout__, log), _Tee(sys.__stderr__, log)
+        warnings.showwarning = _warnings_to_log(log)
         state = read_json(run_path / "state.json", default={}) or {}
         if state.get("launch") != launch_index:
             state = {"launch": launch_index, "requeues": 0, "attempt": 0}

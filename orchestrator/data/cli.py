@@ -6,7 +6,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from typing import Optional, Sequence
 
@@ -48,7 +47,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             print(f"error: {err}", file=sys.stderr)
             return 1
         total = sum(d["samples"] for d in manifest["datasets"].values())
-        print(json.dumps(manifest["datasets"], indent=2))
+        for name, entry in manifest["datasets"].items():
+            print(f"  {name:<32} {entry['samples']:>5} utterances, {entry['audio_seconds']:>7.1f} s of audio")
         print(f"wrote {total} utterances to {args.out_dir} in {manifest['synthesis_seconds']} s "
               f"({manifest['workers']} workers); tokenizer at {args.out_dir}/tokenizer")
         return 0

@@ -47,9 +47,34 @@ def build_components(plan, dp_rank: int, dp_size: int, poison_sample: Optional[i
     return build_audiollm_components(plan, dp_rank, dp_size)
 
 
+_OWN_LOGGERS = ("orchestrator", "launchers", "__main__")
+
+
+def _for_the_console(record: logging.LogRecord) -> bool:
+    """The project's own messages, and errors from anyone."""
+    return record.levelno >= logging.ERROR or record.name.split(".")[0] in _OWN_LOGGERS
+
+
 def setup_logging(rank: int) -> None:
-    logging.basicConfig(level=logging.INFO if rank == 0 else logging.WARNING,
-                        format=f"[rank{rank}] %(asctime)s %(name)s %(levelname)s: %(message)s")
+    """Log records of this rank. Under the launcher, whose stderr also writes the rank log
+    (`sys.stderr.log`, launchers/job.py), libraries' notices below ERROR (megatron's rerun
+    state machine, torch's missing CUDA runtime, ...) go to the rank log only; the console
+    keeps the project's messages and every error. Elsewhere everything goes to stderr."""
+    formatter = logging.Formatter(f"[rank{rank}] %(asctime)s %(name)s %(levelname)s: %(message)s")
+    console = logging.StreamHandler(sys.stderr)
+    handlers = [console]
+    rank_log = getattr(sys.stderr, "log", None)
+    if rank_log is not None:
+        console.addFilter(_for_the_console)
+        details = logging.StreamHandler(rank_log)
+        details.addFilter(lambda record: not _for_the_console(record))
+        handlers.append(details)
+    for handler in handlers:
+        handler.setFormatter(formatter)
+    root = logging.getLogger()
+    root.handlers = handlers
+    root.setLevel(logging.INFO if rank == 0 else logging.WARNING)
+    logging.getLogger("torch").handlers = handlers  # torch's own logger does not propagate to the root
     # megatron-core logs every parameter and config at INFO; streaming logs its defaults
     # each time a dataset is opened.
     for noisy in ("megatron", "streaming"):
@@ -87,6 +112,9 @@ def main(run_dir: str | Path) -> int:
     setup_logging(rank)
     try:
         trainer = make_trainer(run_dir)
+        if rank == 0 and not str(trainer.device).startswith("cuda"):
+            print("CPU path: fp32, gloo, megatron-core's local layers (TransformerEngine, Apex and fused kernels "
+                  "are for GPUs); library notices go to logs/rank0.log", flush=True)
         trainer.run()
     except TrainingDiverged as exc:
         log.error("%s", exc)
