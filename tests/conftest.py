@@ -6,6 +6,24 @@ import pytest
 
 
 @pytest.fixture(autouse=True, scope="session")
+def tests_importable_in_jobs():
+    """Jobs that the launchers start (local processes, SLURM tasks) import test-only
+    entries and components (tests.launchers.minimal_job, tests.train.stand_in): the
+    repository root goes on their PYTHONPATH, which they inherit."""
+    import os
+    from pathlib import Path
+
+    repo = str(Path(__file__).resolve().parent.parent)
+    previous = os.environ.get("PYTHONPATH")
+    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (repo, previous) if p)
+    yield
+    if previous is None:
+        os.environ.pop("PYTHONPATH", None)
+    else:
+        os.environ["PYTHONPATH"] = previous
+
+
+@pytest.fixture(autouse=True, scope="session")
 def pretrained_checkpoint_location(tmp_path_factory):
     """The 9B recipes name their pretrained weights through $AUDIOLLM_INIT_CHECKPOINT, and
     plan refuses a path that is not a checkpoint. Planning tests get a directory that

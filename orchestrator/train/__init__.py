@@ -1,12 +1,12 @@
 """Job side: the training runtime that runs on every rank.
 
-entry.main(run_dir)      the job (launchers call it on every rank)
+entry.main(run_dir)      the job (launchers call it on every rank); entry.build_components is
+                         the default components factory, the trainer's plug-in point
 evaluate.main(run_dir)   validation of a run's checkpoint (`audiollm eval RUN_DIR`)
 run_plan                 plan.json as the job reads it
 megatron_config          TransformerConfig / OptimizerConfig / DDP config / LR schedule from the plan
 components               the ModelProvider and BatchSource interfaces the loop uses
-stand_in                 a tiny GPTModel + synthetic rows implementing them (model.name=stand_in_gpt, tests)
-audiollm_provider        the AudioLLM + MDS train/validation loaders implementing them (every other model)
+audiollm_provider        the AudioLLM + MDS train/validation loaders implementing them (the default)
 lora                     LoRA on megatron tensor-parallel linears (and plain linears), merge for export
 lr_groups                lora.lr_groups -> megatron optimizer param groups
 loop                     the Trainer: model transforms, DDP, optimizer, steps, eval, checkpoints

@@ -11,37 +11,15 @@ import logging
 import os
 import sys
 from pathlib import Path
-from typing import Optional
+from typing import Callable, Optional
 
 log = logging.getLogger("orchestrator.train")
 
-STAND_IN_MODEL = "stand_in_gpt"
-
-
-def build_components(plan, dp_rank: int, dp_size: int, poison_sample: Optional[int] = None):
-    """The model provider and batch sources this plan asks for.
-
-    model.name == "stand_in_gpt": a tiny megatron GPTModel on synthetic token rows
-    (decoder sizes from the plan). Any other model: the AudioLLM (model section) on the
-    MDS loader (data section), see orchestrator.train.audiollm_provider."""
-    from orchestrator.train.loop import Components
-
-    model_name = plan.section("model").get("name")
-    if model_name == STAND_IN_MODEL:
-        from orchestrator.train.stand_in import StandInProvider, SyntheticBatches
-
-        common = dict(vocab_size=plan.padded_vocab_size, seq_length=plan.seq_length,
-                      micro_batch_size=plan.micro_batch_size, num_microbatches=plan.num_microbatches,
-                      dp_rank=dp_rank, dp_size=dp_size)
-        seed = int(plan.section("data").get("seed", 17))
-        return Components(
-            provider=StandInProvider(plan.padded_vocab_size, plan.seq_length),
-            train_source=SyntheticBatches(seed=seed, poison_sample=poison_sample, **common),
-            val_source=SyntheticBatches(seed=seed + 1, **common),
-        )
-    if poison_sample is not None:
-        raise ValueError(f"poison_sample is a test hook of the {STAND_IN_MODEL!r} synthetic rows only "
-                         f"(model.name is {model_name!r})")
+def build_components(plan, dp_rank: int, dp_size: int):
+    """The default components factory: the AudioLLM (model section) on the MDS loader
+    (data section), see orchestrator.train.audiollm_provider. Another factory
+    (plan, dp_rank, dp_size) -> Components plugs another model and data source into the
+    same trainer (make_trainer, main)."""
     from orchestrator.train.audiollm_provider import build_audiollm_components
 
     return build_audiollm_components(plan, dp_rank, dp_size)
@@ -101,17 +79,18 @@ def make_trainer(run_dir, components_factory=None, plan=None, training: bool = T
     return Trainer(plan, components, device, training=training)
 
 
-def main(run_dir: str | Path) -> int:
-    """Train the run in `run_dir` on this rank. Returns 0; a diverged run (NaN/Inf
-    loss) is logged with its diagnostic and re-raised, so the launcher records the
-    run as failed with that message."""
+def main(run_dir: str | Path, components_factory: Optional[Callable] = None) -> int:
+    """Train the run in `run_dir` on this rank (with `components_factory`'s model and
+    data, the AudioLLM's by default). Returns 0; a diverged run (NaN/Inf loss) is
+    logged with its diagnostic and re-raised, so the launcher records the run as failed
+    with that message."""
     from orchestrator.runtime.distributed import shutdown
     from orchestrator.train.loop import TrainingDiverged
 
     rank = int(os.environ.get("RANK", "0"))
     setup_logging(rank)
     try:
-        trainer = make_trainer(run_dir)
+        trainer = make_trainer(run_dir, components_factory)
         if rank == 0 and not str(trainer.device).startswith("cuda"):
             print("CPU path: fp32, gloo, megatron-core's local layers (TransformerEngine, Apex and fused kernels "
                   "are for GPUs); library notices go to logs/rank0.log", flush=True)

@@ -18,7 +18,7 @@ import os
 import socket
 import sys
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 
 def single_rank_plan(plan):
@@ -44,10 +44,12 @@ def _single_process_env() -> None:
     os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
 
 
-def evaluate_run(run_dir: str | Path, checkpoint: Optional[str | Path] = None) -> dict:
+def evaluate_run(run_dir: str | Path, checkpoint: Optional[str | Path] = None,
+                 components_factory: Optional[Callable] = None) -> dict:
+    """`components_factory`: as orchestrator.train.entry.make_trainer's (the AudioLLM's by default)."""
     from orchestrator.runtime.distributed import shutdown
     from orchestrator.train import checkpoint as ckpt
-    from orchestrator.train.entry import STAND_IN_MODEL, make_trainer, setup_logging
+    from orchestrator.train.entry import make_trainer, setup_logging
     from orchestrator.train.run_plan import load_run_plan
 
     run_dir = Path(run_dir)
@@ -56,7 +58,7 @@ def evaluate_run(run_dir: str | Path, checkpoint: Optional[str | Path] = None) -
         raise FileNotFoundError(f"{run_dir}: no checkpoint to evaluate ({path or 'checkpoints/latest is missing'}); "
                                 f"train first or pass --checkpoint DIR")
     plan = load_run_plan(run_dir)
-    if plan.section("data").get("validation") and plan.section("model").get("name") != STAND_IN_MODEL:
+    if plan.section("data").get("validation"):
         plan.config["train"]["eval_wer"] = True  # what this command is for: WER whatever the run's setting
     if "WORLD_SIZE" not in os.environ or int(os.environ["WORLD_SIZE"]) == 1:
         _single_process_env()
@@ -64,7 +66,7 @@ def evaluate_run(run_dir: str | Path, checkpoint: Optional[str | Path] = None) -
     rank = int(os.environ["RANK"])
     setup_logging(rank)
     try:
-        trainer = make_trainer(run_dir, plan=plan, training=False)
+        trainer = make_trainer(run_dir, components_factory, plan=plan, training=False)
         ckpt.load_model_weights(path, trainer.chunks)
         results = trainer.evaluate()
         if rank == 0:

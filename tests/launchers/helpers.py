@@ -12,7 +12,7 @@ from launchers.rundir import read_json, read_metrics
 from launchers.summary import run_state
 
 
-MINIMAL_JOB = "launcher.entry=orchestrator.train.minimal_job.main"
+MINIMAL_JOB = "launcher.entry=tests.launchers.minimal_job.main"
 
 
 def tiny_overrides(root, *extra: str, ranks: int = 2, iters: int = 6) -> list[str]:

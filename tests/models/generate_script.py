@@ -1,11 +1,12 @@
 """One process: a tiny AudioLLM memorises three clip -> answer pairs, then greedy
-decoding must reproduce each answer from its clip; plus the SpecAugment hook of the
-built model. Prints `RESULT <json>`. Run: torchrun --nproc_per_node=1 tests/models/generate_script.py"""
+decoding must reproduce each answer from its clip, and the evaluation path scores it
+(WER); plus the SpecAugment hook of the built model. Prints `RESULT <json>`. Run: torchrun --nproc_per_node=1 tests/models/generate_script.py"""
 
 import json
 
 import torch
 
+from orchestrator.model_params import audio_token_count
 from orchestrator.runtime.distributed import ParallelSizes, init_distributed, shutdown
 
 AUDIO, BOS, SEP, PAD, STOP = 3, 1, 2, 0, 4
@@ -28,9 +29,45 @@ def config(spec_augment: bool):
     return model, ParallelConfig(tp=1, pp=1)
 
 
+def word_error_rates(model, prompts, answers, features, lengths):
+    """The memorised clips as one validation batch (one sample per row, the loader's
+    format) through the evaluation path (orchestrator.eval.asr.evaluate_wer: prompts
+    from the batch, greedy decoding, a real HF tokenizer's decode, WER). Returns the
+    pooled WER of the model, and of the same model when every token stops it (empty
+    transcripts)."""
+    from tokenizers import Tokenizer
+    from tokenizers.models import WordLevel
+    from tokenizers.pre_tokenizers import WhitespaceSplit
+    from transformers import PreTrainedTokenizerFast
+
+    from orchestrator.eval.asr import evaluate_wer
+
+    vocab = {"<pad>": PAD, "<bos>": BOS, "<sep>": SEP, "<audio>": AUDIO, "<stop>": STOP}
+    vocab.update({f"w{i}": i for a in answers for i in a})
+    backend = Tokenizer(WordLevel(vocab, unk_token="<pad>"))
+    backend.pre_tokenizer = WhitespaceSplit()
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, pad_token="<pad>", bos_token="<bos>",
+                                        eos_token="<stop>", additional_special_tokens=["<sep>", "<audio>"])
+    rows = [p + a + [STOP] for p, a in zip(prompts, answers)]
+    width = max(len(r) for r in rows)
+    tokens = torch.full((len(rows), width), PAD)
+    loss_mask = torch.zeros(len(rows), width)
+    owner = torch.zeros(len(rows), width, dtype=torch.long)
+    for i, (p, r) in enumerate(zip(prompts, rows)):
+        tokens[i, :len(r)] = torch.tensor(r)
+        loss_mask[i, len(p) - 1:len(r) - 1] = 1.0  # labels = tokens shifted: the answer and its stop
+    batch = {"tokens": tokens, "loss_mask": loss_mask, "dataset_index": owner,
+             "cu_seqlens": torch.arange(len(rows) + 1) * width, "audio_token_id": AUDIO,
+             "audio_num_tokens": torch.tensor([audio_token_count(n, 5) for n in lengths]),
+             "audio_features": features, "audio_lengths": torch.tensor(lengths),
+             "transcripts": [" ".join(f"w{i}" for i in a) for a in answers]}
+    working = evaluate_wer(model, {"memorised": [batch]}, tokenizer, stop_ids=[STOP], max_new_tokens=12)
+    silent = evaluate_wer(model, {"memorised": [batch]}, tokenizer, stop_ids=list(range(40)), max_new_tokens=12)
+    return working["all"]["wer"], silent["all"]["wer"]
+
+
 def main() -> None:
     init_distributed(ParallelSizes(tp=1), seed=0)
-    from orchestrator.model_params import audio_token_count
     from orchestrator.models.audiollm import build_audiollm
     from orchestrator.models.generate import greedy_generate
 
@@ -73,6 +110,7 @@ def main() -> None:
     rows = greedy_generate(model, [[BOS, SEP]] + prompts[1:], features[1:], lengths[1:], stop_ids=[STOP],
                            max_new_tokens=12, pad_id=PAD, audio_clip_rows=[1, 2])[1:]
     training_after = model.training
+    wer_working, wer_silent = word_error_rates(model, prompts, answers, features, lengths)
 
     # SpecAugment hook: same weights, masks change the audio embeddings in training mode only.
     augmented = build_audiollm(*config(True), audio_token_id=AUDIO)
@@ -87,7 +125,7 @@ def main() -> None:
     result = {"loss": loss_value, "steps": step + 1, "answers": answers, "batched": batched, "alone": alone,
               "swapped": swapped, "capped": capped, "rows": rows, "training_after": training_after,
               "spec_augment_built": augmented.spec_augment is not None, "plain_has_none": model.spec_augment is None,
-              "train_diff": train_diff, "eval_diff": eval_diff}
+              "train_diff": train_diff, "eval_diff": eval_diff, "wer_working": wer_working, "wer_silent": wer_silent}
     print("RESULT " + json.dumps(result), flush=True)
     shutdown()
 

@@ -38,3 +38,13 @@ def test_spec_augment_hook_acts_in_training_mode_only(result):
     assert result["spec_augment_built"] and result["plain_has_none"]
     assert result["train_diff"] > 1e-3
     assert result["eval_diff"] == 0.0
+
+
+@pytest.mark.multiprocess
+def test_word_error_rate_of_a_model_that_transcribes_and_of_one_that_says_nothing(result):
+    """The evaluation path (prompts from a validation batch, greedy decoding, the
+    tokenizer's decode, WER) gives the model that knows its answers a WER a working
+    model meets, and the same model cut off before its first token (empty
+    transcripts) a WER of 1: the bound tells them apart."""
+    assert result["wer_working"] <= 0.1 < result["wer_silent"], result
+    assert result["wer_silent"] == 1.0, result  # every reference word deleted

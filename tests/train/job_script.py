@@ -20,12 +20,17 @@ def main() -> int:
     from orchestrator.runtime.distributed import shutdown
     from orchestrator.train import entry
     from orchestrator.train.loop import TrainingDiverged
+    from orchestrator.train.run_plan import load_run_plan
 
     entry.setup_logging(int(os.environ["RANK"]))
-    factory = None
+    from tests.train import stand_in
+
+    factory = None  # from the plan's model: the AudioLLM's (entry's default) or the stand-in's
+    if load_run_plan(run_dir).section("model").get("name") == stand_in.MODEL_NAME:
+        factory = stand_in.build_components
     if mode == "poison":
         sample = int(sys.argv[3])
-        factory = lambda plan, r, n: entry.build_components(plan, r, n, poison_sample=sample)  # noqa: E731
+        factory = lambda plan, r, n: stand_in.build_components(plan, r, n, poison_sample=sample)  # noqa: E731
     trainer = entry.make_trainer(run_dir, factory)
     result = {}
     if mode == "kill":

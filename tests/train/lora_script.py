@@ -19,7 +19,7 @@ def main() -> None:
     from orchestrator.train import megatron_config as mcfg
     from orchestrator.train.lora import apply_lora, lora_parameter_names, merge_lora
     from orchestrator.train.run_plan import load_run_plan
-    from orchestrator.train.stand_in import StandInProvider
+    from tests.train.stand_in import StandInProvider
 
     plan = load_run_plan(run_dir)
     init_distributed(ParallelSizes(tp=plan.tp), seed=1234)

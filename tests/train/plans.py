@@ -7,6 +7,8 @@ import json
 from pathlib import Path
 from typing import Optional
 
+from tests.train.stand_in import MODEL_NAME
+
 
 def write_run_dir(run_dir: Path, *, tp: int = 1, pp: int = 1, dp: int = 1, vpp: Optional[int] = None,
                   iters: int = 20, lr: float = 3e-3, min_lr: float = 3e-4, warmup: int = 2,
@@ -35,7 +37,7 @@ def write_run_dir(run_dir: Path, *, tp: int = 1, pp: int = 1, dp: int = 1, vpp: 
     )
     lora = lora or {"rank": 0, "lr_groups": [{"name": "all", "patterns": ["*"], "lr_scale": 1.0}]}
     config = {
-        "model": {"name": "stand_in_gpt"},
+        "model": {"name": MODEL_NAME},
         "optim": {"lr": lr, "min_lr": min_lr, "global_batch_size": gbs, "micro_batch_size": micro_batch_size},
         "lora": lora,
         "data": {"seq_length": seq_length, "seed": 17},

@@ -121,4 +121,7 @@ def test_audiollm_eval_reshards_tp2_to_one_process_and_scores_wer(tp2_straight):
     evaluated = json.loads((run_dir / "eval" / f"step_{ITERS:06d}.json").read_text())
     assert evaluated["val_loss"] == pytest.approx(straight["eval"]["val_loss"], abs=1e-5)
     assert evaluated["wer/utterances"] == VAL_SAMPLES
-    assert 0.0 <= evaluated["wer/tones_val"] == evaluated["wer/all"]
+    # One validation set: the pooled WER is that set's. (12 steps on transcripts that do
+    # not follow the audio cannot transcribe: the WER of a model that does, and of one
+    # that outputs nothing, is checked in tests/models/test_generate.py.)
+    assert evaluated["wer/tones_val"] == evaluated["wer/all"]

@@ -16,6 +16,9 @@ from tests.distributed_run import REPO
 
 ITERS = 6
 
+VALIDATION_SETS = ("digits_heldout_accent", "sentences_heldout_accent", "digits_heldout_variant",
+                   "sentences_heldout_variant")
+
 
 @pytest.mark.multiprocess
 @pytest.mark.skipif(shutil.which("espeak-ng") is None, reason="the demo corpus is spoken by espeak-ng (apt-get install -y espeak-ng)")
@@ -47,15 +50,16 @@ def test_default_command_makes_the_demo_corpus_trains_and_prints_wer(tmp_path):
     # validation set (voices never heard in training).
     last_eval = [line for line in out.splitlines() if line.startswith(f"eval at step {ITERS}:")]
     assert last_eval, out[-4000:]
-    for name in ("digits_heldout_accent", "sentences_heldout_accent", "digits_heldout_variant",
-                 "sentences_heldout_variant"):
+    for name in VALIDATION_SETS:
         assert name in last_eval[0]
     (run_dir,) = (tmp_path / "outputs" / "tiny_cpu").iterdir()
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == list(range(1, ITERS + 1))
     evaluated = [r for r in rows if "wer/all" in r]
     assert [r["step"] for r in evaluated] == [3, ITERS]
-    assert all(0.0 <= r["wer/all"] and r["wer/utterances"] > 0 for r in evaluated)
+    # A WER per validation set, on the utterances decoded (a few steps do not transcribe
+    # yet: the WER bound of a working model is in tests/models/test_generate.py)
+    assert all(r["wer/utterances"] > 0 and all(f"wer/{name}" in r for name in VALIDATION_SETS) for r in evaluated)
     assert (run_dir / "loss_curve.png").stat().st_size > 0
     rank_log = (run_dir / "logs" / "rank0.log").read_text()
     assert "rerun_state_machine WARNING" in rank_log  # kept, not lost (this test ignores Python warnings)

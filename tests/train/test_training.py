@@ -207,18 +207,18 @@ def test_nan_loss_stops_without_saving_then_resumes_with_distributed_optimizer(t
     assert (run_dir / "checkpoints" / "latest").read_text().strip() == "step_000002"
     assert [m["step"] for m in metrics(run_dir)] == [1, 2]
 
-    # the real job entry (as the launchers call it), then the evaluation entry
-    launch("orchestrator.train.entry", 2, str(run_dir), log_dir=tmp_path)
+    # the real job entry (as the launchers call it, with the stand-in's components
+    # factory), then the evaluation entry
+    launch("tests.train.stand_in", 2, str(run_dir), log_dir=tmp_path)
     rows = metrics(run_dir)
     assert [m["step"] for m in rows] == [1, 2, 3, 4, 5] and all(math.isfinite(m["loss"]) for m in rows)
     assert (run_dir / "checkpoints" / "latest").read_text().strip() == "step_000005"
-    launch("orchestrator.train.evaluate", 2, str(run_dir), log_dir=tmp_path)
+    launch("tests.train.stand_in", 2, "eval", str(run_dir), log_dir=tmp_path)
     evaluated = json.loads((run_dir / "eval" / "step_000005.json").read_text())
     assert evaluated["val_loss"] == pytest.approx(rows[-1]["val_loss"], abs=1e-6)
-    # `audiollm eval RUN_DIR`: one process, the DP=2 checkpoint at a one-rank layout
-    proc = subprocess.run([sys.executable, "-c", "import sys; from orchestrator.cli import main; "
-                           f"sys.exit(main(['eval', {str(run_dir)!r}, '--checkpoint', "
-                           f"{str(run_dir / 'checkpoints' / 'step_000004')!r}]))"],
+    # `audiollm eval RUN_DIR --checkpoint`'s path: one process, the DP=2 checkpoint at a one-rank layout
+    proc = subprocess.run([sys.executable, "-m", "tests.train.stand_in", "eval", str(run_dir),
+                           str(run_dir / "checkpoints" / "step_000004")],
                           capture_output=True, text=True, timeout=300, cwd=REPO,
                           env={**os.environ, "PYTHONPATH": str(REPO), "PYTHONWARNINGS": "ignore"})
     assert proc.returncode == 0, proc.stdout + proc.stderr

@@ -1,7 +1,14 @@
-"""A stand-in model and data source, used until the AudioLLM and the MDS loader are
-plugged in: a tiny megatron GPTModel (local spec) under the name `language_model`
-(so parameter names follow the AudioLLM contract) and deterministic synthetic token
-rows from several named "datasets". Both implement the interfaces of components.py.
+"""The trainer's tests' model and data: a tiny megatron GPTModel (local spec) under the
+name `language_model` (so parameter names follow the AudioLLM contract) and
+deterministic synthetic token rows from several named "datasets", implementing the
+interfaces of orchestrator/train/components.py. They reach the real trainer through
+its plug-in point, the components factory of orchestrator.train.entry:
+
+    torchrun -m tests.train.stand_in RUN_DIR            (entry.main with this factory)
+    torchrun -m tests.train.stand_in eval RUN_DIR       (evaluate.evaluate_run with it;
+    python -m tests.train.stand_in eval RUN_DIR CKPT     one process: resharded to TP=PP=1)
+
+`poison_sample` makes one synthetic sample's loss NaN (the divergence tests).
 """
 
 from __future__ import annotations
@@ -11,6 +18,8 @@ from typing import Optional
 import torch
 
 from orchestrator.train.flops import decoder_flops_per_sample
+
+MODEL_NAME = "stand_in_gpt"  # model.name of the plans tests/train/plans.py writes
 
 
 def _megatron_module():
@@ -135,3 +144,31 @@ class SyntheticBatches:
     def load_state_dict(self, state: dict) -> None:
         self.consumed_samples = int(state["consumed_samples"])
         self._microbatch_in_step = 0
+
+
+def build_components(plan, dp_rank: int, dp_size: int, poison_sample: Optional[int] = None):
+    """The components factory (orchestrator.train.entry.make_trainer) of a stand-in plan."""
+    from orchestrator.train.loop import Components
+
+    common = dict(vocab_size=plan.padded_vocab_size, seq_length=plan.seq_length,
+                  micro_batch_size=plan.micro_batch_size, num_microbatches=plan.num_microbatches,
+                  dp_rank=dp_rank, dp_size=dp_size)
+    seed = int(plan.section("data").get("seed", 17))
+    return Components(
+        provider=StandInProvider(plan.padded_vocab_size, plan.seq_length),
+        train_source=SyntheticBatches(seed=seed, poison_sample=poison_sample, **common),
+        val_source=SyntheticBatches(seed=seed + 1, **common),
+    )
+
+
+if __name__ == "__main__":
+    import sys
+
+    if sys.argv[1] == "eval":  # eval RUN_DIR [CHECKPOINT]; one process when not under torchrun
+        from orchestrator.train.evaluate import evaluate_run
+
+        evaluate_run(sys.argv[2], sys.argv[3] if len(sys.argv) > 3 else None, components_factory=build_components)
+    else:
+        from orchestrator.train.entry import main
+
+        sys.exit(main(sys.argv[1], components_factory=build_components))

@@ -1,8 +1,7 @@
-"""A minimal real training job: a small MLP that starts in a second, for checking a
-launcher set-up without the AudioLLM trainer (the default entry,
-orchestrator.train.entry.main) and for the launchers' own tests.
+"""The launchers' tests' job: a small MLP that starts in a second, a real training job
+without the AudioLLM trainer (the default entry, orchestrator.train.entry.main).
 
-    launcher.entry=orchestrator.train.minimal_job.main
+    launcher.entry=tests.launchers.minimal_job.main
 
 Run on every rank by launchers/job.py with the torch.distributed environment set.
 It trains a small MLP on deterministic synthetic regression data, data parallel
