@@ -60,7 +60,8 @@ def export_state(ckpt_dir: Path) -> dict:
         raise FileNotFoundError(problem)
     ckpt = Path(resolved)
     plan_path = ckpt.parent.parent / "plan.json"
-    if (ckpt / CONVERTED_META).is_file():
+    converted = (ckpt / CONVERTED_META).is_file()
+    if converted:
         hf_config = json.loads((ckpt / "hf_config.json").read_text())
         whisper_config, adapter_config = (_json_or_none(ckpt / name) for name in ("whisper_config.json",
                                                                                    "adapter_config.json"))
@@ -77,7 +78,7 @@ def export_state(ckpt_dir: Path) -> dict:
         raise FileNotFoundError(f"{ckpt}: neither {CONVERTED_META} (a converted checkpoint) nor {plan_path} "
                                 f"(a training checkpoint's run) is there, so the model's config is unknown")
     state = read_model_tensors(ckpt)
-    if not (ckpt / CONVERTED_META).is_file():  # a config made here: the dtype is what the run stored
+    if not converted:  # a config made here: the dtype is what the run stored
         embedding = state["language_model.embedding.word_embeddings.weight"]
         hf_config["torch_dtype"] = str(embedding.dtype).replace("torch.", "")
     merged = merge_lora_tensors(state, scaling)

@@ -33,8 +33,6 @@ def audiollm_config(plan):
     return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(AudioLLMConfig), plan.config))
 
 
-
-
 def _unwrapped(model: torch.nn.Module) -> torch.nn.Module:
     """The AudioLLM inside DDP / Float16Module wrappers."""
     while not hasattr(model, "pre_process") and hasattr(model, "module"):

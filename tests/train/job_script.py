@@ -25,13 +25,14 @@ def main() -> int:
     entry.setup_logging(int(os.environ["RANK"]))
     from tests.train import stand_in
 
+    plan = load_run_plan(run_dir)
     factory = None  # from the plan's model: the AudioLLM's (entry's default) or the stand-in's
-    if load_run_plan(run_dir).section("model").get("name") == stand_in.MODEL_NAME:
+    if plan.section("model").get("name") == stand_in.MODEL_NAME:
         factory = stand_in.build_components
     if mode == "poison":
         sample = int(sys.argv[3])
         factory = lambda plan, r, n: stand_in.build_components(plan, r, n, poison_sample=sample)  # noqa: E731
-    trainer = entry.make_trainer(run_dir, factory)
+    trainer = entry.make_trainer(run_dir, factory, plan=plan)
     result = {}
     if mode == "kill":
         kill_step = int(sys.argv[3])

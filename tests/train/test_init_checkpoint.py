@@ -157,8 +157,8 @@ def _reference_step1_loss(overrides: list) -> float:
                                     ["parallel.tp=2", "launcher.gpus_per_node=2"],
                                     ["parallel.pp=2", "launcher.gpus_per_node=2", "train.eval_at_start=true",
                                      "train.eval_iters=1"]], ids=["tp1_masked_encoder", "tp2", "pp2"])
-def test_first_step_loss_from_a_converted_hf_checkpoint_equals_hf(pretrained, layout):
-    name = "from_hf_" + "_".join(o.split(".")[-1].replace("=", "") for o in layout[:2])
+def test_first_step_loss_from_a_converted_hf_checkpoint_equals_hf(pretrained, layout, request):
+    name = "from_hf_" + request.node.callspec.id
     overrides = _overrides(pretrained, name, layout)
     if "train.eval_at_start=true" in layout:  # a validation set to evaluate on
         overrides = [o for o in overrides if o != "data.validation=[]"]
