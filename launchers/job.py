@@ -69,6 +69,9 @@ class _Tee(io.TextIOBase):
         self._stream.flush()
         self.log.flush()
 
+    def fileno(self) -> int:
+        return self._stream.fileno()
+
 
 def _warnings_to_log(log):
     """Python warnings (libraries' notices: optional packages missing, deprecations) go to
@@ -76,17 +79,6 @@ def _warnings_to_log(log):
     def show(message, category, filename, lineno, file=None, line=None):
         log.write(warnings.formatwarning(message, category, filename, lineno, line))
     return show
-
-    def fileno(self) -> int:
-        return self._stream.fileno()
-
-
-def _set_visible_device(local_rank: int) -> None:
-    # One GPU per task: keep the local_rank-th of the devices this node gave us.
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES", "")
-    devices = [d for d in visible.split(",") if d] or None
-    if devices and local_rank < len(devices):
-        os.environ["CUDA_VISIBLE_DEVICES"] = devices[local_rank]
 
 
 def _update_state(run_dir: Path, **fields: Any) -> None:
@@ -127,9 +119,9 @@ class RankJob:
         run_path = Path(run_dir)
         env = submitit.JobEnvironment()
         dist_env = submitit.helpers.TorchDistributedEnvironment()
+        # Every task keeps the node's CUDA_VISIBLE_DEVICES: the job picks its device from
+        # LOCAL_RANK (orchestrator/runtime/distributed.py), and NCCL sees all local GPUs.
         dist_env.export(set_cuda_visible_devices=False, overwrite=True)
-        if self.accelerator == "gpu":
-            _set_visible_device(dist_env.local_rank)
         rank = dist_env.rank
         on_slurm = env.name() == "slurm"
         threads = _limit_cpu_threads(dist_env.local_world_size) if self.accelerator == "cpu" else None

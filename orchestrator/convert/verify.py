@@ -64,7 +64,8 @@ def _worker(args) -> None:
 
     tp, pp = args.tp, args.pp
     dtype = getattr(torch, args.dtype)
-    device = init_distributed(ParallelSizes(tp=tp, pp=pp), seed=0)
+    # Exact fp32 matmuls: an fp32 comparison with HF must not run on TF32.
+    device = init_distributed(ParallelSizes(tp=tp, pp=pp), seed=0, allow_tf32=False)
     hf_cfg = hf_gemma2_config(read_hf_config(args.hf))
     dec = decoder_config_from_hf(hf_cfg)
     config = gemma2_transformer_config(dec, tp=tp, pp=pp, params_dtype=dtype)

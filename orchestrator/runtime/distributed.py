@@ -23,15 +23,61 @@ class ParallelSizes:
     order: str = "tp-cp-ep-dp-pp"
 
 
-def init_distributed(sizes: ParallelSizes, seed: int, timeout_s: int = 600) -> str:
+def cuda_device_index(local_rank: int, device_count: int, visible: Optional[str]) -> int:
+    """The CUDA device of this task, among the `device_count` it can see.
+
+    Two set-ups are common and both must work: every task of a node sees all the node's
+    GPUs (torchrun, `srun` with `--gres=gpu:N`): take the LOCAL_RANK-th; or the cluster
+    gives each task exactly one (`--gpus-per-task=1`, `--gpu-bind`): take it, whatever
+    the local rank. Anything else is a mismatch between tasks and GPUs per node.
+    """
+    if device_count == 1:
+        return 0
+    if 0 <= local_rank < device_count:
+        return local_rank
+    raise RuntimeError(
+        f"local rank {local_rank} has no GPU of its own: this task sees {device_count} CUDA devices "
+        f"(CUDA_VISIBLE_DEVICES={visible!r}). The launcher starts launcher.gpus_per_node tasks per node, one "
+        f"per GPU: set launcher.gpus_per_node to the GPUs a node really has, or let every task see all of them")
+
+
+def cuda_environment(sizes: ParallelSizes) -> dict:
+    """Environment the job sets before CUDA starts (values a user set are kept).
+
+    CUDA_DEVICE_MAX_CONNECTIONS=1: with tensor (and sequence) parallelism megatron
+    issues communication kernels that must be scheduled before the compute kernels
+    that follow them in program order; one hardware queue guarantees that order
+    (Megatron-LM requires it with TP/SP and refuses to start without it).
+    """
+    env = {}
+    if sizes.tp > 1 or sizes.cp > 1:
+        env["CUDA_DEVICE_MAX_CONNECTIONS"] = "1"
+    return env
+
+
+def _setup_cuda(sizes: ParallelSizes, allow_tf32: bool) -> None:
+    for name, value in cuda_environment(sizes).items():
+        os.environ.setdefault(name, value)
+    index = cuda_device_index(int(os.environ.get("LOCAL_RANK", "0")), torch.cuda.device_count(),
+                              os.environ.get("CUDA_VISIBLE_DEVICES"))
+    torch.cuda.set_device(index)
+    if allow_tf32:
+        # fp32 matmuls (the frozen Whisper encoder, the adapter) on TF32 tensor cores:
+        # ~7x the fp32 rate on H100, inputs rounded to a 10-bit mantissa, fp32
+        # accumulation. cuDNN convolutions use TF32 by default already.
+        torch.set_float32_matmul_precision("high")
+
+
+def init_distributed(sizes: ParallelSizes, seed: int, timeout_s: int = 600, allow_tf32: bool = True) -> str:
     """Initialise torch.distributed from the RANK/WORLD_SIZE/MASTER_* environment,
     megatron's parallel state and its RNG tracker. Returns the device type used.
 
-    gloo on CPU (with the CPU compatibility layer), nccl on GPU.
+    gloo on CPU (with the CPU compatibility layer), nccl on GPU. `allow_tf32=False`
+    keeps fp32 matmuls exact (numerical comparisons in fp32).
     """
     on_gpu = torch.cuda.is_available()
     if on_gpu:
-        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+        _setup_cuda(sizes, allow_tf32)
     else:
         cpu_compat.activate()
         cpu_compat.require_active()
