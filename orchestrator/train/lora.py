@@ -1,4 +1,5 @@
-"""LoRA on megatron-core's tensor-parallel linears, sharded like the layer it adapts.
+"""LoRA on megatron-core's tensor-parallel linears (megatron's own or TransformerEngine's),
+sharded like the layer it adapts.
 
 y = W x + (alpha / rank) * B (A x), with A [rank, in] and B [out, rank].
 
@@ -41,7 +42,11 @@ _lora_classes: dict = {}
 
 
 def _tp_rank_size(layer):
+    # megatron's linears keep their group in `tp_group`; its TransformerEngine wrappers in
+    # `_tp_group` (TE's own `tp_group` is None when TE does no communication).
     group = getattr(layer, "tp_group", None)
+    if group is None:
+        group = getattr(layer, "_tp_group", None)
     if group is None:
         from megatron.core import parallel_state
 
@@ -56,7 +61,16 @@ def _is_column(layer) -> bool:
         return True
     if isinstance(layer, RowParallelLinear):
         return False
-    raise TypeError(f"LoRA supports megatron Column/RowParallelLinear, not {type(layer).__name__}")
+    # TransformerEngine linears (the `te` backend: megatron's TEColumnParallelLinear and
+    # TERowParallelLinear subclass te.pytorch.Linear, not megatron's classes) record their
+    # split in `parallel_mode`; their forward returns (output, bias) like megatron's.
+    mode = getattr(layer, "parallel_mode", None)
+    if mode in ("column", "row"):
+        return mode == "column"
+    raise TypeError(
+        f"LoRA adapts tensor-parallel linears (megatron Column/RowParallelLinear, TransformerEngine linears "
+        f"with parallel_mode 'column' or 'row') and torch.nn.Linear; {type(layer).__name__} is none of them "
+        f"(parallel_mode {mode!r}): remove it from lora.targets")
 
 
 class _LoraMixin:

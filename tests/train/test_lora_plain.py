@@ -1,5 +1,6 @@
 """LoRA on plain torch linears (encoder and adapter), in one process."""
 
+import pytest
 import torch
 
 from orchestrator.train.lora import apply_lora, lora_parameter_names, merge_lora
@@ -60,3 +61,50 @@ def test_encoder_and_adapter_lora_names_freeze_and_merge():
     assert merge_lora(model) == 8 and lora_parameter_names(model) == []
     assert torch.allclose(model(x), adapted, atol=1e-6)
     assert "adapter.linear_1.weight" in dict(model.named_parameters())
+
+
+class _TELikeLinear(torch.nn.Module):
+    """Stand-in for a TransformerEngine linear (TE cannot be imported without CUDA): what
+    LoRA relies on of megatron's TEColumn/TERowParallelLinear - `parallel_mode`, the
+    weight [out, in], megatron's TP group in `_tp_group` (TE's `tp_group` None at TP=1),
+    `sequence_parallel`, and a forward returning (output, bias)."""
+
+    def __init__(self, in_features, out_features, parallel_mode):
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.randn(out_features, in_features))
+        self.parallel_mode, self.sequence_parallel = parallel_mode, False
+        self.tp_group, self._tp_group = None, torch.distributed.group.WORLD
+
+    def forward(self, x):
+        return torch.nn.functional.linear(x, self.weight), None
+
+
+def test_lora_adapts_transformer_engine_like_linears_te_stand_in(tmp_path):
+    torch.distributed.init_process_group("gloo", init_method=f"file://{tmp_path}/store", rank=0, world_size=1)
+    try:
+        torch.manual_seed(0)
+        block = torch.nn.Module()
+        block.linear_qkv = _TELikeLinear(8, 12, "column")
+        block.linear_proj = _TELikeLinear(12, 8, "row")
+        block.norm = _TELikeLinear(8, 8, None)  # TE's "duplicated" linear: not a split linear
+        x = torch.randn(5, 8)
+        names = apply_lora(block, {"rank": 2, "alpha": 8, "targets": ["linear_qkv", "linear_proj"]}, seed=3, b_std=0.1)
+        assert names == ["linear_qkv", "linear_proj"]
+        for name in names:
+            layer = getattr(block, name)
+            assert layer._lora_column == (name == "linear_qkv")
+            assert not layer.weight.requires_grad and layer.lora_a.weight.requires_grad
+            out, bias = layer(x if name == "linear_qkv" else torch.randn(5, 12))
+            assert bias is None
+        # W x + (alpha/r) B A x, from LoRA's definition. fp32 sums of <= 12 terms of size ~1:
+        # rounding ~12 * 2**-24 * 3 ~ 2e-6; the bound leaves 5x.
+        layer = block.linear_qkv
+        expected = x @ (layer.weight + 4.0 * layer.lora_b.weight @ layer.lora_a.weight).T
+        torch.testing.assert_close(layer(x)[0], expected, atol=1e-5, rtol=1e-5)
+        with pytest.raises(TypeError, match=r"_TELikeLinear is none of them \(parallel_mode None\)"):
+            apply_lora(block, {"rank": 2, "targets": ["norm"]}, seed=3)
+        assert merge_lora(block) == 2
+        torch.testing.assert_close(block.linear_qkv(x)[0], expected, atol=1e-5, rtol=1e-5)
+        assert type(block.linear_qkv) is _TELikeLinear
+    finally:
+        torch.distributed.destroy_process_group()
