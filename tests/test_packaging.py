@@ -59,3 +59,33 @@ def test_wheel_ships_configuration_and_plans_from_another_directory(tmp_path):
     )
     assert proc.returncode == 0, proc.stderr
     assert re.search(r'"dp": 4', proc.stdout)
+
+
+def _requirements() -> dict:
+    from packaging.requirements import Requirement
+
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    listed = project["dependencies"] + [r for extra in project["optional-dependencies"].values() for r in extra]
+    return {Requirement(r).name: Requirement(r) for r in listed}
+
+
+def test_torch_is_a_range_that_admits_a_clusters_own_torch_and_the_installed_one():
+    import torch
+
+    spec = _requirements()["torch"].specifier
+    installed = torch.__version__.split("+")[0]
+    # 2.11: the torch a GPU machine without internet brings (README, "GPU machines").
+    assert spec.contains("2.11.0") and spec.contains(installed), (str(spec), installed)
+
+
+def test_the_gpu_extra_asks_for_the_transformer_engine_megatron_core_supports():
+    import importlib.metadata
+
+    from packaging.requirements import Requirement
+
+    ours = _requirements()["transformer-engine"].specifier
+    declared = next(Requirement(r) for r in importlib.metadata.requires("megatron-core")
+                    if r.startswith("transformer-engine")).specifier
+    # Same bounds: on either side of each bound, one admits a version exactly when the other does.
+    for version in ("2.0", "2.8.0", "2.9.0", "2.10.0", "2.11.0", "2.12.0", "2.20.2"):
+        assert ours.contains(version) == declared.contains(version, prereleases=False), (version, str(ours), str(declared))
