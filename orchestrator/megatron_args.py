@@ -123,10 +123,28 @@ def training_args(optim: OptimConfig, train: TrainConfig, bf16: bool) -> list[Me
     ]
 
 
+def gpu_performance_args(model: ModelConfig, on_gpu: bool, dp: int) -> list[MegatronArg]:
+    """Fusions and overlaps that only a GPU run has (Megatron-LM's defaults where it has
+    them), decided here so that the plan shows what the job does."""
+    return [
+        # The weight gradient accumulates straight into the fp32 main_grad buffer inside
+        # the GEMM. TransformerEngine's linears do it; megatron's own (the local backend)
+        # need apex's fused_weight_gradient_mlp_cuda, which this project does not ship.
+        _arg("gradient_accumulation_fusion", on_gpu and model.backend == "te",
+             flag="--no-gradient-accumulation-fusion", negated=True),
+        # Data-parallel gradient all-reduce (or reduce-scatter) bucket by bucket while the
+        # backward still runs, instead of after it.
+        _arg("overlap_grad_reduce", on_gpu and dp > 1),
+    ]
+
+
 def megatron_args(
-    model: ModelConfig, parallel: ParallelConfig, data: DataConfig, optim: OptimConfig, train: TrainConfig, bf16: bool
+    model: ModelConfig, parallel: ParallelConfig, data: DataConfig, optim: OptimConfig, train: TrainConfig,
+    on_gpu: bool, dp: int,
 ) -> list[MegatronArg]:
-    return parallel_args(parallel) + decoder_args(model, data.seq_length) + training_args(optim, train, bf16)
+    """GPU runs train in bf16 (with fp32 master weights); CPU runs in fp32."""
+    return (parallel_args(parallel) + decoder_args(model, data.seq_length) + training_args(optim, train, bf16=on_gpu)
+            + gpu_performance_args(model, on_gpu, dp))
 
 
 def render_argv(args: list[MegatronArg]) -> list[str]:

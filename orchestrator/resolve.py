@@ -77,7 +77,8 @@ def to_object(cfg: DictConfig | AudioLLMConfig) -> AudioLLMConfig:
 
 
 ARGV_IMPLEMENTED_BY_AUDIOLLM = {
-    "--apply-layernorm-1p": "orchestrator/models/norms.py ZeroCenteredRMSNorm",
+    "--apply-layernorm-1p": ("orchestrator/models/norms.py ZeroCenteredRMSNorm (local backend); "
+                             "TransformerEngine's RMSNorm with zero_centered_gamma (te backend)"),
     "--window-size --window-attn-skip-freq": "orchestrator/models/attention.py (window on even layers, softcap)",
 }
 
@@ -117,7 +118,7 @@ def resolve(cfg: DictConfig | AudioLLMConfig, purpose: str = "plan") -> Plan:
     world = world_size(launcher)
     dp = data_parallel_size(p, launcher)
     gpu = launcher.accelerator == "gpu"
-    args = megatron_args(obj.model, p, obj.data, optim, obj.train, bf16=gpu)
+    args = megatron_args(obj.model, p, obj.data, optim, obj.train, on_gpu=gpu, dp=dp)
     inventory = est.inventory_for(obj)
     stages = est.stage_params(inventory, obj.model, p)
     num_microbatches = optim.global_batch_size // (optim.micro_batch_size * dp)

@@ -60,6 +60,10 @@ def gemma2_transformer_config(decoder, tp: int = 1, pp: int = 1, sp: bool = Fals
         add_bias_linear=False,
         add_qkv_bias=False,
         layernorm_epsilon=decoder.norm_eps,
+        # Gemma's norm, as megatron names it (TENorm builds it from these on the te
+        # backend; the local backend's ZeroCenteredRMSNorm is that norm by construction).
+        normalization="RMSNorm",
+        layernorm_zero_centered_gamma=True,
         softmax_scale=float(decoder.query_pre_attn_scalar) ** -0.5,
         attn_logit_softcapping=decoder.attn_logit_softcap,
         final_logit_softcapping=decoder.final_logit_softcap,
@@ -150,7 +154,9 @@ class Gemma2Model(GPTModel):
     def cap_logits(self, logits: torch.Tensor) -> torch.Tensor:
         cap = self.config.final_logit_softcapping
         if cap is not None:
-            logits = torch.tanh(logits / cap) * cap
+            # In fp32: near the cap a bf16 logit has steps of 0.125, and the loss reads the
+            # logits in fp32 anyway (the output stays fp32, as megatron's cross entropy wants).
+            logits = torch.tanh(logits.float() / cap) * cap
         padded = self.vocab_size
         if padded == self.real_vocab_size:
             return logits

@@ -1,9 +1,14 @@
 """Module specs of the Gemma2 decoder for the two attention backends.
 
-local: megatron's plain tensor-parallel linears + `SoftcapDotProductAttention`
-       (pure PyTorch; CPU and GPU; the numerical reference).
+local: megatron's plain tensor-parallel linears + `SoftcapDotProductAttention` + the
+       project's `ZeroCenteredRMSNorm` (pure PyTorch; CPU and GPU; the numerical
+       reference).
 te:    TransformerEngine linears + `FlexSoftcapAttention` (GPU only; TransformerEngine's
-       own attention is not used because released versions lack the logit softcap).
+       own attention is not used because released versions lack the logit softcap) +
+       TransformerEngine's fused RMSNorm with `zero_centered_gamma` (megatron's `TENorm`
+       reads it from the config's normalization / layernorm_zero_centered_gamma, which
+       `gemma2_transformer_config` sets): the same (1 + w) scale, computed in fp32 inside
+       one kernel.
 """
 
 from __future__ import annotations
@@ -21,11 +26,12 @@ from orchestrator.models.norms import ZeroCenteredRMSNorm
 BACKENDS = ("local", "te")
 
 
-def _linears(backend: str):
+def _modules(backend: str):
+    """(column linear, row linear, core attention, norm) classes of a backend."""
     if backend == "local":
         from megatron.core.tensor_parallel import ColumnParallelLinear, RowParallelLinear
 
-        return ColumnParallelLinear, RowParallelLinear, SoftcapDotProductAttention
+        return ColumnParallelLinear, RowParallelLinear, SoftcapDotProductAttention, ZeroCenteredRMSNorm
     if backend == "te":
         try:
             import torch
@@ -33,23 +39,23 @@ def _linears(backend: str):
             if not torch.cuda.is_available():
                 raise ImportError("CUDA is not available")
             import transformer_engine  # noqa: F401  (megatron's wrappers import without it and fail later)
-            from megatron.core.extensions.transformer_engine import TEColumnParallelLinear, TERowParallelLinear
+            from megatron.core.extensions.transformer_engine import TEColumnParallelLinear, TENorm, TERowParallelLinear
         except Exception as err:  # TE raises more than ImportError when CUDA libraries are missing
             raise ImportError(
                 "model.backend='te' needs TransformerEngine on a CUDA machine "
                 "(pip install 'audiollm[gpu]'); use model.backend='local' on CPU"
             ) from err
-        return TEColumnParallelLinear, TERowParallelLinear, FlexSoftcapAttention
+        return TEColumnParallelLinear, TERowParallelLinear, FlexSoftcapAttention, TENorm
     raise ValueError(f"model.backend={backend!r} is not one of {BACKENDS}")
 
 
 def gemma2_layer_spec(backend: str = "local", core_attention=None) -> ModuleSpec:
     """One Gemma2 layer. `core_attention` overrides the backend's attention class."""
-    column, row, attention = _linears(backend)
+    column, row, attention, norm = _modules(backend)
     return ModuleSpec(
         module=Gemma2TransformerLayer,
         submodules=Gemma2LayerSubmodules(
-            input_layernorm=ZeroCenteredRMSNorm,
+            input_layernorm=norm,
             self_attention=ModuleSpec(
                 module=SelfAttention,
                 params={"attn_mask_type": AttnMaskType.causal},
@@ -57,10 +63,10 @@ def gemma2_layer_spec(backend: str = "local", core_attention=None) -> ModuleSpec
                     linear_qkv=column, core_attention=core_attention or attention, linear_proj=row,
                 ),
             ),
-            post_attention_layernorm=ZeroCenteredRMSNorm,
-            pre_mlp_layernorm=ZeroCenteredRMSNorm,
+            post_attention_layernorm=norm,
+            pre_mlp_layernorm=norm,
             mlp=ModuleSpec(module=MLP, submodules=MLPSubmodules(linear_fc1=column, linear_fc2=row)),
-            post_mlp_layernorm=ZeroCenteredRMSNorm,
+            post_mlp_layernorm=norm,
         ),
     )
 
@@ -70,4 +76,4 @@ def gemma2_block_spec(config, backend: str = "local", vp_stage=None, pp_rank=Non
     """The layers of this pipeline stage plus the final zero-centred RMSNorm."""
     layer = gemma2_layer_spec(backend, core_attention)
     count = get_num_layers_to_build(config, vp_stage=vp_stage, pp_rank=pp_rank)
-    return TransformerBlockSubmodules(layer_specs=[layer] * count, layer_norm=ZeroCenteredRMSNorm)
+    return TransformerBlockSubmodules(layer_specs=[layer] * count, layer_norm=layer.submodules.input_layernorm)

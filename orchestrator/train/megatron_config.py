@@ -91,7 +91,8 @@ def ddp_config(plan: RunPlan):
 
     return DistributedDataParallelConfig(
         grad_reduce_in_fp32=True,
-        overlap_grad_reduce=False,
+        # On GPU with DP > 1 (the plan decides: megatron_args.gpu_performance_args).
+        overlap_grad_reduce=bool(plan.arg("overlap_grad_reduce", False)),
         use_distributed_optimizer=bool(plan.arg("use_distributed_optimizer", False)),
         average_in_collective=False,  # required with per-token loss normalisation
         # Bucketed all-reduce; None would mean one bucket per model chunk.

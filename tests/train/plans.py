@@ -16,7 +16,8 @@ def write_run_dir(run_dir: Path, *, tp: int = 1, pp: int = 1, dp: int = 1, vpp: 
                   seq_length: int = 16, micro_batch_size: int = 2, num_microbatches: int = 2,
                   distributed_optimizer: bool = False, lora: Optional[dict] = None,
                   save_interval: int = 0, keep_last: int = 2, eval_interval: int = 0,
-                  logger: Optional[dict] = None, recompute: Optional[str] = None) -> Path:
+                  logger: Optional[dict] = None, recompute: Optional[str] = None,
+                  overlap_grad_reduce: bool = False) -> Path:
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     world = tp * pp * dp
@@ -33,7 +34,7 @@ def write_run_dir(run_dir: Path, *, tp: int = 1, pp: int = 1, dp: int = 1, vpp: 
         clip_grad=1.0, adam_beta1=0.9, adam_beta2=0.95, adam_eps=1e-8,
         use_distributed_optimizer=distributed_optimizer, bf16=True,
         recompute_granularity=recompute, recompute_method="uniform" if recompute == "full" else None,
-        recompute_num_layers=1 if recompute == "full" else None,
+        recompute_num_layers=1 if recompute == "full" else None, overlap_grad_reduce=overlap_grad_reduce,
     )
     lora = lora or {"rank": 0, "lr_groups": [{"name": "all", "patterns": ["*"], "lr_scale": 1.0}]}
     config = {
