@@ -3,9 +3,25 @@
 #   bash setup.sh          system packages (espeak-ng) + .venv with the project
 #   bash setup.sh --test   the same, plus what the test suite needs (a local SLURM
 #                          cluster's packages, pytest)
+#   bash setup.sh --from-wheels DIR
+#                          on a GPU machine without internet: .venv on top of the
+#                          machine's own torch, the project and its job side from the
+#                          wheels `audiollm wheels DIR` wrote on a connected machine
 # Idempotent: re-running installs only what is missing.
 set -euo pipefail
 cd "$(dirname "$0")"
+
+if [ "${1:-}" = "--from-wheels" ]; then
+  wheels="${2:?usage: bash setup.sh --from-wheels DIR}"
+  python_bin="${PYTHON:-python3}"
+  "$python_bin" -c "import torch" 2>/dev/null || { echo "setup: $python_bin has no torch; install the machine's CUDA build first" >&2; exit 1; }
+  # --system-site-packages: the machine's torch (and CUDA libraries) are used as they are.
+  [ -x .venv/bin/python ] || "$python_bin" -m venv --system-site-packages .venv
+  echo "setup: installing the project from $wheels (no index)"
+  .venv/bin/python -m pip install -q --no-index --no-deps "$wheels"/*.whl
+  .venv/bin/python -c "import torch, megatron.core, orchestrator.models.audiollm; print('setup: done; torch', torch.__version__, 'CUDA', torch.version.cuda)"
+  exit 0
+fi
 
 want_test=0
 [ "${1:-}" = "--test" ] && want_test=1

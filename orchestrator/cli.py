@@ -20,6 +20,7 @@ DELEGATED: dict[str, tuple[str, str, str]] = {
     "eval": ("orchestrator.train.evaluate", "main", "greedy decoding and WER of a run's checkpoint"),
     "data": ("orchestrator.data.cli", "main", "data tools: `audiollm data demo OUT_DIR` makes the speech demo corpus"),
     "compare-weights": ("orchestrator.convert.compare_weights", "main", "list parameters whose statistics differ between two checkpoints"),
+    "wheels": ("orchestrator.offline_wheels", "main", "write the wheels a GPU machine without internet needs (setup.sh --from-wheels)"),
 }
 # `audiollm convert DIRECTION ...`
 CONVERSIONS: dict[str, tuple[str, str]] = {

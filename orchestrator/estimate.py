@@ -14,12 +14,15 @@ All formulas are closed-form, with their sources:
   softcapped scores, probabilities). Full recompute keeps each layer's input only, plus
   one recompute chunk's full activations. 1F1B keeps min(pp, micro-batches) micro-batches
   in flight on the first stage (Narayanan et al. 2021), x(1 + (pp-1)/(pp*vpp)) interleaved.
-- Model FLOPs: 2 x matmul parameters per token forward plus the attention score and
-  value products 2 x 2 x s_attended x heads x head_dim per layer and token (causal:
-  half the context; sliding-window layers: at most the window); backward 2x forward for
-  trainable weights, 1x for activation gradients only (frozen weights under LoRA);
-  hardware FLOPs add the recomputed forward (Chowdhery et al. 2022, Appendix B: MFU
-  counts model FLOPs only, not recomputation).
+- Model FLOPs: the job's own count (orchestrator/train/step_flops.py, which states its
+  conventions) applied to a planned step of full rows: 2 x matmul parameters per token
+  forward (decoder, encoder per position, adapter and CTC head per audio token) plus
+  the attention score and value products 2 x 2 x heads x head_dim per attended (query,
+  key) pair (causal; sliding-window layers: at most the window); backward: the weight
+  gradient where the weight trains, the input gradient where anything before it trains
+  (so frozen weights under LoRA cost 1x, not 2x); hardware FLOPs add the recomputed
+  forward (Chowdhery et al. 2022, Appendix B: MFU counts model FLOPs only, not
+  recomputation).
 A stated margin (MEMORY_MARGIN, FIXED_OVERHEAD_GIB) covers the CUDA context, NCCL
 buffers and allocator fragmentation.
 """
@@ -29,8 +32,10 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from orchestrator.model_params import ParamSpec, parameter_inventory
+from orchestrator.megatron_args import padded_vocab_size
+from orchestrator.model_params import ParamSpec, encoder_frame_count, parameter_inventory
 from orchestrator.schema import AudioLLMConfig, ModelConfig, ParallelConfig
+from orchestrator.train.step_flops import StepFlops, causal_pairs
 from orchestrator.validate import audio_tokens_per_clip
 
 GIB = 1024**3
@@ -211,31 +216,35 @@ def memory_per_gpu(cfg: AudioLLMConfig, stages: list[StageParams], dp: int, num_
     return best
 
 
+def planned_step_items(cfg: AudioLLMConfig) -> dict:
+    """What a planned step holds, in orchestrator.train.step_flops' terms: every row full
+    (one document of data.seq_length tokens) and as many clips of data.max_audio_seconds
+    as a row can hold (clips_per_row), each clip's encoder over its own frames when
+    model.encoder.mask_padding is on, else over the whole window."""
+    model, rows, seq = cfg.model, cfg.optim.global_batch_size, cfg.data.seq_length
+    window = model.decoder.sliding_window or None
+    clips = clips_per_row(cfg) * rows
+    full_window = 2 * model.encoder.max_source_positions
+    mel = min(math.ceil(cfg.data.max_audio_seconds * 100), full_window) if model.encoder.mask_padding else full_window
+    frames = encoder_frame_count(mel)
+    seconds = min(cfg.data.max_audio_seconds, model.encoder.max_source_positions / 50)
+    return {"token": rows * seq, "pair_full": rows * causal_pairs(seq), "pair_window": rows * causal_pairs(seq, window),
+            "mel_frame": clips * mel, "enc_position": clips * frames, "enc_pair": clips * frames**2,
+            "audio_token": clips * audio_tokens_per_clip(seconds, model)}
+
+
 def flops_per_step(cfg: AudioLLMConfig, inventory: list[ParamSpec], world: int) -> FlopsEstimate:
+    """Model and hardware FLOPs of a planned step (planned_step_items) by the job's own
+    arithmetic (orchestrator.train.step_flops: decoder, encoder, adapter and CTC head;
+    backward per weight that trains; recompute), and the step time at ASSUMED_MFU."""
     model, parallel = cfg.model, cfg.parallel
-    dec = model.decoder
-    seq, gbs = cfg.data.seq_length, cfg.optim.global_batch_size
-    tokens = seq * gbs
-    layer_matmul = sum(p.numel for p in inventory if p.component == "decoder" and len(p.shape) == 2)
-    decoder_trainable = any(p.trainable for p in inventory if p.component in ("decoder", "embedding"))
-    head_dim_total = dec.num_attention_heads * dec.kv_channels
-    half = dec.num_layers // 2
-    full_ctx, window_ctx = seq / 2, min(seq / 2, dec.sliding_window)
-    attention = 4 * head_dim_total * (half * window_ctx + (dec.num_layers - half) * full_ctx)
-    logits = 2 * dec.hidden_size * dec.vocab_size
-    decoder_fwd = (2 * layer_matmul + attention + logits) * tokens
-    backward_factor = 2 if decoder_trainable else 1
-    model_flops = decoder_fwd * (1 + backward_factor)
-    enc = model.encoder
-    encoder_params_ = sum(p.numel for p in inventory if p.component == "encoder" and len(p.shape) >= 2)
-    clips = clips_per_row(cfg) * gbs
-    encoder_fwd = (2 * encoder_params_ * enc.max_source_positions
-                   + 4 * enc.d_model * enc.max_source_positions**2 * enc.num_layers) * clips
-    encoder_trainable = any(p.trainable for p in inventory if p.component == "encoder")
-    model_flops += encoder_fwd * (3 if encoder_trainable else 1)
-    hardware_flops = model_flops
-    if parallel.recompute.granularity == "full":
-        hardware_flops += decoder_fwd - logits * tokens
+    vocab = padded_vocab_size(model.decoder.vocab_size, parallel.tp)
+    counter = StepFlops(model, cfg.lora.rank, parallel.recompute, vocab, [p.name for p in inventory if p.trainable],
+                        pp=parallel.pp, vpp=parallel.vpp)
+    items = planned_step_items(cfg)
+    flops = counter.flops(items)
+    model_flops, hardware_flops = flops["model"], flops["hardware"]
+    tokens = items["token"]
     device = DEVICES["cpu"] if cfg.launcher.accelerator == "cpu" else DEVICES[cfg.launcher.gpu_type]
     if device.peak_tflops > 0:
         step_time = model_flops / (ASSUMED_MFU * device.peak_tflops * 1e12 * world)

@@ -20,7 +20,8 @@ import torch
 # must share: the pipeline schedule and DDP read the loop's config, the layers read the
 # model's; these must agree.
 _SHARED_CONFIG_FIELDS = ("virtual_pipeline_model_parallel_size", "calculate_per_token_loss",
-                         "recompute_granularity", "recompute_method", "recompute_num_layers")
+                         "recompute_granularity", "recompute_method", "recompute_num_layers",
+                         "gradient_accumulation_fusion")
 
 
 def audiollm_config(plan):
@@ -49,12 +50,12 @@ class AudioLLMProvider:
     # params_dtype): the loop must not cast the whole chunk.
     wrap_float16 = False
 
-    def __init__(self, cfg, plan_flops: dict, global_batch_size: int):
+    def __init__(self, cfg):
         if cfg.parallel.cp > 1:
             raise NotImplementedError(
                 f"parallel.cp={cfg.parallel.cp}: the AudioLLM provider does not route context-parallel "
                 f"batches yet; use parallel.cp=1")
-        self.model_cfg, self.parallel_cfg = cfg.model, cfg.parallel
+        self.model_cfg, self.parallel_cfg, self.lora_rank = cfg.model, cfg.parallel, int(cfg.lora.rank)
         from orchestrator.data.tokenizer_build import load_tokenizer
 
         tokenizer = load_tokenizer(cfg.data.tokenizer, audio_token=cfg.data.audio_token)
@@ -62,7 +63,6 @@ class AudioLLMProvider:
         self.ctc_weight = float(cfg.model.adapter.ctc_weight)
         # CTC targets are the transcript's tokens without the chat markers.
         self.special_ids = set(tokenizer.all_special_ids)
-        self.plan_flops, self.global_batch_size = plan_flops, global_batch_size
 
     def transformer_fields(self) -> dict:
         # The loop's config serves DDP and the pipeline schedule only; the model's layers
@@ -100,10 +100,17 @@ class AudioLLMProvider:
             return torch.nn.functional.pad(output, (0, seq - width))
         return output
 
-    def flops_per_sample(self, config, seq_length: int, vocab_size: int) -> dict:
-        """The plan's step FLOPs (orchestrator.estimate: decoder and encoder) per sample."""
-        return {"model": float(self.plan_flops["model_flops_per_step"]) / self.global_batch_size,
-                "hardware": float(self.plan_flops["hardware_flops_per_step"]) / self.global_batch_size}
+    def flop_counter(self, trained: set):
+        """Counts a loader micro-batch's FLOPs as the model computes them (decoder over its
+        real tokens and documents, encoder over the clips present, adapter and CTC head;
+        orchestrator.train.step_flops), given the names of the parameters that train."""
+        from orchestrator.megatron_args import padded_vocab_size
+        from orchestrator.train.step_flops import StepFlops
+
+        parallel = self.parallel_cfg
+        vocab = padded_vocab_size(self.model_cfg.decoder.vocab_size, parallel.tp)
+        return StepFlops(self.model_cfg, self.lora_rank, parallel.recompute, vocab, trained,
+                         pp=parallel.pp, vpp=parallel.vpp).count
 
 
 def model_inputs(batch: dict, width: int, device, with_audio: bool = True) -> dict:
@@ -235,7 +242,7 @@ def build_audiollm_components(plan, dp_rank: int, dp_size: int):
 
     cfg = audiollm_config(plan)
     mbs = plan.micro_batch_size
-    provider = AudioLLMProvider(cfg, plan.plan["flops"], plan.global_batch_size)
+    provider = AudioLLMProvider(cfg)
     train = build_train_loader(cfg.data, cfg.model.encoder, cfg.model.adapter, mbs, dp_rank, dp_size,
                                cfg.parallel.cp, cfg.data.seed)
     val = wer = None

@@ -30,9 +30,10 @@ from orchestrator.train import checkpoint as ckpt
 from orchestrator.train import lr_groups as lrg
 from orchestrator.train import megatron_config as mcfg
 from orchestrator.train.lora import apply_lora
-from orchestrator.train.metrics import (LossStats, MetricsWriter, eval_line, memory_gib, plot_loss_curve, progress_line,
-                                        throughput)
+from orchestrator.train.metrics import (LossStats, MetricsWriter, eval_line, memory_gib, peak_flops, plot_loss_curve,
+                                        progress_line, throughput)
 from orchestrator.train.run_plan import RunPlan
+from orchestrator.train.step_flops import parameter_pattern, real_tokens
 
 log = logging.getLogger(__name__)
 
@@ -121,11 +122,24 @@ class Trainer:
             DistributedDataParallel(config=self.config, ddp_config=ddp_cfg, module=chunk, disable_bucketing=i > 0)
             for i, chunk in enumerate(chunks)
         ]
+        # The schedules run every micro-batch's backward but the last under no_sync, so the
+        # data-parallel gradient reduction happens once per step; with overlap_grad_reduce
+        # it then starts bucket by bucket from the last micro-batch's backward hooks
+        # (grad_sync_func lets the pipeline schedules start it per model chunk).
+        self.config.no_sync_func = _per_chunk([chunk.no_sync for chunk in self.chunks])
+        if ddp_cfg.overlap_grad_reduce:
+            self.config.grad_sync_func = _per_chunk([chunk.start_grad_sync for chunk in self.chunks])
         self._finalize = finalize_model_grads
         self.config.finalize_model_grads_func = self._finalize_with_loss_check
         self.optimizer = get_megatron_optimizer(ocfg, self.chunks, config_overrides=lrg.optimizer_overrides(ocfg, overrides))
         self.scheduler = mcfg.lr_scheduler(plan, self.optimizer)
-        self.flops = provider.flops_per_sample(self.config, plan.seq_length, plan.padded_vocab_size)
+        self.count_flops = self._flop_counter(provider, chunks)
+        self.peak_flops, peak_source = peak_flops(torch.cuda.get_device_name() if on_gpu else None,
+                                                  plan.section("launcher").get("gpu_type"))
+        if self.rank == 0 and self.peak_flops:
+            log.info("MFU against %.1f TFLOP/s per GPU, the dense bf16 peak of %s", self.peak_flops / 1e12, peak_source)
+        elif self.rank == 0:
+            log.info("no MFU: %s", peak_source)
         self.callbacks: list = []  # called as cb(trainer, step) after each step (and its checkpoint)
         from launchers import runtime
 
@@ -175,6 +189,41 @@ class Trainer:
             init["fresh"]["LoRA"] = count
         if self.rank == 0:
             log.info("%s", describe(init["path"], init))
+
+    def _flop_counter(self, provider, chunks) -> Callable[[dict], dict]:
+        """batch -> {'model', 'hardware' FLOPs, 'tokens' (real), 'slots'}: the provider's own
+        counter, told which parameters train on any rank (names with layer numbers as
+        `*`), or else the provider's FLOPs per sample times the batch's rows."""
+        if not hasattr(provider, "flop_counter"):
+            per_sample = provider.flops_per_sample(self.config, self.plan.seq_length, self.plan.padded_vocab_size)
+
+            def count(batch: dict) -> dict:
+                rows = batch["tokens"].shape[0]
+                return {"model": per_sample["model"] * rows, "hardware": per_sample["hardware"] * rows,
+                        "tokens": real_tokens(batch), "slots": batch["tokens"].numel()}
+            return count
+        trained = {parameter_pattern(name) for chunk in chunks for name, p in chunk.named_parameters()
+                   if p.requires_grad}
+        gathered = [None] * self.world_size
+        dist.all_gather_object(gathered, trained)
+        return provider.flop_counter(set().union(*gathered))
+
+    def _step_counts(self, microbatches: list) -> dict:
+        """Real tokens, token slots and model/hardware FLOPs of the step: summed over its
+        micro-batches and every data-parallel rank. All ranks of one model replica (TP
+        ranks, pipeline stages, CP ranks) draw the same micro-batches, so one of them
+        (TP, PP and CP rank 0) counts them; the model is counted whole, not per stage."""
+        ps = self.ps
+        local = torch.zeros(4, dtype=torch.float64)
+        if (ps.get_tensor_model_parallel_rank() == 0 and ps.get_pipeline_model_parallel_rank() == 0
+                and ps.get_context_parallel_rank() == 0):
+            for batch in microbatches:
+                c = self.count_flops(batch)
+                local += torch.tensor([c["tokens"], c["slots"], c["model"], c["hardware"]], dtype=torch.float64)
+        local = local.to("cuda" if self.device == "cuda" else "cpu")
+        dist.all_reduce(local)
+        tokens, slots, model, hardware = local.tolist()
+        return {"tokens": tokens, "slots": slots, "model": model, "hardware": hardware}
 
     # ---- one step -------------------------------------------------------------------
     def _loss_func(self, batch: dict, per_token_loss: torch.Tensor):
@@ -249,9 +298,8 @@ class Trainer:
         if grad_norm is not None:
             metrics["grad_norm"] = float(grad_norm)
         metrics.update({f"lr/{k}": v for k, v in lrs.items()})
-        tokens = int(self.plan.plan.get("tokens_per_step") or self.plan.global_batch_size * self.plan.seq_length)
-        metrics.update(throughput(elapsed, tokens, self.plan.global_batch_size, self.flops, self.world_size,
-                                  self.plan.section("launcher").get("gpu_type")))
+        # Counted after the timed part: the step's time is its own.
+        metrics.update(throughput(elapsed, self._step_counts(microbatches), self.world_size, self.peak_flops))
         metrics.update(memory_gib())
         metrics["step_time_s"] = elapsed
         return metrics
@@ -360,3 +408,8 @@ class Trainer:
                 writer.finish(exit_code)
                 plot_loss_curve(self.plan.run_dir)
         return history
+
+
+def _per_chunk(functions: list):
+    """megatron's schedules take one function, or a list with one per virtual pipeline chunk."""
+    return functions[0] if len(functions) == 1 else functions

@@ -12,6 +12,7 @@ import json
 import logging
 import math
 import os
+import re
 import time
 from pathlib import Path
 from typing import Optional
@@ -20,8 +21,54 @@ import torch
 
 log = logging.getLogger(__name__)
 
-# Dense bf16 peak per GPU (FLOP/s), for MFU. Unknown devices log no MFU.
+# Dense bf16 tensor-core peak per GPU (FLOP/s), for MFU, by device name as
+# torch.cuda.get_device_name() gives it. NVIDIA's datasheets state the bf16 peak "with
+# sparsity"; dense is half of it: H100 SXM 1,979 -> 989.4 (same die in H200 SXM, GH200,
+# H800 SXM), H100 PCIe 1,513 -> 756.5, H100/H200 NVL 1,671 -> 835.5, A100 (SXM and
+# PCIe) 624 -> 312, B200 4.5 P -> 2,250 (HGX B200), GB200 5 P -> 2,500 (NVL72: 360 P
+# over 72 GPUs), L40S 733 -> 362, L40 362 -> 181, L4 242 -> 121, A10 250 -> 125 (A10G:
+# AWS publishes none; taken as A10's). First match wins: the more specific names come
+# first (`H100 PCIe` before `H100`, `GB200` before `B200`, `L40S` before `L40`).
+DEVICE_PEAK_FLOPS = (
+    (r"\bGH200\b", 989.4e12),
+    (r"\bGB200\b", 2500e12),
+    (r"\bB200\b", 2250e12),
+    (r"\bH(100|200)\b.*\bNVL\b", 835.5e12),
+    (r"\bH(100|800)\b.*\bPCIE\b", 756.5e12),
+    (r"\bH(100|200|800)\b", 989.4e12),
+    (r"\bA100\b", 312e12),
+    (r"\bL40S\b", 362e12),
+    (r"\bL40\b", 181e12),
+    (r"\bL4\b", 121e12),
+    (r"\bA10G?\b", 125e12),
+)
+# The plan's launcher.gpu_type, used only when the device name matches nothing above.
 PEAK_FLOPS = {"h100": 989.4e12, "h200": 989.4e12, "b200": 2250e12, "a100": 312e12, "l40s": 362e12, "a10g": 125e12}
+
+
+def device_peak_flops(device_name: Optional[str]) -> Optional[float]:
+    """Dense bf16 peak (FLOP/s) of a GPU from its name ("NVIDIA H100 80GB HBM3",
+    "NVIDIA A100-SXM4-80GB", ...); None for a name the table does not know."""
+    name = (device_name or "").upper()
+    for pattern, peak in DEVICE_PEAK_FLOPS:
+        if re.search(pattern, name):
+            return peak
+    return None
+
+
+def peak_flops(device_name: Optional[str], gpu_type: Optional[str]) -> tuple:
+    """(peak FLOP/s or None, where it came from) for MFU. The device's own name first;
+    the plan's launcher.gpu_type only when the name is unknown; no device name (CPU):
+    no peak, no MFU."""
+    if not device_name:
+        return None, "no GPU"
+    peak = device_peak_flops(device_name)
+    if peak is not None:
+        return peak, device_name
+    peak = PEAK_FLOPS.get((gpu_type or "").lower())
+    if peak is not None:
+        return peak, f"launcher.gpu_type={gpu_type} (device name {device_name!r} not in the table)"
+    return None, f"device name {device_name!r} and launcher.gpu_type={gpu_type} not in the table"
 
 
 class LossStats:
@@ -81,14 +128,16 @@ def memory_gib() -> dict:
     return {"memory/rss_gib": psutil.Process().memory_info().rss / 2**30}
 
 
-def throughput(step_time_s: float, tokens_per_step: int, samples_per_step: int, flops_per_sample: dict,
-               world_size: int, gpu_type: Optional[str]) -> dict:
+def throughput(step_time_s: float, step: dict, world_size: int, peak: Optional[float]) -> dict:
+    """Rates of one step from its totals over all ranks, `step` = {'tokens': real tokens,
+    'slots': token slots (padding included), 'model'/'hardware': FLOPs}: real tokens
+    per second per GPU, the share of slots holding real tokens, model/hardware TFLOP/s
+    per GPU and, with a peak (FLOP/s per GPU), MFU and HFU."""
     per_gpu = max(world_size, 1) * step_time_s
-    model = flops_per_sample["model"] * samples_per_step / per_gpu
-    hardware = flops_per_sample["hardware"] * samples_per_step / per_gpu
-    out = {"tokens_per_s_per_gpu": tokens_per_step / per_gpu,
+    model, hardware = step["model"] / per_gpu, step["hardware"] / per_gpu
+    out = {"tokens_per_s_per_gpu": step["tokens"] / per_gpu,
+           "tokens/utilization": step["tokens"] / step["slots"] if step["slots"] else float("nan"),
            "model_tflops_per_gpu": model / 1e12, "hardware_tflops_per_gpu": hardware / 1e12}
-    peak = PEAK_FLOPS.get((gpu_type or "").lower()) if torch.cuda.is_available() else None
     if peak:
         out["mfu"] = model / peak
         out["hfu"] = hardware / peak
@@ -106,6 +155,8 @@ def progress_line(step: int, total: int, m: dict, width: int = 20) -> str:
     if lrs:
         parts.append("lr " + ",".join(lrs))
     parts.append(f"{m['tokens_per_s_per_gpu']:.0f} tok/s/gpu")
+    if "tokens/utilization" in m:
+        parts.append(f"{100 * m['tokens/utilization']:.0f}% slots real")
     parts.append(f"{m['model_tflops_per_gpu']:.3g} TFLOP/s/gpu")
     if "mfu" in m:
         parts.append(f"mfu {100 * m['mfu']:.1f}%")

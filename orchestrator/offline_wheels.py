@@ -1,0 +1,126 @@
+"""`audiollm wheels DIR`: the wheels a GPU machine without internet needs to run jobs.
+
+Many GPU clusters reach no package index, and bring their own CUDA build of torch.
+On a connected machine where the project is installed, this writes into DIR the
+project's own wheel and a wheel of every package the job side needs, at the versions
+installed here, built for the target Python (default 3.12) on x86-64 Linux. On the GPU
+machine, `bash setup.sh --from-wheels DIR` installs them beside its own torch.
+
+Left out, and why:
+- torch, torchvision, triton and the CUDA libraries (nvidia-*, cuda-*): the GPU
+  machine's own torch is used (pyproject.toml takes torch as a range for that);
+- the cloud-storage SDKs mosaicml-streaming declares (S3, GCS, Azure, OCI, SFTP): MDS
+  datasets on local or shared disk need none; add them by hand for remote datasets;
+- TransformerEngine (the `gpu` extra): `transformer-engine-torch` compiles against the
+  installed torch, so it is built on the GPU machine (README, "GPU machines").
+
+A package published only as a source distribution (hydra's antlr4-python3-runtime) is
+built into a wheel here with `pip wheel`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.metadata
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+from packaging.markers import default_environment
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
+
+PROJECT = "audiollm"
+# The GPU machine's own torch stack.
+BROUGHT_BY_THE_GPU_MACHINE = re.compile(r"^(torch|torchvision|torchaudio|triton|nvidia-.*|cuda-.*)$")
+# mosaicml-streaming's remote-storage back ends, not needed for datasets on disk.
+CLOUD_STORAGE = re.compile(r"^(boto3|botocore|s3transfer|azure-.*|google-cloud-storage|oci|paramiko)$")
+
+
+def target_environment(python: str) -> dict:
+    """Marker environment of the target: Python `python` (e.g. "3.12") on x86-64 Linux."""
+    env = default_environment()
+    env.update(python_version=python, python_full_version=f"{python}.0", sys_platform="linux",
+               platform_system="Linux", platform_machine="x86_64", os_name="posix",
+               implementation_name="cpython", platform_python_implementation="CPython")
+    return env
+
+
+def _excluded(name: str) -> bool:
+    return bool(BROUGHT_BY_THE_GPU_MACHINE.match(name) or CLOUD_STORAGE.match(name))
+
+
+def job_side_closure(python: str = "3.12") -> dict[str, str]:
+    """{package: installed version} of everything the project requires (without extras),
+    transitively, for the target Python, minus what is left out (module docstring)."""
+    env = target_environment(python)
+    found: dict[str, str] = {}
+    pending = [Requirement(r) for r in importlib.metadata.requires(PROJECT) or []]
+    while pending:
+        req = pending.pop()
+        name = canonicalize_name(req.name)
+        if req.marker is not None and not req.marker.evaluate({**env, "extra": ""}):
+            continue
+        if name in found or _excluded(name):
+            continue
+        try:
+            version = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            raise SystemExit(f"{name} (required by the project) is not installed here: run `bash setup.sh` "
+                             f"on this connected machine first") from None
+        found[name] = version
+        pending.extend(Requirement(r) for r in importlib.metadata.requires(name) or [])
+    return dict(sorted(found.items()))
+
+
+# pip matches --platform tags exactly: name every manylinux level a glibc 2.28 machine runs.
+PLATFORMS = ["manylinux1_x86_64", "manylinux2010_x86_64", "manylinux2014_x86_64",
+             *(f"manylinux_2_{minor}_x86_64" for minor in range(5, 29)), "any"]
+
+
+def _download(name: str, version: str, python: str, dest: Path) -> str:
+    """Fetch one binary wheel for the target; build one from source where none exists
+    (only a pure-Python wheel is of use: this machine's Python may not be the target's)."""
+    abi = "cp" + python.replace(".", "")
+    fetch = [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:", "--dest", str(dest),
+             "--python-version", python, "--implementation", "cp", "--abi", abi, "--abi", "abi3", "--abi", "none",
+             *(arg for platform in PLATFORMS for arg in ("--platform", platform)), f"{name}=={version}"]
+    if subprocess.run(fetch, capture_output=True, text=True).returncode == 0:
+        return "wheel"
+    build = [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--wheel-dir", str(dest), f"{name}=={version}"]
+    proc = subprocess.run(build, capture_output=True, text=True)
+    wheel = next(iter(sorted(dest.glob(f"{canonicalize_name(name).replace('-', '_')}-{version}-*.whl"))), None)
+    if proc.returncode != 0 or wheel is None or not wheel.name.endswith("-none-any.whl"):
+        if wheel is not None:
+            wheel.unlink()
+        raise SystemExit(f"{name}=={version}: no wheel for Python {python} on x86-64 Linux in the index, and "
+                         f"no pure-Python wheel could be built here:\n{proc.stderr[-2000:]}")
+    return "built here"
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="audiollm wheels", description=__doc__.split("\n\n")[0])
+    parser.add_argument("dest", type=Path, help="folder to write the wheels into")
+    parser.add_argument("--python", default="3.12", help="the GPU machine's Python (default 3.12)")
+    parser.add_argument("--list", action="store_true", help="only print the packages and versions")
+    args = parser.parse_args(argv)
+    closure = job_side_closure(args.python)
+    if args.list:
+        for name, version in closure.items():
+            print(f"{name}=={version}")
+        return 0
+    args.dest.mkdir(parents=True, exist_ok=True)
+    repo = Path(__file__).resolve().parents[1]
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation",
+                    "--wheel-dir", str(args.dest), str(repo)], check=True)
+    built = [name for name, version in closure.items() if _download(name, version, args.python, args.dest) != "wheel"]
+    size = sum(p.stat().st_size for p in args.dest.glob("*.whl")) / 2**20
+    print(f"{len(closure) + 1} wheels for Python {args.python} in {args.dest} ({size:.1f} MiB)"
+          + (f"; built here from source: {', '.join(built)}" if built else ""))
+    print(f"on the GPU machine: bash setup.sh --from-wheels {args.dest}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
