@@ -117,10 +117,11 @@ class AudioLLM(MegatronModule):
 
 def build_audiollm(model_cfg, parallel_cfg, pre_process: bool = True, post_process: bool = True,
                    audio_token_id: int = 0, params_dtype: torch.dtype = torch.float32, vp_stage=None,
-                   encoder_pad_value: float = 0.0, **config_overrides) -> AudioLLM:
+                   encoder_pad_value: float = 0.0, core_attention=None, **config_overrides) -> AudioLLM:
     """Build this rank's AudioLLM chunk from the `model` and `parallel` config sections.
     Call after `init_distributed` (megatron's parallel state must exist). The encoder
-    and adapter are fp32 whatever `params_dtype` the decoder uses."""
+    and adapter are fp32 whatever `params_dtype` the decoder uses. `core_attention`
+    replaces the backend's attention class (e.g. flex_attention on the local backend)."""
     dec = model_cfg.decoder
     config_overrides.setdefault("init_method_std", float(getattr(dec, "init_method_std", 0.02)))
     config = gemma2_transformer_config(
@@ -129,7 +130,7 @@ def build_audiollm(model_cfg, parallel_cfg, pre_process: bool = True, post_proce
     )
     language_model = Gemma2Model(config, dec.vocab_size, dec.max_position_embeddings, pre_process=pre_process,
                                  post_process=post_process, backend=model_cfg.backend, rope_theta=dec.rope_theta,
-                                 vp_stage=vp_stage, tie_embeddings=dec.tie_embeddings)
+                                 vp_stage=vp_stage, tie_embeddings=dec.tie_embeddings, core_attention=core_attention)
     if dec.freeze:
         language_model.requires_grad_(False)
     encoder = adapter = None

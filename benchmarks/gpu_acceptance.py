@@ -1,0 +1,555 @@
+"""GPU acceptance: one command that says whether a GPU machine trains this project right.
+
+Run (one GPU):      .venv/bin/python benchmarks/gpu_acceptance.py [--json rows.json]
+Run (CPU, in CI):   .venv/bin/python benchmarks/gpu_acceptance.py --dry-run [--json rows.json]
+
+Prints one table (check | backend | figure | bound | result) and exits 1 when any row
+FAILs. Checks:
+  parity      `te` and `local` decoders in bf16 against HF Gemma2 fp32 on a tiny random
+              model (window shorter than the sequence, both softcaps on): logits, loss,
+              gradients of the embedding and the final norm;
+  lora        LoRA on the `te` backend trains: loss falls, every base weight bitwise unchanged;
+  recompile   flex_attention compiles nothing after warm-up (dynamo's unique_graphs counter);
+  throughput  gemma2-2b + whisper-large-v3 + adapter (random weights), LoRA r16, bf16,
+              seq 2048, packed speech batches: tokens/s/GPU, MFU, HFU (the project's own
+              FLOP counter, orchestrator/train/step_flops.py), peak memory against
+              `audiollm plan`'s estimate for the same config;
+  encoder     whisper-large-v3 encoder forward, ms per 30-s clip, fp32 eager vs bf16 SDPA.
+Without TransformerEngine the `te` rows run the `local` backend with compiled
+flex_attention (core_attention=FlexSoftcapAttention) and the table says so.
+
+--dry-run runs what a CPU can: parity of `local` in fp32 (fp32 bounds), LoRA training
+in fp32, the throughput step at the tiny model's size (tokens/s, no MFU), the encoder
+timing at tiny size; the recompile row is n/a (flex_attention is compiled on CUDA only).
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import math
+import os
+import socket
+import sys
+import tempfile
+import time
+import traceback
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+# The tiny HF Gemma2 of the parity checks (same values as tests/models/tiny_models.py):
+# sliding window 8 < sequence 64, both softcaps low enough to bend the logits.
+TINY_GEMMA2 = dict(vocab_size=250, hidden_size=64, intermediate_size=96, num_hidden_layers=4,
+                   num_attention_heads=4, num_key_value_heads=2, head_dim=16, query_pre_attn_scalar=24,
+                   sliding_window=8, attn_logit_softcapping=2.0, final_logit_softcapping=3.0,
+                   max_position_embeddings=128, rms_norm_eps=1e-6, rope_theta=10000.0)
+PARITY_SEQ = 64
+
+# Tolerances of a decoder against HF fp32 (logits max |diff|, loss |diff|, gradient
+# relative norm |g - g_ref| / |g_ref|).
+# bf16 (GPU): 8 mantissa bits, so each rounding is off by up to 2^-9 ~ 2e-3 relative.
+#   A 4-layer model rounds its activations a few dozen times on the way to the logits
+#   (each linear's output, norms, attention, the residual adds); errors of independent
+#   roundings add in quadrature, so ~sqrt(40) x 2e-3 ~ 1.3e-2 relative, on logits of
+#   size ~1-3 (capped at 3 by the final softcap) that is ~0.04 typical; the max over
+#   2 x 64 x 250 logits is a few sigma: bound 0.1. The loss averages those errors over
+#   128 tokens (and the softmax is smooth): bound 0.02. Gradients pass the same number
+#   of roundings once more backwards: 0.05 relative.
+# fp32 (CPU): 2^-24 ~ 6e-8 relative per rounding, reductions of ~hidden (64-250) terms
+#   grow that to ~1e-6 relative per op; summation order differs from HF's (fused qkv,
+#   fused gate/up): logits 1e-4, loss 1e-5, gradients 1e-4 relative leave ~10-100x headroom
+#   yet catch any real mistake (a wrong norm offset, window or cap moves logits by > 1e-2).
+BOUNDS = {"bf16": dict(logits=0.1, loss=0.02, grad=0.05), "fp32": dict(logits=1e-4, loss=1e-5, grad=1e-4)}
+
+MFU_GOAL = 0.45
+
+
+class Table:
+    def __init__(self):
+        self.rows = []
+
+    def add(self, check, backend, figure, bound, result):
+        self.rows.append(dict(check=check, backend=backend, figure=figure, bound=bound, result=result))
+        print(f"[{check}] {backend}: {figure} (bound {bound}) -> {result}", flush=True)
+
+    def render(self) -> str:
+        keys = ["check", "backend", "figure", "bound", "result"]
+        widths = {k: max(len(k), *(len(str(r[k])) for r in self.rows)) for k in keys}
+        line = lambda r: "| " + " | ".join(str(r[k]).ljust(widths[k]) for k in keys) + " |"
+        head = line({k: k for k in keys})
+        sep = "|" + "|".join("-" * (widths[k] + 2) for k in keys) + "|"
+        return "\n".join([head, sep, *(line(r) for r in self.rows)])
+
+    def failed(self) -> bool:
+        return any(r["result"].startswith("FAIL") for r in self.rows)
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _ok(flag: bool) -> str:
+    return "PASS" if flag else "FAIL"
+
+
+def _free():
+    import torch
+
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
+def _has_te() -> bool:
+    try:
+        import transformer_engine  # noqa: F401
+        return True
+    except Exception:
+        return False
+
+
+# ---- tiny decoder --------------------------------------------------------------------
+def hf_tiny_gemma2(seed: int = 0):
+    """Random tiny HF Gemma2 fp32, weights redrawn wider than HF's init (norms non-zero)
+    so that every Gemma2 detail moves the logits far beyond the parity bounds."""
+    import torch
+    from transformers import Gemma2Config, Gemma2ForCausalLM
+
+    model = Gemma2ForCausalLM(Gemma2Config(**TINY_GEMMA2, attn_implementation="eager"))
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            param.copy_(torch.randn(param.shape, generator=gen) * (0.5 if "norm" in name else 0.15))
+    return model.eval()
+
+
+def megatron_tiny(hf, backend: str, core_attention, dtype, device):
+    """Gemma2Model of the HF model's shape with its weights converted (TP=1, full)."""
+    import torch
+    from orchestrator.convert.gemma2_mapping import Gemma2Shape, decoder_config_from_hf, hf_to_megatron_tensors
+    from orchestrator.megatron_args import padded_vocab_size
+    from orchestrator.models.gemma2_model import Gemma2Model, gemma2_transformer_config
+
+    shape = Gemma2Shape.from_hf_config(hf.config)
+    dec = decoder_config_from_hf(hf.config)
+    model = Gemma2Model(gemma2_transformer_config(dec, params_dtype=dtype), dec.vocab_size,
+                        dec.max_position_embeddings, backend=backend, rope_theta=dec.rope_theta,
+                        core_attention=core_attention).to(device)
+    weights = dict(hf_to_megatron_tensors({k: v.detach().cpu() for k, v in hf.state_dict().items()}, shape))
+    emb = weights["embedding.word_embeddings.weight"]
+    padded = padded_vocab_size(shape.vocab_size, 1)
+    if padded > emb.shape[0]:
+        weights["embedding.word_embeddings.weight"] = torch.cat([emb, emb.new_zeros(padded - emb.shape[0], emb.shape[1])])
+    missing, unexpected = model.load_state_dict(weights, strict=False)
+    # Only TransformerEngine's per-module `_extra_state` (FP8 metadata) may be absent.
+    missing = [k for k in missing if not k.endswith("._extra_state")]
+    if missing or unexpected:
+        raise RuntimeError(f"converted weights do not fit: missing {missing[:5]}, unexpected {list(unexpected)[:5]}")
+    return model, shape
+
+
+def check_parity(table: Table, name: str, backend: str, core_attention, dtype_name: str, device):
+    import torch
+
+    dtype = torch.bfloat16 if dtype_name == "bf16" else torch.float32
+    bounds = BOUNDS[dtype_name]
+    label = f"{name} {dtype_name}"
+    try:
+        hf = hf_tiny_gemma2(seed=0).to(device)
+        model, shape = megatron_tiny(hf, backend, core_attention, dtype, device)
+        model.eval()
+        gen = torch.Generator().manual_seed(1)
+        # Ids from 1: HF's embedding has padding_idx = pad_token_id (0), whose row gets no
+        # gradient in HF but does in megatron (a difference of HF's, not of the decoder).
+        tokens = torch.randint(1, shape.vocab_size, (2, PARITY_SEQ), generator=gen).to(device)
+        positions = torch.arange(PARITY_SEQ, device=device)[None].expand(2, -1)
+        labels = torch.cat([tokens[:, 1:], tokens[:, :1]], dim=1)
+        with torch.no_grad():
+            ref = hf(tokens).logits.float()
+            logits = model(tokens, positions, None)[..., : shape.vocab_size].float()
+        loss = model(tokens, positions, None, labels=labels)[:, :-1].float().mean()
+        loss.backward()
+        ref_loss = torch.nn.functional.cross_entropy(hf(tokens).logits[:, :-1].float().flatten(0, 1),
+                                                     labels[:, :-1].flatten())
+        ref_loss.backward()
+        params = dict(model.named_parameters())
+        pairs = {"embedding": (params["embedding.word_embeddings.weight"].grad[: shape.vocab_size],
+                               hf.model.embed_tokens.weight.grad),
+                 "final_norm": (params["decoder.final_layernorm.weight"].grad, hf.model.norm.weight.grad)}
+        grad_rel = {k: float((a.float() - b).norm() / b.norm()) for k, (a, b) in pairs.items()}
+        logit_diff = (logits - ref).abs().max().item()
+        loss_diff = abs(loss.item() - ref_loss.item())
+        table.add("parity_logits", label, f"max|diff| {logit_diff:.2e}", f"<= {bounds['logits']:g}",
+                  _ok(logit_diff <= bounds["logits"]))
+        table.add("parity_loss", label, f"|diff| {loss_diff:.2e} (loss {ref_loss.item():.3f})",
+                  f"<= {bounds['loss']:g}", _ok(loss_diff <= bounds["loss"]))
+        worst = max(grad_rel.values())
+        table.add("parity_grads", label, ", ".join(f"{k} {v:.2e}" for k, v in grad_rel.items()),
+                  f"rel <= {bounds['grad']:g}", _ok(worst <= bounds["grad"]))
+        del hf, model
+    except Exception as exc:  # one broken section must not hide the others
+        traceback.print_exc()
+        table.add("parity_logits", label, f"error: {type(exc).__name__}: {exc}"[:160], "-", "FAIL")
+    _free()
+
+
+def check_lora(table: Table, name: str, backend: str, core_attention, dtype_name: str, device):
+    import torch
+    from orchestrator.train.lora import apply_lora, lora_parameter_names
+
+    dtype = torch.bfloat16 if dtype_name == "bf16" else torch.float32
+    label = f"{name} {dtype_name}"
+    try:
+        hf = hf_tiny_gemma2(seed=0)
+        model, shape = megatron_tiny(hf, backend, core_attention, dtype, device)
+        del hf
+        adapted = apply_lora(model, {"rank": 4, "alpha": 8}, seed=0)
+        lora_names = set(lora_parameter_names(model))
+        for n, p in model.named_parameters():  # the base decoder frozen (model.decoder.freeze)
+            if n not in lora_names:
+                p.requires_grad_(False)
+        base = {n: p.detach().clone() for n, p in model.named_parameters() if n not in lora_names}
+        trainable = [p for p in model.parameters() if p.requires_grad]
+        optimizer = torch.optim.AdamW(trainable, lr=1e-2, weight_decay=0.0)
+        model.train()
+        gen = torch.Generator().manual_seed(2)
+        tokens = torch.randint(1, shape.vocab_size, (2, PARITY_SEQ), generator=gen).to(device)
+        positions = torch.arange(PARITY_SEQ, device=device)[None].expand(2, -1)
+        labels = torch.cat([tokens[:, 1:], tokens[:, :1]], dim=1)
+        losses = []
+        for _ in range(30):
+            optimizer.zero_grad()
+            loss = model(tokens, positions, None, labels=labels)[:, :-1].float().mean()
+            loss.backward()
+            optimizer.step()
+            losses.append(loss.item())
+        changed = [n for n, p in model.named_parameters() if n in base and not torch.equal(p.detach(), base[n])]
+        falls = losses[-1] < 0.8 * losses[0]
+        table.add("lora_trains", label,
+                  f"loss {losses[0]:.3f} -> {losses[-1]:.3f} in 30 steps; {len(adapted)} linears, "
+                  f"{sum(p.numel() for p in trainable)} LoRA params",
+                  "final < 0.8 x first", _ok(falls))
+        table.add("lora_base_frozen", label, f"{len(changed)} of {len(base)} base tensors changed",
+                  "0 (bitwise)", _ok(not changed) if not changed else f"FAIL ({', '.join(changed[:3])})")
+        del model, optimizer
+    except Exception as exc:
+        traceback.print_exc()
+        table.add("lora_trains", label, f"error: {type(exc).__name__}: {exc}"[:160], "-", "FAIL")
+    _free()
+
+
+def check_recompiles(table: Table, name: str, backend: str, core_attention, dry_run: bool):
+    if dry_run:
+        table.add("recompiles", name, "-", "0 after warm-up", "n/a (flex_attention is compiled on CUDA only)")
+        return
+    import torch
+    import torch._dynamo
+    from torch._dynamo.utils import counters
+
+    try:
+        hf = hf_tiny_gemma2(seed=0)
+        model, shape = megatron_tiny(hf, backend, core_attention, torch.bfloat16, "cuda")
+        del hf
+        model.train()
+        widths = [64, 100, 128, 200, 256]
+
+        def one_pass():
+            for w in widths:
+                tokens = torch.randint(1, shape.vocab_size, (1, w), device="cuda")
+                positions = torch.arange(w, device="cuda")[None]
+                model(tokens, positions, None, labels=tokens)[:, :-1].float().mean().backward()
+            torch.cuda.synchronize()
+
+        graphs = lambda: int(counters["stats"]["unique_graphs"])
+        start = graphs()
+        one_pass()
+        warm = graphs() - start
+        mid = graphs()
+        one_pass()
+        again = graphs() - mid
+        cfg = torch._dynamo.config
+        limit_name = "recompile_limit" if hasattr(cfg, "recompile_limit") else "cache_size_limit"
+        table.add("recompiles", name,
+                  f"warm-up {warm} graphs over widths {widths}; second pass {again} "
+                  f"({limit_name} {getattr(cfg, limit_name)}, flex region raises it)",
+                  "0 after warm-up", _ok(again == 0) if warm > 0 else
+                  "FAIL (nothing compiled in warm-up: flex_attention ran uncompiled)")
+        del model
+    except Exception as exc:
+        traceback.print_exc()
+        table.add("recompiles", name, f"error: {type(exc).__name__}: {exc}"[:160], "-", "FAIL")
+    _free()
+
+
+# ---- throughput ------------------------------------------------------------------------
+def _overrides(dry_run: bool, backend: str, ckpt: str) -> list:
+    # A placeholder init_checkpoint (an empty dist-checkpoint directory) satisfies the
+    # frozen_random check: LoRA freezes the decoder, which validation refuses to leave at
+    # random weights. Nothing is loaded from it here; the weights are random on purpose.
+    common = ["lora=decoder_r16", "data.packing=true", "optim.micro_batch_size=1",
+              f"model.init_checkpoint={ckpt}", "model.adapter.ctc_weight=0", f"model.backend={backend}"]
+    if dry_run:
+        return ["model=tiny_audiollm", "data.seq_length=256", "data.max_audio_seconds=5",
+                "launcher.accelerator=cpu", "optim.global_batch_size=2", *common]
+    return ["model=gemma2_2b_whisper_large_v3", "data.seq_length=2048", "data.max_audio_seconds=30",
+            "launcher.accelerator=gpu", "launcher.gpu_type=h100", "optim.global_batch_size=4", *common]
+
+
+_CKPT_DIR = tempfile.TemporaryDirectory(prefix="acceptance_ckpt_")  # removed at exit
+
+
+def _compose(dry_run: bool, backend: str):
+    from orchestrator.compose import compose
+    from orchestrator.resolve import resolve, to_object
+
+    ckpt = _CKPT_DIR.name
+    Path(ckpt, "metadata.json").write_text(json.dumps({"sharded_backend": "torch_dist", "sharded_backend_version": 1,
+                                                         "common_backend": "torch", "common_backend_version": 1}))
+    overrides = _overrides(dry_run, backend, ckpt)
+    cfg = compose(overrides)
+    return cfg, resolve(cfg), to_object(cfg), overrides
+
+
+def packed_microbatch(obj, audio_token_id: int, seed: int, text_tokens: int = 60):
+    """One packed row of data.seq_length tokens: samples of [4 prompt tokens, one clip of
+    data.max_audio_seconds (its adapter tokens), text]; the last sample's text fills the row."""
+    import torch
+    from orchestrator.model_params import audio_token_count
+
+    seq, enc = obj.data.seq_length, obj.model.encoder
+    window = 2 * enc.max_source_positions
+    mel = min(int(obj.data.max_audio_seconds * 100), window)
+    n_audio = audio_token_count(mel, obj.model.adapter.frame_stack)
+    sample = 4 + n_audio + text_tokens
+    n_samples = max(1, seq // sample)
+    gen = torch.Generator().manual_seed(seed)
+    tokens = torch.randint(10, obj.model.decoder.vocab_size, (1, seq), generator=gen)
+    positions = torch.zeros(1, seq, dtype=torch.long)
+    start = 0
+    for i in range(n_samples):
+        length = sample if i < n_samples - 1 else seq - start
+        tokens[0, start + 4: start + 4 + n_audio] = audio_token_id
+        positions[0, start: start + length] = torch.arange(length)
+        start += length
+    labels = torch.roll(tokens, -1, dims=1)
+    return {"tokens": tokens, "labels": labels, "position_ids": positions,
+            "dataset_index": torch.zeros(1, seq, dtype=torch.long),
+            "audio_features": torch.randn(n_samples, enc.num_mel_bins, window, generator=gen),
+            "audio_lengths": torch.full((n_samples,), mel, dtype=torch.long),
+            "audio_num_tokens": torch.full((n_samples,), n_audio, dtype=torch.long),
+            "audio_clip_rows": torch.zeros(n_samples, dtype=torch.long)}
+
+
+def check_throughput(table: Table, name: str, backend: str, core_attention, dry_run: bool):
+    import torch
+    from omegaconf import OmegaConf
+    from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
+    from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
+    from orchestrator.data.packing import row_document_mask
+    from orchestrator.megatron_args import padded_vocab_size
+    from orchestrator.models.audiollm import build_audiollm
+    from orchestrator.train import lr_groups as lrg
+    from orchestrator.train.lora import apply_lora
+    from orchestrator.train.step_flops import StepFlops
+    from orchestrator.train.metrics import peak_flops
+
+    on_gpu = not dry_run
+    dtype = torch.bfloat16 if on_gpu else torch.float32
+    device = "cuda" if on_gpu else "cpu"
+    size = "tiny seq 256" if dry_run else "gemma2-2b+whisper-large-v3 seq 2048"
+    label = f"{name} {'bf16' if on_gpu else 'fp32'}"
+    try:
+        cfg, plan, obj, overrides = _compose(dry_run, backend)
+        audio_token_id = 3
+        if on_gpu:
+            torch.cuda.reset_peak_memory_stats()
+        model = build_audiollm(obj.model, obj.parallel, audio_token_id=audio_token_id, params_dtype=dtype,
+                               core_attention=core_attention)
+        if on_gpu:
+            model.cuda()
+        # The trainer's order: build -> LoRA -> model freezes -> lr groups -> DDP -> optimizer.
+        lora_cfg = OmegaConf.to_container(cfg.lora, resolve=True)
+        apply_lora(model, lora_cfg, seed=0)
+        prefixes = {"encoder": "encoder.", "adapter": "adapter.", "decoder": "language_model."}
+        frozen = [p for part, p in prefixes.items() if getattr(obj.model, part).freeze]
+        for n, p in model.named_parameters():
+            if any(n.startswith(f) for f in frozen) and ".lora_" not in n:
+                p.requires_grad_(False)
+        lrg.apply_lr_groups([model], lora_cfg["lr_groups"], 1e-4, 1e-5)
+        trained = [n for n, p in model.named_parameters() if p.requires_grad]
+        counter = StepFlops(obj.model, obj.lora.rank, obj.parallel.recompute,
+                            padded_vocab_size(obj.model.decoder.vocab_size, 1), trained)
+        ddp = DistributedDataParallel(config=model.config, ddp_config=DistributedDataParallelConfig(), module=model)
+        optimizer = get_megatron_optimizer(OptimizerConfig(lr=1e-4, clip_grad=1.0, bf16=on_gpu, params_dtype=dtype),
+                                           [ddp])
+        n_micro = plan.num_microbatches
+        batches = [packed_microbatch(obj, audio_token_id, seed=i) for i in range(n_micro)]
+        inputs = []
+        for b in batches:
+            pos = b["position_ids"].to(device)
+            inputs.append(dict(input_ids=b["tokens"].to(device), position_ids=pos, labels=b["labels"].to(device),
+                               attention_mask=row_document_mask(pos), audio_features=b["audio_features"].to(device),
+                               audio_lengths=b["audio_lengths"], audio_clip_rows=b["audio_clip_rows"].tolist()))
+        counts = [counter.count(b) for b in batches]
+        step_model = sum(c["model"] for c in counts)
+        step_hw = sum(c["hardware"] for c in counts)
+        step_tokens = sum(c["tokens"] for c in counts)
+
+        def step():
+            ddp.zero_grad_buffer()
+            optimizer.zero_grad()
+            for x in inputs:
+                (ddp(**x).float().mean() / n_micro).backward()
+            optimizer.step()
+
+        sync = torch.cuda.synchronize if on_gpu else (lambda: None)
+        warmup, timed = (1, 2) if dry_run else (2, 5)
+        for _ in range(warmup):
+            step()
+        sync()
+        t0 = time.perf_counter()
+        for _ in range(timed):
+            step()
+        sync()
+        step_s = (time.perf_counter() - t0) / timed
+        tps = step_tokens / step_s
+        clips = sum(int(b["audio_lengths"].numel()) for b in batches)
+        table.add("throughput_tokens", label,
+                  f"{tps:,.0f} tokens/s/GPU ({size}, {n_micro} micro-batches x {clips // n_micro} clips, "
+                  f"{step_s:.3f} s/step)", "reported", "PASS" if math.isfinite(tps) and tps > 0 else "FAIL")
+        if on_gpu:
+            peak, source = peak_flops(torch.cuda.get_device_name(), obj.launcher.gpu_type)
+            if peak:
+                mfu, hfu = step_model / step_s / peak, step_hw / step_s / peak
+                table.add("throughput_mfu", label,
+                          f"MFU {mfu:.1%}, HFU {hfu:.1%} (model {step_model / 1e12:.1f} TFLOP/step, "
+                          f"peak {peak / 1e12:.0f} TFLOP/s of {source})",
+                          f"goal {MFU_GOAL:.0%} (reported)", "PASS" if mfu >= MFU_GOAL else "PASS (BELOW goal)")
+            else:
+                table.add("throughput_mfu", label, f"model {step_model / 1e12:.1f} TFLOP/step", "-",
+                          f"n/a (no peak: {source})")
+            measured = torch.cuda.max_memory_allocated() / 2**30
+            estimate = plan.memory["total_gib"]
+            table.add("peak_memory", label, f"{measured:.1f} GiB max allocated vs plan {estimate:.1f} GiB",
+                      "<= plan estimate", _ok(measured <= estimate))
+        else:
+            table.add("throughput_mfu", label, f"model {step_model / 1e9:.2f} GFLOP/step",
+                      f"goal {MFU_GOAL:.0%}", "n/a (CPU: no peak, no MFU)")
+            table.add("peak_memory", label, f"plan estimate {plan.memory['total_gib']:.3f} GiB", "<= plan estimate",
+                      "n/a (CPU: no device memory counter)")
+        del ddp, model, optimizer, inputs
+    except Exception as exc:
+        traceback.print_exc()
+        table.add("throughput_tokens", label, f"error: {type(exc).__name__}: {exc}"[:160], "-", "FAIL")
+    _free()
+
+
+# ---- encoder ---------------------------------------------------------------------------
+def check_encoder(table: Table, dry_run: bool):
+    import torch
+    from orchestrator.models.speech import build_whisper_encoder
+
+    on_gpu = not dry_run
+    device = "cuda" if on_gpu else "cpu"
+    try:
+        _, _, obj, _ = _compose(dry_run, "local")
+        enc_cfg = obj.model.encoder
+        encoder = build_whisper_encoder(enc_cfg).to(device).eval()
+        window = 2 * enc_cfg.max_source_positions
+        clip_s = window / 100
+        clips, reps = (2, 2) if dry_run else (8, 5)
+        features = torch.randn(clips, enc_cfg.num_mel_bins, window, generator=torch.Generator().manual_seed(0)).to(device)
+        sync = torch.cuda.synchronize if on_gpu else (lambda: None)
+
+        def timed(x):
+            with torch.no_grad():
+                out = encoder(x).last_hidden_state  # warm-up (and the output compared below)
+                sync()
+                t0 = time.perf_counter()
+                for _ in range(reps):
+                    encoder(x)
+                sync()
+            return (time.perf_counter() - t0) / reps / clips * 1e3, out.float()
+
+        encoder.config._attn_implementation = "eager"
+        ms32, ref = timed(features)
+        if on_gpu:
+            encoder.to(torch.bfloat16)
+            encoder.config._attn_implementation = "sdpa"  # read per forward by every layer's attention
+            ms16, out = timed(features.to(torch.bfloat16))
+            rel = float((out - ref).norm() / ref.norm())
+            table.add("encoder_fp32", "eager fp32", f"{ms32:.1f} ms per {clip_s:.0f}-s clip (batch {clips})",
+                      "reported", "PASS")
+            table.add("encoder_bf16", "sdpa bf16",
+                      f"{ms16:.1f} ms per clip ({ms32 / ms16:.1f}x fp32); output rel diff {rel:.1e}",
+                      "finite output", _ok(bool(torch.isfinite(out).all())))
+        else:
+            table.add("encoder_fp32", "eager fp32", f"{ms32:.1f} ms per {clip_s:.0f}-s clip (tiny, batch {clips})",
+                      "reported", _ok(bool(torch.isfinite(ref).all())))
+            table.add("encoder_bf16", "sdpa bf16", "-", "reported", "n/a (dry run: bf16 timing is GPU-only)")
+        del encoder
+    except Exception as exc:
+        traceback.print_exc()
+        table.add("encoder_fp32", "-", f"error: {type(exc).__name__}: {exc}"[:160], "-", "FAIL")
+    _free()
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--dry-run", action="store_true", help="CPU-possible parts only, at tiny size")
+    parser.add_argument("--json", type=Path, help="write the rows here")
+    args = parser.parse_args()
+    os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()))
+    started = time.perf_counter()
+
+    import torch
+    from orchestrator.runtime.distributed import ParallelSizes, init_distributed, shutdown
+
+    if not args.dry_run and not torch.cuda.is_available():
+        print("no CUDA device: run with --dry-run for the CPU-possible checks", file=sys.stderr)
+        return 2
+    init_distributed(ParallelSizes(), seed=0, allow_tf32=False)
+    if args.dry_run:
+        torch.set_num_threads(max(1, os.cpu_count() or 1))
+    from orchestrator.models.attention import FlexSoftcapAttention
+
+    table = Table()
+    if args.dry_run:
+        flex = ("local", "local", None)  # (label, backend, core_attention): no flex_attention on CPU
+        check_parity(table, "local", "local", None, "fp32", "cpu")
+        check_lora(table, "local", "local", None, "fp32", "cpu")
+        check_recompiles(table, "te/flex", "local", FlexSoftcapAttention, dry_run=True)
+        check_throughput(table, *flex, dry_run=True)
+        check_encoder(table, dry_run=True)
+    else:
+        if _has_te():
+            flex = ("te", "te", None)
+        else:
+            flex = ("local+flex (no TE)", "local", FlexSoftcapAttention)
+            print("TransformerEngine is not installed: the `te` rows run the local backend with compiled "
+                  "flex_attention (core_attention=FlexSoftcapAttention)", flush=True)
+        check_parity(table, *flex, "bf16", "cuda")
+        check_parity(table, "local", "local", None, "bf16", "cuda")
+        check_lora(table, *flex, "bf16", "cuda")
+        check_recompiles(table, *flex, dry_run=False)
+        check_throughput(table, *flex, dry_run=False)
+        check_encoder(table, dry_run=False)
+
+    print()
+    print(table.render())
+    print(f"\n{'dry run' if args.dry_run else 'GPU'} acceptance: {'FAIL' if table.failed() else 'PASS'} "
+          f"in {time.perf_counter() - started:.1f} s")
+    if args.json:
+        args.json.write_text(json.dumps(table.rows, indent=1))
+    shutdown()
+    return 1 if table.failed() else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
