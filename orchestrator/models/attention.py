@@ -15,15 +15,37 @@ core_attention`) and build one mask from all constraints:
 
 `SoftcapDotProductAttention` is plain PyTorch (CPU and GPU, the reference).
 `FlexSoftcapAttention` uses torch's flex_attention (softcap as `score_mod`, masks as a
-block mask) for GPU training.
+block mask) for GPU training. Two decisions make it fit training, where every micro-batch
+has its own width (columns trimmed to the used ones) and evaluation and generation use
+still others:
+
+- Bucketed widths. The kernel is compiled with static shapes (`dynamic=False`), one
+  compilation per shape. q, k, v are padded to `flex_bucket_width(width)` — the next
+  power of two, at least 128 — and the output sliced back; the mask hides the padding,
+  so the padded blocks are skipped and cost no attention work. The kernel then sees a
+  small set known in advance (buckets x window or not x mask source x training or
+  evaluation), and its recompile limit is raised to cover that set
+  (`FLEX_RECOMPILE_LIMIT`, 132): past dynamo's default of 8 it would silently run
+  uncompiled, materialising [b, heads, s, s] fp32 scores. The real length enters the
+  mask as a 0-dim tensor, not a Python int, so that it is no compile-time constant.
+- Block masks once per micro-batch, not per layer. Every layer of a micro-batch gets the
+  same documents (`cu_seqlens`) or `attention_mask` tensor; the first layer of each
+  window variant (windowed, global) builds the block mask and the other layers reuse it,
+  found through a weak reference to that tensor's storage (it survives the detached copy
+  that activation recomputation passes), with no host sync. Without documents or mask
+  the block mask depends on (bucket, real length, window, device) only and is cached
+  by that.
 """
 
 from __future__ import annotations
 
-from typing import Optional
+import functools
+import inspect
+from typing import Any, Optional
 
 import torch
 from torch import Tensor
+from torch.utils.weak import WeakIdKeyDictionary
 
 from megatron.core import tensor_parallel
 from megatron.core.packed_seq_params import PackedSeqParams
@@ -168,15 +190,113 @@ class SoftcapDotProductAttention(_Gemma2CoreAttentionBase):
         return context.permute(2, 0, 1, 3).reshape(sq, b, self.hidden_per_partition)
 
 
-_BLOCK_MASKS: dict = {}
-_BLOCK_MASK_CACHE_SIZE = 16
+# --- flex_attention: bucketed widths, block masks per micro-batch -------------------------
+
+FLEX_MIN_BUCKET = 128
+FLEX_MAX_BUCKET = 2**17
+
+
+def flex_bucket_width(width: int) -> int:
+    """The sequence length flex_attention runs at for `width` real tokens: the next power
+    of two, at least 128 (flex_attention's block size, so one block is the smallest unit
+    it computes anyway).
+
+    The kernel is compiled with static shapes, one compilation per width it sees; micro-
+    batches are trimmed to their used columns, and evaluation and generation (no KV cache:
+    the width grows by one per step) use yet other widths. Powers of two keep the set
+    small and known in advance — log2(max / 128) + 1 widths (7 up to 8192) — while the
+    padding costs no attention work: the padded rows and columns are masked out, so the
+    blocks beyond the real length are empty and the kernel skips them (only the copies
+    of q, k, v into the wider tensors and the sliced output remain)."""
+    if width < 1:
+        raise ValueError(f"width must be >= 1 (got {width})")
+    return max(FLEX_MIN_BUCKET, 1 << (width - 1).bit_length())
+
+
+# How many compiled variants of flex_attention one process may need: every bucket up to
+# FLEX_MAX_BUCKET (11) x window or not (2) x mask source: none / documents (cu_seqlens) /
+# explicit attention_mask (3) x training or evaluation (grad mode and requires_grad are
+# guarded, 2). A run uses one mask source, so it needs at most a third of this; the rest
+# is headroom for other batch sizes (evaluation's last batch) and dtypes, which are
+# compiled separately too (dynamic=False). Past dynamo's default of 8 the kernel would
+# silently run uncompiled, materialising [b, heads, s, s] fp32 scores. It stays below
+# dynamo's accumulated_recompile_limit (256), the cap on all entries of one code object.
+FLEX_RECOMPILE_LIMIT = ((FLEX_MAX_BUCKET // FLEX_MIN_BUCKET).bit_length()) * 2 * 3 * 2
+
+
+@functools.lru_cache(maxsize=None)
+def compiled_flex_attention(backend: Any = "inductor"):
+    """flex_attention under torch.compile(dynamic=False), one per process: dynamo keeps its
+    compiled entries on flex_attention's code object, so all layers share them (a width
+    compiled for layer 1 serves the other layers). The recompile limit is raised to
+    FLEX_RECOMPILE_LIMIT for this region only where torch.compile takes `recompile_limit`
+    (torch 2.14 does), else process-wide; a larger limit the user set is kept."""
+    import torch._dynamo
+    from torch.nn.attention.flex_attention import flex_attention
+
+    dynamo_config = torch._dynamo.config
+    name = "recompile_limit" if hasattr(dynamo_config, "recompile_limit") else "cache_size_limit"
+    limit = max(FLEX_RECOMPILE_LIMIT, getattr(dynamo_config, name))
+    if "recompile_limit" in inspect.signature(torch.compile).parameters:
+        return torch.compile(flex_attention, dynamic=False, backend=backend, recompile_limit=limit)
+    setattr(dynamo_config, name, limit)
+    return torch.compile(flex_attention, dynamic=False, backend=backend)
+
+
+def _flex_mask_mod(real: Tensor, window: Optional[int], doc: Optional[Tensor], allowed: Optional[Tensor]):
+    """mask_mod of one micro-batch at a bucket width. `real` is the real length as a 0-dim
+    tensor: a Python int would be a constant in the compiled kernel's guards and compile a
+    new kernel per real length, defeating the buckets."""
+
+    def mask_mod(batch, head, q_idx, kv_idx):
+        # Padded query rows see nothing and padded keys are seen by nobody: every block
+        # beyond the real length is empty and skipped (flex_attention returns zeros for the
+        # fully masked padded rows, which are sliced off).
+        keep = (q_idx < real) & (kv_idx < real) & (kv_idx <= q_idx)
+        if window is not None:
+            keep = keep & (q_idx - kv_idx < window)
+        if doc is not None:
+            keep = keep & (doc[q_idx] == doc[kv_idx])
+        if allowed is not None:
+            keep = keep & allowed[batch if allowed.shape[0] > 1 else 0, q_idx, kv_idx]
+        return keep
+
+    return mask_mod
+
+
+def _softcap_score_mod(cap: float):
+    def score_mod(score, batch, head, q_idx, kv_idx):
+        return torch.tanh(score / cap) * cap
+
+    return score_mod
+
+
+def _tensor_identity(t: Tensor) -> tuple:
+    """Which part of its storage `t` is, and the storage's version (a buffer rewritten in
+    place between micro-batches must not hit the previous micro-batch's block mask)."""
+    version = None if t.is_inference() else t._version
+    return tuple(t.shape), t.stride(), t.storage_offset(), t.dtype, version
+
+
+# Block masks of the micro-batches alive now, keyed weakly by the storage of the tensor
+# that defines their documents or mask (the explicit attention_mask, else cu_seqlens): the
+# first layer of a micro-batch builds one per window variant, the other layers and the
+# recomputation in the backward reuse it, and it goes away with the micro-batch. The
+# storage, not the tensor: megatron's activation checkpointing hands the recomputed
+# forward a detached copy (a new tensor object on the same storage).
+_MICRO_BATCH_BLOCK_MASKS = WeakIdKeyDictionary()
+# Block masks with causal + window only depend on (bucket, real length, window, device).
+_PLAIN_BLOCK_MASKS: dict = {}
+_PLAIN_BLOCK_MASKS_SIZE = 64
 
 
 class FlexSoftcapAttention(_Gemma2CoreAttentionBase):
     """Gemma2 core attention on torch's flex_attention: the softcap is a `score_mod`
     (applied to the scaled score, before masking, as in HF) and causal + window +
-    document + given masks form one `mask_mod`. Compiled on GPU; the forward also
-    runs eagerly on CPU (torch refuses its backward there)."""
+    document + given masks form one `mask_mod`. q, k, v are padded to a bucket width
+    (`flex_bucket_width`) so the compiled kernel sees a small known set of shapes.
+    Compiled on GPU; the forward also runs eagerly on CPU (torch refuses its backward
+    there)."""
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
@@ -185,57 +305,71 @@ class FlexSoftcapAttention(_Gemma2CoreAttentionBase):
         except ImportError as err:  # pragma: no cover - depends on the torch build
             raise ImportError("backend 'te' needs torch.nn.attention.flex_attention (torch >= 2.5)") from err
         self._flex = flex_module
-        self._kernel = None
+        self._score_mod = _softcap_score_mod(self.softcap) if self.softcap is not None else None
 
     def _attention_kernel(self, device: torch.device):
-        if self._kernel is None:
-            kernel = self._flex.flex_attention
-            self._kernel = torch.compile(kernel, dynamic=False) if device.type == "cuda" else kernel
-        return self._kernel
+        return compiled_flex_attention() if device.type == "cuda" else self._flex.flex_attention
 
     def _attend(self, query: Tensor, key: Tensor, value: Tensor, attention_mask: Optional[Tensor],
                 cu_seqlens: Optional[Tensor]) -> Tensor:
         sq, b = query.shape[0], query.shape[1]
-        device = query.device
-        window = self.window
-        cap = self.softcap
-        doc = None
-        if cu_seqlens is not None:
-            doc = document_ids(cu_seqlens.to(device), sq)
-        extra = None if attention_mask is None else ~attention_mask.to(device=device, dtype=torch.bool)
-
-        def mask_mod(batch, head, q_idx, kv_idx):
-            keep = kv_idx <= q_idx
-            if window is not None:
-                keep = keep & (q_idx - kv_idx < window)
-            if doc is not None:
-                keep = keep & (doc[q_idx] == doc[kv_idx])
-            if extra is not None:
-                keep = keep & extra[batch if extra.shape[0] > 1 else 0, 0, q_idx, kv_idx]
-            return keep
-
-        def score_mod(score, batch, head, q_idx, kv_idx):
-            return torch.tanh(score / cap) * cap
-
-        # Block masks depend only on lengths, window and documents: build each once and
-        # share it between layers and steps (not when an explicit attention_mask is given).
-        cache_key = None
-        if extra is None:
-            docs = None if cu_seqlens is None else tuple(cu_seqlens.tolist())
-            cache_key = (sq, key.shape[0], window, docs, str(device))
-        block_mask = _BLOCK_MASKS.get(cache_key) if cache_key is not None else None
-        if block_mask is None:
-            block_mask = self._flex.create_block_mask(
-                mask_mod, B=b if extra is not None and extra.shape[0] > 1 else None, H=None,
-                Q_LEN=sq, KV_LEN=key.shape[0], device=device,
-            )
-            if cache_key is not None:
-                if len(_BLOCK_MASKS) >= _BLOCK_MASK_CACHE_SIZE:
-                    _BLOCK_MASKS.pop(next(iter(_BLOCK_MASKS)))
-                _BLOCK_MASKS[cache_key] = block_mask
-        out = self._attention_kernel(device)(
+        if key.shape[0] != sq:
+            raise ValueError(f"training attention needs equal query ({sq}) and key ({key.shape[0]}) lengths")
+        width = flex_bucket_width(sq)
+        block_mask = self._block_mask(sq, width, query.device, cu_seqlens, attention_mask)
+        if width != sq:  # pad the sequence dimension of [s, b, heads, dim]
+            pad = (0, 0, 0, 0, 0, 0, 0, width - sq)
+            query, key, value = (torch.nn.functional.pad(t, pad) for t in (query, key, value))
+        out = self._attention_kernel(query.device)(
             query.permute(1, 2, 0, 3), key.permute(1, 2, 0, 3), value.permute(1, 2, 0, 3),
-            score_mod=score_mod if cap is not None else None, block_mask=block_mask,
+            score_mod=self._score_mod, block_mask=block_mask,
             scale=self.softmax_scale, enable_gqa=self.heads_per_partition != self.groups_per_partition,
         )
-        return out.permute(2, 0, 1, 3).reshape(sq, b, self.hidden_per_partition)
+        return out[:, :, :sq].permute(2, 0, 1, 3).reshape(sq, b, self.hidden_per_partition)
+
+    def _block_mask(self, sq: int, width: int, device: torch.device, cu_seqlens: Optional[Tensor],
+                    attention_mask: Optional[Tensor]):
+        """This layer's block mask of the micro-batch, built by the first layer of its window
+        variant and looked up by the others (see _MICRO_BATCH_BLOCK_MASKS). The tensors the
+        mask_mod reads (real length, document ids, padded explicit mask) are made once per
+        micro-batch and shared by both window variants. No host sync: all stays on the device."""
+        defining = [t for t in (attention_mask, cu_seqlens) if t is not None]
+        batch_key = (width, sq, device)
+        if defining:
+            # Keyed weakly by the first defining tensor's storage; a second one (documents
+            # and a mask both given) is named by its storage's id, and the entry keeps that
+            # storage alive so that the id cannot be reused while the entry exists.
+            table = _MICRO_BATCH_BLOCK_MASKS.setdefault(defining[0].untyped_storage(), {})
+            batch_key += tuple(_tensor_identity(t) for t in defining)
+            batch_key += tuple(id(t.untyped_storage()) for t in defining[1:])
+        else:
+            table = _PLAIN_BLOCK_MASKS
+        key = batch_key + (self.window,)
+        block_mask = table.get(key)
+        if block_mask is None:
+            while table is _PLAIN_BLOCK_MASKS and len(table) >= _PLAIN_BLOCK_MASKS_SIZE:
+                table.pop(next(iter(table)))  # the oldest
+            inputs = table.get(batch_key)
+            if inputs is None:
+                inputs = table[batch_key] = _mask_inputs(sq, width, device, cu_seqlens, attention_mask, defining[1:])
+            real, doc, allowed, _ = inputs
+            block_mask = table[key] = self._flex.create_block_mask(
+                _flex_mask_mod(real, self.window, doc, allowed),
+                B=None if allowed is None or allowed.shape[0] == 1 else allowed.shape[0], H=None,
+                Q_LEN=width, KV_LEN=width, device=device,
+            )
+        return block_mask
+
+
+def _mask_inputs(sq: int, width: int, device: torch.device, cu_seqlens: Optional[Tensor],
+                 attention_mask: Optional[Tensor], keep_alive: list) -> tuple:
+    """(real length as a 0-dim tensor, document id per slot [width] or None, allowed
+    [b|1, width, width] or None, storages the cache entry keeps alive) at a bucket width."""
+    real = torch.full((), sq, device=device, dtype=torch.int64)  # a fill, not a host-to-device copy
+    doc = None if cu_seqlens is None else document_ids(cu_seqlens.to(device), width)
+    allowed = None
+    if attention_mask is not None:  # megatron's convention: True = masked out
+        mask = attention_mask.to(device=device, dtype=torch.bool)
+        allowed = ~mask.expand(mask.shape[0], 1, sq, sq)[:, 0]
+        allowed = torch.nn.functional.pad(allowed, (0, width - sq, 0, width - sq), value=False)
+    return real, doc, allowed, [t.untyped_storage() for t in keep_alive]
