@@ -338,7 +338,7 @@ def packed_microbatch(obj, audio_token_id: int, seed: int, text_tokens: int = 60
         positions[0, start: start + length] = torch.arange(length)
         start += length
     labels = torch.roll(tokens, -1, dims=1)
-    return {"tokens": tokens, "labels": labels, "position_ids": positions,
+    return {"tokens": tokens, "labels": labels, "position_ids": positions, "packed": True,
             "dataset_index": torch.zeros(1, seq, dtype=torch.long),
             "audio_features": torch.randn(n_samples, enc.num_mel_bins, window, generator=gen),
             "audio_lengths": torch.full((n_samples,), mel, dtype=torch.long),
@@ -351,11 +351,12 @@ def check_throughput(table: Table, name: str, backend: str, core_attention, dry_
     from omegaconf import OmegaConf
     from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
     from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
-    from orchestrator.data.packing import row_document_mask
+    from orchestrator.train.audiollm_provider import model_inputs
     from orchestrator.megatron_args import padded_vocab_size
     from orchestrator.models.audiollm import build_audiollm
     from orchestrator.train import lr_groups as lrg
     from orchestrator.train.lora import apply_lora
+    from orchestrator.train.loop import freeze_model_parts
     from orchestrator.train.step_flops import StepFlops
     from orchestrator.train.metrics import peak_flops
 
@@ -376,11 +377,7 @@ def check_throughput(table: Table, name: str, backend: str, core_attention, dry_
         # The trainer's order: build -> LoRA -> model freezes -> lr groups -> DDP -> optimizer.
         lora_cfg = OmegaConf.to_container(cfg.lora, resolve=True)
         apply_lora(model, lora_cfg, seed=0)
-        prefixes = {"encoder": "encoder.", "adapter": "adapter.", "decoder": "language_model."}
-        frozen = [p for part, p in prefixes.items() if getattr(obj.model, part).freeze]
-        for n, p in model.named_parameters():
-            if any(n.startswith(f) for f in frozen) and ".lora_" not in n:
-                p.requires_grad_(False)
+        freeze_model_parts([model], OmegaConf.to_container(cfg.model, resolve=True))
         lrg.apply_lr_groups([model], lora_cfg["lr_groups"], 1e-4, 1e-5)
         trained = [n for n, p in model.named_parameters() if p.requires_grad]
         counter = StepFlops(obj.model, obj.lora.rank, obj.parallel.recompute,
@@ -390,12 +387,8 @@ def check_throughput(table: Table, name: str, backend: str, core_attention, dry_
                                            [ddp])
         n_micro = plan.num_microbatches
         batches = [packed_microbatch(obj, audio_token_id, seed=i) for i in range(n_micro)]
-        inputs = []
-        for b in batches:
-            pos = b["position_ids"].to(device)
-            inputs.append(dict(input_ids=b["tokens"].to(device), position_ids=pos, labels=b["labels"].to(device),
-                               attention_mask=row_document_mask(pos), audio_features=b["audio_features"].to(device),
-                               audio_lengths=b["audio_lengths"], audio_clip_rows=b["audio_clip_rows"].tolist()))
+        # The provider's own inputs: per-row document mask, clips with their rows.
+        inputs = [model_inputs(b, b["tokens"].shape[1], device) for b in batches]
         counts = [counter.count(b) for b in batches]
         step_model = sum(c["model"] for c in counts)
         step_hw = sum(c["hardware"] for c in counts)

@@ -11,6 +11,6 @@ lora                     LoRA on megatron tensor-parallel linears (and plain lin
 lr_groups                lora.lr_groups -> megatron optimizer param groups
 loop                     the Trainer: model transforms, DDP, optimizer, steps, eval, checkpoints
 checkpoint               dist_checkpointing save/load, atomic publication, keep-last-K
-metrics, flops           loss statistics, throughput/MFU (peak from the device name), W&B, console, loss curve
+metrics                  loss statistics, throughput/MFU (peak from the device name), W&B, console, loss curve
 step_flops               a step's model/hardware FLOPs and real tokens, counted from its micro-batches
 """

@@ -28,15 +28,10 @@ class ModelProvider(Protocol):
     def forward(self, model: torch.nn.Module, batch: dict) -> torch.Tensor:
         """On the last pipeline stage the per-token loss [b, s]; elsewhere the stage output."""
 
-    def flops_per_sample(self, config, seq_length: int, vocab_size: int) -> dict:
-        """{'model': forward+backward FLOPs of one sample by the model's own arithmetic,
-        'hardware': the same counting recomputation}. Used only by a provider without
-        `flop_counter`."""
-
-    # Optional, preferred: flop_counter(trained: set of parameter-name patterns that
-    # train, layer numbers as `*`) -> callable(micro-batch) -> {'model', 'hardware'
-    # FLOPs, 'tokens' (real), 'slots'}: FLOPs counted from what each batch holds
-    # (orchestrator.train.step_flops).
+    def flop_counter(self, trained: set):
+        """`trained`: patterns of the parameter names that train (layer numbers as `*`).
+        Returns micro-batch -> {'model', 'hardware' FLOPs, 'tokens' (real), 'slots'}:
+        FLOPs counted from what each batch holds (orchestrator.train.step_flops)."""
 
 
 class BatchSource(Protocol):

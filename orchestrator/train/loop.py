@@ -33,7 +33,7 @@ from orchestrator.train.lora import apply_lora
 from orchestrator.train.metrics import (LossStats, MetricsWriter, eval_line, memory_gib, peak_flops, plot_loss_curve,
                                         progress_line, throughput)
 from orchestrator.train.run_plan import RunPlan
-from orchestrator.train.step_flops import parameter_pattern, real_tokens
+from orchestrator.train.step_flops import parameter_pattern
 
 log = logging.getLogger(__name__)
 
@@ -60,7 +60,7 @@ class StepResult:
     metrics: dict = field(default_factory=dict)
 
 
-def _freeze_model_parts(chunks, model_cfg: dict) -> None:
+def freeze_model_parts(chunks, model_cfg: dict) -> None:
     """model.{encoder,adapter,decoder}.freeze: base weights of that part stop training
     (LoRA adapters stay trainable)."""
     prefixes = {"encoder": "encoder.", "adapter": "adapter.", "decoder": "language_model."}
@@ -100,7 +100,7 @@ class Trainer:
             self.adapted += apply_lora(chunk, plan.section("lora"), self.seed, b_std=components.lora_b_init_std)
         if init is not None:
             self._log_init(init, chunks)
-        _freeze_model_parts(chunks, plan.section("model"))
+        freeze_model_parts(chunks, plan.section("model"))
         self.unwrapped = chunks
         self.stats = LossStats(components.train_source.dataset_names)
         self.val_stats = LossStats(components.val_source.dataset_names) if components.val_source else None
@@ -191,17 +191,8 @@ class Trainer:
             log.info("%s", describe(init["path"], init))
 
     def _flop_counter(self, provider, chunks) -> Callable[[dict], dict]:
-        """batch -> {'model', 'hardware' FLOPs, 'tokens' (real), 'slots'}: the provider's own
-        counter, told which parameters train on any rank (names with layer numbers as
-        `*`), or else the provider's FLOPs per sample times the batch's rows."""
-        if not hasattr(provider, "flop_counter"):
-            per_sample = provider.flops_per_sample(self.config, self.plan.seq_length, self.plan.padded_vocab_size)
-
-            def count(batch: dict) -> dict:
-                rows = batch["tokens"].shape[0]
-                return {"model": per_sample["model"] * rows, "hardware": per_sample["hardware"] * rows,
-                        "tokens": real_tokens(batch), "slots": batch["tokens"].numel()}
-            return count
+        """batch -> {'model', 'hardware' FLOPs, 'tokens' (real), 'slots'}: the provider's
+        counter, told which parameters train on any rank (names with layer numbers as `*`)."""
         trained = {parameter_pattern(name) for chunk in chunks for name, p in chunk.named_parameters()
                    if p.requires_grad}
         gathered = [None] * self.world_size

@@ -42,8 +42,6 @@ DEVICE_PEAK_FLOPS = (
     (r"\bL4\b", 121e12),
     (r"\bA10G?\b", 125e12),
 )
-# The plan's launcher.gpu_type, used only when the device name matches nothing above.
-PEAK_FLOPS = {"h100": 989.4e12, "h200": 989.4e12, "b200": 2250e12, "a100": 312e12, "l40s": 362e12, "a10g": 125e12}
 
 
 def device_peak_flops(device_name: Optional[str]) -> Optional[float]:
@@ -65,7 +63,12 @@ def peak_flops(device_name: Optional[str], gpu_type: Optional[str]) -> tuple:
     peak = device_peak_flops(device_name)
     if peak is not None:
         return peak, device_name
-    peak = PEAK_FLOPS.get((gpu_type or "").lower())
+    # The plan's launcher.gpu_type (its device table, orchestrator/estimate.py) only when
+    # the device name matches nothing above.
+    from orchestrator.estimate import DEVICES
+
+    device = DEVICES.get((gpu_type or "").lower())
+    peak = device.peak_tflops * 1e12 if device is not None and device.peak_tflops > 0 else None
     if peak is not None:
         return peak, f"launcher.gpu_type={gpu_type} (device name {device_name!r} not in the table)"
     return None, f"device name {device_name!r} and launcher.gpu_type={gpu_type} not in the table"
