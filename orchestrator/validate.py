@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import fnmatch
 import math
+import re
 from dataclasses import dataclass
 from typing import Callable, Iterable, Iterator
 
@@ -380,16 +381,23 @@ def audio_tokens_per_clip(seconds: float, model: ModelConfig) -> int:
     return audio_token_count(mel_frames, model.adapter.frame_stack)
 
 
+# mosaic's size format (streaming.base.util.bytes_to_int), checked here without importing it.
+_CACHE_LIMIT = re.compile(r"^\s*\d+(\.\d+)?\s*(b|kb|mb|gb|tb|pb)?\s*$", re.IGNORECASE)
+
+
 def check_data(data: DataConfig, model: ModelConfig, purpose: str) -> Iterator[Finding]:
     yield from _one_of("data", "data.on_bad_sample", data.on_bad_sample, ("error", "skip"))
     yield from _one_of("data", "data.long_audio", data.long_audio, ("refuse", "chunk"))
     yield from _one_of("data", "data.audio_tokens", data.audio_tokens, ("clip", "window"))
     yield from _one_of("data", "data.wrong_sample_rate", data.wrong_sample_rate, ("resample", "refuse"))
-    if data.num_workers != 0:
-        yield _error(
-            "data_workers",
-            f"data.num_workers={data.num_workers}: decoding runs in the training process; set data.num_workers=0",
-        )
+    if data.num_workers < 0:
+        yield _error("data_workers", f"data.num_workers={data.num_workers} must be >= 0 "
+                                     f"(0 decodes in the training process)")
+    if data.cache_limit is not None and not _CACHE_LIMIT.match(str(data.cache_limit)):
+        yield _error("data", f"data.cache_limit={data.cache_limit!r} is not a size: use bytes or a number with "
+                             f"kb, mb, gb or tb (e.g. 200gb), or null for no limit")
+    if data.download_retry < 0:
+        yield _error("data", f"data.download_retry={data.download_retry} must be >= 0")
     if data.demo_corpus and data.demo_corpus_samples < 1:
         yield _error("data", f"data.demo_corpus_samples={data.demo_corpus_samples} must be >= 1 "
                              f"(training utterances written into data.demo_corpus={data.demo_corpus})")

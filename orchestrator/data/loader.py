@@ -10,15 +10,20 @@
     for name, val in build_validation_loaders(...).items():
         for batch in val: ...              # each set opened only while iterated
 
-Order: every rank walks the same global sample order (one mosaic StreamingDataset
-over all training datasets, shuffled with `seed`, epoch after epoch); sample g
-belongs to data-parallel rank g % dp_size and only that rank decodes it. The state
-is (next global position, positions still waiting in the packing buffer), so a
-resumed loader rebuilds the buffer exactly and repeats or drops nothing.
+Order: data-parallel rank r reads only its own samples, in mosaic's partition of
+each epoch (`sources.RankOrder`: one canonical node per rank, shuffled with `seed`,
+epoch after epoch); position k of the rank's stream is a pure function of (datasets,
+seed, dp_size, r, k). Reading, decoding, resampling, log-mel and tokenizing happen in
+`data.num_workers` worker processes (0: in the training process), in position order,
+at most `data.packing_buffer` samples ahead; packing and collation stay in the
+training process. The state is (next position handed to the packer, positions still
+waiting in the packing buffer): samples in flight in the workers at a checkpoint are
+not in it, so a resumed loader rebuilds the buffer exactly and repeats or drops nothing.
 """
 
 from __future__ import annotations
 
+import weakref
 from collections import Counter
 from typing import Any, Dict, Iterator, List, Optional, Sequence
 
@@ -82,9 +87,9 @@ class SampleProcessor:
                              f"data.seq_length ({cfg.seq_length}); raise data.seq_length or shorten the clip")
         return Example(position, dataset_id, tokenized, clips)
 
-    def features(self, examples: Sequence[Example], cache: Optional["FeatureCache"] = None):
+    def features(self, examples: Sequence[Example]):
         """Log-mel of every clip of `examples`, in order; computed in one batch for those
-        not cached (and cached when there is room)."""
+        that do not carry features yet."""
         todo = [ex for ex in examples if ex.features is None]
         clips = [c for ex in todo for c in ex.clips]
         if clips:
@@ -94,8 +99,6 @@ class SampleProcessor:
                 n = len(ex.clips)
                 ex.features, ex.feature_lengths = feats[at:at + n].clone(), lengths[at:at + n].clone()
                 at += n
-                if cache is not None:
-                    cache.put(ex)
         if not examples:
             return torch.zeros(0, self.num_mel_bins, self.window_frames), torch.zeros(0, dtype=torch.long)
         return (torch.cat([ex.features for ex in examples]), torch.cat([ex.feature_lengths for ex in examples]))
@@ -168,17 +171,83 @@ def _tokenizer(data_cfg, tokenizer_path: Optional[str]):
     return load_tokenizer(path, audio_token=data_cfg.audio_token)
 
 
+class _Cached:
+    """A position whose sample the training process already holds in its FeatureCache."""
+
+    def __init__(self, position: int, sample_id: int, dataset_id: int):
+        self.position, self.sample_id, self.dataset_id = position, sample_id, dataset_id
+
+
+class _Bad:
+    """A position whose sample cannot be used, and why."""
+
+    def __init__(self, position: int, sample_id: int, reason: str):
+        self.position, self.sample_id, self.reason = position, sample_id, reason
+
+
+class SampleReader:
+    """Task (position, sample id, dataset index, cached) -> Example with its log-mel
+    features, _Cached or _Bad: the work of the data workers (a map-style dataset, so
+    torch's DataLoader runs it in worker processes and returns results in task order)."""
+
+    def __init__(self, mixture, processor: SampleProcessor):
+        self.mixture, self.processor = mixture, processor
+
+    def __getitem__(self, task):
+        position, sample_id, dataset_id, cached = task
+        if cached:
+            return _Cached(position, sample_id, dataset_id)
+        raw = self.mixture[sample_id]
+        try:
+            example = self.processor(raw, position, dataset_id)
+        except (AudioError, ValueError) as err:
+            return _Bad(position, sample_id, str(err))
+        example.sample_id = sample_id
+        self.processor.features([example])
+        example.clips = []  # the features are what the batch needs; don't ship the audio back
+        return example
+
+
+def _as_is(item):
+    return item
+
+
+class _Tasks:
+    """The rank's positions from `start` on, as reader tasks; iterated in the training
+    process (by the DataLoader's sampler when there are workers), so it can consult the
+    FeatureCache and the resume bookkeeping. It holds the loader weakly: the loader holds
+    the iterator over these tasks, and a cycle would keep a dropped loader's mosaic
+    shared memory (and its file descriptors) until the next garbage collection."""
+
+    def __init__(self, loader: "TrainLoader", start: int):
+        self.loader, self.start = weakref.proxy(loader), start
+
+    def __iter__(self):
+        loader = self.loader
+        position = self.start
+        while True:
+            if not (position < loader._skip_below and position not in loader._pending_resume):
+                sample_id = loader.order.sample_id(position)
+                dataset_id = int(loader.locator.streams([sample_id])[0])
+                cached = loader.cache is not None and sample_id in loader.cache.items
+                yield position, sample_id, dataset_id, cached
+            position += 1  # else: emitted before the checkpoint
+
+
 class TrainLoader:
     """Infinite iterator of packed micro-batches for one data-parallel rank."""
+
+    ORDER = "mosaic-canonical-node-per-dp-rank"  # saved with the state: what a position means
 
     def __init__(self, data_cfg, encoder_cfg, adapter_cfg, micro_batch_size: int, dp_rank: int, dp_size: int,
                  cp_size: int, seed: int, tokenizer_path: Optional[str] = None):
         if not 0 <= dp_rank < dp_size:
             raise ValueError(f"dp_rank ({dp_rank}) must be in [0, dp_size ({dp_size}))")
-        if data_cfg.num_workers:
-            raise ValueError(f"data.num_workers={data_cfg.num_workers}: decoding runs in the training process; "
-                             f"set data.num_workers=0")
+        if data_cfg.num_workers < 0:
+            raise ValueError(f"data.num_workers={data_cfg.num_workers}; use 0 (decode in the training process) "
+                             f"or more")
         self.cfg, self.mbs, self.dp_rank, self.dp_size, self.seed = data_cfg, micro_batch_size, dp_rank, dp_size, seed
+        self.num_workers = int(data_cfg.num_workers)
         pad_multiple = 2 * cp_size if (cp_size > 1 and data_cfg.packing) else 1
         self.processor = SampleProcessor(data_cfg, encoder_cfg, adapter_cfg, _tokenizer(data_cfg, tokenizer_path),
                                          pad_multiple)
@@ -187,69 +256,71 @@ class TrainLoader:
             raise ValueError("data.train lists no datasets")
         self.names = sources.stream_names(self.datasets)
         self.mixture = sources.open_mixture(self.datasets, seed=seed, shuffle=data_cfg.shuffle,
-                                            cache_root=sources.process_cache_root(data_cfg.cache_dir))
+                                            cache_root=sources.process_cache_root(data_cfg.cache_dir),
+                                            canonical_nodes=dp_size, cache_limit=data_cfg.cache_limit,
+                                            download_retry=data_cfg.download_retry)
         self.epoch_size = int(self.mixture.epoch_size)
+        self.order = sources.RankOrder(self.mixture, dp_rank, dp_size)
+        self.locator = sources.SampleLocator(self.mixture, self.datasets)
+        self.reader = SampleReader(self.mixture, self.processor)
         self.packer = Packer(data_cfg.seq_length, micro_batch_size, data_cfg.packing_buffer, data_cfg.packing,
                              pad_multiple)
         self.bad = BadSamples(data_cfg.on_bad_sample)
         self.cache = FeatureCache(data_cfg.feature_cache_mb) if data_cfg.feature_cache_mb > 0 else None
-        self.next_position = 0  # global position of the next sample to draw
+        self.next_position = 0  # the rank's position of the next sample to hand to the packer
         self._skip_below = 0  # after a resume: positions below this were emitted unless pending
         self._pending_resume: set = set()
-        self._iter: Optional[Iterator] = None
-        self._iter_epoch = -1
+        self._results: Optional[Iterator] = None
+        self._workers = None  # the DataLoader iterator that owns the worker processes
         self.micro_batches = 0
 
     # ---------------------------------------------------------------- sample stream
-    def _start(self, position: int) -> None:
-        epoch, offset = divmod(position, self.epoch_size)
-        self.mixture.load_state_dict({"epoch": epoch, "sample_in_epoch": offset, "num_canonical_nodes": 1,
-                                      "shuffle_seed": self.seed, "initial_physical_nodes": 1})
-        self._iter = iter(self.mixture)
-        self._iter_epoch = epoch
-        self.next_position = position
+    def _open(self, start: int) -> None:
+        self.close()
+        tasks = _Tasks(self, start)
+        if not self.num_workers:
+            self._results = map(self.reader.__getitem__, iter(tasks))
+            return
+        from torch.utils.data import DataLoader
 
-    def _draw(self) -> Dict[str, Any]:
-        if self._iter is None:
-            self._start(self.next_position)
-        while True:
-            try:
-                raw = next(self._iter)
-                break
-            except StopIteration:
-                self._start((self._iter_epoch + 1) * self.epoch_size)
-        return raw
+        # At most packing_buffer samples in flight: with the packer's own buffer, memory
+        # stays within twice the look-ahead the user set. fork: the workers inherit the
+        # opened mixture and tokenizer instead of unpickling them.
+        prefetch = max(2, -(-int(self.cfg.packing_buffer) // self.num_workers))
+        self._workers = iter(DataLoader(self.reader, sampler=tasks, batch_size=None, collate_fn=_as_is,
+                                        num_workers=self.num_workers, prefetch_factor=prefetch,
+                                        multiprocessing_context="fork", persistent_workers=False))
+        self._results = self._workers
+
+    def close(self) -> None:
+        """Stop the worker processes (a later batch starts new ones)."""
+        workers, self._workers, self._results = self._workers, None, None
+        if workers is not None:
+            workers._shutdown_workers()
 
     def _fill(self) -> None:
-        drawn_without_use = 0
+        unusable = 0
+        if self._results is None:
+            self._open(min(sorted(self._pending_resume) + [self.next_position]))
         while not self.packer.full():
-            drawn_without_use += 1
-            if drawn_without_use > self.epoch_size + self.dp_size:
-                raise BadSampleError(f"a whole epoch of the training mixture ({self.epoch_size} samples) gave no "
-                                     f"usable sample for data-parallel rank {self.dp_rank}; skipped so far: "
-                                     f"{self.bad.as_dict()}")
-            raw = self._draw()
-            position = self.next_position
-            self.next_position += 1
-            if position % self.dp_size != self.dp_rank:
+            result = next(self._results)
+            self.next_position = max(self.next_position, result.position + 1)
+            if isinstance(result, _Bad):
+                unusable += 1
+                if unusable > self.order.per_epoch:
+                    raise BadSampleError(f"a whole epoch of the training mixture ({self.order.per_epoch} samples "
+                                         f"of data-parallel rank {self.dp_rank}) gave no usable sample; skipped so "
+                                         f"far: {self.bad.as_dict()}")
+                self.bad.handle(self.locator(result.sample_id), result.reason)
                 continue
-            if position < self._skip_below and position not in self._pending_resume:
-                continue  # emitted before the checkpoint
-            sample_id = int(raw["__sample_id__"])
-            where = sources.locate(self.mixture, sample_id, self.datasets)
-            cached = self.cache.get(sample_id, position, where["stream_id"]) if self.cache else None
-            if cached is not None:
-                self.packer.add(cached)
-                drawn_without_use = 0
-                continue
-            try:
-                example = self.processor(raw, position, where["stream_id"])
-                example.sample_id = sample_id
-            except (AudioError, ValueError) as err:
-                self.bad.handle(where, str(err))
-                continue
+            if isinstance(result, _Cached):
+                example = self.cache.get(result.sample_id, result.position, result.dataset_id)
+            else:
+                example = result
+                if self.cache is not None:
+                    self.cache.put(example)
             self.packer.add(example)
-            drawn_without_use = 0
+            unusable = 0
 
     # ---------------------------------------------------------------- iterator
     def __iter__(self) -> "TrainLoader":
@@ -261,28 +332,28 @@ class TrainLoader:
         self.micro_batches += 1
         return collate(rows, self.cfg.seq_length, self.processor.pad_id, self.processor.pad_multiple, self.names,
                        self.processor.prompts.audio_token_id, num_rows=self.mbs,
-                       features_fn=lambda examples: self.processor.features(examples, self.cache),
-                       packed=self.cfg.packing)
+                       features_fn=self.processor.features, packed=self.cfg.packing)
 
     # ---------------------------------------------------------------- checkpoint
     def state_dict(self) -> Dict[str, Any]:
         return {"next_position": self.next_position, "pending": self.packer.pending_positions(),
-                "dp_rank": self.dp_rank, "dp_size": self.dp_size, "seed": self.seed,
+                "dp_rank": self.dp_rank, "dp_size": self.dp_size, "seed": self.seed, "order": self.ORDER,
                 "epoch_size": self.epoch_size, "datasets": self.names, "micro_batches": self.micro_batches,
                 "bad_samples": self.bad.as_dict()}
 
     def load_state_dict(self, state: Dict[str, Any]) -> None:
         mismatched = [f"{k}: saved {state.get(k)!r}, now {v!r}" for k, v in
                       (("dp_size", self.dp_size), ("dp_rank", self.dp_rank), ("seed", self.seed),
-                       ("epoch_size", self.epoch_size), ("datasets", self.names)) if state.get(k) != v]
+                       ("order", self.ORDER), ("epoch_size", self.epoch_size), ("datasets", self.names))
+                      if state.get(k) != v]
         if mismatched:
             raise ValueError("the data loader state does not match this run (" + "; ".join(mismatched) +
-                             "); resume with the same datasets, seed and data-parallel size")
-        pending = [int(p) for p in state["pending"]]
+                             "); resume with the same datasets, seed and data-parallel size (a state saved "
+                             "before the sample order was per rank has no 'order' and cannot be resumed)")
+        self.close()
         self.packer.buffer = []
-        self._pending_resume = set(pending)
-        self._skip_below = int(state["next_position"])
-        self._start(min(pending + [self._skip_below]))
+        self._pending_resume = {int(p) for p in state["pending"]}
+        self._skip_below = self.next_position = int(state["next_position"])
         self.micro_batches = int(state["micro_batches"])
         self.bad.counts = Counter(state.get("bad_samples", {}))
 
@@ -315,6 +386,7 @@ class ValidationSuite:
             self._mixture = sources.open_mixture(self.datasets, seed=0, shuffle=False,
                                                  cache_root=sources.process_cache_root(self.cache_dir),
                                                  proportional=False)
+            self.locator = sources.SampleLocator(self._mixture, self.datasets)
         return self._mixture
 
     def sample_ids(self, k: int) -> range:
@@ -350,7 +422,7 @@ class ValidationSet:
             try:
                 packer.add(self.processor(raw, position, 0))
             except (AudioError, ValueError) as err:
-                self.bad.handle(sources.locate(mixture, sample_id, self.suite.datasets), str(err))
+                self.bad.handle(self.suite.locator(sample_id), str(err))
                 continue
             transcripts[position] = str(raw.get(self.cfg.text_field, "")).strip()
             if packer.full():

@@ -1,18 +1,21 @@
-"""MDS datasets of a data config -> one mosaic `StreamingDataset` with one `Stream` each.
+"""MDS datasets of a data config -> one mosaic `StreamingDataset` with one `Stream` each,
+and the sample ids each data-parallel rank reads.
 
 One StreamingDataset with many Streams (mosaic's own proportional mixing) keeps the
 open files and shared memory constant however many datasets are listed; one
 StreamingDataset per dataset runs out of file descriptors after a few dozen.
 
 Every process opens its own single-rank view of the mixture (mosaic's world is
-set to rank 0 of 1 while the dataset is built): the sample order is then a pure
-function of (datasets, weights, seed, epoch), identical on every rank, and the
-loader deals samples to data-parallel ranks by position (sample g goes to rank
-g % dp_size). Tensor/context/pipeline-parallel peers of a data-parallel rank thus
-see the same samples without any knowledge of Megatron's rank layout. Local
-datasets are read in place; remote ones are cached under a directory unique to
-the process, so concurrent runs and tests never share mosaic's cache or its
-shared-memory registrations.
+set to rank 0 of 1 while the dataset is built) and reads samples by id. Which ids,
+in which order, is mosaic's own partition of the epoch (`RankOrder`): the training
+mixture has one canonical node per data-parallel rank, so rank r walks canonical
+node r's contiguous, shard-aware shuffled span of the epoch and touches about
+1/dp_size of the shards. The order is a pure function of (datasets, weights, seed,
+epoch, dp_size, dp_rank); tensor/context/pipeline-parallel peers of a data-parallel
+rank compute the same order and each read the same samples, without any knowledge
+of Megatron's rank layout. Local datasets are read in place; remote ones are cached
+under a directory unique to the process, so concurrent runs and tests never share
+mosaic's cache or its shared-memory registrations.
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Dict, Iterator, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence
 
 REMOTE_SCHEMES = ("s3://", "gs://", "oci://", "azure://", "azure-dl://", "hf://", "dbfs:", "sftp://", "http://",
                   "https://")
@@ -163,8 +166,14 @@ def _dataset_class():
 
 
 def open_mixture(datasets: Sequence[ResolvedDataset], seed: int, shuffle: bool, cache_root: str,
-                 proportional: bool = True):
-    """One StreamingDataset over all datasets; weights become stream proportions."""
+                 proportional: bool = True, canonical_nodes: int = 1, cache_limit: Optional[str] = None,
+                 download_retry: int = 2):
+    """One StreamingDataset over all datasets; weights become stream proportions.
+
+    canonical_nodes: mosaic's unit of partition (one per data-parallel rank for training);
+    cache_limit: most bytes of remote shards kept under cache_root (mosaic evicts the
+    least recently used shard beyond it; None: no limit); download_retry: mosaic's
+    re-attempts of a failed shard download."""
     from streaming import Stream
 
     def make_streams():
@@ -173,7 +182,7 @@ def open_mixture(datasets: Sequence[ResolvedDataset], seed: int, shuffle: bool, 
             remote = d.path if is_remote(d.path) else None
             local = os.path.join(cache_root, f"{i:05d}") if remote else os.path.abspath(d.path)
             kwargs = {"proportion": d.weight} if proportional and len(datasets) > 1 else {}
-            streams.append(Stream(remote=remote, local=local, **kwargs))
+            streams.append(Stream(remote=remote, local=local, download_retry=download_retry, **kwargs))
         return streams
 
     cls = _dataset_class()
@@ -184,8 +193,11 @@ def open_mixture(datasets: Sequence[ResolvedDataset], seed: int, shuffle: bool, 
         streams = make_streams()
         try:
             with single_rank_world():
-                return cls(streams=streams, shuffle=shuffle, shuffle_seed=seed, num_canonical_nodes=1,
-                           batch_size=1, replication=None, allow_unsafe_types=False)
+                # shuffle_block_size: mosaic's own default, set here because mosaic only fills it
+                # in when iterated, and the order is computed without iterating.
+                return cls(streams=streams, shuffle=shuffle, shuffle_seed=seed, num_canonical_nodes=canonical_nodes,
+                           shuffle_block_size=max(4_000_000 // canonical_nodes, 1 << 18), batch_size=1,
+                           replication=None, allow_unsafe_types=False, cache_limit=cache_limit)
         except FileExistsError as err:
             # Two processes registered the same free shared-memory prefix at once; the next
             # attempt finds the following one.
@@ -194,24 +206,76 @@ def open_mixture(datasets: Sequence[ResolvedDataset], seed: int, shuffle: bool, 
     raise RuntimeError(f"could not register mosaic shared memory after 20 attempts: {last_err}")
 
 
-def locate(dataset, sample_id: int, datasets: Sequence[ResolvedDataset]) -> Dict[str, Any]:
-    """Global sample id -> dataset name, shard file and index within the dataset."""
-    shard_id, in_shard = dataset.spanner[sample_id]
-    stream_id = int(dataset.stream_per_shard[shard_id])
-    shard = dataset.shards[shard_id]
-    first_shard = int(dataset.shard_offset_per_stream[stream_id])
-    in_dataset = int(sum(s.samples for s in dataset.shards[first_shard:shard_id])) + int(in_shard)
-    return {
-        "dataset": datasets[stream_id].name,
-        "stream_id": stream_id,
-        "shard": os.path.join(datasets[stream_id].path, shard.raw_data.basename),
-        "index": in_dataset,
-    }
+class RankOrder:
+    """The sample ids data-parallel rank `dp_rank` of `dp_size` reads, epoch after epoch.
+
+    Mosaic's own partition (`streaming.base.batching.generate_work`) of each epoch over a
+    world of dp_size nodes with one rank and one worker each, the mixture having
+    dp_size canonical nodes: rank r gets canonical node r's span, resampled by stream
+    proportion and shuffled with the mixture's seed. Mosaic pads the epoch with a few
+    repeated samples so that every rank gets the same count (`per_epoch`). Position k of
+    the rank's stream is sample `per_epoch`-th of epoch k // per_epoch.
+    """
+
+    def __init__(self, mixture, dp_rank: int, dp_size: int):
+        if int(mixture.num_canonical_nodes) != dp_size:
+            raise ValueError(f"the mixture has {mixture.num_canonical_nodes} canonical nodes; the order of "
+                             f"{dp_size} data-parallel ranks needs one per rank (open_mixture canonical_nodes)")
+        self.mixture, self.dp_rank, self.dp_size = mixture, dp_rank, dp_size
+        self._epoch = -1
+        self._ids = None
+        self.per_epoch = len(self.epoch_ids(0))
+
+    def epoch_ids(self, epoch: int):
+        if epoch != self._epoch:
+            from streaming.base.batching import generate_work
+            from streaming.base.world import World
+
+            world = World(num_nodes=self.dp_size, ranks_per_node=1, workers_per_rank=1, worker=self.dp_rank)
+            work = generate_work(self.mixture.batching_method, self.mixture, world, epoch, 0)
+            ids = work[self.dp_rank].reshape(-1)
+            self._ids, self._epoch = ids[ids >= 0], epoch
+        return self._ids
+
+    def sample_id(self, position: int) -> int:
+        epoch, offset = divmod(position, self.per_epoch)
+        return int(self.epoch_ids(epoch)[offset])
+
+
+class SampleLocator:
+    """Sample id -> dataset, shard and index within the dataset, from arrays built once:
+    the cost per sample does not grow with the number of shards or datasets."""
+
+    def __init__(self, mixture, datasets: Sequence[ResolvedDataset]):
+        import numpy as np
+
+        self.datasets = list(datasets)
+        self.mixture = mixture
+        per_shard = np.asarray(mixture.samples_per_shard, dtype=np.int64)
+        self.shard_start = np.concatenate([[0], np.cumsum(per_shard)[:-1]])
+        self.stream_per_shard = np.asarray(mixture.stream_per_shard, dtype=np.int64)
+        self.stream_start = self.shard_start[np.asarray(mixture.shard_offset_per_stream, dtype=np.int64)]
+
+    def shards(self, sample_ids):
+        import numpy as np
+
+        return np.searchsorted(self.shard_start, np.asarray(sample_ids, dtype=np.int64), side="right") - 1
+
+    def streams(self, sample_ids):
+        """The stream (dataset index) of each sample id."""
+        return self.stream_per_shard[self.shards(sample_ids)]
+
+    def __call__(self, sample_id: int) -> Dict[str, Any]:
+        shard_id = int(self.shards([sample_id])[0])
+        stream_id = int(self.stream_per_shard[shard_id])
+        return {
+            "dataset": self.datasets[stream_id].name,
+            "stream_id": stream_id,
+            "shard": os.path.join(self.datasets[stream_id].path, self.mixture.shards[shard_id].raw_data.basename),
+            "index": int(sample_id) - int(self.stream_start[stream_id]),
+        }
 
 
 def stream_names(datasets: Sequence[ResolvedDataset]) -> List[str]:
     return [d.name for d in datasets]
 
-
-def iterate(dataset) -> Iterator[Dict[str, Any]]:
-    return iter(dataset)

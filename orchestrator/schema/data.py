@@ -40,12 +40,23 @@ class DataConfig:
     sample_rate_field: str = "sample_rate"  # MDS column with the rate of a raw-array audio column
     text_field: str = "text"  # MDS column with the transcript
     packing: bool = True
-    packing_buffer: int = 256  # samples looked ahead to fill packed rows
+    # Samples looked ahead to fill packed rows; also the most samples the data workers
+    # prepare ahead of the packer (memory: about twice this many samples' features).
+    packing_buffer: int = 256
     shuffle: bool = True  # shuffle the training mixture (validation is never shuffled)
     on_bad_sample: str = "error"  # error | skip (skipped samples are counted in the metrics)
     # Local cache of remote (s3://, gs://, ...) datasets; local datasets are read in place.
-    # None: a directory under the system temp dir, unique per process.
+    # None: a directory under the system temp dir. Each process caches in its own
+    # subdirectory, fetching a shard when one of its samples is first read.
     cache_dir: Optional[str] = None
+    # Most bytes of remote shards each process keeps in its cache (mosaic's cache_limit:
+    # bytes, or a number with kb/mb/gb/tb, e.g. "200gb"); the least recently used shard
+    # is evicted beyond it. Mosaic needs at least 4x the largest shard. None: no limit.
+    cache_limit: Optional[str] = None
+    # Re-attempts of a failed shard download before the run stops with an error naming
+    # the dataset and shard (credentials come from the environment, e.g. AWS_* and
+    # S3_ENDPOINT_URL, and are never written to the run directory).
+    download_retry: int = 2
     # Keep tokenized samples and their log-mel features in memory up to this many MiB,
     # so later epochs of a small corpus skip decoding and the STFT. 0: off.
     feature_cache_mb: int = 0
@@ -58,5 +69,7 @@ class DataConfig:
     # The demo corpus of one espeak-ng voice's accent only (the fine-tuning demo,
     # recipe tiny_cpu_finetune); None: the default 48-voice corpus.
     demo_corpus_accent: Optional[str] = None
+    # Worker processes per training process that read, decode, resample, compute log-mel
+    # and tokenize ahead of the step; 0: all of it in the training process, between steps.
     num_workers: int = 0
     seed: int = 17

@@ -273,6 +273,9 @@ class Trainer:
         self.stats_for_batch = self.stats
         start = time.perf_counter()
         microbatches = [source.next_microbatch() for _ in range(self.plan.num_microbatches)]
+        # The step waits for its data here (reading and decoding when data.num_workers=0,
+        # only packing and collation when workers prepare samples ahead).
+        data_wait = time.perf_counter() - start
         for chunk in self.chunks:
             chunk.train()
             chunk.zero_grad_buffer()
@@ -293,6 +296,7 @@ class Trainer:
         metrics.update(throughput(elapsed, self._step_counts(microbatches), self.world_size, self.peak_flops))
         metrics.update(memory_gib())
         metrics["step_time_s"] = elapsed
+        metrics["data_wait_s"] = data_wait
         return metrics
 
     # ---- evaluation --------------------------------------------------------------------

@@ -86,23 +86,85 @@ def test_feature_cache_gives_the_same_batches(three_datasets, tokenizer_dir, enc
     assert 50 < len(cached.cache.items) <= 90 and 0 < cached.cache.used <= 64 << 20
 
 
-def test_data_parallel_ranks_split_the_samples(three_datasets, tokenizer_dir, encoder_cfg, adapter_cfg):
-    cfg = data_config(_entries(three_datasets), tokenizer=str(tokenizer_dir), packing=False)
-    full = build_train_loader(cfg, encoder_cfg, adapter_cfg, micro_batch_size=1, seed=1)
-    order = [next(full)["tokens"][0] for _ in range(12)]
+def record_reads(loader, path):
+    """Append the id of every sample `loader` reads from its MDS shards to `path`, one per
+    line (from the training process and from its forked data workers alike)."""
+    mixture = loader.reader.mixture
+    read = mixture.get_item
+
+    def get_item(sample_id, retry=7):
+        with open(path, "a") as f:
+            f.write(f"{int(sample_id)}\n")
+        return read(sample_id, retry)
+
+    mixture.get_item = get_item
+
+
+def read_ids(path):
+    return [int(line) for line in open(path)] if os.path.exists(path) else []
+
+
+def test_data_parallel_ranks_read_only_their_share(three_datasets, tmp_path, tokenizer_dir, encoder_cfg,
+                                                   adapter_cfg):
+    cfg = data_config(_entries(three_datasets), tokenizer=str(tokenizer_dir), packing=False, packing_buffer=4)
+    single = build_train_loader(cfg, encoder_cfg, adapter_cfg, micro_batch_size=1, seed=1)
+    epoch = Counter(single.order.epoch_ids(0).tolist())
     ranks = [build_train_loader(cfg, encoder_cfg, adapter_cfg, micro_batch_size=1, dp_rank=r, dp_size=3, seed=1)
              for r in range(3)]
+    per_epoch = ranks[0].order.per_epoch
+    assert all(r.order.per_epoch == per_epoch for r in ranks) and 3 * per_epoch >= single.epoch_size
+    # Mosaic's partition: the ranks' epochs together are the single rank's epoch, plus
+    # the few repeats that make it divide by 3.
+    together = Counter(i for r in ranks for i in r.order.epoch_ids(0).tolist())
+    assert not (epoch - together) and sum((together - epoch).values()) == 3 * per_epoch - sum(epoch.values())
     states = []
-    for step in range(4):
-        states.append([ranks[r].state_dict() for r in range(3)])
-        for r in range(3):
-            assert torch.equal(next(ranks[r])["tokens"][0], order[3 * step + r])
+    for r, loader in enumerate(ranks):
+        record_reads(loader, tmp_path / f"reads{r}")
+        states.append([])
+        for _ in range(per_epoch):
+            states[r].append(loader.state_dict())
+            next(loader)
+        # A rank reads its own samples, in its order: the epoch's share and the packing
+        # buffer's look-ahead into the next epoch, nothing else.
+        own = loader.order.epoch_ids(0).tolist() + loader.order.epoch_ids(1).tolist()
+        reads = read_ids(tmp_path / f"reads{r}")
+        assert per_epoch <= len(reads) <= per_epoch + 4 and reads == own[:len(reads)]
     # A rank resumed from its checkpoint continues with its own next sample.
     resumed = build_train_loader(cfg, encoder_cfg, adapter_cfg, micro_batch_size=1, dp_rank=1, dp_size=3, seed=1)
-    resumed.load_state_dict(states[2][1])
-    assert torch.equal(next(resumed)["tokens"][0], order[3 * 2 + 1])
+    resumed.load_state_dict(states[1][5])
+    again = build_train_loader(cfg, encoder_cfg, adapter_cfg, micro_batch_size=1, dp_rank=1, dp_size=3, seed=1)
+    for _ in range(5):
+        next(again)
+    assert torch.equal(next(resumed)["tokens"], next(again)["tokens"])
     with pytest.raises(ValueError, match="dp_rank: saved 0, now 1"):
-        resumed.load_state_dict(states[2][0])
+        resumed.load_state_dict(states[0][2])
+    with pytest.raises(ValueError, match="order: saved None"):
+        resumed.load_state_dict({k: v for k, v in states[1][2].items() if k != "order"})
+
+
+def test_workers_give_the_same_batches_and_resume_exactly(three_datasets, tokenizer_dir, encoder_cfg, adapter_cfg):
+    cfg = data_config(_entries(three_datasets), tokenizer=str(tokenizer_dir), packing_buffer=8)
+    plain = build_train_loader(cfg, encoder_cfg, adapter_cfg, micro_batch_size=2, seed=7)
+    cfg.num_workers = 2
+    workers = build_train_loader(cfg, encoder_cfg, adapter_cfg, micro_batch_size=2, seed=7)
+    states, batches = [], []
+    for _ in range(30):  # past the first epoch boundary
+        states.append(workers.state_dict())
+        got = next(workers)
+        expected = next(plain)
+        assert torch.equal(got["tokens"], expected["tokens"]) and got["sample_datasets"] == expected["sample_datasets"]
+        assert torch.equal(got["audio_features"], expected["audio_features"])
+        batches.append(got)
+    assert states[-1]["next_position"] > workers.order.per_epoch
+    for k in (3, 17):  # samples were in flight in the workers when these states were taken
+        resumed = build_train_loader(cfg, encoder_cfg, adapter_cfg, micro_batch_size=2, seed=7)
+        resumed.load_state_dict(states[k])
+        for j in range(k, k + 5):
+            got = next(resumed)
+            assert torch.equal(got["tokens"], batches[j]["tokens"]), (k, j)
+            assert torch.equal(got["audio_features"], batches[j]["audio_features"])
+        resumed.close()
+    workers.close()
 
 
 def test_seven_hundred_datasets_in_one_mixture(tmp_path, tokenizer_dir, encoder_cfg, adapter_cfg):
@@ -233,8 +295,8 @@ def test_corrupt_shard_names_the_shard(tmp_path, tokenizer_dir, encoder_cfg, ada
 
 
 @pytest.mark.multiprocess
-def test_torchrun_ranks_read_disjoint_shares_of_one_order(three_datasets, tmp_path, tokenizer_dir, encoder_cfg,
-                                                          adapter_cfg):
+def test_torchrun_ranks_with_workers_read_half_each_and_resume_exactly(three_datasets, tmp_path, tokenizer_dir,
+                                                                       encoder_cfg, adapter_cfg):
     import json
     import socket
     import subprocess
@@ -243,9 +305,11 @@ def test_torchrun_ranks_read_disjoint_shares_of_one_order(three_datasets, tmp_pa
 
     from omegaconf import OmegaConf
 
-    cfg = data_config(_entries(three_datasets), tokenizer=str(tokenizer_dir), packing=False,
-                      validation=[DatasetEntry(name="val_beta", path=str(three_datasets / "beta"))])
-    spec = {"data": OmegaConf.to_container(cfg), "seed": 11, "batches": 6}
+    cfg = data_config(_entries(three_datasets), tokenizer=str(tokenizer_dir), packing=False, packing_buffer=4,
+                      num_workers=2, validation=[DatasetEntry(name="val_beta", path=str(three_datasets / "beta"))])
+    single = build_train_loader(cfg, encoder_cfg, adapter_cfg, micro_batch_size=1, seed=11)
+    epoch = Counter(single.order.epoch_ids(0).tolist())
+    spec = {"data": OmegaConf.to_container(cfg), "seed": 11, "resume_at": 9, "after": 6}
     (tmp_path / "spec.json").write_text(json.dumps(spec))
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -258,10 +322,20 @@ def test_torchrun_ranks_read_disjoint_shares_of_one_order(three_datasets, tmp_pa
                            str(tmp_path)], capture_output=True, text=True, timeout=300, env=env, cwd=repo)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
-    single = build_train_loader(cfg, encoder_cfg, adapter_cfg, micro_batch_size=1, seed=11)
-    order = [next(single)["tokens"][0].tolist() for _ in range(12)]
-    assert ranks[0]["train"] == order[0::2] and ranks[1]["train"] == order[1::2]
-    assert ranks[0]["total"] == 12
+    per_epoch = ranks[0]["per_epoch"]
+    assert per_epoch == ranks[1]["per_epoch"] and 2 * per_epoch - sum(epoch.values()) in (0, 1, 2)
+    # Each rank read its half of the epoch plus at most what was in flight (the packing
+    # buffer and 2 workers x 2 prefetched samples) - not the other rank's samples.
+    shares = [Counter(r["epoch_ids"][:per_epoch]) for r in ranks]
+    for r, rank in enumerate(ranks):
+        reads = Counter(read_ids(tmp_path / f"reads{r}"))
+        assert not (shares[r] - reads), f"rank {r} did not read all of its share"
+        extra = reads - shares[r]
+        assert sum(extra.values()) <= 4 + 2 * 2, (r, extra)
+        assert not (extra - Counter(rank["epoch_ids"][per_epoch:])), "read beyond its own order"
+    assert not (epoch - (shares[0] + shares[1]))  # the union is the whole epoch
+    for rank in ranks:
+        assert rank["resumed"] == rank["continued"]  # same batches after a resume with workers
     v0, v1 = ranks[0]["val"]["val_beta"], ranks[1]["val"]["val_beta"]
     full = [t for b in build_validation_loaders(cfg, encoder_cfg, adapter_cfg, 2)["val_beta"] for t in b["transcripts"]]
     assert len(v0) == len(v1) == 15 and sorted(v0 + v1) == sorted(full)

@@ -55,6 +55,9 @@ def test_default_command_makes_the_demo_corpus_trains_and_prints_wer(tmp_path):
     (run_dir,) = (tmp_path / "outputs" / "tiny_cpu").iterdir()
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == list(range(1, ITERS + 1))
+    # The time each step waited for its micro-batches is logged, and is part of the step.
+    assert all(0 < r["data_wait_s"] < r["step_time_s"] for r in rows)
+    assert all(" | data wait " in line for line in out.splitlines() if line.startswith("[#") or line.startswith("[."))
     evaluated = [r for r in rows if "wer/all" in r]
     assert [r["step"] for r in evaluated] == [3, ITERS]
     # A WER per validation set, on the utterances decoded (a few steps do not transcribe
