@@ -30,7 +30,7 @@ from typing import Any, Dict, Iterator, List, Optional, Sequence
 import numpy as np
 import torch
 
-from orchestrator.data import mel, sources
+from orchestrator.data import mel, remote, sources
 from orchestrator.data.audio import AudioError, load_audio
 from orchestrator.data.packing import Example, Packer, collate
 from orchestrator.data.prompts import PromptBuilder, audio_placeholder_count
@@ -254,6 +254,7 @@ class TrainLoader:
         self.datasets = sources.resolve_entries(data_cfg.train)
         if not self.datasets:
             raise ValueError("data.train lists no datasets")
+        remote.check_remote_datasets(self.datasets)  # one error for every unreadable one, before mosaic
         self.names = sources.stream_names(self.datasets)
         self.mixture = sources.open_mixture(self.datasets, seed=seed, shuffle=data_cfg.shuffle,
                                             cache_root=sources.process_cache_root(data_cfg.cache_dir),
@@ -375,17 +376,18 @@ class ValidationSuite:
     datasets cost no more files than one. Samples are read by index (no shuffle, no
     epoch machinery): dataset k owns the contiguous sample ids of its stream."""
 
-    def __init__(self, datasets: Sequence[sources.ResolvedDataset], cache_dir: Optional[str]):
+    def __init__(self, datasets: Sequence[sources.ResolvedDataset], data_cfg):
         self.datasets = list(datasets)
-        self.cache_dir = cache_dir
+        self.cfg = data_cfg
         self._mixture = None
 
     @property
     def mixture(self):
         if self._mixture is None:
             self._mixture = sources.open_mixture(self.datasets, seed=0, shuffle=False,
-                                                 cache_root=sources.process_cache_root(self.cache_dir),
-                                                 proportional=False)
+                                                 cache_root=sources.process_cache_root(self.cfg.cache_dir),
+                                                 proportional=False, cache_limit=self.cfg.cache_limit,
+                                                 download_retry=self.cfg.download_retry)
             self.locator = sources.SampleLocator(self._mixture, self.datasets)
         return self._mixture
 
@@ -450,7 +452,8 @@ def build_validation_loaders(data_cfg, encoder_cfg, adapter_cfg, micro_batch_siz
     pad_multiple = 2 * cp_size if (cp_size > 1 and data_cfg.packing) else 1
     processor = SampleProcessor(data_cfg, encoder_cfg, adapter_cfg, _tokenizer(data_cfg, tokenizer_path), pad_multiple)
     datasets = sources.resolve_entries(data_cfg.validation)
-    suite = ValidationSuite(datasets, data_cfg.cache_dir)
+    remote.check_remote_datasets(datasets)
+    suite = ValidationSuite(datasets, data_cfg)
     return {d.name: ValidationSet(suite, k, processor, data_cfg, micro_batch_size, dp_rank, dp_size)
             for k, d in enumerate(datasets)}
 

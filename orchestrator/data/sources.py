@@ -147,16 +147,46 @@ def process_cache_root(cache_dir: Optional[str]) -> str:
     return os.path.join(base, f"pid{os.getpid()}-{uuid.uuid4().hex[:8]}")
 
 
+class ShardFetchError(RuntimeError):
+    """A remote shard that could not be fetched after mosaic's retries: the run stops
+    (whatever data.on_bad_sample says), naming the dataset, the shard and the cause."""
+
+
 def _dataset_class():
     from streaming import StreamingDataset
 
     class LocatedStreamingDataset(StreamingDataset):
-        """Samples carry their global id; a failed read returns a marker instead of raising,
-        so one bad shard does not end the iteration (the loader decides: error or skip)."""
+        """Samples carry their global id; a sample that cannot be parsed returns a marker
+        instead of raising, so one bad shard does not end the stream (the loader decides:
+        error or skip). A shard that cannot be fetched raises ShardFetchError."""
+
+        dataset_names: Sequence[str] = ()  # per stream, for messages
+
+        def prepare_shard(self, shard_id: int, blocking: bool = True) -> None:
+            try:
+                super().prepare_shard(shard_id, blocking)
+            except Exception as err:
+                from streaming.base.dataset import _ShardState
+
+                from orchestrator.data.remote import describe_download_error
+
+                # Mosaic marks the shard PREPARING before downloading and LOCAL only on
+                # success: left so, every later read of it (in any worker: the state is in
+                # shared memory) would wait forever.
+                with self._cache_filelock:
+                    if self._shard_states[shard_id] == _ShardState.PREPARING:
+                        self._shard_states[shard_id] = _ShardState.REMOTE
+                stream_id = int(self.stream_per_shard[shard_id])
+                stream = self.streams[stream_id]
+                uri = os.path.join(stream.remote or stream.local, self.shards[shard_id].raw_data.basename)
+                name = self.dataset_names[stream_id] if self.dataset_names else f"stream {stream_id}"
+                raise ShardFetchError(describe_download_error(name, uri, err)) from err
 
         def get_item(self, sample_id: int, retry: int = 7) -> Any:
             try:
                 sample = super().get_item(sample_id, retry=1)
+            except ShardFetchError:
+                raise
             except Exception as err:  # a corrupt shard can raise almost anything while parsing
                 return {"__sample_id__": int(sample_id), "__read_error__": f"{type(err).__name__}: {err}"}
             sample["__sample_id__"] = int(sample_id)
@@ -172,8 +202,8 @@ def open_mixture(datasets: Sequence[ResolvedDataset], seed: int, shuffle: bool, 
 
     canonical_nodes: mosaic's unit of partition (one per data-parallel rank for training);
     cache_limit: most bytes of remote shards kept under cache_root (mosaic evicts the
-    least recently used shard beyond it; None: no limit); download_retry: mosaic's
-    re-attempts of a failed shard download."""
+    least recently used shard beyond it; None: no limit); download_retry: re-attempts of
+    a failed shard download (mosaic's own argument of that name counts attempts)."""
     from streaming import Stream
 
     def make_streams():
@@ -182,7 +212,7 @@ def open_mixture(datasets: Sequence[ResolvedDataset], seed: int, shuffle: bool, 
             remote = d.path if is_remote(d.path) else None
             local = os.path.join(cache_root, f"{i:05d}") if remote else os.path.abspath(d.path)
             kwargs = {"proportion": d.weight} if proportional and len(datasets) > 1 else {}
-            streams.append(Stream(remote=remote, local=local, download_retry=download_retry, **kwargs))
+            streams.append(Stream(remote=remote, local=local, download_retry=download_retry + 1, **kwargs))
         return streams
 
     cls = _dataset_class()
@@ -195,9 +225,12 @@ def open_mixture(datasets: Sequence[ResolvedDataset], seed: int, shuffle: bool, 
             with single_rank_world():
                 # shuffle_block_size: mosaic's own default, set here because mosaic only fills it
                 # in when iterated, and the order is computed without iterating.
-                return cls(streams=streams, shuffle=shuffle, shuffle_seed=seed, num_canonical_nodes=canonical_nodes,
-                           shuffle_block_size=max(4_000_000 // canonical_nodes, 1 << 18), batch_size=1,
-                           replication=None, allow_unsafe_types=False, cache_limit=cache_limit)
+                dataset = cls(streams=streams, shuffle=shuffle, shuffle_seed=seed,
+                              num_canonical_nodes=canonical_nodes,
+                              shuffle_block_size=max(4_000_000 // canonical_nodes, 1 << 18), batch_size=1,
+                              replication=None, allow_unsafe_types=False, cache_limit=cache_limit)
+            dataset.dataset_names = [d.name for d in datasets]
+            return dataset
         except FileExistsError as err:
             # Two processes registered the same free shared-memory prefix at once; the next
             # attempt finds the following one.
