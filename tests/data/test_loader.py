@@ -174,13 +174,12 @@ def test_seven_hundred_datasets_in_one_mixture(tmp_path, tokenizer_dir, encoder_
                       tokenizer=str(tokenizer_dir), packing_buffer=64)
     resolved = resolve_entries(cfg.train)
     assert len(resolved) == 700 and resolved[0].name == "many/part0000"
-    fds_before = len(os.listdir("/proc/self/fd"))
     loader = build_train_loader(cfg, encoder_cfg, adapter_cfg, micro_batch_size=4, seed=0)
     names = set()
     for _ in range(10):
         names.update(next(loader)["sample_datasets"])
     assert len(names) > 100  # the mixture draws from many of them
-    assert len(os.listdir("/proc/self/fd")) - fds_before < 100
+    # Open files, memory and proportions of 720 + 85 datasets: tests/data/test_many_datasets.py
 
 
 def test_validation_sets_read_everything_in_order_once(three_datasets, tokenizer_dir, encoder_cfg, adapter_cfg):
