@@ -1,18 +1,33 @@
-"""Data pipeline throughput on one core, next to HF's WhisperFeatureExtractor.
+"""Data pipeline throughput per core, next to HF's WhisperFeatureExtractor, for short and 30-s clips.
 
-    PYTHONPATH=. python benchmarks/data_pipeline.py [--data outputs/demo_data] [--clips 256]
+    PYTHONPATH=. python benchmarks/data_pipeline.py [--data outputs/demo_data] [--quick]
 
-Reads clips of the demo corpus (synthesizes a small one in a temp directory when
---data does not exist), then times each stage single-threaded: decode (FLAC ->
-float), log-mel (batched torch STFT), HF WhisperFeatureExtractor on the same clips,
-prompt tokenization, packing, and the whole training loader end to end. Prints one
-table, plus the token utilization of the demo mixture with and without packing.
+Two input kinds, each timed single-threaded (torch, OpenMP and BLAS at one thread):
+  short  demo-corpus clips (~2 s) for the tiny encoder: 80 mel bins, 5-s window (250 positions)
+  30 s   whisper-large-v3 inputs: 20-30 s clips (demo clips joined with short pauses, written
+         as a temporary MDS dataset), 128 mel bins, 30-s window (1500 positions), seq 2048
+Rows: decoding the same clips encoded in memory as WAV, FLAC, MP3, OGG Vorbis and OGG Opus
+(orchestrator.data.audio.load_audio; a format the installed libsndfile cannot write is
+reported as such), log-mel (orchestrator.data.mel) against HF WhisperFeatureExtractor,
+prompt tokenization and packing, and build_train_loader end to end with data.num_workers
+= 0, 1 and 2 (per core = wall-clock samples/s over main process + workers, capped at the
+CPUs this process may use; also per CPU-second of main + workers, which other load on a
+shared machine hardly changes; a loader that refuses workers is reported 'not available').
+Last, the CPU cores one GPU needs to feed TOKENS_PER_GPU tokens/s from those rates.
+The demo corpus (--data) is synthesized in a temp directory when it does not exist.
+--quick: few clips and short loader runs (about a minute on 2 cores; the full run takes
+about 3-4). Prints one table.
 """
 
 from __future__ import annotations
 
-import argparse
 import os
+
+for _var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
+    os.environ[_var] = "1"  # per-core figures; inherited by loader worker processes
+
+import argparse
+import io
 import sys
 import tempfile
 import time
@@ -20,6 +35,11 @@ from pathlib import Path
 
 import numpy as np
 import torch
+
+TOKENS_PER_GPU = 19_000  # decoder tokens/s one GPU trains (non-padding), for the cores-per-GPU rows
+FORMATS = (("wav", "WAV", "PCM_16"), ("flac", "FLAC", "PCM_16"), ("mp3", "MP3", "MPEG_LAYER_III"),
+           ("ogg vorbis", "OGG", "VORBIS"), ("ogg opus", "OGG", "OPUS"))
+WORKERS = (0, 1, 2)
 
 
 def _timed(fn, repeat: int = 1):
@@ -32,20 +52,73 @@ def _timed(fn, repeat: int = 1):
     return best, out
 
 
+def _cpu_seconds() -> dict:
+    """CPU seconds (user + system) of this process and each live child process, by pid."""
+    import psutil
+
+    me = psutil.Process()
+    out = {}
+    for proc in [me] + me.children(recursive=True):
+        try:
+            t = proc.cpu_times()
+            out[proc.pid] = t.user + t.system
+        except psutil.Error:
+            pass
+    return out
+
+
+def _encode(clip: np.ndarray, fmt: str, subtype: str) -> bytes:
+    import soundfile as sf
+
+    buf = io.BytesIO()
+    sf.write(buf, np.clip(clip, -1.0, 1.0), 16000, format=fmt, subtype=subtype)
+    return buf.getvalue()
+
+
+def _join_clips(clips, texts, count: int, seed: int = 0):
+    """Demo clips joined with 0.2-0.6 s pauses into `count` clips of 20-30 s (and their transcripts)."""
+    rng = np.random.default_rng(seed)
+    out, out_texts, k = [], [], 0
+    for _ in range(count):
+        target, parts, words, total = rng.uniform(20.0, 28.0) * 16000, [], [], 0
+        while total < target:
+            clip, gap = clips[k % len(clips)], np.zeros(int(rng.uniform(0.2, 0.6) * 16000), np.float32)
+            add = clip.shape[0] + (gap.shape[0] if parts else 0)
+            if total + add > 30 * 16000:
+                break
+            parts += [gap, clip] if parts else [clip]
+            words.append(texts[k % len(texts)])
+            total += add
+            k += 1
+        out.append(np.concatenate(parts))
+        out_texts.append(" ".join(words))
+    return out, out_texts
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--data", default=os.environ.get("AUDIOLLM_DEMO_DATA", "outputs/demo_data"))
-    parser.add_argument("--clips", type=int, default=256)
-    parser.add_argument("--batches", type=int, default=30, help="micro-batches for the utilization figures")
+    parser.add_argument("--quick", action="store_true", help="few clips and short loader runs (a fast check)")
+    parser.add_argument("--clips", type=int, default=None, help="short clips per stage (default 256; quick 32)")
+    parser.add_argument("--long-clips", type=int, default=None, help="20-30 s clips (default 32; quick 6)")
+    parser.add_argument("--loader-seconds", type=float, default=None,
+                        help="timed seconds per end-to-end loader run (default 8; quick 1.5)")
+    parser.add_argument("--batches", type=int, default=None, help="micro-batches for the utilization figures")
     args = parser.parse_args(argv)
+    n_short = args.clips or (32 if args.quick else 256)
+    n_long = args.long_clips or (6 if args.quick else 32)
+    loader_seconds = args.loader_seconds or (1.5 if args.quick else 8.0)
+    util_batches = args.batches or (5 if args.quick else 30)
+    repeat = 2 if args.quick else 3  # best of; the first call of each stage is an untimed warm-up
     torch.set_num_threads(1)  # per-core figures
 
+    import soundfile as sf
     from omegaconf import OmegaConf
-    from streaming import StreamingDataset
+    from streaming import MDSWriter, StreamingDataset
     from transformers import WhisperFeatureExtractor
 
     from orchestrator.data import mel
-    from orchestrator.data.audio import decode_bytes
+    from orchestrator.data.audio import encode_flac, load_audio
     from orchestrator.data.loader import build_train_loader
     from orchestrator.data.packing import Example, Packer, collate
     from orchestrator.data.prompts import PromptBuilder, audio_placeholder_count
@@ -54,99 +127,206 @@ def main(argv=None) -> int:
     from orchestrator.schema.data import DataConfig, DatasetEntry
     from orchestrator.schema.model import AdapterConfig, EncoderConfig
 
+    tmp = tempfile.TemporaryDirectory(prefix="audiollm-bench-")
     root = Path(args.data)
     if not (root / "train").is_dir():
         from orchestrator.data.demo import write_corpus
 
-        root = Path(tempfile.mkdtemp(prefix="audiollm-bench-")) / "demo"
+        root = Path(tmp.name) / "demo"
         print(f"{args.data} has no demo corpus; synthesizing a small one in {root}", file=sys.stderr)
-        write_corpus(root, num_samples=max(args.clips, 200), num_val_samples=0, progress=False)
+        write_corpus(root, num_samples=max(n_short, 14 * n_long, 200), num_val_samples=0, progress=False)
     train_dirs = sorted(p for p in (root / "train").iterdir() if (p / "index.json").is_file())
+    tok = load_tokenizer(root / "tokenizer")
+    builder = PromptBuilder(tok, DataConfig().prompt_template)
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
+    # Demo clips for the short kind, and enough more to join into the 30-s clips.
+    wanted = max(n_short, 14 * n_long)
     raw = []
     with single_rank_world():
         for d in train_dirs:
             ds = StreamingDataset(local=str(d), shuffle=False)
-            raw += [ds[i] for i in range(min(len(ds), args.clips // len(train_dirs) + 1))]
-    raw = raw[: args.clips]
-    n = len(raw)
-    tok = load_tokenizer(root / "tokenizer")
-    rows = []
+            raw += [ds[i] for i in range(min(len(ds), wanted // len(train_dirs) + 1))]
+    demo_clips = [load_audio(s["audio"], None, 16000) for s in raw]
+    demo_texts = [s["text"] for s in raw]
+    long_clips, long_texts = _join_clips(demo_clips, demo_texts, n_long)
+    long_dir = Path(tmp.name) / "long30s"
+    with MDSWriter(out=str(long_dir), columns={"audio": "bytes", "text": "str"}, size_limit="64mb",
+                   progress_bar=False) as writer:
+        for clip, text in zip(long_clips, long_texts):
+            writer.write({"audio": encode_flac(clip, 16000), "text": text})
 
-    t_dec, clips = _timed(lambda: [decode_bytes(s["audio"])[0] for s in raw])
-    rows.append(("decode FLAC -> float32", t_dec))
-    for bins, window in ((80, 500), (128, 3000)):
-        def ours():
-            for i in range(0, n, 16):
-                mel.features(clips[i:i + 16], bins, window)
-        t_mel, _ = _timed(ours, repeat=2)
+    kinds = {
+        "short": dict(clips=demo_clips[:n_short], texts=demo_texts[:n_short], bins=80, positions=250, seq=256,
+                      mbs=16, max_seconds=5.0, dirs=train_dirs, decode_clips=64),
+        "30 s": dict(clips=long_clips, texts=long_texts, bins=128, positions=1500, seq=2048, mbs=2,
+                     max_seconds=30.0, dirs=[long_dir], decode_clips=8),
+    }
+    table = {}  # row label -> {kind: cell text}
+    stats = {}  # kind -> figures for the summary rows
+
+    def put(label, kind, text):
+        table.setdefault(label, {})[kind] = text
+
+    for kind, k in kinds.items():
+        clips, n, bins, window = k["clips"], len(k["clips"]), k["bins"], 2 * k["positions"]
+        st = stats[kind] = {"n": n, "seconds": float(np.mean([c.shape[0] for c in clips])) / 16000}
+
+        # Decode: the same clips encoded in memory in each format (a subset: encoding Opus and MP3 is slow).
+        few = clips[:k["decode_clips"]]
+        for name, fmt, subtype in FORMATS:
+            label = f"decode {name} -> float32 (load_audio)"
+            try:
+                encoded = [_encode(c, fmt, subtype) for c in few]
+            except Exception as err:  # libsndfile without that encoder
+                put(label, kind, "cannot write")
+                print(f"{name}: soundfile cannot write {fmt}/{subtype}: {err}", file=sys.stderr)
+                continue
+            try:
+                load_audio(encoded[0], None, 16000)
+                t, _ = _timed(lambda: [load_audio(b, None, 16000) for b in encoded], repeat)
+                put(label, kind, f"{len(few) / t:.1f}")
+            except Exception as err:
+                put(label, kind, "cannot read")
+                print(f"{name}: load_audio failed: {err}", file=sys.stderr)
+
+        # Log-mel, ours and HF's: one clip per call (what a loader worker does per sample) and 16 per call.
         hf = WhisperFeatureExtractor(feature_size=bins, chunk_length=window // 100)
-        t_hf, _ = _timed(lambda: [hf(c, sampling_rate=16000, return_tensors="np") for c in clips], repeat=2)
-        rows.append((f"log-mel {bins} bins, {window // 100}-s window (ours, batched)", t_mel))
-        rows.append((f"log-mel {bins} bins, {window // 100}-s window (HF WhisperFeatureExtractor)", t_hf))
-        if bins == 80:
-            ref = hf(clips[:16], sampling_rate=16000, return_tensors="np")["input_features"]
-            diff = float(np.abs(mel.features(clips[:16], bins, window)[0].numpy() - ref).max())
-    builder = PromptBuilder(tok, DataConfig().prompt_template)
-    t_tok, tokenized = _timed(lambda: [builder.build(s["text"], [audio_placeholder_count(c.shape[0], 250, 5)])
-                                       for s, c in zip(raw, clips)])
-    rows.append(("prompt + tokenize", t_tok))
+        mel.features(clips[:2], bins, window), hf(clips[:2], sampling_rate=16000, return_tensors="np")  # warm-up
+        t_ours1, _ = _timed(lambda: [mel.features([c], bins, window) for c in clips], repeat)
+        t_ours, _ = _timed(lambda: [mel.features(clips[i:i + 16], bins, window) for i in range(0, n, 16)], repeat)
+        t_hf1, _ = _timed(lambda: [hf(c, sampling_rate=16000, return_tensors="np") for c in clips], repeat)
+        t_hf16, _ = _timed(lambda: [hf(clips[i:i + 16], sampling_rate=16000, return_tensors="np")
+                                    for i in range(0, n, 16)], repeat)
+        st["hf"] = n / min(t_hf1, t_hf16)
+        put("log-mel (ours, mel.py, 1 clip per call)", kind, f"{n / t_ours1:.1f}")
+        put("log-mel (ours, mel.py, 16 clips per call)", kind, f"{n / t_ours:.1f}")
+        put("log-mel (HF WhisperFeatureExtractor, 1 clip per call)", kind, f"{n / t_hf1:.1f}")
+        put("log-mel (HF WhisperFeatureExtractor, 16 clips per call)", kind, f"{n / t_hf16:.1f}")
+        put("log-mel speed-up, faster ours / faster HF", kind, f"{min(t_hf1, t_hf16) / min(t_ours1, t_ours):.1f}x")
+        ref = hf(clips[:8], sampling_rate=16000, return_tensors="np")["input_features"]
+        put("log-mel max |ours - HF| (8 clips)", kind,
+            f"{float(np.abs(mel.features(clips[:8], bins, window)[0].numpy() - ref).max()):.1e}")
 
-    def pack():
-        packer = Packer(256, 16, 256)
-        for i, t in enumerate(tokenized):
-            packer.add(Example(i, 0, t, []))
-        while packer.buffer:
-            collate(packer.pop_rows(), 256, 0, 1, ["d"], builder.audio_token_id, num_rows=16)
-    t_pack, _ = _timed(pack)
-    rows.append(("pack + collate (seq 256, 16 rows)", t_pack))
+        # Prompt tokenization and packing.
+        t_tok, tokenized = _timed(lambda: [builder.build(text, [audio_placeholder_count(c.shape[0], k["positions"], 5)])
+                                           for text, c in zip(k["texts"], clips)], repeat)
+        put("prompt + tokenize (PromptBuilder)", kind, f"{n / t_tok:.1f}")
 
-    def data_cfg(packing: bool):
-        cfg = OmegaConf.structured(DataConfig)
-        cfg.train = [OmegaConf.structured(DatasetEntry(name=d.name, path=str(d))) for d in train_dirs]
-        cfg.tokenizer, cfg.seq_length, cfg.max_audio_seconds, cfg.packing = str(root / "tokenizer"), 256, 5.0, packing
-        return cfg
-    enc = OmegaConf.structured(EncoderConfig(d_model=1, num_layers=1, num_heads=1, ffn_dim=1, num_mel_bins=80,
-                                             max_source_positions=250))
-    ada = OmegaConf.structured(AdapterConfig(frame_stack=5))
-    utilization = {}
-    for packing in (True, False):
-        loader = build_train_loader(data_cfg(packing), enc, ada, micro_batch_size=16, seed=0)
-        start, samples, used, slots = time.perf_counter(), 0, 0, 0
-        for _ in range(args.batches):
+        def pack():
+            packer = Packer(k["seq"], k["mbs"], 256)
+            for i, t in enumerate(tokenized):
+                packer.add(Example(i, 0, t, []))
+            while packer.buffer:
+                collate(packer.pop_rows(), k["seq"], 0, 1, ["d"], builder.audio_token_id, num_rows=k["mbs"])
+        t_pack, _ = _timed(pack, repeat)
+        put("pack + collate (Packer; rows as in the header)", kind, f"{n / t_pack:.1f}")
+
+        # End to end through the training loader.
+        def data_cfg(packing=True, workers=0):
+            cfg = OmegaConf.structured(DataConfig)
+            cfg.train = [OmegaConf.structured(DatasetEntry(name=d.name, path=str(d))) for d in k["dirs"]]
+            cfg.tokenizer, cfg.seq_length, cfg.max_audio_seconds = str(root / "tokenizer"), k["seq"], k["max_seconds"]
+            cfg.packing, cfg.num_workers = packing, workers
+            return cfg
+        enc = OmegaConf.structured(EncoderConfig(d_model=1, num_layers=1, num_heads=1, ffn_dim=1, num_mel_bins=bins,
+                                                 max_source_positions=k["positions"]))
+        ada = OmegaConf.structured(AdapterConfig(frame_stack=5))
+        st["per_core"], st["per_cpu_s"] = {}, {}
+        for workers in WORKERS:
+            cores = min(1 + workers, cpus)
+            label = f"end to end, num_workers={workers}: samples/s"
+            core_label = f"  per core (wall / {cores} core{'s' * (cores > 1)}), num_workers={workers}"
+            cpu_label = f"  per CPU-second (CPU time of main + workers), num_workers={workers}"
+            try:
+                loader = build_train_loader(data_cfg(workers=workers), enc, ada, micro_batch_size=k["mbs"], seed=0)
+            except ValueError as err:
+                if "num_workers" not in str(err):
+                    raise
+                put(label, kind, "not available")
+                put(core_label, kind, "not available")
+                put(cpu_label, kind, "not available")
+                put(f"  per core / HF feature extractor, num_workers={workers}", kind, "not available")
+                continue
+            try:
+                next(loader)  # warm-up: fills the packing buffer (and starts workers)
+                cpu0, start, samples, used, slots = _cpu_seconds(), time.perf_counter(), 0, 0, 0
+                while time.perf_counter() - start < loader_seconds or samples < 2 * k["mbs"]:
+                    b = next(loader)
+                    samples, used = samples + b["num_samples"], used + b["num_tokens"]
+                    slots += b["tokens"].numel()
+                rate = samples / (time.perf_counter() - start)
+                cpu = sum(t - cpu0.get(pid, 0.0) for pid, t in _cpu_seconds().items())
+            finally:
+                if hasattr(loader, "close"):
+                    loader.close()
+                del loader
+            st["per_core"][workers], st["per_cpu_s"][workers] = rate / cores, samples / cpu
+            if workers == 0:
+                st["tokens_per_sample"], st["util_packed"] = used / samples, used / slots
+            put(label, kind, f"{rate:.1f}")
+            put(core_label, kind, f"{rate / cores:.1f}")
+            put(cpu_label, kind, f"{samples / cpu:.1f}")
+            put(f"  per core / HF feature extractor, num_workers={workers}", kind, f"{rate / cores / st['hf']:.1f}x")
+
+        loader = build_train_loader(data_cfg(packing=False), enc, ada, micro_batch_size=k["mbs"], seed=0)
+        used = slots = 0
+        for _ in range(util_batches):
             b = next(loader)
-            samples, used, slots = samples + b["num_samples"], used + b["num_tokens"], slots + b["tokens"].numel()
-        elapsed = time.perf_counter() - start
-        utilization[packing] = used / slots
-        if packing:
-            rows.append((f"whole loader (decode+mel+tokenize+pack), {samples} samples", elapsed * n / samples))
-    # Feature cache: a second pass over the same samples skips decoding and the STFT.
-    cfg = data_cfg(True)
-    cfg.feature_cache_mb = 4096
-    loader = build_train_loader(cfg, enc, ada, micro_batch_size=16, seed=0)
-    warm = 0
-    while warm < loader.epoch_size:
-        warm += next(loader)["num_samples"]
-    start, samples = time.perf_counter(), 0
-    for _ in range(args.batches):
-        samples += next(loader)["num_samples"]
-    rows.append((f"whole loader, later epochs (feature cache), {samples} samples",
-                 (time.perf_counter() - start) * n / samples))
+            used, slots = used + b["num_tokens"], slots + b["tokens"].numel()
+        st["util_unpacked"] = used / slots
+        if hasattr(loader, "close"):
+            loader.close()
 
-    print(f"\nData pipeline, one core (torch threads = 1), {n} demo clips "
-          f"(mean {np.mean([c.shape[0] for c in clips]) / 16000:.2f} s)\n")
-    print(f"{'stage':<62} {'samples/s':>10}")
-    print("-" * 73)
-    for name, seconds in rows:
-        print(f"{name:<62} {n / seconds:>10.1f}")
-    ours80, hf80 = rows[1][1], rows[2][1]
-    ours128, hf128 = rows[3][1], rows[4][1]
-    print("-" * 73)
-    print(f"{'speed-up vs HF, 80 bins / 5 s':<62} {hf80 / ours80:>9.1f}x")
-    print(f"{'speed-up vs HF, 128 bins / 30 s':<62} {hf128 / ours128:>9.1f}x")
-    print(f"{'max |ours - HF| (80 bins, 5 s)':<62} {diff:>10.2e}")
-    print(f"{'token utilization, packed (seq 256, 16 rows)':<62} {100 * utilization[True]:>9.1f}%")
-    print(f"{'token utilization, one sample per row':<62} {100 * utilization[False]:>9.1f}%")
+        if kind == "short" and not args.quick:
+            # Feature cache: a second pass over the same samples skips decoding and the STFT.
+            cfg = data_cfg()
+            cfg.feature_cache_mb = 4096
+            loader = build_train_loader(cfg, enc, ada, micro_batch_size=k["mbs"], seed=0)
+            warm = 0
+            while warm < loader.epoch_size:
+                warm += next(loader)["num_samples"]
+            start, samples = time.perf_counter(), 0
+            for _ in range(util_batches):
+                samples += next(loader)["num_samples"]
+            if hasattr(loader, "close"):
+                loader.close()
+            put("end to end, later epochs (feature cache), num_workers=0", kind,
+                f"{samples / (time.perf_counter() - start):.1f}")
+
+    # CPU cores to feed one GPU, from the measured per-core rates.
+    for kind, st in stats.items():
+        put("mean clip length (s)", kind, f"{st['seconds']:.1f}")
+        put("mean tokens per sample (non-padding)", kind, f"{st['tokens_per_sample']:.0f}")
+        put("token utilization, packed", kind, f"{100 * st['util_packed']:.1f}%")
+        put("token utilization, one sample per row", kind, f"{100 * st['util_unpacked']:.1f}%")
+        need = TOKENS_PER_GPU / st["tokens_per_sample"]
+        put(f"samples/s one GPU eats at {TOKENS_PER_GPU:,} tokens/s", kind, f"{need:.1f}")
+        for workers in WORKERS:
+            for basis, rates in (("wall-clock per-core", st["per_core"]), ("CPU-time", st["per_cpu_s"])):
+                rate = rates.get(workers)
+                put(f"CPU cores per GPU ({basis} rate), num_workers={workers}", kind,
+                    f"{need / rate:.2f}" if rate else "not available")
+    tmp.cleanup()
+
+    cols = list(kinds)
+    print(f"\nData pipeline per core (torch/OpenMP/BLAS threads = 1, {cpus} CPUs usable); figures are samples/s")
+    for kind, k in kinds.items():
+        print(f"  {kind + ':':<7}{stats[kind]['n']} {'demo' if kind == 'short' else 'joined demo'} clips "
+              f"({min(stats[kind]['n'], k['decode_clips'])} in the decode rows), {k['bins']} mel bins, "
+              f"{2 * k['positions'] // 100}-s window, packed rows of {k['seq']} x {k['mbs']}")
+    width = max(len(label) for label in table) + 1
+    print(f"\n{'stage':<{width}}" + "".join(f"{c:>16}" for c in cols))
+    print("-" * (width + 16 * len(cols)))
+    for label, cells in table.items():
+        print(f"{label:<{width}}" + "".join(f"{cells.get(c, '-'):>16}" for c in cols))
+    print("-" * (width + 16 * len(cols)))
+    print(f"Per core: wall-clock samples/s / cores used (main + workers, at most the {cpus} usable CPUs); per\n"
+          f"CPU-second: samples / CPU time of the main process and its workers (other load on the machine\n"
+          f"lowers the first, hardly the second). Goal: end to end per core >= 5x HF's feature extractor\n"
+          f"alone (the faster of its two rows). Cores per GPU = {TOKENS_PER_GPU:,} tokens/s / mean non-padding\n"
+          f"tokens per sample (prompt + audio placeholders at data.audio_tokens=clip + transcript, demo\n"
+          f"tokenizer) / end-to-end samples/s per core. libsndfile {sf.__libsndfile_version__}.")
     return 0
 
 
