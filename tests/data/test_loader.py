@@ -112,7 +112,9 @@ def test_data_parallel_ranks_read_only_their_share(three_datasets, tmp_path, tok
     ranks = [build_train_loader(cfg, encoder_cfg, adapter_cfg, micro_batch_size=1, dp_rank=r, dp_size=3, seed=1)
              for r in range(3)]
     per_epoch = ranks[0].order.per_epoch
-    assert all(r.order.per_epoch == per_epoch for r in ranks) and 3 * per_epoch >= single.epoch_size
+    # A third of the epoch each (mosaic pads it to a multiple of 3), not the whole of it.
+    assert single.order.per_epoch == single.epoch_size == sum(epoch.values())
+    assert all(r.order.per_epoch == per_epoch for r in ranks) and per_epoch == -(-single.epoch_size // 3)
     # Mosaic's partition: the ranks' epochs together are the single rank's epoch, plus
     # the few repeats that make it divide by 3.
     together = Counter(i for r in ranks for i in r.order.epoch_ids(0).tolist())

@@ -8,7 +8,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from orchestrator.data.remote import RemoteDataError, check_remote_datasets, describe_download_error
+from orchestrator.data.remote import RemoteDataError, check_remote_datasets
 from tests.data.conftest import write_mds
 from tests.data.s3_server import free_port, moto_server, serve_mds  # noqa: F401  (fixtures)
 

@@ -7,7 +7,6 @@ come from the environment and never reach the run directory."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
