@@ -398,10 +398,8 @@ class ValidationSuite:
 
     def sample_ids(self, k: int) -> range:
         m = self.mixture
-        first = int(m.shard_offset_per_stream[k])
-        last = first + int(m.shards_per_stream[k])
-        start = int(m.samples_per_shard[:first].sum())
-        return range(start, start + int(m.samples_per_shard[first:last].sum()))
+        start = int(m.sample_offset_per_stream[k])
+        return range(start, start + int(m.samples_per_stream[k]))
 
 
 class ValidationSet:

@@ -276,36 +276,29 @@ class RankOrder:
 
 
 class SampleLocator:
-    """Sample id -> dataset, shard and index within the dataset, from arrays built once:
-    the cost per sample does not grow with the number of shards or datasets."""
+    """Sample id -> dataset, shard and index within the dataset, from mosaic's own offset
+    tables (`sample_offset_per_stream`, `spanner`): the cost per sample does not grow
+    with the number of shards or datasets."""
 
     def __init__(self, mixture, datasets: Sequence[ResolvedDataset]):
-        import numpy as np
-
         self.datasets = list(datasets)
         self.mixture = mixture
-        per_shard = np.asarray(mixture.samples_per_shard, dtype=np.int64)
-        self.shard_start = np.concatenate([[0], np.cumsum(per_shard)[:-1]])
-        self.stream_per_shard = np.asarray(mixture.stream_per_shard, dtype=np.int64)
-        self.stream_start = self.shard_start[np.asarray(mixture.shard_offset_per_stream, dtype=np.int64)]
-
-    def shards(self, sample_ids):
-        import numpy as np
-
-        return np.searchsorted(self.shard_start, np.asarray(sample_ids, dtype=np.int64), side="right") - 1
 
     def streams(self, sample_ids):
         """The stream (dataset index) of each sample id."""
-        return self.stream_per_shard[self.shards(sample_ids)]
+        import numpy as np
+
+        ids = np.asarray(sample_ids, dtype=np.int64)
+        return np.searchsorted(self.mixture.sample_offset_per_stream, ids, side="right") - 1
 
     def __call__(self, sample_id: int) -> Dict[str, Any]:
-        shard_id = int(self.shards([sample_id])[0])
-        stream_id = int(self.stream_per_shard[shard_id])
+        shard_id, _ = self.mixture.spanner[int(sample_id)]
+        stream_id = int(self.mixture.stream_per_shard[shard_id])
         return {
             "dataset": self.datasets[stream_id].name,
             "stream_id": stream_id,
             "shard": os.path.join(self.datasets[stream_id].path, self.mixture.shards[shard_id].raw_data.basename),
-            "index": int(sample_id) - int(self.stream_start[stream_id]),
+            "index": int(sample_id) - int(self.mixture.sample_offset_per_stream[stream_id]),
         }
 
 

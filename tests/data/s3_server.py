@@ -36,6 +36,8 @@ from typing import Dict, List, NamedTuple, Optional, Tuple
 
 import pytest
 
+from tests.distributed_run import free_port
+
 REGION = "us-east-1"
 ACCOUNT_POLICY = """{"Version": "2012-10-17",
  "Statement": [{"Effect": "Allow", "Action": "s3:*", "Resource": "*"}]}"""
@@ -44,12 +46,6 @@ _AWS_VARS_TO_CLEAR = ("AWS_PROFILE", "AWS_DEFAULT_PROFILE", "AWS_SESSION_TOKEN",
                       "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_ROLE_ARN", "AWS_WEB_IDENTITY_TOKEN_FILE",
                       "AWS_CONTAINER_CREDENTIALS_RELATIVE_URI", "AWS_CONTAINER_CREDENTIALS_FULL_URI",
                       "MOSAICML_STREAMING_AWS_REQUESTER_PAYS")
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _wait_for_port(port: int, proc: Optional[subprocess.Popen], timeout: float, log: Optional[Path]) -> None:

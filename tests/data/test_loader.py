@@ -299,12 +299,13 @@ def test_corrupt_shard_names_the_shard(tmp_path, tokenizer_dir, encoder_cfg, ada
 def test_torchrun_ranks_with_workers_read_half_each_and_resume_exactly(three_datasets, tmp_path, tokenizer_dir,
                                                                        encoder_cfg, adapter_cfg):
     import json
-    import socket
     import subprocess
     import sys
     from pathlib import Path
 
     from omegaconf import OmegaConf
+
+    from tests.distributed_run import free_port
 
     cfg = data_config(_entries(three_datasets), tokenizer=str(tokenizer_dir), packing=False, packing_buffer=4,
                       num_workers=2, validation=[DatasetEntry(name="val_beta", path=str(three_datasets / "beta"))])
@@ -312,9 +313,7 @@ def test_torchrun_ranks_with_workers_read_half_each_and_resume_exactly(three_dat
     epoch = Counter(single.order.epoch_ids(0).tolist())
     spec = {"data": OmegaConf.to_container(cfg), "seed": 11, "resume_at": 9, "after": 6}
     (tmp_path / "spec.json").write_text(json.dumps(spec))
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
+    port = free_port()
     repo = Path(__file__).resolve().parents[2]
     env = dict(os.environ, PYTHONPATH=str(repo), OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
     proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2",

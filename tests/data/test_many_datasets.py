@@ -119,21 +119,20 @@ print(json.dumps({"before": before, "after": after, "created": created, "prefix"
 
 
 def _fd_probes(tmp: Path, root: Path, entry_lists):
-    """Starts one probe per entry list (in parallel), returns their reports."""
+    """Runs one probe per entry list, one after the other (two probes registering mosaic
+    shared memory at the same moment can race for a prefix, and the loser's retry would
+    create segments under two prefixes), returns their reports."""
     repo = Path(__file__).resolve().parents[2]
     env = dict(os.environ, PYTHONPATH=str(repo), OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
-    procs = []
+    reports = []
     for n, entries in enumerate(entry_lists):
         spec = tmp / f"fd_probe{n}.json"
         spec.write_text(json.dumps({"entries": [{"name": e.name, "path": e.path, "weight": e.weight} for e in entries],
                                     "cache": str(root / "cache")}))
-        procs.append(subprocess.Popen([sys.executable, "-c", _FD_PROBE, str(spec)], stdout=subprocess.PIPE,
-                                      stderr=subprocess.PIPE, text=True, env=env, cwd=repo))
-    reports = []
-    for proc in procs:
-        out, err = proc.communicate(timeout=300)
-        assert proc.returncode == 0, err[-3000:]
-        reports.append(json.loads(out.strip().splitlines()[-1]))
+        proc = subprocess.run([sys.executable, "-c", _FD_PROBE, str(spec)], capture_output=True, text=True, env=env,
+                              cwd=repo, timeout=300)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        reports.append(json.loads(proc.stdout.strip().splitlines()[-1]))
     return reports
 
 
