@@ -92,7 +92,7 @@ def main() -> None:
 
     from orchestrator.data.loader import build_train_loader, build_validation_loaders
     from orchestrator.data.tokenizer_build import load_tokenizer
-    from orchestrator.eval.asr import evaluate_wer
+    from orchestrator.eval.asr import evaluate_generation
     from orchestrator.models.audiollm import build_audiollm
 
     data_cfg = cfg.data
@@ -104,7 +104,7 @@ def main() -> None:
     loader = build_train_loader(data_cfg, cfg.model.encoder, cfg.model.adapter, mbs, seed=int(data_cfg.seed))
     validation = build_validation_loaders(
         data_cfg, cfg.model.encoder, cfg.model.adapter, mbs)
-    audio_id = loader.processor.prompts.audio_token_id
+    audio_id = loader.processor.audio_token_id
 
     extra = {} if args.init_std is None else {"init_method_std": args.init_std}
     from orchestrator.resolve import to_object
@@ -160,8 +160,8 @@ def main() -> None:
     def evaluate():
         started = time.perf_counter()
         inner = model.module
-        report = evaluate_wer(inner, val_for_wer, tokenizer, max_new_tokens=40,
-                              max_batches=math.ceil(args.eval_samples / 32), examples=2)
+        report = evaluate_generation(inner, val_for_wer, tokenizer, max_new_tokens=40,
+                                     max_batches=math.ceil(args.eval_samples / 32), examples=2)
         vloss = heldout_loss(provider, inner, validation, max_batches=2)
         tl = sum(losses) / len(losses) if losses else float("nan")
         losses.clear()

@@ -250,7 +250,16 @@ def ensure_demo_corpus(runs: Sequence[PreparedRun]) -> None:
         if data.get("demo_corpus"):
             wanted[str(data["demo_corpus"])] = (int(data["demo_corpus_samples"]), data.get("demo_corpus_accent"))
     for root, (samples, accent) in wanted.items():
-        if (Path(root) / "manifest.json").is_file():
+        manifest = Path(root) / "manifest.json"
+        if manifest.is_file():
+            from orchestrator.data.demo import CORPUS_FORMAT
+
+            found = json.loads(manifest.read_text()).get("format", 1)
+            if found != CORPUS_FORMAT:
+                raise DemoCorpusError(f"data.demo_corpus={root} holds a demo corpus of format {found}; this version "
+                                      f"writes and reads format {CORPUS_FORMAT} (it added the numerals datasets): "
+                                      f"delete {root} to have it written again, or point data.demo_corpus (or "
+                                      f"$AUDIOLLM_DEMO_DATA) elsewhere")
             continue
         print(f"data.demo_corpus={root} holds no corpus yet: synthesizing {samples} training utterances "
               f"with espeak-ng first", flush=True)

@@ -29,6 +29,7 @@ from orchestrator.schema import (
     TrainConfig,
 )
 from orchestrator.topology import RANK_ORDERS
+from orchestrator.data import tasks
 
 ERROR = "error"
 WARNING = "warning"
@@ -426,6 +427,11 @@ def check_data(data: DataConfig, model: ModelConfig, purpose: str) -> Iterator[F
             )
     if "<SpeechHere>" not in data.prompt_template:
         yield _error("prompt", "data.prompt_template has no <SpeechHere> marker for the audio")
+    yield from _one_of("data", "data.long_conversation", data.long_conversation, ("refuse", "truncate"))
+    for split in ("train", "validation"):
+        for entry in getattr(data, split):
+            for problem in tasks.entry_problems(entry, data, split):
+                yield _error("dataset_format", problem)
     if not data.train:
         finding = _error if purpose == "train" else _warning
         yield finding("no_train_data", "data.train lists no datasets; add at least one {name, path, weight}")

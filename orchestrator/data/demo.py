@@ -9,6 +9,12 @@ speed (140-190 words/min) and pitch (30-70):
 Transcripts are lower-case words separated by single spaces, no punctuation, so
 word error rate compares words directly.
 
+A second task on the same audio: every digits dataset has a numerals twin (same
+clips, same order) whose samples also carry `number`, the digits as numerals
+("31415"): conf/data/demo.yaml asks "What number was said?" of them and scores the
+answer by exact match. The twin is a directory of its own because mosaic refuses one
+local directory in two streams of a mixture.
+
 Training uses 6 accents x 8 variants = 48 voices, written as four datasets
 (task x accent family). Validation is on voices never heard in training:
   *_heldout_accent   accents en-gb-scotland and en-029 (Caribbean), training variants
@@ -17,11 +23,12 @@ Training uses 6 accents x 8 variants = 48 voices, written as four datasets
 An accent corpus (`--accent VOICE`, the fine-tuning demo: speech the default model
 never heard) has one espeak-ng voice's accent only, training variants for training and
 the held-out variants, with other sentences, for validation:
-  train/{digits,sentences}_ACCENT/   val/{digits,sentences}_ACCENT_heldout/
+  train/{digits,sentences}_ACCENT/   val/{digits,sentences}_ACCENT_heldout/ (no numerals twins)
 
 Layout of OUT_DIR:
   train/{digits_us,digits_gb,sentences_us,sentences_gb}/   MDS (index.json + shards)
-  val/{digits,sentences}_heldout_{accent,variant}/         MDS
+  train/{numerals_us,numerals_gb}/                         the digits datasets + `number`
+  val/{digits,sentences,numerals}_heldout_{accent,variant}/  MDS
   tokenizer/                                               HF tokenizer directory
   manifest.json                                            seed, counts, voices, timing
 
@@ -51,6 +58,9 @@ TRAIN_VARIANTS = ["m1", "m2", "m3", "m4", "m7", "f1", "f2", "f4"]
 HELDOUT_ACCENTS = ["en-gb-scotland", "en-029"]
 HELDOUT_VARIANTS = ["m5", "f3"]
 TASKS = ("digits", "sentences")
+# Bumped when the corpus layout changes (2: the numerals datasets); `audiollm train`
+# refuses a corpus of another format rather than failing on a missing dataset later.
+CORPUS_FORMAT = 2
 SAMPLE_RATE = 16000
 MAX_SECONDS = 5.0
 
@@ -62,6 +72,8 @@ _PLACES = ["in the park", "near the river", "at home", "on the hill", "by the do
 
 MDS_COLUMNS = {"audio": "bytes", "text": "str", "voice": "str", "accent": "str", "variant": "str",
                "speed": "int", "pitch": "int", "duration": "float32"}
+NUMERALS_COLUMNS = {**MDS_COLUMNS, "number": "str"}
+NUMERALS_QUESTION = "What number was said?"  # conf/data/demo.yaml's numerals prompt asks this
 
 
 @dataclass(frozen=True)
@@ -95,6 +107,18 @@ def sentence(rng: np.random.Generator) -> str:
 
 def digit_string(rng: np.random.Generator) -> str:
     return " ".join(DIGIT_WORDS[int(d)] for d in rng.integers(0, 10, size=int(rng.integers(3, 9))))
+
+
+def numerals(digit_words: str) -> str:
+    """"three one four" -> "314"."""
+    return "".join(str(DIGIT_WORDS.index(w)) for w in digit_words.split())
+
+
+def numerals_twin(dataset: str) -> Optional[str]:
+    """The numerals dataset written beside a digits dataset of the default corpus, if any
+    ("train/digits_us" -> "train/numerals_us")."""
+    split, name = dataset.split("/")
+    return f"{split}/numerals{name[len('digits'):]}" if name.startswith("digits_") else None
 
 
 def _voices(accents: List[str], variants: List[str]) -> List[tuple]:
@@ -187,7 +211,9 @@ def tokenizer_texts(utterances: List[Utterance]) -> List[str]:
     from orchestrator.schema.data import DataConfig
 
     prompt = DataConfig().prompt_template.replace("<SpeechHere>", " ")
-    return [u.text for u in utterances] + [prompt] * 50 + DIGIT_WORDS + _ADJECTIVES + _NOUNS + _VERBS + _PLACES
+    numbers = [numerals(u.text) for u in utterances if u.dataset.split("/")[1].startswith("digits")]
+    return ([u.text for u in utterances] + numbers + [prompt, NUMERALS_QUESTION] * 50
+            + DIGIT_WORDS + _ADJECTIVES + _NOUNS + _VERBS + _PLACES)
 
 
 def write_corpus(out_dir: str | Path, num_samples: int = 3000, num_val_samples: int = 100, seed: int = 0,
@@ -218,18 +244,23 @@ def write_corpus(out_dir: str | Path, num_samples: int = 3000, num_val_samples: 
         results = pool.imap(_encode, utterances, chunksize=8) if pool else map(_encode, utterances)
         for utt, sample in tqdm(zip(utterances, results), total=len(utterances), disable=not progress,
                                 desc="espeak-ng", unit="utt"):
-            if utt.dataset not in writers:
-                writers[utt.dataset] = MDSWriter(out=str(out / utt.dataset), columns=MDS_COLUMNS,
-                                                 size_limit=shard_size, progress_bar=False)
-            writers[utt.dataset].write(sample)
-            counts[utt.dataset] = counts.get(utt.dataset, 0) + 1
-            seconds[utt.dataset] = seconds.get(utt.dataset, 0.0) + sample["duration"]
+            twin = None if accent else numerals_twin(utt.dataset)
+            rows = [(utt.dataset, MDS_COLUMNS, sample)]
+            if twin:
+                rows.append((twin, NUMERALS_COLUMNS, {**sample, "number": numerals(utt.text)}))
+            for name, columns, row in rows:
+                if name not in writers:
+                    writers[name] = MDSWriter(out=str(out / name), columns=columns, size_limit=shard_size,
+                                              progress_bar=False)
+                writers[name].write(row)
+                counts[name] = counts.get(name, 0) + 1
+                seconds[name] = seconds.get(name, 0.0) + sample["duration"]
     for writer in writers.values():
         writer.finish()
     synth_s = time.perf_counter() - start
     build_tokenizer(tokenizer_texts(utterances), out / "tokenizer", vocab_size=vocab_size)
     manifest = {
-        "seed": seed, "num_samples": num_samples, "num_val_samples": num_val_samples, "accent": accent,
+        "format": CORPUS_FORMAT, "seed": seed, "num_samples": num_samples, "num_val_samples": num_val_samples, "accent": accent,
         "datasets": {name: {"samples": counts[name], "audio_seconds": round(seconds[name], 2)} for name in counts},
         "train_voices": [f"{a}+{v}" for accs in TRAIN_ACCENTS.values() for a in accs for v in TRAIN_VARIANTS],
         "heldout_accents": HELDOUT_ACCENTS, "heldout_variants": HELDOUT_VARIANTS,

@@ -23,6 +23,7 @@ not in it, so a resumed loader rebuilds the buffer exactly and repeats or drops 
 
 from __future__ import annotations
 
+import json
 import weakref
 from collections import Counter
 from typing import Any, Dict, Iterator, List, Optional, Sequence
@@ -30,10 +31,10 @@ from typing import Any, Dict, Iterator, List, Optional, Sequence
 import numpy as np
 import torch
 
-from orchestrator.data import mel, remote, sources
+from orchestrator.data import mel, prompts, remote, sources, tasks
 from orchestrator.data.audio import AudioError, load_audio
 from orchestrator.data.packing import Example, Packer, collate
-from orchestrator.data.prompts import PromptBuilder, audio_placeholder_count
+from orchestrator.data.prompts import audio_placeholder_count
 
 
 class BadSampleError(RuntimeError):
@@ -41,20 +42,49 @@ class BadSampleError(RuntimeError):
 
 
 class SampleProcessor:
-    """Raw MDS sample -> Example (decode, resample, chunk, tokenize), or a reason it is bad."""
+    """Raw MDS sample -> Example (decode, resample, chunk, tokenize) in its dataset's
+    format (orchestrator.data.tasks: single clip or conversation), or a reason it is bad.
+    `datasets[k]` is the dataset whose samples come with format index k."""
 
-    def __init__(self, data_cfg, encoder_cfg, adapter_cfg, tokenizer, pad_multiple: int = 1):
+    def __init__(self, data_cfg, encoder_cfg, adapter_cfg, tokenizer, datasets: Sequence[sources.ResolvedDataset],
+                 split: str, pad_multiple: int = 1):
         self.cfg = _plain(data_cfg)  # attribute reads on a DictConfig are slow in this per-sample path
         self.max_source_positions = int(encoder_cfg.max_source_positions)
         self.num_mel_bins = int(encoder_cfg.num_mel_bins)
         self.frame_stack = int(adapter_cfg.frame_stack)
         self.window_frames = mel.window_frames_for(self.max_source_positions)
-        self.prompts = PromptBuilder(tokenizer, data_cfg.prompt_template, data_cfg.response_suffix,
-                                     add_bos=data_cfg.add_bos, add_eos=data_cfg.add_eos,
-                                     loss_on_prompt=data_cfg.loss_on_prompt, audio_token=data_cfg.audio_token)
+        problems = [p for d in datasets for p in tasks.entry_problems(d.entry or {"name": d.name}, data_cfg, split)]
+        if problems:
+            raise ValueError("data." + split + ": " + "; ".join(problems))
+        self.formats = [tasks.dataset_format(d.entry or {"name": d.name}, data_cfg, d.name) for d in datasets]
+        self.builders = self._builders(tokenizer, data_cfg)
+        self.audio_token_id = prompts.audio_token_id(tokenizer, data_cfg.audio_token)
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
         self.pad_multiple = pad_multiple
         self.max_samples = int(round(data_cfg.max_audio_seconds * data_cfg.sample_rate))
+
+    def _builders(self, tokenizer, data_cfg) -> list:
+        """One builder per format; datasets with the same template share theirs."""
+        common = dict(add_bos=data_cfg.add_bos, add_eos=data_cfg.add_eos, loss_on_prompt=data_cfg.loss_on_prompt,
+                      audio_token=data_cfg.audio_token)
+        shared: Dict[Any, Any] = {}
+        out = []
+        for fmt in self.formats:
+            if fmt.conversation:
+                key = "conversation"
+                make = lambda: prompts.ConversationBuilder(tokenizer, **common)  # noqa: E731
+            else:
+                try:
+                    template = fmt.template or prompts.chat_user_template(tokenizer, fmt.instruction)
+                except ValueError as err:
+                    raise ValueError(f"dataset {fmt.name}: {err}") from None
+                key = (template, fmt.ctc)
+                make = lambda: prompts.PromptBuilder(tokenizer, template, data_cfg.response_suffix, ctc=fmt.ctc,  # noqa: E731
+                                                     **common)
+            if key not in shared:
+                shared[key] = make()
+            out.append(shared[key])
+        return out
 
     def clips(self, audio: np.ndarray) -> List[np.ndarray]:
         if audio.shape[0] <= self.max_samples:
@@ -66,26 +96,74 @@ class SampleProcessor:
         # Consecutive chunks of max_audio_seconds; their placeholder runs follow each other in the prompt.
         return [audio[i:i + self.max_samples] for i in range(0, audio.shape[0], self.max_samples)]
 
-    def __call__(self, raw: Dict[str, Any], position: int, dataset_id: int) -> Example:
+    def _placeholders(self, clips: Sequence[np.ndarray]) -> List[int]:
+        return [audio_placeholder_count(c.shape[0], self.max_source_positions, self.frame_stack, self.cfg.audio_tokens)
+                for c in clips]
+
+    def _fits(self, tokenized) -> bool:
+        return -(-len(tokenized) // self.pad_multiple) * self.pad_multiple <= self.cfg.seq_length
+
+    def __call__(self, raw: Dict[str, Any], position: int, dataset_id: int, format_index: Optional[int] = None
+                 ) -> Example:
         if "__read_error__" in raw:
             raise AudioError(f"shard read failed: {raw['__read_error__']}")
-        cfg = self.cfg
-        if cfg.audio_field not in raw:
-            raise AudioError(f"no column {cfg.audio_field!r} (data.audio_field); columns: {sorted(raw)}")
-        audio = load_audio(raw[cfg.audio_field], raw.get(cfg.sample_rate_field), cfg.sample_rate,
-                           cfg.wrong_sample_rate)
+        k = dataset_id if format_index is None else format_index
+        fmt, builder = self.formats[k], self.builders[k]
+        missing = [f"{col!r} ({key})" for col, key in fmt.required_columns() if col not in raw]
+        if missing:
+            raise AudioError(f"no column {', '.join(missing)}; the sample's columns: {sorted(raw)}")
+        if fmt.conversation:
+            return self._conversation(raw, fmt, builder, position, dataset_id)
+        audio = load_audio(raw[fmt.audio_field], raw.get(self.cfg.sample_rate_field), self.cfg.sample_rate,
+                           self.cfg.wrong_sample_rate)
         clips = self.clips(audio)
-        text = raw.get(cfg.text_field)
+        text = raw[fmt.text_field]
         if not isinstance(text, str) or not text.strip():
-            raise AudioError(f"empty transcript in column {cfg.text_field!r} (data.text_field)")
-        counts = [audio_placeholder_count(c.shape[0], self.max_source_positions, self.frame_stack, cfg.audio_tokens)
-                  for c in clips]
-        tokenized = self.prompts.build(text, counts)
-        needed = -(-len(tokenized) // self.pad_multiple) * self.pad_multiple
-        if needed > cfg.seq_length:
+            raise AudioError(f"empty answer in column {fmt.text_field!r} ({fmt.name}'s text_field)")
+        instruction = raw.get(fmt.instruction_field) if fmt.instruction_field else None
+        counts = self._placeholders(clips)
+        tokenized = builder.build(text, counts, instruction)
+        if not self._fits(tokenized):
             raise AudioError(f"sample of {len(tokenized)} tokens ({sum(counts)} audio) does not fit "
-                             f"data.seq_length ({cfg.seq_length}); raise data.seq_length or shorten the clip")
+                             f"data.seq_length ({self.cfg.seq_length}); raise data.seq_length or shorten the clip")
         return Example(position, dataset_id, tokenized, clips)
+
+    def _conversation(self, raw: Dict[str, Any], fmt, builder, position: int, dataset_id: int) -> Example:
+        turns = raw[fmt.turns_field]
+        if isinstance(turns, (str, bytes)):
+            turns = json.loads(turns)
+        problems = tasks.conversation_problems(turns, raw.keys())
+        if problems:
+            raise AudioError(f"conversation in column {fmt.turns_field!r}: " + "; ".join(problems))
+        rate = raw.get(self.cfg.sample_rate_field)
+        segments: Dict[str, List[np.ndarray]] = {}  # audio column -> its clips
+        for turn in turns:
+            for column in turn.get("audio") or []:
+                if column not in segments:
+                    try:
+                        segments[column] = self.clips(load_audio(raw[column], rate, self.cfg.sample_rate,
+                                                                 self.cfg.wrong_sample_rate))
+                    except AudioError as err:
+                        raise AudioError(f"audio segment {column!r}: {err}") from None
+        truncated = False
+        keep = len(turns)
+        while True:
+            kept = turns[:keep]
+            tokenized = builder.build(kept, {i: self._placeholders(c) for i, c in segments.items()})
+            if self._fits(tokenized):
+                break
+            # Cut at the last assistant turn before `keep` (an answer must end the sample).
+            shorter = [k + 1 for k in range(keep - 1) if turns[k]["role"] == "assistant"]
+            if self.cfg.long_conversation != "truncate" or not shorter:
+                hint = ("not even its first answer fits" if self.cfg.long_conversation == "truncate" else
+                        "set data.long_conversation=truncate to cut it at a turn boundary")
+                raise AudioError(f"conversation of {len(tokenized)} tokens ({sum(tokenized.audio_tokens)} audio) "
+                                 f"does not fit data.seq_length ({self.cfg.seq_length}); {hint}, or raise "
+                                 f"data.seq_length")
+            keep, truncated = shorter[-1], True
+        order = [c for turn in turns[:keep] for c in (turn.get("audio") or [])]  # placeholder order
+        return Example(position, dataset_id, tokenized, [clip for c in order for clip in segments[c]],
+                       truncated=truncated)
 
     def features(self, examples: Sequence[Example]):
         """Log-mel of every clip of `examples`, in order; computed in one batch for those
@@ -118,7 +196,8 @@ class FeatureCache:
         hit = self.items.get(sample_id)
         if hit is None:
             return None
-        return Example(position, dataset_id, hit.tokenized, [], sample_id, hit.features, hit.feature_lengths)
+        return Example(position, dataset_id, hit.tokenized, [], sample_id, hit.features, hit.feature_lengths,
+                       hit.truncated)
 
     def put(self, ex: Example) -> None:
         if ex.sample_id < 0 or ex.sample_id in self.items:
@@ -127,7 +206,7 @@ class FeatureCache:
         if self.used + size > self.budget:
             return
         self.items[ex.sample_id] = Example(-1, ex.dataset_id, ex.tokenized, [], ex.sample_id, ex.features,
-                                           ex.feature_lengths)
+                                           ex.feature_lengths, ex.truncated)
         self.used += size
 
 
@@ -252,11 +331,11 @@ class TrainLoader:
         self.cfg, self.mbs, self.dp_rank, self.dp_size, self.seed = data_cfg, micro_batch_size, dp_rank, dp_size, seed
         self.num_workers = int(data_cfg.num_workers)
         pad_multiple = 2 * cp_size if (cp_size > 1 and data_cfg.packing) else 1
-        self.processor = SampleProcessor(data_cfg, encoder_cfg, adapter_cfg, _tokenizer(data_cfg, tokenizer_path),
-                                         pad_multiple)
         self.datasets = sources.resolve_entries(data_cfg.train)
         if not self.datasets:
             raise ValueError("data.train lists no datasets")
+        self.processor = SampleProcessor(data_cfg, encoder_cfg, adapter_cfg, _tokenizer(data_cfg, tokenizer_path),
+                                         self.datasets, "train", pad_multiple)
         remote.check_remote_datasets(self.datasets)  # one error for every unreadable one, before mosaic
         self.names = sources.stream_names(self.datasets)
         self.mixture = sources.open_mixture(self.datasets, seed=seed, shuffle=data_cfg.shuffle,
@@ -265,11 +344,13 @@ class TrainLoader:
                                             download_retry=data_cfg.download_retry)
         self.epoch_size = int(self.mixture.epoch_size)
         self.order = sources.RankOrder(self.mixture, dp_rank, dp_size)
+        check_columns(self.mixture, self.processor.formats, self.datasets, "train")
         self.locator = sources.SampleLocator(self.mixture, self.datasets)
         self.reader = SampleReader(self.mixture, self.processor)
         self.packer = Packer(data_cfg.seq_length, micro_batch_size, data_cfg.packing_buffer, data_cfg.packing,
                              pad_multiple)
         self.bad = BadSamples(data_cfg.on_bad_sample)
+        self.truncated: Counter = Counter()  # conversations cut to fit, per dataset
         self.cache = FeatureCache(data_cfg.feature_cache_mb) if data_cfg.feature_cache_mb > 0 else None
         self.next_position = 0  # the rank's position of the next sample to hand to the packer
         self._skip_below = 0  # after a resume: positions below this were emitted unless pending
@@ -325,6 +406,8 @@ class TrainLoader:
                 example.feature_lengths = torch.from_numpy(example.feature_lengths)
                 if self.cache is not None:
                     self.cache.put(example)
+            if example.truncated:
+                self.truncated[self.names[example.dataset_id]] += 1
             self.packer.add(example)
             unusable = 0
 
@@ -337,7 +420,7 @@ class TrainLoader:
         rows = self.packer.pop_rows()
         self.micro_batches += 1
         return collate(rows, self.cfg.seq_length, self.processor.pad_id, self.processor.pad_multiple, self.names,
-                       self.processor.prompts.audio_token_id, num_rows=self.mbs,
+                       self.processor.audio_token_id, num_rows=self.mbs,
                        features_fn=self.processor.features, packed=self.cfg.packing)
 
     # ---------------------------------------------------------------- checkpoint
@@ -345,7 +428,7 @@ class TrainLoader:
         return {"next_position": self.next_position, "pending": self.packer.pending_positions(),
                 "dp_rank": self.dp_rank, "dp_size": self.dp_size, "seed": self.seed, "order": self.ORDER,
                 "epoch_size": self.epoch_size, "datasets": self.names, "micro_batches": self.micro_batches,
-                "bad_samples": self.bad.as_dict()}
+                "bad_samples": self.bad.as_dict(), "truncated_samples": dict(sorted(self.truncated.items()))}
 
     def load_state_dict(self, state: Dict[str, Any]) -> None:
         mismatched = [f"{k}: saved {state.get(k)!r}, now {v!r}" for k, v in
@@ -362,9 +445,34 @@ class TrainLoader:
         self._skip_below = self.next_position = int(state["next_position"])
         self.micro_batches = int(state["micro_batches"])
         self.bad.counts = Counter(state.get("bad_samples", {}))
+        self.truncated = Counter(state.get("truncated_samples", {}))
 
     def bad_samples(self) -> Dict[str, int]:
         return self.bad.as_dict()
+
+    def sample_counts(self) -> Dict[str, int]:
+        """Skipped (data.on_bad_sample=skip) and truncated (data.long_conversation=truncate)
+        samples of this rank so far, per dataset, as metric names."""
+        return {**{f"bad_samples/{k}": v for k, v in self.bad.as_dict().items()},
+                **{f"truncated_samples/{k}": v for k, v in sorted(self.truncated.items())}}
+
+
+def check_columns(mixture, formats: Sequence[tasks.DatasetFormat], datasets: Sequence[sources.ResolvedDataset],
+                  split: str) -> None:
+    """Every dataset's first shard has the columns its format reads (mosaic read the
+    column names from index.json): one error naming each dataset, column and setting,
+    before any sample is read."""
+    problems = []
+    for k, (fmt, dataset) in enumerate(zip(formats, datasets)):
+        shard = mixture.shards[int(mixture.shard_offset_per_stream[k])]
+        have = list(getattr(shard, "column_names", []) or [])
+        missing = [f"{col!r} ({key})" for col, key in fmt.required_columns() if col not in have]
+        if missing:
+            problems.append(f"dataset {dataset.name} ({dataset.path}) has no column {', '.join(missing)}; "
+                            f"its columns: {have}")
+    if problems:
+        raise ValueError(f"data.{split}: " + "; ".join(problems) + ". Name the dataset's columns in its entry "
+                         "(audio_field, text_field, instruction_field, turns_field)")
 
 
 def build_train_loader(data_cfg, encoder_cfg, adapter_cfg, micro_batch_size: int, dp_rank: int = 0,
@@ -384,6 +492,7 @@ class ValidationSuite:
     def __init__(self, datasets: Sequence[sources.ResolvedDataset], data_cfg):
         self.datasets = list(datasets)
         self.cfg = data_cfg
+        self.formats = [tasks.dataset_format(d.entry or {"name": d.name}, data_cfg, d.name) for d in self.datasets]
         self._mixture = None
 
     @property
@@ -394,6 +503,7 @@ class ValidationSuite:
                                                  proportional=False, cache_limit=self.cfg.cache_limit,
                                                  download_retry=self.cfg.download_retry)
             self.locator = sources.SampleLocator(self._mixture, self.datasets)
+            check_columns(self._mixture, self.formats, self.datasets, "validation")
         return self._mixture
 
     def sample_ids(self, k: int) -> range:
@@ -411,6 +521,7 @@ class ValidationSet:
         self.mbs, self.dp_rank, self.dp_size = micro_batch_size, dp_rank, dp_size
         self.bad = BadSamples(data_cfg.on_bad_sample)
         self.name = suite.datasets[k].name
+        self.metric = processor.formats[k].metric  # how generation on this dataset is scored
 
     def __iter__(self) -> Iterator[Dict[str, Any]]:
         ids = self.suite.sample_ids(self.k)
@@ -420,26 +531,23 @@ class ValidationSet:
         mixture = self.suite.mixture
         packer = Packer(self.cfg.seq_length, self.mbs, max(self.cfg.packing_buffer, self.mbs), self.cfg.packing,
                         self.processor.pad_multiple)
-        transcripts: Dict[int, str] = {}
         for position in range(self.dp_rank, len(ids), self.dp_size):
             sample_id = ids[position]
-            raw = mixture[sample_id]
             try:
-                packer.add(self.processor(raw, position, 0))
+                packer.add(self.processor(mixture[sample_id], position, 0, format_index=self.k))
             except (AudioError, ValueError) as err:
                 self.bad.handle(self.suite.locator(sample_id), str(err))
                 continue
-            transcripts[position] = str(raw.get(self.cfg.text_field, "")).strip()
             if packer.full():
-                yield self._batch(packer.pop_rows(), transcripts)
+                yield self._batch(packer.pop_rows())
         while packer.buffer:
-            yield self._batch(packer.pop_rows(), transcripts)
+            yield self._batch(packer.pop_rows())
 
-    def _batch(self, rows, transcripts: Dict[int, str]) -> Dict[str, Any]:
+    def _batch(self, rows) -> Dict[str, Any]:
         batch = collate(rows, self.cfg.seq_length, self.processor.pad_id, self.processor.pad_multiple, [self.name],
-                        self.processor.prompts.audio_token_id, num_rows=self.mbs,
+                        self.processor.audio_token_id, num_rows=self.mbs,
                         features_fn=self.processor.features, packed=self.cfg.packing)
-        batch["transcripts"] = [transcripts.pop(ex.position) for row in rows for ex in row]
+        batch["transcripts"] = [ex.tokenized.reference for row in rows for ex in row]
         return batch
 
 
@@ -448,13 +556,15 @@ def build_validation_loaders(data_cfg, encoder_cfg, adapter_cfg, micro_batch_siz
                              tokenizer_path: Optional[str] = None) -> Dict[str, ValidationSet]:
     """One iterable per validation dataset (glob entries: one per match), keyed by name.
 
-    Every batch also carries `transcripts` (the reference text of each sample, in
-    token order) for word error rates; the prompt of a sample is its tokens before
-    the first trained label (loss_mask).
+    Every batch also carries `transcripts` (the reference answer of each sample, in
+    token order; a conversation's last scored assistant turn) and `answer_starts` (where
+    in each sample that answer starts: its generation prompt is the tokens before);
+    each set has the `metric` its dataset is scored by (orchestrator.data.tasks).
     """
     pad_multiple = 2 * cp_size if (cp_size > 1 and data_cfg.packing) else 1
-    processor = SampleProcessor(data_cfg, encoder_cfg, adapter_cfg, _tokenizer(data_cfg, tokenizer_path), pad_multiple)
     datasets = sources.resolve_entries(data_cfg.validation)
+    processor = SampleProcessor(data_cfg, encoder_cfg, adapter_cfg, _tokenizer(data_cfg, tokenizer_path), datasets,
+                                "validation", pad_multiple)
     remote.check_remote_datasets(datasets)
     suite = ValidationSuite(datasets, data_cfg)
     return {d.name: ValidationSet(suite, k, processor, data_cfg, micro_batch_size, dp_rank, dp_size)

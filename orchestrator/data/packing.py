@@ -22,7 +22,10 @@ Micro-batch (all torch tensors unless said):
   audio_lengths       int64 [C]      valid mel frames of each clip
   audio_num_tokens    int64 [C]      placeholders of each clip (adapter output kept per clip)
   audio_clip_rows     int64 [C]      the row each clip's placeholders are in
+  audio_clip_ctc      bool [C]       whether each clip's sample is its transcript (joint CTC target)
   audio_token_id      int            the placeholder token id
+  answer_starts       list[int]      per sample, in token order: where its scored answer starts
+                                     (generation is prompted with the sample's tokens before it)
   num_samples, num_tokens (non-padding), packed (bool)
 """
 
@@ -48,6 +51,7 @@ class Example:
     sample_id: int = -1  # mosaic's global sample id (feature cache key)
     features: Optional[torch.Tensor] = None  # [clips, mels, frames] when already computed (cache)
     feature_lengths: Optional[torch.Tensor] = None
+    truncated: bool = False  # a conversation cut at a turn boundary to fit data.seq_length
 
     def __len__(self) -> int:
         return len(self.tokenized)
@@ -118,6 +122,8 @@ def collate(rows: Sequence[Sequence[Example]], seq_length: int, pad_id: int, pad
     examples: List[Example] = []
     clip_tokens: List[int] = []
     clip_rows: List[int] = []
+    clip_ctc: List[bool] = []
+    answer_starts: List[int] = []
     sample_datasets: List[str] = []
     num_tokens = 0
     for r in range(b):
@@ -133,6 +139,8 @@ def collate(rows: Sequence[Sequence[Example]], seq_length: int, pad_id: int, pad
             examples.append(ex)
             clip_tokens.extend(t.audio_tokens)
             clip_rows.extend([r] * len(t.audio_tokens))
+            clip_ctc.extend([t.ctc] * len(t.audio_tokens))
+            answer_starts.append(t.answer_start)
             sample_datasets.append(dataset_names[ex.dataset_id])
             num_tokens += n
             at += span
@@ -149,6 +157,7 @@ def collate(rows: Sequence[Sequence[Example]], seq_length: int, pad_id: int, pad
         "sample_datasets": sample_datasets, "audio_token_id": int(audio_token_id),
         "audio_num_tokens": torch.tensor(clip_tokens, dtype=torch.long),
         "audio_clip_rows": torch.tensor(clip_rows, dtype=torch.long),
+        "audio_clip_ctc": torch.tensor(clip_ctc, dtype=torch.bool), "answer_starts": answer_starts,
         "num_samples": len(sample_datasets), "num_tokens": num_tokens, "packed": packed,
     }
     if features_fn is not None:

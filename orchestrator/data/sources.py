@@ -27,7 +27,7 @@ import os
 import tempfile
 import time
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence
 
@@ -42,6 +42,8 @@ class ResolvedDataset:
     path: str  # local directory or remote URI
     weight: float  # share of the mixture (an entry's weight split over its matches by size)
     num_samples: Optional[int] = None  # known for local datasets (from index.json)
+    # The config entry it came from: its task, template and columns (orchestrator.data.tasks).
+    entry: Any = field(default=None, compare=False)
 
 
 def is_remote(path: str) -> bool:
@@ -66,7 +68,7 @@ def resolve_entries(entries: Sequence[Any]) -> List[ResolvedDataset]:
         name, path, weight = str(entry.name), str(entry.path), float(getattr(entry, "weight", 1.0))
         if not any(c in path for c in _GLOB_CHARS):
             size = None if is_remote(path) else _local_num_samples(path)
-            out.append(ResolvedDataset(name, path, weight, size))
+            out.append(ResolvedDataset(name, path, weight, size, entry))
             continue
         if is_remote(path):
             raise ValueError(f"dataset {name}: glob patterns are expanded for local paths only, got {path}; "
@@ -81,7 +83,7 @@ def resolve_entries(entries: Sequence[Any]) -> List[ResolvedDataset]:
             suffix = os.path.relpath(match, prefix)
             # The entry's weight is shared by its matches in proportion to their size, as if
             # they were one dataset.
-            out.append(ResolvedDataset(f"{name}/{suffix}", match, weight * size / total, size))
+            out.append(ResolvedDataset(f"{name}/{suffix}", match, weight * size / total, size, entry))
     names = [d.name for d in out]
     dupes = sorted({n for n in names if names.count(n) > 1})
     if dupes:

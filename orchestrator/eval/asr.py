@@ -1,10 +1,14 @@
-"""Transcribe validation batches with greedy decoding and score them.
+"""Answer validation batches with greedy decoding and score them.
 
 A validation micro-batch (orchestrator.data.packing format, packed or not) holds
-samples = prompt + reference answer. The prompt of a sample is its tokens up to and
-including the first position whose label is trained (loss_mask), i.e. everything
-before the answer; its clips are the next ones in placeholder order. The reference
-transcripts come with the batch (`transcripts`, one per sample in token order).
+samples = prompt + reference answer. The prompt of a sample is its tokens before the
+scored answer: `answer_starts` (one index per sample, within the sample) when the batch
+carries it, else up to and including the first position whose label is trained
+(loss_mask) -- right for one answer per sample, not for conversations, whose scored
+answer is the last assistant turn. Its clips are those whose placeholders lie in the
+prompt, in placeholder order. The references come with the batch (`transcripts`, one
+per sample in token order: the scored answer's text). Each validation dataset is scored
+by its loader's `metric` (orchestrator.eval.metrics; "wer" when it has none).
 """
 
 from __future__ import annotations
@@ -14,8 +18,25 @@ from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence
 
 import torch
 
-from orchestrator.eval.wer import word_errors
+from orchestrator.eval import metrics
 from orchestrator.models.generate import greedy_generate
+
+# The report's pooled entries, one per metric in use. "all" is the pooled WER, the key
+# it had when WER was the only metric.
+POOLED = {"wer": "all", "exact": "all/exact", "bleu": "all/bleu"}
+
+
+def _whole_clips(placeholders: int, clip_tokens: Sequence[int], first: int) -> List[int]:
+    """The clips from `first` on whose placeholders add up to `placeholders`."""
+    clips = []
+    while placeholders > 0:
+        if first + len(clips) >= len(clip_tokens):
+            raise ValueError("audio placeholders outnumber the batch's audio clips")
+        placeholders -= clip_tokens[first + len(clips)]
+        clips.append(first + len(clips))
+    if placeholders != 0:
+        raise ValueError("audio placeholders do not match whole clips (audio_num_tokens)")
+    return clips
 
 
 def prompts_from_batch(batch: Mapping[str, Any]) -> List[Dict[str, Any]]:
@@ -26,32 +47,40 @@ def prompts_from_batch(batch: Mapping[str, Any]) -> List[Dict[str, Any]]:
     cu = batch["cu_seqlens"].tolist()
     audio_id = int(batch["audio_token_id"])
     clip_tokens = [int(n) for n in batch["audio_num_tokens"].tolist()]
+    answer_starts = batch.get("answer_starts")
     samples: List[Dict[str, Any]] = []
     next_clip = 0
     for start, end in zip(cu[:-1], cu[1:]):
         if int(owner[start]) < 0:
             continue  # a row's tail padding
-        trained = torch.nonzero(mask[start:end] > 0).flatten()
-        if trained.numel() == 0:
-            raise ValueError(f"sample at flat tokens {start}..{end} has no trained label: no answer to score")
-        prompt = tokens[start:start + int(trained[0]) + 1].tolist()
-        placeholders = sum(1 for t in prompt if t == audio_id)
-        clips = []
-        while placeholders > 0:
-            if next_clip >= len(clip_tokens):
-                raise ValueError("prompt placeholders outnumber the batch's audio clips")
-            placeholders -= clip_tokens[next_clip]
-            clips.append(next_clip)
-            next_clip += 1
-        if placeholders != 0:
-            raise ValueError("a prompt's audio placeholders do not match whole clips (audio_num_tokens)")
+        if answer_starts is not None:
+            if len(samples) >= len(answer_starts):
+                raise ValueError(f"the batch has more samples than answer_starts ({len(answer_starts)})")
+            cut = int(answer_starts[len(samples)])
+            if not 0 < cut <= end - start:
+                raise ValueError(f"answer_start {cut} of the sample at flat tokens {start}..{end} leaves no prompt "
+                                 f"or lies outside the sample")
+        else:
+            trained = torch.nonzero(mask[start:end] > 0).flatten()
+            if trained.numel() == 0:
+                raise ValueError(f"sample at flat tokens {start}..{end} has no trained label: no answer to score")
+            cut = int(trained[0]) + 1
+        prompt = tokens[start:start + cut].tolist()
+        # Every clip of the sample is consumed, so that the next sample's clips line up
+        # even where placeholders follow the answer start; generation gets those before it.
+        sample_clips = _whole_clips(int((tokens[start:end] == audio_id).sum()), clip_tokens, next_clip)
+        next_clip += len(sample_clips)
+        in_prompt = int((tokens[start:start + cut] == audio_id).sum())
+        clips = _whole_clips(in_prompt, clip_tokens, sample_clips[0]) if in_prompt else []
         samples.append({"prompt": prompt, "clips": clips})
+    if answer_starts is not None and len(answer_starts) != len(samples):
+        raise ValueError(f"{len(answer_starts)} answer_starts for {len(samples)} samples")
     return samples
 
 
-def transcribe_batch(model, batch: Mapping[str, Any], tokenizer, stop_ids: Sequence[int],
-                     max_new_tokens: int = 48) -> List[str]:
-    """Greedy transcripts of every sample of a validation batch, in token order."""
+def answer_batch(model, batch: Mapping[str, Any], tokenizer, stop_ids: Sequence[int],
+                 max_new_tokens: int = 48) -> List[str]:
+    """Greedy answers of every sample of a validation batch, in token order."""
     samples = prompts_from_batch(batch)
     clip_rows = [i for i, s in enumerate(samples) for _ in s["clips"]]
     order = [c for s in samples for c in s["clips"]]
@@ -78,15 +107,22 @@ def default_stop_ids(tokenizer, response_suffix: str = "<end_of_turn>") -> List[
     return ids
 
 
-def evaluate_wer(model, validation: Mapping[str, Iterable[Mapping[str, Any]]], tokenizer,
-                 stop_ids: Optional[Sequence[int]] = None, max_new_tokens: int = 48,
-                 max_batches: Optional[int] = None, examples: int = 0) -> Dict[str, Dict[str, Any]]:
-    """WER per validation dataset plus "all" (pooled). Each entry: wer, errors, words,
-    substitutions, deletions, insertions, utterances, seconds; with `examples` > 0 also
-    the first few (reference, hypothesis) pairs."""
+def evaluate_generation(model, validation: Mapping[str, Iterable[Mapping[str, Any]]], tokenizer,
+                        stop_ids: Optional[Sequence[int]] = None, max_new_tokens: int = 48,
+                        max_batches: Optional[int] = None, examples: int = 0) -> Dict[str, Dict[str, Any]]:
+    """Each validation dataset scored by its loader's `metric` ("wer" without one), plus
+    one pooled entry per metric in use over the datasets that use it (keys: POOLED).
+
+    A dataset's entry: {"metric": name, <name>: score, <its statistics>, "seconds"},
+    e.g. {"metric": "exact", "exact": 0.93, "correct": 186, "utterances": 200, ...}; with
+    `examples` > 0 also the first few (reference, hypothesis) pairs. A pooled entry:
+    {"metric", <name>: score, <summed statistics>, "datasets": [names]}."""
+    chosen = {name: metrics.check_metric(getattr(loader, "metric", "wer")) for name, loader in validation.items()}
+    clash = sorted(set(chosen) & set(POOLED.values()))
+    if clash:
+        raise ValueError(f"validation datasets named {clash}: these names are the pooled entries of the report")
     stop_ids = list(stop_ids) if stop_ids is not None else default_stop_ids(tokenizer)
     report: Dict[str, Dict[str, Any]] = {}
-    pooled = {"errors": 0, "words": 0, "substitutions": 0, "deletions": 0, "insertions": 0, "utterances": 0}
     for name, loader in validation.items():
         started = time.perf_counter()
         refs: List[str] = []
@@ -94,15 +130,18 @@ def evaluate_wer(model, validation: Mapping[str, Iterable[Mapping[str, Any]]], t
         for k, batch in enumerate(loader):
             if max_batches is not None and k >= max_batches:
                 break
-            hyps += transcribe_batch(model, batch, tokenizer, stop_ids, max_new_tokens)
+            hyps += answer_batch(model, batch, tokenizer, stop_ids, max_new_tokens)
             refs += list(batch["transcripts"])
-        counts = word_errors(refs, hyps)
-        for key in pooled:
-            pooled[key] += counts[key]
-        entry: Dict[str, Any] = {**counts, "wer": counts["errors"] / max(counts["words"], 1),
+        metric = chosen[name]
+        stats = metrics.statistics(metric, refs, hyps)
+        entry: Dict[str, Any] = {"metric": metric, metric: metrics.score(metric, stats), **stats,
                                  "seconds": time.perf_counter() - started}
         if examples:
             entry["examples"] = list(zip(refs[:examples], hyps[:examples]))
         report[name] = entry
-    report["all"] = {**pooled, "wer": pooled["errors"] / max(pooled["words"], 1)}
+    for metric, key in POOLED.items():
+        names = [n for n in validation if chosen[n] == metric]
+        if names:
+            stats = metrics.add(metric, (report[n] for n in names))
+            report[key] = {"metric": metric, metric: metrics.score(metric, stats), **stats, "datasets": names}
     return report

@@ -160,15 +160,21 @@ class AudioAdapter(nn.Module):
 
 
 def ctc_losses(adapter: AudioAdapter, audio_tokens: torch.Tensor, tokens_per_clip: Sequence[int],
-               targets: Sequence[Sequence[int]]) -> torch.Tensor:
-    """CTC loss of each clip [clips]: the adapter's CTC head over the clip's audio tokens
-    (`audio_tokens` [sum of tokens, hidden], clips in order) against its transcript's
-    token ids. A transcript longer than the clip's audio tokens cannot be aligned and
-    gives 0 (zero_infinity) rather than an infinite loss."""
+               targets: Sequence[Optional[Sequence[int]]]) -> torch.Tensor:
+    """CTC loss of each clip with a target [clips with targets]: the adapter's CTC head
+    over the clip's audio tokens (`audio_tokens` [sum of tokens, hidden], clips in order)
+    against its transcript's token ids; a clip whose target is None (its sample is not
+    its transcript) is left out. A transcript longer than the clip's audio tokens cannot
+    be aligned and gives 0 (zero_infinity) rather than an infinite loss."""
     if adapter.ctc_head is None:
         raise ValueError("the adapter has no CTC head (model.adapter.ctc_weight is 0)")
     if len(targets) != len(tokens_per_clip):
         raise ValueError(f"{len(targets)} CTC targets for {len(tokens_per_clip)} audio clips")
+    if any(t is None for t in targets):
+        keep = [i for i, t in enumerate(targets) if t is not None]
+        pieces = audio_tokens.split(list(tokens_per_clip))
+        audio_tokens = torch.cat([pieces[i] for i in keep])
+        tokens_per_clip, targets = [tokens_per_clip[i] for i in keep], [targets[i] for i in keep]
     blank = adapter.ctc_head.out_features - 1
     log_probs = torch.log_softmax(adapter.ctc_head(audio_tokens).float(), dim=-1)
     padded = nn.utils.rnn.pad_sequence(list(log_probs.split(list(tokens_per_clip))))  # [T, clips, vocab + 1]

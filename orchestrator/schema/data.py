@@ -9,6 +9,26 @@ class DatasetEntry:
     name: str = "default"  # shown in per-dataset metrics; a glob path suffixes it per match
     path: str = "???"  # local directory or remote URI of an MDS dataset; may be a glob
     weight: float = 1.0  # sampling proportion in the training mixture
+    # What the dataset's samples ask of the model (orchestrator/data/tasks.py). Every
+    # field left unset takes the `data` group's default, so a plain {name, path, weight}
+    # entry is transcription with data.prompt_template, as before.
+    # A named task preset (transcribe, translate, answer, caption, instruct): its
+    # instruction is rendered as a user turn by the tokenizer's chat template, and it
+    # brings its validation metric.
+    task: Optional[str] = None
+    # This dataset's template, as data.prompt_template: <SpeechHere> exactly once, and
+    # {instruction} where instruction_field's text goes. Overrides `task`'s instruction.
+    prompt_template: Optional[str] = None
+    instruction_field: Optional[str] = None  # MDS column with each sample's own instruction text
+    audio_field: Optional[str] = None  # default data.audio_field
+    text_field: Optional[str] = None  # the answer column; default data.text_field
+    # A conversation dataset: the MDS column with the turns (a JSON list of {role, text,
+    # audio: [indices into the sample's audio column]}); see README "Conversations".
+    turns_field: Optional[str] = None
+    metric: Optional[str] = None  # validation only: wer | exact | bleu; default: the task's, else wer
+    # Joint CTC on this dataset's clips (model.adapter.ctc_weight > 0): the answer must be
+    # the transcript of the one clip. Default: true for transcription, false otherwise.
+    ctc: Optional[bool] = None
 
 
 @dataclass
@@ -28,6 +48,10 @@ class DataConfig:
     add_bos: bool = True  # prepend the tokenizer's bos token to every sample
     add_eos: bool = True  # append the tokenizer's eos token after the response
     loss_on_prompt: bool = False  # false: the loss covers the response tokens only
+    # Conversations longer than seq_length: "refuse" (a bad sample, see on_bad_sample)
+    # or "truncate" at the last assistant turn that fits (counted per dataset in the
+    # metrics as truncated_samples).
+    long_conversation: str = "refuse"
     max_audio_seconds: float = 30.0
     long_audio: str = "refuse"  # refuse | chunk: clips longer than max_audio_seconds
     # Audio tokens per clip: "clip" counts the clip's own mel frames (short clips make

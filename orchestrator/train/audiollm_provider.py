@@ -90,8 +90,10 @@ class AudioLLMProvider:
         inputs = model_inputs(batch, width, next(model.parameters()).device, with_audio=inner.pre_process)
         samples = []
         if self.ctc_weight > 0 and inner.training and "audio_features" in inputs:
-            samples = ctc_samples(batch, self.special_ids)
-            inputs["ctc_targets"] = [targets for _, _, targets in samples]
+            per_clip = ctc_samples(batch, self.special_ids)
+            samples = [s for s in per_clip if s is not None]
+            if samples:
+                inputs["ctc_targets"] = [s[2] if s is not None else None for s in per_clip]
         output = model(**inputs)
         if samples:
             output, ctc = output
@@ -130,20 +132,26 @@ def model_inputs(batch: dict, width: int, device, with_audio: bool = True) -> di
 
 def ctc_samples(batch: dict, special_ids: set) -> list:
     """(row, trained positions [S] bool, transcript token ids) of each clip's sample, in
-    clip order. A sample is a document of its row (positions restart at 0 at each); its
-    transcript is its trained labels without special tokens (end of turn, eos)."""
+    clip order; None for a clip whose sample is not its transcript (audio_clip_ctc: a
+    dataset of another task, a conversation). A sample is a document of its row
+    (positions restart at 0 at each); its transcript is its trained labels without
+    special tokens (end of turn, eos)."""
     tokens, labels = batch["tokens"], batch["labels"]
     trained = batch["loss_mask"] > 0
     documents = torch.cumsum(batch["position_ids"] == 0, dim=1)
     rows = batch["audio_clip_rows"].tolist()
     per_clip = batch["audio_num_tokens"].tolist()
     audio_id = int(batch["audio_token_id"])
+    ctc = batch["audio_clip_ctc"].tolist() if "audio_clip_ctc" in batch else [True] * len(rows)
     placeholders = {r: (tokens[r] == audio_id).nonzero().flatten().tolist() for r in set(rows)}
     used = {r: 0 for r in placeholders}
     samples, seen = [], set()
-    for row, count in zip(rows, per_clip):
+    for row, count, wanted in zip(rows, per_clip, ctc):
         first = placeholders[row][used[row]]
         used[row] += count
+        if not wanted:
+            samples.append(None)
+            continue
         document = int(documents[row, first])
         if (row, document) in seen:
             raise ValueError(f"row {row}: a sample with several audio clips; the auxiliary CTC loss "
@@ -183,6 +191,9 @@ class LoaderBatches:
 
     def load_state_dict(self, state: dict) -> None:
         self.loader.load_state_dict(state)
+
+    def sample_counts(self) -> dict:
+        return self.loader.sample_counts()
 
 
 class ValidationBatches:

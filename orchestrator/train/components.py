@@ -42,3 +42,7 @@ class BatchSource(Protocol):
     def state_dict(self) -> dict: ...
 
     def load_state_dict(self, state: dict) -> None: ...
+
+    def sample_counts(self) -> dict:
+        """Counters of the samples read so far, as metric names (e.g. skipped bad
+        samples per dataset); {} when there is nothing to count."""

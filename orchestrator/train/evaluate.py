@@ -1,6 +1,7 @@
-"""Evaluate a run's checkpoint: validation loss and word error rate (greedy decoding,
-orchestrator/train/wer_eval.py) per validation dataset, whatever the run's
-train.eval_wer. Writes <run_dir>/eval/<checkpoint name>.json (rank 0).
+"""Evaluate a run's checkpoint: validation loss and the dataset's generation metric (WER,
+exact match or BLEU of greedy decoding, orchestrator/train/wer_eval.py) per validation
+dataset, whatever the run's train.eval_wer. Writes <run_dir>/eval/<checkpoint name>.json
+(rank 0).
 
     audiollm eval RUN_DIR [--checkpoint DIR]
         one process: the checkpoint is loaded resharded to TP=PP=1 (dist_checkpointing
@@ -81,7 +82,8 @@ def evaluate_run(run_dir: str | Path, checkpoint: Optional[str | Path] = None,
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = argparse.ArgumentParser(prog="audiollm eval", description="Evaluate a run's checkpoint "
-                                     "(validation loss per dataset; WER when the model provides generation).")
+                                     "(validation loss per dataset; WER, exact match or BLEU when the model "
+                                     "provides generation).")
     parser.add_argument("run_dir")
     parser.add_argument("--checkpoint", default=None, help="a checkpoint directory (default: the run's latest)")
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)

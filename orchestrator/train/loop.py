@@ -48,8 +48,9 @@ class Components:
     provider: object  # components.ModelProvider
     train_source: object  # components.BatchSource
     val_source: Optional[object] = None  # components.BatchSource (restarted for each evaluation)
-    # Optional generation-based evaluation (greedy decoding + WER per validation
-    # dataset): called as generation_eval(trainer, step) -> {metric: value} on every rank.
+    # Optional generation-based evaluation (greedy decoding + each validation dataset's
+    # metric: WER, exact, BLEU): called as generation_eval(trainer, step) -> {metric: value}
+    # on every rank.
     generation_eval: Optional[Callable] = None
     lora_b_init_std: float = 0.0  # tests: non-zero B so adapters change the output at once
 
@@ -297,6 +298,7 @@ class Trainer:
         metrics.update(memory_gib())
         metrics["step_time_s"] = elapsed
         metrics["data_wait_s"] = data_wait
+        metrics.update(source.sample_counts())  # this rank's skipped and truncated samples so far
         return metrics
 
     # ---- evaluation --------------------------------------------------------------------

@@ -172,16 +172,33 @@ def progress_line(step: int, total: int, m: dict, width: int = 20) -> str:
     return " | ".join(parts)
 
 
+# How the generation metrics (orchestrator/train/wer_eval.py keys `<metric>/<dataset>`,
+# `<metric>/all`, `<metric>/utterances`) are shown: console label, scale, unit, plot
+# name. WER and exact match are fractions shown in percent; BLEU is 0..100 already.
+GENERATION_METRICS = {
+    "wer": ("WER", 100.0, "%", "word error rate"),
+    "exact": ("exact", 100.0, "%", "exact match"),
+    "bleu": ("BLEU", 1.0, "", "BLEU"),
+}
+
+
+def _per_dataset(metric: str, m: dict) -> dict:
+    return {k[len(metric) + 1:]: v for k, v in m.items()
+            if k.startswith(f"{metric}/") and k != f"{metric}/utterances"}
+
+
 def eval_line(step: int, m: dict) -> Optional[str]:
     """The evaluation results among a step's metrics as one line (None without any):
-    validation loss, then word error rate overall and per validation dataset."""
+    validation loss, then each generation metric overall and per validation dataset."""
     parts = []
     if "val_loss" in m:
         parts.append(f"val_loss {m['val_loss']:.4f}")
-    if "wer/all" in m:
-        per_set = ", ".join(f"{k[4:]} {100 * v:.1f}%" for k, v in m.items()
-                            if k.startswith("wer/") and k not in ("wer/all", "wer/utterances"))
-        parts.append(f"WER {100 * m['wer/all']:.1f}% over {m.get('wer/utterances', 0):.0f} utterances ({per_set})")
+    for metric, (label, scale, unit, _) in GENERATION_METRICS.items():
+        if f"{metric}/all" in m:
+            per_set = ", ".join(f"{name} {scale * v:.1f}{unit}" for name, v in _per_dataset(metric, m).items()
+                                if name != "all")
+            parts.append(f"{label} {scale * m[f'{metric}/all']:.1f}{unit} over "
+                         f"{m.get(f'{metric}/utterances', 0):.0f} utterances ({per_set})")
     return f"eval at step {step}: " + " | ".join(parts) if parts else None
 
 
@@ -256,7 +273,8 @@ def read_metrics(run_dir: Path) -> list:
 
 def plot_loss_curve(run_dir: Path) -> Optional[Path]:
     """loss_curve.png: training loss (overall and per dataset) and validation loss; next
-    to it the word error rate per validation dataset when the run measured one."""
+    to it one panel per generation metric the run measured (WER, exact match, BLEU),
+    per validation dataset and pooled."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -265,14 +283,17 @@ def plot_loss_curve(run_dir: Path) -> Optional[Path]:
     rows = read_metrics(run_dir)
     if not rows:
         return None
-    loss_series, wer_series = {}, {}
+    loss_series = {}
+    metric_series = {metric: {} for metric in GENERATION_METRICS}
     for row in rows:
         for key, value in row.items():
             if key == "loss" or key.startswith("loss/") or key.startswith("val_loss"):
                 loss_series.setdefault(key, []).append((row["step"], value))
-            elif key.startswith("wer/") and key != "wer/utterances":
-                wer_series.setdefault(key, []).append((row["step"], 100 * value))
-    fig, axes = plt.subplots(1, 2 if wer_series else 1, figsize=(14 if wer_series else 8, 5), squeeze=False)
+        for metric, (_, scale, _, _) in GENERATION_METRICS.items():
+            for name, value in _per_dataset(metric, row).items():
+                metric_series[metric].setdefault(f"{metric}/{name}", []).append((row["step"], scale * value))
+    panels = [metric for metric, series in metric_series.items() if series]
+    fig, axes = plt.subplots(1, 1 + len(panels), figsize=(7 * (1 + len(panels)) if panels else 8, 5), squeeze=False)
     ax = axes[0][0]
     for key, points in sorted(loss_series.items()):
         xs, ys = zip(*points)
@@ -283,15 +304,15 @@ def plot_loss_curve(run_dir: Path) -> Optional[Path]:
     ax.set_title(Path(run_dir).name)
     ax.legend(fontsize=8)
     ax.grid(alpha=0.3)
-    if wer_series:
-        ax = axes[0][1]
-        for key, points in sorted(wer_series.items()):
+    for ax, metric in zip(axes[0][1:], panels):
+        _, _, unit, name = GENERATION_METRICS[metric]
+        pooled = f"{metric}/all"
+        for key, points in sorted(metric_series[metric].items()):
             xs, ys = zip(*points)
-            ax.plot(xs, ys, "-" if key == "wer/all" else ":", marker="o", label=key,
-                    linewidth=2 if key == "wer/all" else 1)
+            ax.plot(xs, ys, "-" if key == pooled else ":", marker="o", label=key, linewidth=2 if key == pooled else 1)
         ax.set_xlabel("step")
-        ax.set_ylabel("word error rate (%)")
-        ax.set_title("validation WER (greedy decoding)")
+        ax.set_ylabel(f"{name} ({unit})" if unit else name)
+        ax.set_title(f"validation {name} (greedy decoding)")
         ax.legend(fontsize=8)
         ax.grid(alpha=0.3)
     out = Path(run_dir) / "loss_curve.png"

@@ -83,3 +83,38 @@ def encoder_cfg():
 @pytest.fixture(scope="session")
 def adapter_cfg():
     return OmegaConf.structured(AdapterConfig(frame_stack=5))
+
+
+CONVERSATION_COLUMNS = {"turns": "json", "clip_a": "bytes", "clip_b": "bytes"}
+FIRST_QUESTION, SECOND_QUESTION = "Transcribe:", "And <SpeechHere> in reverse?"
+
+
+def conversation_samples(n: int, seed: int = 0) -> List[Dict]:
+    """Two-turn conversations with two clips: the user sends clip_a ("Transcribe:"), the
+    assistant answers its words; then clip_b at the marker of the second question, and
+    the assistant answers other words."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for i in range(n):
+        first = " ".join(rng.choice(WORDS[:10], size=int(rng.integers(1, 4))))
+        second = " ".join(rng.choice(WORDS[10:], size=int(rng.integers(1, 4))))
+        clips = {c: encode_flac(tone(float(rng.uniform(0.3, 1.2)), freq=300 + 20 * i + 7 * k, seed=seed * 100 + i),
+                                16000) for k, c in enumerate(("clip_a", "clip_b"))}
+        out.append({**clips, "turns": [
+            {"role": "user", "text": FIRST_QUESTION, "audio": ["clip_a"]},
+            {"role": "assistant", "text": first},
+            {"role": "user", "text": SECOND_QUESTION, "audio": ["clip_b"]},
+            {"role": "assistant", "text": second}]})
+    return out
+
+
+def instructed_samples(n: int, seed: int = 0) -> List[Dict]:
+    """Tone clips whose `instruction` column varies per sample and whose answer is in
+    column `answer` (a dataset with its own template, columns and prompts)."""
+    samples = tone_samples(n, seed=seed)
+    return [{"audio": s["audio"], "answer": s["text"].split()[0], "instruction": f"Say word {k % 3}"}
+            for k, s in enumerate(samples)]
+
+
+INSTRUCTED_COLUMNS = {"audio": "bytes", "answer": "str", "instruction": "str"}
+INSTRUCTED_TEMPLATE = "<start_of_turn>user\n{instruction}: <SpeechHere><end_of_turn>\n<start_of_turn>model\n"

@@ -248,7 +248,7 @@ def test_bad_samples_error_names_dataset_shard_and_index_or_are_skipped_and_coun
             cfg.wrong_sample_rate = "resample"
             assert next(build_train_loader(cfg, encoder_cfg, adapter_cfg, 2, seed=0))["num_samples"] > 0
             continue
-        expected = {"undecodable": "cannot decode", "empty_text": "empty transcript",
+        expected = {"undecodable": "cannot decode", "empty_text": "empty answer",
                     "too_long_audio": "exceeds data.max_audio_seconds", "too_many_tokens": "does not fit"}[reason]
         with pytest.raises(BadSampleError, match=rf"dataset {reason}: shard \S+shard\.\d{{5}}\.mds, sample 3: "
                                                  rf".*{expected}.*on_bad_sample=skip"):

@@ -65,7 +65,7 @@ def test_prompt_expands_speech_marker_and_masks_the_response_only(tokenizer):
     everything = PromptBuilder(tokenizer, TEMPLATE, loss_on_prompt=True).build("three", [4])
     assert everything.loss_mask[everything.labels == audio_id].sum() == 0
     assert everything.loss_mask.sum() == len(everything) - 4
-    with pytest.raises(ValueError, match="empty transcript"):
+    with pytest.raises(ValueError, match="empty answer"):
         builder.build("  ", [3])
     with pytest.raises(ValueError, match="exactly once"):
         PromptBuilder(tokenizer, "no marker")

@@ -1,6 +1,6 @@
 """One process: a tiny AudioLLM memorises three clip -> answer pairs, then greedy
 decoding must reproduce each answer from its clip, and the evaluation path scores it
-(WER); plus the SpecAugment hook of the built model. Prints `RESULT <json>`. Run: torchrun --nproc_per_node=1 tests/models/generate_script.py"""
+(WER, exact match, BLEU); plus the SpecAugment hook of the built model. Prints `RESULT <json>`. Run: torchrun --nproc_per_node=1 tests/models/generate_script.py"""
 
 import json
 
@@ -29,18 +29,29 @@ def config(spec_augment: bool):
     return model, ParallelConfig(tp=1, pp=1)
 
 
-def word_error_rates(model, prompts, answers, features, lengths):
+class ValidationLoader:
+    """What evaluate_generation reads of a validation loader: its batches and `metric`."""
+
+    def __init__(self, batches, metric):
+        self.batches, self.metric = batches, metric
+
+    def __iter__(self):
+        return iter(self.batches)
+
+
+def generation_scores(model, prompts, answers, features, lengths):
     """The memorised clips as one validation batch (one sample per row, the loader's
-    format) through the evaluation path (orchestrator.eval.asr.evaluate_wer: prompts
-    from the batch, greedy decoding, a real HF tokenizer's decode, WER). Returns the
-    pooled WER of the model, and of the same model when every token stops it (empty
-    transcripts)."""
+    format) through the evaluation path (orchestrator.eval.asr.evaluate_generation:
+    prompts from the batch, greedy decoding, a real HF tokenizer's decode, scores), as
+    three validation datasets: a plain list (no `metric`: WER) and loaders scored by
+    exact match and BLEU. Returns the pooled score of each metric for the model and for
+    the same model when every token stops it (empty answers), and each dataset's metric."""
     from tokenizers import Tokenizer
     from tokenizers.models import WordLevel
     from tokenizers.pre_tokenizers import WhitespaceSplit
     from transformers import PreTrainedTokenizerFast
 
-    from orchestrator.eval.asr import evaluate_wer
+    from orchestrator.eval.asr import POOLED, evaluate_generation
 
     vocab = {"<pad>": PAD, "<bos>": BOS, "<sep>": SEP, "<audio>": AUDIO, "<stop>": STOP}
     vocab.update({f"w{i}": i for a in answers for i in a})
@@ -61,9 +72,14 @@ def word_error_rates(model, prompts, answers, features, lengths):
              "audio_num_tokens": torch.tensor([audio_token_count(n, 5) for n in lengths]),
              "audio_features": features, "audio_lengths": torch.tensor(lengths),
              "transcripts": [" ".join(f"w{i}" for i in a) for a in answers]}
-    working = evaluate_wer(model, {"memorised": [batch]}, tokenizer, stop_ids=[STOP], max_new_tokens=12)
-    silent = evaluate_wer(model, {"memorised": [batch]}, tokenizer, stop_ids=list(range(40)), max_new_tokens=12)
-    return working["all"]["wer"], silent["all"]["wer"]
+    validation = {"memorised": [batch], "memorised_exact": ValidationLoader([batch], "exact"),
+                  "memorised_bleu": ValidationLoader([batch], "bleu")}
+    out = {"metrics": {}}
+    for kind, stop_ids in (("working", [STOP]), ("silent", list(range(40)))):
+        report = evaluate_generation(model, validation, tokenizer, stop_ids=stop_ids, max_new_tokens=12)
+        out["metrics"] = {name: report[name]["metric"] for name in validation}
+        out.update({f"{metric}_{kind}": report[key][metric] for metric, key in POOLED.items()})
+    return out
 
 
 def main() -> None:
@@ -110,7 +126,7 @@ def main() -> None:
     rows = greedy_generate(model, [[BOS, SEP]] + prompts[1:], features[1:], lengths[1:], stop_ids=[STOP],
                            max_new_tokens=12, pad_id=PAD, audio_clip_rows=[1, 2])[1:]
     training_after = model.training
-    wer_working, wer_silent = word_error_rates(model, prompts, answers, features, lengths)
+    scores = generation_scores(model, prompts, answers, features, lengths)
 
     # SpecAugment hook: same weights, masks change the audio embeddings in training mode only.
     augmented = build_audiollm(*config(True), audio_token_id=AUDIO)
@@ -125,7 +141,7 @@ def main() -> None:
     result = {"loss": loss_value, "steps": step + 1, "answers": answers, "batched": batched, "alone": alone,
               "swapped": swapped, "capped": capped, "rows": rows, "training_after": training_after,
               "spec_augment_built": augmented.spec_augment is not None, "plain_has_none": model.spec_augment is None,
-              "train_diff": train_diff, "eval_diff": eval_diff, "wer_working": wer_working, "wer_silent": wer_silent}
+              "train_diff": train_diff, "eval_diff": eval_diff, **scores}
     print("RESULT " + json.dumps(result), flush=True)
     shutdown()
 

@@ -48,3 +48,13 @@ def test_word_error_rate_of_a_model_that_transcribes_and_of_one_that_says_nothin
     transcripts) a WER of 1: the bound tells them apart."""
     assert result["wer_working"] <= 0.1 < result["wer_silent"], result
     assert result["wer_silent"] == 1.0, result  # every reference word deleted
+
+
+@pytest.mark.multiprocess
+def test_each_validation_dataset_is_scored_by_its_metric(result):
+    """The same batch as three datasets: without a `metric` (WER), exact match, BLEU.
+    The model that reproduces its answers scores full marks on both; the silent one none."""
+    assert result["metrics"] == {"memorised": "wer", "memorised_exact": "exact", "memorised_bleu": "bleu"}
+    assert result["batched"] == result["answers"], "greedy decoding is not exact: the scores below cannot be"
+    assert result["exact_working"] == 1.0 and result["bleu_working"] == pytest.approx(100.0), result
+    assert result["exact_silent"] == 0.0 and result["bleu_silent"] == 0.0, result

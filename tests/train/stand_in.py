@@ -196,6 +196,9 @@ class SyntheticBatches:
         self.consumed_samples = int(state["consumed_samples"])
         self._microbatch_in_step = 0
 
+    def sample_counts(self) -> dict:
+        return {}  # synthetic rows: nothing is skipped or truncated
+
 
 def build_components(plan, dp_rank: int, dp_size: int, poison_sample: Optional[int] = None):
     """The components factory (orchestrator.train.entry.make_trainer) of a stand-in plan."""

@@ -18,6 +18,7 @@ ITERS = 6
 
 VALIDATION_SETS = ("digits_heldout_accent", "sentences_heldout_accent", "digits_heldout_variant",
                    "sentences_heldout_variant")
+NUMERALS_SETS = ("numerals_heldout_accent", "numerals_heldout_variant")  # the second task: exact match
 
 
 @pytest.mark.multiprocess
@@ -50,8 +51,9 @@ def test_default_command_makes_the_demo_corpus_trains_and_prints_wer(tmp_path):
     # validation set (voices never heard in training).
     last_eval = [line for line in out.splitlines() if line.startswith(f"eval at step {ITERS}:")]
     assert last_eval, out[-4000:]
-    for name in VALIDATION_SETS:
+    for name in VALIDATION_SETS + NUMERALS_SETS:
         assert name in last_eval[0]
+    assert " | exact " in last_eval[0]
     (run_dir,) = (tmp_path / "outputs" / "tiny_cpu").iterdir()
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == list(range(1, ITERS + 1))
@@ -63,6 +65,11 @@ def test_default_command_makes_the_demo_corpus_trains_and_prints_wer(tmp_path):
     # A WER per validation set, on the utterances decoded (a few steps do not transcribe
     # yet: the WER bound of a working model is in tests/models/test_generate.py)
     assert all(r["wer/utterances"] > 0 and all(f"wer/{name}" in r for name in VALIDATION_SETS) for r in evaluated)
+    assert all(r["exact/utterances"] > 0 and all(f"exact/{name}" in r for name in NUMERALS_SETS)
+               and not any(f"wer/{name}" in r for name in NUMERALS_SETS) for r in evaluated)
+    # Both tasks train: a loss per training dataset, the numerals twins included.
+    for name in ("digits_us", "numerals_us", "numerals_gb"):
+        assert any(f"loss/{name}" in r for r in rows), (name, sorted(rows[-1]))
     assert (run_dir / "loss_curve.png").stat().st_size > 0
     rank_log = (run_dir / "logs" / "rank0.log").read_text()
     assert "rerun_state_machine WARNING" in rank_log  # kept, not lost (this test ignores Python warnings)

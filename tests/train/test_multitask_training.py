@@ -1,0 +1,60 @@
+"""`audiollm train` on a mixture of three formats through the real CLI: transcription
+behind data.prompt_template (with the joint CTC loss), a dataset with its own template,
+answer column and per-sample instructions, and two-clip conversations; each validation
+dataset scored by its own metric (WER, exact match, BLEU)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from tests.data.conftest import (CONVERSATION_COLUMNS, INSTRUCTED_COLUMNS, INSTRUCTED_TEMPLATE, conversation_samples,
+                                 instructed_samples, write_mds)
+from tests.distributed_run import REPO
+from tests.train.audiollm_runs import VAL_SET, make_corpus, train_overrides
+
+ITERS = 3
+
+
+@pytest.mark.multiprocess
+def test_mixture_of_asr_own_template_and_conversations_trains_and_scores_each_task(tmp_path):
+    corpus = make_corpus(tmp_path / "corpus")
+    write_mds(corpus / "train" / "own", instructed_samples(16, seed=4), INSTRUCTED_COLUMNS)
+    write_mds(corpus / "train" / "conv", conversation_samples(16, seed=5), CONVERSATION_COLUMNS)
+    write_mds(corpus / "val" / "own_val", instructed_samples(4, seed=6), INSTRUCTED_COLUMNS)
+    write_mds(corpus / "val" / "conv_val", conversation_samples(4, seed=7), CONVERSATION_COLUMNS)
+    template = INSTRUCTED_TEMPLATE.replace("\n", "\\n")
+    own = f"prompt_template:'{template}',instruction_field:instruction,text_field:answer"
+    train = (f"[{{name:tones_a,path:'{corpus / 'train' / 'tones_a'}'}},"
+             f"{{name:own,path:'{corpus / 'train' / 'own'}',{own}}},"
+             f"{{name:conv,path:'{corpus / 'train' / 'conv'}',turns_field:turns}}]")
+    validation = (f"[{{name:{VAL_SET},path:'{corpus / 'val' / VAL_SET}'}},"
+                  f"{{name:own_val,path:'{corpus / 'val' / 'own_val'}',{own},metric:exact}},"
+                  f"{{name:conv_val,path:'{corpus / 'val' / 'conv_val'}',turns_field:turns,metric:bleu}}]")
+    overrides = [o for o in train_overrides(corpus) if not o.startswith(("data.train=", "data.validation="))]
+    overrides += [f"data.train={train}", f"data.validation={validation}", f"train.iters={ITERS}",
+                  f"train.eval_interval={ITERS}", "train.eval_wer=true", "data.seq_length=160",
+                  "run.name=multitask", f"run.output_root={tmp_path / 'outputs'}"]
+    proc = subprocess.run([sys.executable, "-c", "import sys; from orchestrator.cli import main; "
+                           "sys.exit(main(sys.argv[1:]))", "train", *overrides], capture_output=True, text=True,
+                          timeout=600, cwd=tmp_path, env={**__import__("os").environ, "PYTHONPATH": str(REPO),
+                                                          "PYTHONWARNINGS": "ignore", "OMP_NUM_THREADS": "1"})
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-6000:]
+    (run_dir,) = [m.parent for m in (tmp_path / "outputs").rglob("metrics.jsonl")]
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == list(range(1, ITERS + 1))
+    for name in ("tones_a", "own", "conv"):  # every format trained (a finite loss of its own)
+        losses = [r[f"loss/{name}"] for r in rows if f"loss/{name}" in r]
+        assert losses and all(0 < x < 100 for x in losses), (name, losses)
+    final = rows[-1]
+    assert {f"val_loss/{n}" for n in (VAL_SET, "own_val", "conv_val")} <= set(final), sorted(final)
+    # Each validation dataset by its metric, generation prompted with its own format.
+    assert f"wer/{VAL_SET}" in final and "exact/own_val" in final and "bleu/conv_val" in final, sorted(final)
+    assert "wer/own_val" not in final and "wer/conv_val" not in final
+    assert final["exact/utterances"] == 4 and final["bleu/utterances"] == 4
+    last_eval = [line for line in out.splitlines() if line.startswith(f"eval at step {ITERS}:")]
+    assert last_eval and "exact" in last_eval[0] and "BLEU" in last_eval[0], out[-3000:]
