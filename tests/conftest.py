@@ -48,3 +48,26 @@ def pretrained_checkpoint_location(tmp_path_factory):
             os.environ.pop(key, None)
         else:
             os.environ[key] = value
+
+
+@pytest.fixture(autouse=True)
+def mosaic_mixtures_closed_after_each_test(monkeypatch):
+    """Every mixture a test opens in this process (loaders, validation suites) is closed
+    when the test ends: mosaic keeps each one's shared memory open until the process
+    exits otherwise (orchestrator.data.sources.close_mixture), and a whole suite of
+    loaders runs out of file descriptors. Tests that close their loaders themselves
+    are unaffected (closing twice is harmless)."""
+    from orchestrator.data import sources
+
+    opened = []
+    original = sources.open_mixture
+
+    def recording(*args, **kwargs):
+        mixture = original(*args, **kwargs)
+        opened.append(mixture)
+        return mixture
+
+    monkeypatch.setattr(sources, "open_mixture", recording)
+    yield
+    for mixture in opened:
+        sources.close_mixture(mixture)

@@ -9,7 +9,7 @@ Entry points for the training job (each takes its own config sections):
     loader = build_train_loader(cfg.data, cfg.model.encoder, cfg.model.adapter, micro_batch_size,
                                 dp_rank, dp_size, cp_size, seed)
     batch = next(loader)          # format: orchestrator.data.packing (module docstring)
-    loader.state_dict() / loader.load_state_dict(state) / loader.bad_samples()
+    loader.state_dict() / loader.load_state_dict(state) / loader.sample_counts()
     vals = build_validation_loaders(cfg.data, cfg.model.encoder, cfg.model.adapter, micro_batch_size,
                                     dp_rank, dp_size, cp_size)   # {name: iterable of batches}
 
@@ -18,8 +18,9 @@ Entry points for the training job (each takes its own config sections):
     from orchestrator.data.frames import audio_placeholder_count  # samples -> audio tokens (no torch)
 
 Modules: frames (frame arithmetic), audio (decode, resample), mel (log-mel),
-tokenizer_build (HF tokenizer with chat and audio tokens), prompts (template, loss
-mask), packing (packer, batch format), sources (MDS mixture via mosaic streaming),
+tokenizer_build (HF tokenizer with chat and audio tokens), tasks (each dataset's
+format: task presets, own templates, conversations, metric; no torch), prompts
+(templates and conversations -> tokens and loss mask), packing (packer, batch format), sources (MDS mixture via mosaic streaming),
 loader (train/validation loaders, bad samples), context_parallel (CP split),
 demo (espeak-ng corpus), cli (`audiollm data ...`).
 """

@@ -228,10 +228,14 @@ def write_corpus(out_dir: str | Path, num_samples: int = 3000, num_val_samples: 
 
     if shutil.which("espeak-ng") is None:
         raise RuntimeError("espeak-ng is not installed: apt-get install -y espeak-ng (setup.sh installs it)")
-    out = Path(out_dir)
-    if out.exists() and any(out.iterdir()):
-        raise FileExistsError(f"{out} exists and is not empty; choose a new directory or delete it")
-    out.mkdir(parents=True, exist_ok=True)
+    final = Path(out_dir)
+    if final.exists() and any(final.iterdir()):
+        raise FileExistsError(f"{final} exists and is not empty; choose a new directory or delete it")
+    # Written beside the target and renamed into place at the end, so that a write that
+    # fails or is interrupted leaves no half corpus for the next run to trip over.
+    out = final.with_name(f".{final.name}.partial")
+    shutil.rmtree(out, ignore_errors=True)  # an earlier interrupted write of ours
+    out.mkdir(parents=True)
     utterances = (plan_accent_corpus(accent, num_samples, num_val_samples, seed) if accent
                   else plan_corpus(num_samples, num_val_samples, seed))
     workers = workers or min(2, os.cpu_count() or 1)
@@ -268,6 +272,9 @@ def write_corpus(out_dir: str | Path, num_samples: int = 3000, num_val_samples: 
         "transcripts": "lower-case words separated by spaces; digits as words (zero ... nine)",
     }
     (out / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
+    if final.exists():
+        final.rmdir()  # empty, checked above
+    out.rename(final)
     return manifest
 
 

@@ -361,7 +361,7 @@ class TrainLoader:
 
     # ---------------------------------------------------------------- sample stream
     def _open(self, start: int) -> None:
-        self.close()
+        self._stop_workers()
         tasks = _Tasks(self, start)
         if not self.num_workers:
             self._results = map(self.reader.__getitem__, iter(tasks))
@@ -377,11 +377,17 @@ class TrainLoader:
                                         multiprocessing_context="fork", persistent_workers=False))
         self._results = self._workers
 
-    def close(self) -> None:
+    def _stop_workers(self) -> None:
         """Stop the worker processes (a later batch starts new ones)."""
         workers, self._workers, self._results = self._workers, None, None
         if workers is not None:
             workers._shutdown_workers()
+
+    def close(self) -> None:
+        """Stop the workers and give back the mixture's shared memory; the loader is
+        done (its state_dict still resumes a new one)."""
+        self._stop_workers()
+        sources.close_mixture(self.mixture)
 
     def _fill(self) -> None:
         unusable = 0
@@ -505,6 +511,12 @@ class ValidationSuite:
             self.locator = sources.SampleLocator(self._mixture, self.datasets)
             check_columns(self._mixture, self.formats, self.datasets, "validation")
         return self._mixture
+
+    def close(self) -> None:
+        """Give back the mixture's shared memory (opened again on next use)."""
+        if self._mixture is not None:
+            sources.close_mixture(self._mixture)
+            self._mixture = None
 
     def sample_ids(self, k: int) -> range:
         m = self.mixture

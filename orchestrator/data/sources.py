@@ -223,22 +223,88 @@ def open_mixture(datasets: Sequence[ResolvedDataset], seed: int, shuffle: bool, 
         # Fresh Stream objects each attempt: a failed StreamingDataset init has already
         # turned their proportions into repeat/choose, which the next init refuses.
         streams = make_streams()
+        made: list = []
         try:
-            with single_rank_world():
+            with single_rank_world(), _prefix_probes_released() as made:
                 # shuffle_block_size: mosaic's own default, set here because mosaic only fills it
                 # in when iterated, and the order is computed without iterating.
                 dataset = cls(streams=streams, shuffle=shuffle, shuffle_seed=seed,
                               num_canonical_nodes=canonical_nodes,
                               shuffle_block_size=max(4_000_000 // canonical_nodes, 1 << 18), batch_size=1,
                               replication=None, allow_unsafe_types=False, cache_limit=cache_limit)
+            kept = {id(block) for block in _mixture_blocks(dataset)}
+            _release([block for block in made if id(block) not in kept])
             dataset.dataset_names = [d.name for d in datasets]
             return dataset
         except FileExistsError as err:
             # Two processes registered the same free shared-memory prefix at once; the next
             # attempt finds the following one.
             last_err = err
+            _release(made)
             time.sleep(0.05 * (attempt + 1))
     raise RuntimeError(f"could not register mosaic shared memory after 20 attempts: {last_err}")
+
+
+def _release(blocks) -> None:
+    """Close mosaic SharedMemory wrappers now instead of at process exit (mosaic registers
+    each one's cleanup with atexit, which also keeps it open until then)."""
+    import atexit
+
+    for block in blocks:
+        atexit.unregister(block.cleanup)
+        block.cleanup()
+
+
+def _mixture_blocks(dataset) -> list:
+    """The shared-memory blocks a mixture holds: on the dataset or inside mosaic's
+    SharedScalar / SharedArray / SharedBarrier wrappers, at most three attributes deep."""
+    from streaming.base.shared.memory import SharedMemory
+
+    blocks, seen = [], set()
+
+    def collect(obj, depth: int) -> None:
+        if id(obj) in seen or depth > 3:
+            return
+        seen.add(id(obj))
+        if isinstance(obj, SharedMemory):
+            blocks.append(obj)
+        elif (type(obj).__module__.startswith("streaming.") or obj is dataset) and hasattr(obj, "__dict__"):
+            for value in list(vars(obj).values()):
+                collect(value, depth + 1)
+
+    collect(dataset, 0)
+    return blocks
+
+
+@contextlib.contextmanager
+def _prefix_probes_released():
+    """While a StreamingDataset is built, mosaic's search for a free shared-memory prefix
+    attaches to the blocks of every dataset alive in the process and never closes them:
+    6 file descriptors for each live mixture, each time another one is opened. Records
+    the wrappers that search makes; those the new dataset does not keep are closed."""
+    from streaming.base.shared import prefix
+
+    made, original = [], prefix.SharedMemory
+
+    class Recorded(original):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            made.append(self)
+
+    prefix.SharedMemory = Recorded
+    try:
+        yield made
+    finally:
+        prefix.SharedMemory = original
+
+
+def close_mixture(dataset) -> None:
+    """Give back the shared memory of a mixture from `open_mixture`; it is not usable
+    afterwards. Mosaic keeps it until the process exits otherwise: about 14 file
+    descriptors (and /dev/shm entries) per mixture. A training job opens two and never
+    notices; a process that opens mixtures again and again (tests, notebooks, an
+    evaluation service) runs out of file descriptors without this."""
+    _release(_mixture_blocks(dataset))
 
 
 class RankOrder:

@@ -68,7 +68,7 @@ class DataConfig:
     # prepare ahead of the packer (memory: about twice this many samples' features).
     packing_buffer: int = 256
     shuffle: bool = True  # shuffle the training mixture (validation is never shuffled)
-    on_bad_sample: str = "error"  # error | skip (skipped samples are counted in the metrics)
+    on_bad_sample: str = "error"  # error | skip (counted per dataset in the step metrics as bad_samples/<name>)
     # Local cache of remote (s3://, gs://, ...) datasets; local datasets are read in place.
     # None: a directory under the system temp dir. Each process caches in its own
     # subdirectory, fetching a shard when one of its samples is first read.

@@ -69,7 +69,12 @@ def test_cli_writes_mds_datasets_and_tokenizer_deterministically(tmp_path, encod
     assert _digest(tmp_path / "a") == _digest(tmp_path / "b")
     assert main(["demo", str(tmp_path / "a"), "--num-samples", "8"]) == 1  # refuses a non-empty directory
     manifest = json.loads((tmp_path / "a" / "manifest.json").read_text())
-    assert sum(d["samples"] for d in manifest["datasets"].values()) == 8 + 4
+    twins = {name for name in manifest["datasets"] if "numerals" in name}
+    assert twins and all(demo.numerals_twin(name.replace("numerals", "digits")) == name for name in twins)
+    # Each digits utterance is written twice: as words, and with its numerals twin's number column.
+    digits = sum(d["samples"] for name, d in manifest["datasets"].items() if "digits" in name)
+    assert sum(d["samples"] for name, d in manifest["datasets"].items() if name in twins) == digits
+    assert sum(d["samples"] for name, d in manifest["datasets"].items() if name not in twins) == 8 + 4
     with single_rank_world():
         ds = StreamingDataset(local=str(tmp_path / "a" / "train" / "digits_gb"), shuffle=False)
     sample = ds[0]
@@ -85,3 +90,21 @@ def test_cli_writes_mds_datasets_and_tokenizer_deterministically(tmp_path, encod
     assert batch["num_samples"] >= 2 and batch["audio_features"].shape[1:] == (80, 500)
     val = build_validation_loaders(cfg, encoder_cfg, adapter_cfg, micro_batch_size=2)["acc"]
     assert [t for b in val for t in b["transcripts"]][0].split()[0] in demo.DIGIT_WORDS
+
+
+@needs_espeak
+def test_a_failed_write_leaves_no_half_corpus_and_the_next_one_starts_clean(tmp_path, monkeypatch):
+    from orchestrator.data import tokenizer_build
+
+    def interrupted(*args, **kwargs):
+        raise RuntimeError("interrupted after the shards were written")
+
+    target = tmp_path / "corpus"
+    monkeypatch.setattr(tokenizer_build, "build_tokenizer", interrupted)
+    with pytest.raises(RuntimeError, match="interrupted"):
+        demo.write_corpus(target, num_samples=4, num_val_samples=1, workers=1, progress=False)
+    assert not target.exists()  # a next `audiollm train` writes the corpus again instead of refusing the directory
+    monkeypatch.undo()
+    manifest = demo.write_corpus(target, num_samples=4, num_val_samples=1, workers=1, progress=False)
+    assert json.loads((target / "manifest.json").read_text())["datasets"] == manifest["datasets"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["corpus"]  # nothing partial left beside it
