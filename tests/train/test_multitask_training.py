@@ -6,6 +6,7 @@ dataset scored by its own metric (WER, exact match, BLEU)."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -17,6 +18,13 @@ from tests.distributed_run import REPO
 from tests.train.audiollm_runs import VAL_SET, make_corpus, train_overrides
 
 ITERS = 3
+
+
+def _cli(cwd, *argv):
+    return subprocess.run([sys.executable, "-c", "import sys; from orchestrator.cli import main; "
+                           "sys.exit(main(sys.argv[1:]))", *argv], capture_output=True, text=True, timeout=600,
+                          cwd=cwd, env={**os.environ, "PYTHONPATH": str(REPO), "PYTHONWARNINGS": "ignore",
+                                        "OMP_NUM_THREADS": "1"})
 
 
 @pytest.mark.multiprocess
@@ -36,12 +44,11 @@ def test_mixture_of_asr_own_template_and_conversations_trains_and_scores_each_ta
                   f"{{name:conv_val,path:'{corpus / 'val' / 'conv_val'}',turns_field:turns,metric:bleu}}]")
     overrides = [o for o in train_overrides(corpus) if not o.startswith(("data.train=", "data.validation="))]
     overrides += [f"data.train={train}", f"data.validation={validation}", f"train.iters={ITERS}",
-                  f"train.eval_interval={ITERS}", "train.eval_wer=true", "data.seq_length=160",
+                  f"train.eval_interval={ITERS}", f"train.save_interval={ITERS}", "train.eval_wer=true",
+                  # A validation-loss batch of each dataset (they take turns).
+                  "train.eval_iters=3", "data.seq_length=160",
                   "run.name=multitask", f"run.output_root={tmp_path / 'outputs'}"]
-    proc = subprocess.run([sys.executable, "-c", "import sys; from orchestrator.cli import main; "
-                           "sys.exit(main(sys.argv[1:]))", "train", *overrides], capture_output=True, text=True,
-                          timeout=600, cwd=tmp_path, env={**__import__("os").environ, "PYTHONPATH": str(REPO),
-                                                          "PYTHONWARNINGS": "ignore", "OMP_NUM_THREADS": "1"})
+    proc = _cli(tmp_path, "train", *overrides)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-6000:]
     (run_dir,) = [m.parent for m in (tmp_path / "outputs").rglob("metrics.jsonl")]
@@ -58,3 +65,11 @@ def test_mixture_of_asr_own_template_and_conversations_trains_and_scores_each_ta
     assert final["exact/utterances"] == 4 and final["bleu/utterances"] == 4
     last_eval = [line for line in out.splitlines() if line.startswith(f"eval at step {ITERS}:")]
     assert last_eval and "exact" in last_eval[0] and "BLEU" in last_eval[0], out[-3000:]
+    # `audiollm eval RUN_DIR` prompts each validation dataset with its own format and
+    # scores it by its own metric, from the saved checkpoint.
+    proc = _cli(tmp_path, "eval", str(run_dir))
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-6000:]
+    evaluated = json.loads((run_dir / "eval" / f"step_{ITERS:06d}.json").read_text())
+    assert {f"wer/{VAL_SET}", "exact/own_val", "bleu/conv_val", "wer/all", "exact/all", "bleu/all"} <= set(evaluated)
+    assert "wer/own_val" not in evaluated and "wer/conv_val" not in evaluated
+    assert evaluated["exact/utterances"] == 4 and evaluated["bleu/utterances"] == 4
