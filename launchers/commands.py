@@ -271,6 +271,20 @@ def ensure_demo_corpus(runs: Sequence[PreparedRun]) -> None:
                                   f"it printed above, or point data.demo_corpus (or $AUDIOLLM_DEMO_DATA) elsewhere")
 
 
+def cluster_problems(launcher: dict) -> list[str]:
+    """For launcher=slurm where a cluster answers: why it could never start the job
+    (launchers/slurm_fit.py); [] otherwise."""
+    if launcher["kind"] != "slurm":
+        return []
+    from launchers.slurm_fit import read_cluster, request_problems
+
+    view = read_cluster()
+    return [] if view is None else request_problems(launcher, view)
+
+
+NEVER_STARTS = "not submitted: this cluster could never start the job (it would pend forever)"
+
+
 def _print_errors(errors: Sequence[str], header: str = "invalid configuration") -> None:
     print(f"{header}:", file=sys.stderr)
     for error in errors:
@@ -286,9 +300,15 @@ def train(overrides: Sequence[str], multirun: bool = False) -> int:
         _print_errors(errors)
         return EXIT_INVALID
     launcher = run.launcher
+    problems = cluster_problems(launcher)
     if launcher["dry_run"]:
         print(dry_run_text(run), end="")
+        if problems:
+            _print_errors(problems, header="this cluster could never start the job")
         return EXIT_OK
+    if problems:
+        _print_errors(problems, header=NEVER_STARTS)
+        return EXIT_INVALID
     try:
         ensure_demo_corpus([run])
         job = submit_run(run)
@@ -386,6 +406,12 @@ def train_sweep(overrides: Sequence[str]) -> int:
         _print_errors(errors, header="invalid sweep; nothing was submitted")
         return EXIT_INVALID
     launcher = points[0][1].launcher
+    problems = []
+    for launcher_json in sorted({json.dumps(run.launcher, sort_keys=True) for _, run in points}):
+        problems += [p for p in cluster_problems(json.loads(launcher_json)) if p not in problems]
+    if problems and not launcher["dry_run"]:
+        _print_errors(problems, header="sweep " + NEVER_STARTS)
+        return EXIT_INVALID
     if launcher["dry_run"]:
         print(f"# sweep of {len(points)} points in {sweep_dir}")
         for swept, run in points:

@@ -18,21 +18,98 @@ from launchers.rundir import last_launch, read_json, read_metrics
 _SLURM_ENDED = ("CANCELLED", "FAILED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE", "PREEMPTED")
 
 
+def _slurm_output(cmd: list[str]) -> str:
+    if shutil.which(cmd[0]) is None:
+        return ""
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=20)
+    except (subprocess.SubprocessError, OSError):
+        return ""
+    return proc.stdout if proc.returncode == 0 else ""
+
+
 def slurm_state(job_id: str) -> str | None:
     """SLURM's state of a job (or array element "A_i"): squeue while queued, then sacct."""
     for cmd in (
         ["squeue", "-h", "-j", job_id, "-o", "%T"],
         ["sacct", "-n", "-X", "-P", "-j", job_id, "-o", "State"],
     ):
-        if shutil.which(cmd[0]) is None:
-            continue
-        try:
-            out = subprocess.run(cmd, capture_output=True, text=True, timeout=20).stdout.split()
-        except (subprocess.SubprocessError, OSError):
-            continue
+        out = _slurm_output(cmd).split()
         if out:
             return out[0].split()[0]  # "CANCELLED by 0" -> "CANCELLED"
     return None
+
+
+# Why a job is pending (squeue %r), in words; the keys are SLURM's reason codes.
+PENDING_REASONS = {
+    "Resources": "waiting for nodes with free CPUs/GPUs/memory: it starts when running jobs end",
+    "Priority": "jobs of higher priority are ahead of it in the queue",
+    "BeginTime": "not eligible yet (a requeued job waits a few seconds; or its begin time is later)",
+    "Dependency": "waiting for the jobs it depends on",
+    "ReqNodeNotAvail": "a node it needs is down, drained or reserved",
+    "NodeDown": "a node it needs is down",
+    "PartitionConfig": "the request exceeds what the partition allows: it will never start; `audiollm cancel` it "
+                       "and fix the launcher section (`audiollm plan ... launcher=slurm` checks it here)",
+    "PartitionNodeLimit": "more nodes than the partition allows per job: it will never start; cancel it and lower "
+                          "launcher.nodes",
+    "PartitionTimeLimit": "a time limit above the partition's: it will never start; cancel it and lower "
+                          "launcher.timeout_min",
+    "PartitionDown": "the partition is down",
+    "JobHeldUser": "held by its user (scontrol release JOBID)",
+    "JobHeldAdmin": "held by an administrator",
+    "launch failed requeued held": "its launch failed on a node and SLURM held it (scontrol release JOBID)",
+}
+
+
+def explain_pending(reason: str | None) -> str | None:
+    if not reason or reason == "None":
+        return None
+    if reason in PENDING_REASONS:
+        return f"{reason}: {PENDING_REASONS[reason]}"
+    if reason.startswith(("QOS", "Assoc")):
+        return f"{reason}: a limit of its QOS or account holds it until the account's other jobs end"
+    return reason
+
+
+def slurm_job(job_id: str) -> dict:
+    """What slurmctld says of a queued or recent job: {"state", "reason", "restarts", "nodes"} ({} if nothing)."""
+    fields = dict(part.split("=", 1) for part in _slurm_output(["scontrol", "show", "job", "-o", job_id]).split()
+                  if "=" in part)
+    if "JobState" not in fields:
+        return {}
+    return {"state": fields["JobState"], "reason": fields.get("Reason"), "restarts": int(fields.get("Restarts", 0)),
+            "nodes": fields.get("NodeList")}
+
+
+def slurm_attempts(job_id: str) -> list[dict]:
+    """Each attempt of a job from accounting (a requeue starts a new one): [{"state", "nodes", "start", "end"}]."""
+    rows = _slurm_output(["sacct", "-n", "-X", "-D", "-P", "-j", job_id, "-o", "State,NodeList,Start,End"])
+    attempts = []
+    for line in rows.splitlines():
+        state, nodes, start, end = (line.split("|") + ["", "", "", ""])[:4]
+        if state:
+            attempts.append({"state": state.split()[0], "nodes": nodes, "start": start, "end": end})
+    return attempts
+
+
+# How an attempt that did not finish the job ended, in words.
+_ATTEMPT_ENDS = {
+    "REQUEUED": "requeued (preemption or time-limit signal: checkpoint, then requeue)",
+    "PREEMPTED": "preempted", "NODE_FAIL": "a node failed", "TIMEOUT": "hit the time limit",
+    "BOOT_FAIL": "a node failed to boot", "OUT_OF_MEMORY": "out of memory",
+}
+
+
+def _step_at(metrics: list[dict], end: str) -> int | None:
+    """The last step logged before `end` (sacct's local time, 2026-11-23T17:57:38, whole seconds)."""
+    import datetime
+
+    try:
+        limit = datetime.datetime.fromisoformat(end).timestamp() + 1.0  # the end's second, all of it
+    except ValueError:
+        return None
+    steps = [m["step"] for m in metrics if m.get("time") is not None and m["time"] <= limit]
+    return steps[-1] if steps else 0
 
 
 def _local_alive(job_id: str) -> bool:
@@ -49,16 +126,19 @@ def _local_alive(job_id: str) -> bool:
 
 
 def run_state(run_dir: Path, query_scheduler: bool = True) -> dict:
-    """{"state", "scheduler", "job_id", "step", "iters", "loss", "error"} of one run."""
+    """{"state", "scheduler", "job_id", "step", "iters", "loss", "requeues", "pending" (why it waits),
+    "history" (attempts that ended without finishing), "checkpoint", "error"} of one run."""
     run_dir = Path(run_dir)
     job_state = read_json(run_dir / "state.json", default={}) or {}
     launch = last_launch(run_dir) or {}
     job_ids = launch.get("job_ids") or []
     job_id = job_ids[0] if job_ids else None
-    scheduler = None
+    scheduler, slurm, attempts = None, {}, []
     if query_scheduler and job_id is not None:
         if launch.get("kind") == "slurm":
-            scheduler = slurm_state(str(job_id))
+            slurm = slurm_job(str(job_id))
+            attempts = slurm_attempts(str(job_id))
+            scheduler = slurm.get("state") or (attempts[-1]["state"] if attempts else slurm_state(str(job_id)))
         else:
             scheduler = "RUNNING" if _local_alive(str(job_id)) else "ENDED"
     state = job_state.get("state") or ("SUBMITTED" if job_id is not None else "NOT SUBMITTED")
@@ -79,6 +159,10 @@ def run_state(run_dir: Path, query_scheduler: bool = True) -> dict:
         import yaml
 
         cfg_iters = (yaml.safe_load(cfg_path.read_text()) or {}).get("train", {}).get("iters")
+    # Attempts that ended without finishing (sacct lists one row per attempt; the last is the current one).
+    history = [{**a, "cause": _ATTEMPT_ENDS.get(a["state"], a["state"].lower()), "step": _step_at(metrics, a["end"])}
+               for a in attempts[:-1]]
+    latest = (run_dir / "checkpoints" / "latest")
     return {
         "state": state,
         "scheduler": scheduler,
@@ -87,7 +171,11 @@ def run_state(run_dir: Path, query_scheduler: bool = True) -> dict:
         "step": metrics[-1]["step"] if metrics else None,
         "iters": cfg_iters,
         "loss": metrics[-1].get("loss") if metrics else None,
-        "requeues": job_state.get("requeues", 0),
+        # The job counts the requeues it asked for; SLURM also counts those it did itself (node failure).
+        "requeues": max(int(job_state.get("requeues", 0)), int(slurm.get("restarts", 0)), len(history)),
+        "pending": explain_pending(slurm.get("reason")) if scheduler == "PENDING" else None,
+        "history": history,
+        "checkpoint": latest.read_text().strip() if latest.is_file() else None,
         "error": job_state.get("error"),
     }
 
@@ -102,10 +190,20 @@ def format_run(run_dir: Path, info: dict) -> str:
     lines = [
         f"run       {run_dir}",
         f"state     {info['state']}{sched}",
+    ]
+    if info.get("pending"):
+        lines.append(f"waiting   {info['pending']}")
+    lines += [
         f"step      {step}",
         f"loss      {_fmt_loss(info['loss'])}",
         f"requeues  {info['requeues']}",
     ]
+    for k, attempt in enumerate(info.get("history") or [], start=1):
+        at = "" if attempt["step"] is None else f" after step {attempt['step']}"
+        lines.append(f"{'history' if k == 1 else '':<10}attempt {k} on {attempt['nodes']} {attempt['start']} .. "
+                     f"{attempt['end']}: {attempt['cause']}{at}")
+    if info.get("checkpoint"):
+        lines.append(f"checkpoint {info['checkpoint']}")
     if info.get("error"):
         lines.append("error     " + info["error"].strip().splitlines()[-1])
     return "\n".join(lines)
@@ -113,11 +211,13 @@ def format_run(run_dir: Path, info: dict) -> str:
 
 def sweep_table(sweep_dir: Path, query_scheduler: bool = True) -> str:
     sweep = read_json(Path(sweep_dir) / "sweep.json", default={"points": []})
-    rows = [("point", "overrides", "state", "step", "final loss")]
+    rows = [("point", "overrides", "state", "step", "requeues", "final loss")]
     for point in sweep["points"]:
         info = run_state(Path(sweep_dir) / point["dir"], query_scheduler=query_scheduler)
         step = "-" if info["step"] is None else f"{info['step']}/{info['iters']}"
-        rows.append((point["dir"], " ".join(point["swept"]), info["state"], step, _fmt_loss(info["loss"])))
+        state = info["state"] + (f" ({info['pending'].split(':')[0]})" if info.get("pending") else "")
+        rows.append((point["dir"], " ".join(point["swept"]), state, step, str(info["requeues"]),
+                     _fmt_loss(info["loss"])))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows]
     lines.insert(1, "  ".join("-" * w for w in widths))
@@ -125,7 +225,7 @@ def sweep_table(sweep_dir: Path, query_scheduler: bool = True) -> str:
 
 
 def write_sweep_summary(sweep_dir: Path, query_scheduler: bool = True) -> str:
-    """Rewrite <sweep_dir>/summary.txt (point, overrides, state, step, final loss)."""
+    """Rewrite <sweep_dir>/summary.txt (point, overrides, state, step, requeues, final loss)."""
     table = sweep_table(sweep_dir, query_scheduler=query_scheduler)
     path = Path(sweep_dir) / "summary.txt"
     tmp = path.with_name(f".summary.{os.getpid()}.tmp")

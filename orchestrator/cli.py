@@ -59,12 +59,24 @@ def plan_main(argv: Sequence[str]) -> int:
     except (ComposeError, ConfigInvalid) as exc:
         print(str(exc), file=sys.stderr)
         return 2
+    launcher = plan.config["launcher"]
+    problems = None  # not checked: not a SLURM launch, or no cluster answers here
+    if launcher["kind"] == "slurm":
+        from launchers.slurm_fit import read_cluster, request_problems
+
+        view = read_cluster()
+        problems = None if view is None else request_problems(launcher, view)
     if args.json:
-        print(json.dumps(plan.to_dict(), allow_nan=False))
+        print(json.dumps({**plan.to_dict(), "cluster_problems": problems}, allow_nan=False))
     else:
         from orchestrator.plan_report import render
 
         print(render(plan, with_params=args.params))
+        if problems is not None:
+            print("\ncluster check (this SLURM cluster's partitions and nodes): "
+                  + ("the request fits" if not problems else "it could never start the job"))
+            for problem in problems:
+                print("  - " + problem)
     return 0
 
 

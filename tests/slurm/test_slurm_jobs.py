@@ -116,7 +116,7 @@ def test_sweep_is_one_job_array_with_a_summary(submitted):
     assert len(set(finals)) == 3  # different learning rates, different runs
     assert commands.status(sweep_dir) == 0
     table = (sweep_dir / "summary.txt").read_text().splitlines()
-    assert table[0].split() == ["point", "overrides", "state", "step", "final", "loss"]
+    assert table[0].split() == ["point", "overrides", "state", "step", "requeues", "final", "loss"]
     rows = table[2:]
     assert len(rows) == 3 and all("COMPLETED" in row and f"{SWEEP_ITERS}/{SWEEP_ITERS}" in row for row in rows)
     assert [float(row.split()[-1]) for row in rows] == pytest.approx(finals, rel=1e-5)
@@ -155,6 +155,15 @@ def test_preempted_job_requeues_and_reproduces_every_loss(submitted, corpus, cap
     assert f"stop requested: checkpoint of step {stopped_at} written" in log
     assert sorted(losses(run_dir)) == list(range(1, ITERS + 1))
     assert losses(run_dir) == losses(ref_dir)
+    # `audiollm status` tells the story: the requeue, on which node, after which step, and
+    # the checkpoint the run continues from.
+    capsys.readouterr()
+    assert commands.status(run_dir) == 0
+    story = capsys.readouterr().out
+    assert "requeues  1" in story and f"checkpoint step_{ITERS:06d}" in story, story
+    (attempt,) = [line for line in story.splitlines() if "attempt 1 on" in line]
+    assert attempt.startswith("history") and "requeued (preemption or time-limit signal" in attempt, story
+    assert f"after step {stopped_at}" in attempt and "localhost" in attempt, story
     # One W&B run continued across the requeue: both attempts logged under the run's id.
     run_id = (run_dir / "wandb_id").read_text().strip()
     assert [name.rsplit("-", 1)[-1] for name in _wandb_runs(run_dir)] == [run_id, run_id]
