@@ -199,7 +199,8 @@ def format_run(run_dir: Path, info: dict) -> str:
         f"requeues  {info['requeues']}",
     ]
     for k, attempt in enumerate(info.get("history") or [], start=1):
-        at = "" if attempt["step"] is None else f" after step {attempt['step']}"
+        # The run's metrics keep the steps up to the checkpoint it resumed from.
+        at = "" if attempt["step"] is None else f" (steps kept: 1..{attempt['step']})"
         lines.append(f"{'history' if k == 1 else '':<10}attempt {k} on {attempt['nodes']} {attempt['start']} .. "
                      f"{attempt['end']}: {attempt['cause']}{at}")
     if info.get("checkpoint"):

@@ -55,3 +55,41 @@ def slurm_cluster():
         time.sleep(0.5)
     yield "started"
     subprocess.run(["bash", str(HERE / "stop_slurm.sh")], capture_output=True, text=True, timeout=300)
+
+
+# ---------------------------------------------------------------- several nodes
+
+MULTI_BASE = Path(os.environ.get("SLURM_MULTI_TEST_BASE", "/tmp/audiollm-slurm-multi"))
+# Three nodes, so that a 2-node job whose node dies can be requeued onto the two others.
+MULTI_NODES = 3
+
+
+def namespaces_unavailable() -> str | None:
+    """Why this machine cannot make the nodes (network + UTS namespaces), or None."""
+    if os.geteuid() != 0:
+        return "the multi-node cluster needs root (network namespaces, a bridge): sudo python -m pytest"
+    for tool in ("ip", "unshare", "nsenter"):
+        if shutil.which(tool) is None:
+            return f"the multi-node cluster needs `{tool}` (apt-get install -y iproute2 util-linux)"
+    probe = subprocess.run(["unshare", "--net", "--uts", "--mount", "true"], capture_output=True, text=True)
+    if probe.returncode != 0:
+        return f"this machine cannot create network namespaces: {probe.stderr.strip()}"
+    return None
+
+
+@pytest.fixture(scope="session")
+def slurm_nodes():
+    """A real SLURM cluster of MULTI_NODES nodes on this machine, each a network namespace
+    with its own hostname and address (tests/slurm/start_cluster.sh); yields its
+    slurm.conf. Tests select it with SLURM_CONF (monkeypatch.setenv): it coexists with
+    the single-node cluster of `slurm_cluster`. Stopped when the session ends."""
+    reason = namespaces_unavailable()
+    if reason:
+        pytest.skip(reason)
+    env = {**os.environ, "SLURM_MULTI_BASE": str(MULTI_BASE)}
+    start = subprocess.run(["bash", str(HERE / "start_cluster.sh"), str(MULTI_NODES)], capture_output=True,
+                           text=True, timeout=600, env=env)
+    if start.returncode != 0:
+        pytest.fail(f"tests/slurm/start_cluster.sh failed ({start.returncode}):\n{start.stdout}\n{start.stderr}")
+    yield MULTI_BASE / "etc" / "slurm.conf"
+    subprocess.run(["bash", str(HERE / "stop_cluster.sh")], capture_output=True, text=True, timeout=300, env=env)

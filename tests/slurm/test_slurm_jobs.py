@@ -18,7 +18,8 @@ import pytest
 from launchers import commands
 from launchers.rundir import read_json, read_metrics
 from tests.launchers.helpers import launches, losses, wait_for_end, wait_for_step, wait_until
-from tests.train.audiollm_runs import make_corpus, train_overrides
+from tests.slurm.runs import JOB_TIMEOUT, restarted_or_ended, slurm_run, wandb_runs
+from tests.train.audiollm_runs import make_corpus
 
 pytestmark = [pytest.mark.slurm, pytest.mark.multiprocess]
 
@@ -27,16 +28,6 @@ pytestmark = [pytest.mark.slurm, pytest.mark.multiprocess]
 ITERS = 30
 SIGNAL_AFTER = 2
 SWEEP_ITERS = 4
-# 1 CPU per task, so that two tasks (one 2-rank job, or two sweep points) run at once on
-# 2 cores; a rank of the tiny AudioLLM holds ~0.9 GiB. This cluster does not bind tasks to
-# their CPUs, so torch would start one thread per core of the machine in every rank: on a
-# busy machine that oversubscription made steps 10-100x slower (0.1 s -> 3-30 s). The job
-# uses as many threads as the CPUs SLURM gave its task, as a user would set it.
-SLURM = ["launcher=slurm", "launcher.accelerator=cpu", "launcher.cpus_per_task=1", "launcher.mem_gb=4",
-         "launcher.timeout_min=15", "launcher.setup=['export OMP_NUM_THREADS=$SLURM_CPUS_PER_TASK']"]
-# Starting a job (imports, process group, model, loader) takes ~20-60 s here; a busy
-# machine can make it several times slower.
-JOB_TIMEOUT = 480
 
 
 @pytest.fixture(scope="module")
@@ -44,32 +35,17 @@ def corpus(tmp_path_factory):
     return make_corpus(tmp_path_factory.mktemp("tones"))
 
 
-def _slurm_run(root, corpus, *extra, ranks=2, iters=ITERS):
-    """A `ranks`-process data-parallel job of the real trainer writing under `root`."""
-    return [*SLURM, f"launcher.gpus_per_node={ranks}", *train_overrides(corpus), f"train.iters={iters}",
-            f"run.output_root={root}", *extra]
-
-
 @pytest.fixture(scope="module")
 def submitted(slurm_cluster, corpus, tmp_path_factory):
     """Queue the 2-rank reference job and the 3-point sweep together; tests wait on them."""
     root = tmp_path_factory.mktemp("slurm")
-    ref_code = commands.train(_slurm_run(root, corpus, "run.name=ref"))
+    ref_code = commands.train(slurm_run(root, corpus, "run.name=ref", iters=ITERS))
     sweep_code = commands.train(
-        _slurm_run(root, corpus, "run.name=sweep", "optim.lr=1e-3,3e-3,1e-2", ranks=1, iters=SWEEP_ITERS),
+        slurm_run(root, corpus, "run.name=sweep", "optim.lr=1e-3,3e-3,1e-2", ranks=1, iters=SWEEP_ITERS),
         multirun=True,
     )
     return {"root": root, "ref_code": ref_code, "sweep_code": sweep_code,
             "ref": root / "tiny_cpu" / "ref", "sweep": root / "tiny_cpu" / "sweep"}
-
-
-def _restarted_or_ended(run_dir):
-    state = read_json(run_dir / "state.json") or {}
-    return state if state.get("attempt", 0) >= 2 or state.get("state") in ("COMPLETED", "FAILED") else None
-
-
-def _wandb_runs(run_dir) -> list:
-    return sorted(p.name for p in (run_dir / "wandb").glob("offline-run-*"))
 
 
 def test_two_rank_job_trains_to_completion(submitted, capsys):
@@ -129,13 +105,13 @@ def test_preempted_job_requeues_and_reproduces_every_loss(submitted, corpus, cap
     ref_dir = submitted["ref"]
     assert wait_for_end(ref_dir, timeout=JOB_TIMEOUT)["state"] == "COMPLETED"
     # The same configuration as the reference run but for run.name.
-    assert commands.train(_slurm_run(submitted["root"], corpus, "run.name=pre")) == 0
+    assert commands.train(slurm_run(submitted["root"], corpus, "run.name=pre", iters=ITERS)) == 0
     run_dir = submitted["root"] / "tiny_cpu" / "pre"
     job_id = launches(run_dir)[0]["job_ids"][0]
     wait_for_step(run_dir, SIGNAL_AFTER, timeout=JOB_TIMEOUT)
     signalled = time.time()
     subprocess.run(["scancel", "--signal=USR2", job_id], check=True, timeout=30)
-    state = wait_until(lambda: _restarted_or_ended(run_dir), JOB_TIMEOUT, "the requeued job to start again", [run_dir])
+    state = wait_until(lambda: restarted_or_ended(run_dir), JOB_TIMEOUT, "the requeued job to start again", [run_dir])
     assert state.get("attempt") == 2, f"the run was not preempted (it ended before USR2 reached it?): {state}"
     # The first attempt has ended (rank 0 of the second one wrote `attempt`): its last
     # row is the checkpointed step; note when the next step appears.
@@ -163,10 +139,10 @@ def test_preempted_job_requeues_and_reproduces_every_loss(submitted, corpus, cap
     assert "requeues  1" in story and f"checkpoint step_{ITERS:06d}" in story, story
     (attempt,) = [line for line in story.splitlines() if "attempt 1 on" in line]
     assert attempt.startswith("history") and "requeued (preemption or time-limit signal" in attempt, story
-    assert f"after step {stopped_at}" in attempt and "localhost" in attempt, story
+    assert f"(steps kept: 1..{stopped_at})" in attempt and "localhost" in attempt, story
     # One W&B run continued across the requeue: both attempts logged under the run's id.
     run_id = (run_dir / "wandb_id").read_text().strip()
-    assert [name.rsplit("-", 1)[-1] for name in _wandb_runs(run_dir)] == [run_id, run_id]
+    assert [name.rsplit("-", 1)[-1] for name in wandb_runs(run_dir)] == [run_id, run_id]
     with capsys.disabled():
         print(f"\nmeasured: USR2 at step >= {SIGNAL_AFTER}, checkpoint of step {stopped_at}; "
               f"USR2 -> first step after requeue seen {first_after - signalled:.1f} s")

@@ -1,0 +1,35 @@
+"""The real trainer's SLURM runs in the tests: launcher settings, overrides, and what
+the tests read back of a run (shared by the single-node and the multi-node tests)."""
+
+from __future__ import annotations
+
+from launchers.rundir import read_json
+from tests.train.audiollm_runs import train_overrides
+
+# 1 CPU per task, so that two tasks (one 2-rank job, or two sweep points) run at once on
+# 2 cores; a rank of the tiny AudioLLM holds ~0.9 GiB. These clusters do not bind tasks to
+# their CPUs, so torch would start one thread per core of the machine in every rank: on a
+# busy machine that oversubscription made steps 10-100x slower (0.1 s -> 3-30 s). The job
+# uses as many threads as the CPUs SLURM gave its task, as a user would set it.
+SLURM = ["launcher=slurm", "launcher.accelerator=cpu", "launcher.cpus_per_task=1", "launcher.mem_gb=4",
+         "launcher.timeout_min=15", "launcher.setup=['export OMP_NUM_THREADS=$SLURM_CPUS_PER_TASK']"]
+# Starting a job (imports, process group, model, loader) takes ~20-60 s here; a busy
+# machine can make it several times slower.
+JOB_TIMEOUT = 480
+
+
+def slurm_run(root, corpus, *extra, ranks=2, iters=30):
+    """A `ranks`-process-per-node job of the real trainer (data parallel unless `extra`
+    says otherwise) writing under `root`."""
+    return [*SLURM, f"launcher.gpus_per_node={ranks}", *train_overrides(corpus), f"train.iters={iters}",
+            f"run.output_root={root}", *extra]
+
+
+def restarted_or_ended(run_dir):
+    """state.json once a second attempt has started, or the run has ended."""
+    state = read_json(run_dir / "state.json") or {}
+    return state if state.get("attempt", 0) >= 2 or state.get("state") in ("COMPLETED", "FAILED") else None
+
+
+def wandb_runs(run_dir) -> list:
+    return sorted(p.name for p in (run_dir / "wandb").glob("offline-run-*"))

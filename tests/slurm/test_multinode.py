@@ -1,0 +1,191 @@
+"""The real trainer on a real multi-node SLURM cluster (tests/slurm/start_cluster.sh: each
+node a network namespace with its own hostname and address; fixture `slurm_nodes`):
+ranks on different nodes train exactly as on one machine, a USR2 requeue across nodes
+resumes exactly in the same W&B run, and a node that dies mid-run (its link down, its
+processes frozen: no TCP reset, no signal) is detected by SLURM, the job requeued onto
+live nodes and resumed from its last checkpoint with the uninterrupted run's losses.
+
+Each figure the note of a change quotes is printed as `measured: ...`.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import time
+
+import pytest
+
+from launchers import commands
+from launchers.rundir import read_json, read_metrics
+from tests.launchers.helpers import launches, losses, wait_for_end, wait_for_step, wait_until
+from tests.slurm.runs import JOB_TIMEOUT, restarted_or_ended, slurm_run, wandb_runs
+from tests.train.audiollm_runs import make_corpus, train_overrides
+
+pytestmark = [pytest.mark.slurm, pytest.mark.multiprocess]
+
+ITERS = 24
+SIGNAL_AFTER = 2
+SAVE_INTERVAL = 4  # the node-death run resumes from its last periodic checkpoint
+TP2_ACROSS_NODES = ["launcher.nodes=2", "parallel.tp=2"]  # one rank per node
+PP2_ACROSS_NODES = ["launcher.nodes=2", "parallel.pp=2", "model.adapter.ctc_weight=0"]  # CTC needs pp=1
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    return make_corpus(tmp_path_factory.mktemp("tones"))
+
+
+@pytest.fixture(scope="module")
+def nodes_env(slurm_nodes):
+    """SLURM_CONF of the multi-node cluster for the module's submissions and queries."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("SLURM_CONF", str(slurm_nodes))
+        yield slurm_nodes
+
+
+@pytest.fixture(scope="module")
+def root(tmp_path_factory):
+    return tmp_path_factory.mktemp("multinode")
+
+
+def _on_nodes(root, corpus, name, layout, *extra):
+    return slurm_run(root, corpus, f"run.name={name}", *layout, *extra, ranks=1, iters=ITERS)
+
+
+def _on_one_machine(root, corpus, name, layout):
+    """The same layout as one local job of two processes on this machine."""
+    one_machine = ["launcher.nodes=1" if o == "launcher.nodes=2" else o for o in layout]
+    return ["launcher.accelerator=cpu", "launcher.gpus_per_node=2", "launcher.wait=true", *train_overrides(corpus),
+            f"train.iters={ITERS}", f"run.output_root={root}", f"run.name={name}", *one_machine]
+
+
+def _hosts(run_dir) -> list[str]:
+    text = "".join((run_dir / "logs" / f"rank{r}.log").read_text() for r in (0, 1))
+    return sorted(set(re.findall(r"\] rank \d+/2 pid \d+ job \S+ on (\S+)", text)))
+
+
+@pytest.fixture(scope="module")
+def tp2_reference(nodes_env, corpus, root):
+    """TP=2 with one rank per node, submitted first, and the same layout on one machine
+    trained while it runs."""
+    assert commands.train(_on_nodes(root, corpus, "tp2_nodes", TP2_ACROSS_NODES)) == 0
+    run_dir = root / "tiny_cpu" / "tp2_nodes"
+    submitted = launches(run_dir)[0]["submitted_at"]
+    assert commands.train(_on_one_machine(root, corpus, "tp2_local", TP2_ACROSS_NODES)) == 0
+    wait_for_step(run_dir, 1, timeout=JOB_TIMEOUT)
+    first_step = min(m["time"] for m in read_metrics(run_dir))
+    assert wait_for_end(run_dir, timeout=JOB_TIMEOUT)["state"] == "COMPLETED"
+    return run_dir, root / "tiny_cpu" / "tp2_local", first_step - submitted
+
+
+def test_tensor_parallel_ranks_on_two_nodes_train_as_on_one_machine(tp2_reference, capsys):
+    run_dir, local_dir, submit_to_first_step = tp2_reference
+    assert read_json(run_dir / "plan.json")["tp"] == 2
+    assert len(_hosts(run_dir)) == 2 and all(h.startswith("aunode") for h in _hosts(run_dir))
+    assert sorted(losses(run_dir)) == list(range(1, ITERS + 1))
+    assert losses(run_dir) == losses(local_dir)  # bitwise: the same sums in the same order
+    with capsys.disabled():
+        print(f"\nmeasured: 2 nodes, submit -> first step {submit_to_first_step:.1f} s")
+
+
+def test_pipeline_stages_on_two_nodes_train_as_on_one_machine(nodes_env, corpus, root):
+    assert commands.train(_on_nodes(root, corpus, "pp2_nodes", PP2_ACROSS_NODES)) == 0
+    run_dir = root / "tiny_cpu" / "pp2_nodes"
+    assert commands.train(_on_one_machine(root, corpus, "pp2_local", PP2_ACROSS_NODES)) == 0
+    assert wait_for_end(run_dir, timeout=JOB_TIMEOUT)["state"] == "COMPLETED"
+    assert read_json(run_dir / "plan.json")["pp"] == 2 and len(_hosts(run_dir)) == 2
+    assert sorted(losses(run_dir)) == list(range(1, ITERS + 1))
+    assert losses(run_dir) == losses(root / "tiny_cpu" / "pp2_local")
+
+
+def test_usr2_requeues_a_two_node_job_that_resumes_exactly_in_the_same_wandb_run(tp2_reference, nodes_env, corpus,
+                                                                                root, capsys):
+    ref_dir = tp2_reference[0]
+    assert commands.train(_on_nodes(root, corpus, "tp2_usr2", TP2_ACROSS_NODES)) == 0
+    run_dir = root / "tiny_cpu" / "tp2_usr2"
+    job_id = launches(run_dir)[0]["job_ids"][0]
+    wait_for_step(run_dir, SIGNAL_AFTER, timeout=JOB_TIMEOUT)
+    signalled = time.time()
+    subprocess.run(["scancel", "--signal=USR2", job_id], check=True, timeout=30)
+    state = wait_until(lambda: restarted_or_ended(run_dir), JOB_TIMEOUT, "the requeued job", [run_dir])
+    assert state.get("attempt") == 2, f"not preempted (ended before USR2 reached it?): {state}"
+    done_before = max(m["step"] for m in read_metrics(run_dir))
+    wait_for_step(run_dir, done_before + 1, timeout=JOB_TIMEOUT)
+    first_after = time.time()
+    assert wait_for_end(run_dir, timeout=JOB_TIMEOUT)["state"] == "COMPLETED"
+    assert read_json(run_dir / "state.json")["requeues"] == 1
+    assert losses(run_dir) == losses(ref_dir)
+    run_id = (run_dir / "wandb_id").read_text().strip()
+    assert [name.rsplit("-", 1)[-1] for name in wandb_runs(run_dir)] == [run_id, run_id]
+    with capsys.disabled():
+        print(f"\nmeasured: 2 nodes, USR2 -> first step after requeue {first_after - signalled:.1f} s")
+
+
+def _netns_pids(node: str) -> list[int]:
+    out = subprocess.run(["ip", "netns", "pids", node], capture_output=True, text=True, timeout=30).stdout
+    return [int(p) for p in out.split()]
+
+
+def _signal(pids, sig: str) -> None:
+    if pids:
+        subprocess.run(["kill", f"-{sig}", *map(str, pids)], capture_output=True, timeout=30)
+
+
+def test_a_dead_node_is_replaced_and_the_job_resumes_with_the_same_losses(tp2_reference, nodes_env, corpus, root,
+                                                                       capsys):
+    """One node of a running 2-node job dies: its link goes down and every process in it
+    (slurmd, the rank) freezes, as a machine that hangs. SLURM notices after
+    SlurmdTimeout, requeues the job onto the two live nodes, and it resumes from its
+    last periodic checkpoint to finish with the uninterrupted run's losses."""
+    ref_dir = tp2_reference[0]
+    assert commands.train(_on_nodes(root, corpus, "tp2_dead_node", TP2_ACROSS_NODES,
+                                    f"train.save_interval={SAVE_INTERVAL}")) == 0
+    run_dir = root / "tiny_cpu" / "tp2_dead_node"
+    job_id = launches(run_dir)[0]["job_ids"][0]
+    wait_for_step(run_dir, SAVE_INTERVAL + 1, timeout=JOB_TIMEOUT)
+    nodelist = subprocess.run(["squeue", "-h", "-j", job_id, "-o", "%N"], capture_output=True, text=True,
+                              timeout=30).stdout.strip()
+    nodes = subprocess.run(["scontrol", "show", "hostnames", nodelist], capture_output=True, text=True,
+                           timeout=30).stdout.split()
+    assert len(nodes) == 2, nodes
+    dead = nodes[-1]
+    frozen = _netns_pids(dead)
+    subprocess.run(["ip", "link", "set", f"auveth{dead.removeprefix('aunode')}", "down"], check=True, timeout=30)
+    _signal(frozen, "STOP")
+    died = time.time()
+    try:
+        state = wait_until(lambda: restarted_or_ended(run_dir), JOB_TIMEOUT, "the job requeued after the node died",
+                           [run_dir])
+        assert state.get("attempt") == 2, state
+        done_before = max(m["step"] for m in read_metrics(run_dir))
+        wait_for_step(run_dir, done_before + 1, timeout=JOB_TIMEOUT)
+        first_after = time.time()
+        assert wait_for_end(run_dir, timeout=JOB_TIMEOUT)["state"] == "COMPLETED"
+    finally:  # the node comes back for the tests after this one
+        subprocess.run(["ip", "link", "set", f"auveth{dead.removeprefix('aunode')}", "up"], timeout=30)
+        _signal(frozen, "CONT")
+        subprocess.run(["scontrol", "update", f"nodename={dead}", "state=resume"], capture_output=True, timeout=30)
+    assert dead not in _hosts_of_attempt(run_dir, 2)
+    log = (run_dir / "logs" / "rank0.log").read_text()
+    resumed = re.findall(r"resumed from \S+ at step (\d+)", log)
+    assert resumed and int(resumed[-1]) % SAVE_INTERVAL == 0, log[-3000:]
+    assert losses(run_dir) == losses(ref_dir)
+    capsys.readouterr()
+    assert commands.status(run_dir) == 0
+    story = capsys.readouterr().out
+    (attempt,) = [line for line in story.splitlines() if "attempt 1 on" in line]
+    assert f"attempt 1 on {nodelist} " in attempt and "a node failed" in attempt, story
+    assert f"(steps kept: 1..{resumed[-1]})" in attempt and "requeues  1" in story, story
+    with capsys.disabled():
+        print(f"\nmeasured: node {dead} dead -> first step on live nodes {first_after - died:.1f} s "
+              f"(resumed from step {resumed[-1]})")
+
+
+def _hosts_of_attempt(run_dir, attempt: int) -> list[str]:
+    """Hosts of the ranks started by the given attempt (each attempt logs its ranks anew)."""
+    hosts = []
+    for r in (0, 1):
+        starts = re.findall(r"\] rank \d+/2 pid \d+ job \S+ on (\S+)", (run_dir / "logs" / f"rank{r}.log").read_text())
+        hosts.append(starts[attempt - 1])
+    return hosts
