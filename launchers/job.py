@@ -104,6 +104,23 @@ def _limit_cpu_threads(local_world_size: int) -> int:
     return threads
 
 
+def _require_cuda(hostname: str, local_rank: int) -> None:
+    """launcher.accelerator=gpu: stop at once, in one line, where this task has no CUDA
+    device (a CPU node, a missing driver, a GPU count below the tasks per node) instead
+    of failing later inside NCCL or the model build."""
+    import torch
+
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    fix = "run on GPU nodes (launcher.partition, launcher.constraint) or set launcher.accelerator=cpu"
+    if not torch.cuda.is_available():
+        raise RuntimeError(f"no CUDA device on {hostname}: torch {torch.__version__} (CUDA {torch.version.cuda}) "
+                           f"sees none, CUDA_VISIBLE_DEVICES={visible!r}; {fix}")
+    if local_rank >= torch.cuda.device_count():
+        raise RuntimeError(f"no CUDA device on {hostname} for local rank {local_rank}: "
+                           f"{torch.cuda.device_count()} visible (CUDA_VISIBLE_DEVICES={visible!r}); "
+                           f"launcher.gpus_per_node must not exceed the GPUs of a node")
+
+
 class RankJob:
     """Picklable job callable; see the module docstring."""
 
@@ -150,6 +167,8 @@ class RankJob:
         runtime.reset()
         runtime.install_handlers()
         try:
+            if self.accelerator == "gpu":
+                _require_cuda(env.hostname, dist_env.local_rank)
             result = load_callable(self.entry)(str(run_path))
         except BaseException:
             if rank == 0:

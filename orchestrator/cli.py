@@ -15,6 +15,8 @@ from typing import Callable, Sequence
 # function takes the remaining argv and returns an exit code.
 DELEGATED: dict[str, tuple[str, str, str]] = {
     "train": ("launchers.commands", "train_main", "compose, validate, resolve and launch a run (or a sweep with -m)"),
+    "prepare": ("launchers.commands", "prepare_main", "write a run directory to start by hand (srun in an allocation, "
+                "or torchrun); submits nothing"),
     "status": ("launchers.commands", "status_main", "state, last step and last loss of a run or sweep directory"),
     "cancel": ("launchers.commands", "cancel_main", "cancel the jobs of a run or sweep directory"),
     "eval": ("orchestrator.train.evaluate", "main", "greedy decoding and WER of a run's checkpoint"),

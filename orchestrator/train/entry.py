@@ -1,8 +1,11 @@
 """Job entry point, called on every rank: `orchestrator.train.entry.main(run_dir)`.
 
 The launcher sets RANK / WORLD_SIZE / LOCAL_RANK / MASTER_ADDR / MASTER_PORT; the run
-directory holds plan.json (the resolved Plan) and config.yaml. Run by hand with
-  torchrun --nproc_per_node=N -m orchestrator.train.entry RUN_DIR
+directory holds plan.json (the resolved Plan) and config.yaml (`audiollm prepare` writes
+one without submitting). Run by hand with
+  torchrun --nnodes=N --nproc-per-node=G ... -m orchestrator.train.entry RUN_DIR
+or, inside a SLURM allocation (RANK and the rest from SLURM's variables),
+  srun --ntasks-per-node=G python -m orchestrator.train.entry RUN_DIR
 """
 
 from __future__ import annotations
@@ -85,8 +88,10 @@ def main(run_dir: str | Path, components_factory: Optional[Callable] = None) -> 
     logged with its diagnostic and re-raised, so the launcher records the run as failed
     with that message."""
     from orchestrator.runtime.distributed import shutdown
+    from orchestrator.runtime.slurm_env import export_from_slurm
     from orchestrator.train.loop import TrainingDiverged
 
+    export_from_slurm()  # `srun python -m orchestrator.train.entry RUN_DIR` inside an allocation
     rank = int(os.environ.get("RANK", "0"))
     setup_logging(rank)
     try:

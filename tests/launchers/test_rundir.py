@@ -80,7 +80,7 @@ def test_status_and_cancel_reject_unknown_paths(tmp_path, capsys):
 def test_submit_side_does_not_import_torch():
     code = (
         "import sys, launchers.commands, launchers.executors, launchers.rundir, launchers.summary, "
-        "launchers.sweep, launchers.job, launchers.runtime\n"
+        "launchers.sweep, launchers.job, launchers.runtime, launchers.slurm_fit, orchestrator.runtime.slurm_env\n"
         "from launchers import commands\n"
         "commands.prepare(['+recipe=gemma2_whisper_tp4pp2', 'launcher.dry_run=true'])\n"
         "bad = [m for m in ('torch', 'megatron') if m in sys.modules]\n"

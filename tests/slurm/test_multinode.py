@@ -10,14 +10,18 @@ Each figure the note of a change quotes is printed as `measured: ...`.
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
+import sys
 import time
+from pathlib import Path
 
 import pytest
 
 from launchers import commands
 from launchers.rundir import read_json, read_metrics
+from tests.distributed_run import REPO
 from tests.launchers.helpers import launches, losses, wait_for_end, wait_for_step, wait_until
 from tests.slurm.runs import JOB_TIMEOUT, restarted_or_ended, slurm_run, wandb_runs
 from tests.train.audiollm_runs import make_corpus, train_overrides
@@ -189,3 +193,82 @@ def _hosts_of_attempt(run_dir, attempt: int) -> list[str]:
         starts = re.findall(r"\] rank \d+/2 pid \d+ job \S+ on (\S+)", (run_dir / "logs" / f"rank{r}.log").read_text())
         hosts.append(starts[attempt - 1])
     return hosts
+
+
+def _sbatch_options(script: str) -> dict[str, str]:
+    return dict(line[len("#SBATCH --"):].partition("=")[::2] for line in script.splitlines()
+                if line.startswith("#SBATCH --"))
+
+
+def test_the_gpu_recipe_is_accepted_and_started_and_stops_in_one_line_without_cuda(nodes_env, corpus, root, capsys):
+    """The 4-node GPU recipe, shrunk to 2 nodes x 2 GPUs (the cluster's fake GPUs: device
+    files the scheduler counts) and to CPUs and memory these nodes have: SLURM accepts the
+    sbatch options the full recipe renders and starts the job; without a CUDA device the
+    job stops at once with one line naming the node."""
+    recipe = ["+recipe=gemma2_whisper_tp4pp2", f"run.output_root={root}"]
+    fit = ["launcher.cpus_per_task=1"]  # the CPUs these nodes have
+    data = [f"data.train=[{{name:tones_a,path:'{corpus / 'train' / 'tones_a'}'}}]",
+            f"data.tokenizer='{corpus / 'tokenizer'}'", "data.audio_token='<audio>'"]  # a submission needs data
+    shrunk = [*recipe, "launcher.nodes=2", "launcher.gpus_per_node=2", "parallel.tp=2", "parallel.pp=2", *fit,
+              *data, "run.name=gpu_recipe"]
+    capsys.readouterr()
+    assert commands.train([*recipe, "launcher.dry_run=true", "run.name=full"]) == 0
+    full = _sbatch_options(capsys.readouterr().out)
+    assert commands.train([*shrunk, "launcher.dry_run=true"]) == 0
+    small = _sbatch_options(capsys.readouterr().out)
+    assert full["nodes"] == "4" and full["gpus-per-node"] == "8" and small["gpus-per-node"] == "2"
+    resized = {"nodes", "gpus-per-node", "ntasks-per-node", "cpus-per-task", "mem", "job-name", "output", "error"}
+    assert set(full) == set(small) and {k: v for k, v in full.items() if k not in resized} == \
+        {k: v for k, v in small.items() if k not in resized}
+    assert commands.train(shrunk) == 0
+    run_dir = next(root.glob("*/gpu_recipe"))
+    info = wait_for_end(run_dir, timeout=JOB_TIMEOUT)
+    assert info["state"] == "FAILED", info
+    assert (info["error"] or "").strip().splitlines()[-1].startswith("RuntimeError: no CUDA device on aunode"), info
+    log = (run_dir / "logs" / "rank0.log").read_text()
+    assert "CUDA_VISIBLE_DEVICES='0,1'" in log, log[-2000:]  # the scheduler gave the task its 2 fake GPUs
+
+
+def _on_node(node: str, argv: list[str]) -> list[str]:
+    """argv run as on that node: its network namespace, its hostname, its hosts file (as
+    tests/slurm/start_cluster.sh starts the node's slurmd), so that torchrun finds itself
+    in the rendezvous endpoint's name."""
+    return ["unshare", "--mount", "--uts", "--propagation", "slave", "--", "nsenter", f"--net=/run/netns/{node}",
+            "--", "sh", "-c", 'mount --bind "/etc/netns/$1/hosts" /etc/hosts && hostname "$1" && shift && exec "$@"',
+            "sh", node, *argv]
+
+
+def _prepared(root, corpus, name) -> Path:
+    assert commands.prepare_only(_on_nodes(root, corpus, name, TP2_ACROSS_NODES)) == 0
+    return root / "tiny_cpu" / name
+
+
+def test_srun_inside_an_allocation_and_torchrun_on_each_node_run_the_same_job(tp2_reference, nodes_env, corpus, root):
+    """Outside submitit: `audiollm prepare` writes the run directory; `salloc` + `srun`
+    starts the entry with SLURM's variables only (RANK, WORLD_SIZE, MASTER_ADDR from
+    SLURM_PROCID, SLURM_NTASKS, SLURM_JOB_NODELIST), and `torchrun --nnodes=2` started in
+    each node's namespace starts it with torchrun's; both give the submitted run's losses."""
+    ref_dir = tp2_reference[0]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
+    env.pop("RANK", None)
+    srun_dir = _prepared(root, corpus, "tp2_srun")
+    proc = subprocess.run(["salloc", "-N2", "--ntasks-per-node=1", "--cpus-per-task=1", "--mem=4G", "--time=10",
+                           "srun", sys.executable, "-m", "orchestrator.train.entry", str(srun_dir)],
+                          capture_output=True, text=True, timeout=JOB_TIMEOUT, env=env, cwd=REPO)
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
+    assert losses(srun_dir) == losses(ref_dir)
+    torchrun_dir = _prepared(root, corpus, "tp2_torchrun")
+    procs = [subprocess.Popen(_on_node(node, [sys.executable, "-m", "torch.distributed.run", "--nnodes=2",
+                                              "--nproc-per-node=1", "--rdzv-backend=c10d",
+                                              "--rdzv-endpoint=aunode1:29513", "--rdzv-id=tp2", "-m",
+                                              "orchestrator.train.entry", str(torchrun_dir)]),
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=REPO)
+             for node in ("aunode1", "aunode2")]
+    try:
+        outputs = [p.communicate(timeout=JOB_TIMEOUT)[0] for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+    assert all(p.returncode == 0 for p in procs), "\n".join(o[-3000:] for o in outputs)
+    assert losses(torchrun_dir) == losses(ref_dir)
