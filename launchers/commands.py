@@ -451,6 +451,8 @@ def train_sweep(overrides: Sequence[str]) -> int:
         for swept, run in points:
             print(f"#   {run.run_dir.name}: {' '.join(swept)}")
         print(dry_run_text(points[0][1], array_size=len(points)), end="")
+        if problems:
+            _print_errors(problems, header="this cluster could never start the sweep's jobs")
         return EXIT_OK
     try:
         for _, run in points:

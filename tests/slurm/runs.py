@@ -3,7 +3,11 @@ the tests read back of a run (shared by the single-node and the multi-node tests
 
 from __future__ import annotations
 
-from launchers.rundir import read_json
+import subprocess
+import time
+
+from launchers.rundir import read_json, read_metrics
+from tests.launchers.helpers import wait_for_step, wait_until
 from tests.train.audiollm_runs import train_overrides
 
 # 1 CPU per task, so that two tasks (one 2-rank job, or two sweep points) run at once on
@@ -33,3 +37,19 @@ def restarted_or_ended(run_dir):
 
 def wandb_runs(run_dir) -> list:
     return sorted(p.name for p in (run_dir / "wandb").glob("offline-run-*"))
+
+
+def preempt_and_wait_for_resume(run_dir, job_id: str, signal_after: int) -> tuple[int, float]:
+    """USR2 (SLURM's preemption / time-limit warning) once step `signal_after` is logged,
+    then wait until the requeued attempt logs its first step. Returns (the first
+    attempt's last step, which it checkpointed; seconds from the signal to that next step)."""
+    wait_for_step(run_dir, signal_after, timeout=JOB_TIMEOUT)
+    signalled = time.time()
+    subprocess.run(["scancel", "--signal=USR2", job_id], check=True, timeout=30)
+    state = wait_until(lambda: restarted_or_ended(run_dir), JOB_TIMEOUT, "the requeued job to start again", [run_dir])
+    assert state.get("attempt") == 2, f"the run was not preempted (it ended before USR2 reached it?): {state}"
+    # The first attempt has ended (rank 0 of the second one wrote `attempt`): its last
+    # row is the checkpointed step; note when the next step appears.
+    done_before = max(m["step"] for m in read_metrics(run_dir))
+    wait_for_step(run_dir, done_before + 1, timeout=JOB_TIMEOUT)
+    return done_before, time.time() - signalled

@@ -23,7 +23,7 @@ from launchers import commands
 from launchers.rundir import read_json, read_metrics
 from tests.distributed_run import REPO
 from tests.launchers.helpers import launches, losses, wait_for_end, wait_for_step, wait_until
-from tests.slurm.runs import JOB_TIMEOUT, restarted_or_ended, slurm_run, wandb_runs
+from tests.slurm.runs import JOB_TIMEOUT, preempt_and_wait_for_resume, restarted_or_ended, slurm_run, wandb_runs
 from tests.train.audiollm_runs import make_corpus, train_overrides
 
 pytestmark = [pytest.mark.slurm, pytest.mark.multiprocess]
@@ -109,21 +109,14 @@ def test_usr2_requeues_a_two_node_job_that_resumes_exactly_in_the_same_wandb_run
     assert commands.train(_on_nodes(root, corpus, "tp2_usr2", TP2_ACROSS_NODES)) == 0
     run_dir = root / "tiny_cpu" / "tp2_usr2"
     job_id = launches(run_dir)[0]["job_ids"][0]
-    wait_for_step(run_dir, SIGNAL_AFTER, timeout=JOB_TIMEOUT)
-    signalled = time.time()
-    subprocess.run(["scancel", "--signal=USR2", job_id], check=True, timeout=30)
-    state = wait_until(lambda: restarted_or_ended(run_dir), JOB_TIMEOUT, "the requeued job", [run_dir])
-    assert state.get("attempt") == 2, f"not preempted (ended before USR2 reached it?): {state}"
-    done_before = max(m["step"] for m in read_metrics(run_dir))
-    wait_for_step(run_dir, done_before + 1, timeout=JOB_TIMEOUT)
-    first_after = time.time()
+    _, resume_s = preempt_and_wait_for_resume(run_dir, job_id, SIGNAL_AFTER)
     assert wait_for_end(run_dir, timeout=JOB_TIMEOUT)["state"] == "COMPLETED"
     assert read_json(run_dir / "state.json")["requeues"] == 1
     assert losses(run_dir) == losses(ref_dir)
     run_id = (run_dir / "wandb_id").read_text().strip()
     assert [name.rsplit("-", 1)[-1] for name in wandb_runs(run_dir)] == [run_id, run_id]
     with capsys.disabled():
-        print(f"\nmeasured: 2 nodes, USR2 -> first step after requeue {first_after - signalled:.1f} s")
+        print(f"\nmeasured: 2 nodes, USR2 -> first step after requeue {resume_s:.1f} s")
 
 
 def _netns_pids(node: str) -> list[int]:

@@ -10,15 +10,14 @@ Every wait has a deadline; on timeout the job is cancelled and the test fails.
 from __future__ import annotations
 
 import re
-import subprocess
 import time
 
 import pytest
 
 from launchers import commands
-from launchers.rundir import read_json, read_metrics
-from tests.launchers.helpers import launches, losses, wait_for_end, wait_for_step, wait_until
-from tests.slurm.runs import JOB_TIMEOUT, restarted_or_ended, slurm_run, wandb_runs
+from launchers.rundir import read_json
+from tests.launchers.helpers import launches, losses, wait_for_end, wait_for_step
+from tests.slurm.runs import JOB_TIMEOUT, preempt_and_wait_for_resume, slurm_run, wandb_runs
 from tests.train.audiollm_runs import make_corpus
 
 pytestmark = [pytest.mark.slurm, pytest.mark.multiprocess]
@@ -108,16 +107,7 @@ def test_preempted_job_requeues_and_reproduces_every_loss(submitted, corpus, cap
     assert commands.train(slurm_run(submitted["root"], corpus, "run.name=pre", iters=ITERS)) == 0
     run_dir = submitted["root"] / "tiny_cpu" / "pre"
     job_id = launches(run_dir)[0]["job_ids"][0]
-    wait_for_step(run_dir, SIGNAL_AFTER, timeout=JOB_TIMEOUT)
-    signalled = time.time()
-    subprocess.run(["scancel", "--signal=USR2", job_id], check=True, timeout=30)
-    state = wait_until(lambda: restarted_or_ended(run_dir), JOB_TIMEOUT, "the requeued job to start again", [run_dir])
-    assert state.get("attempt") == 2, f"the run was not preempted (it ended before USR2 reached it?): {state}"
-    # The first attempt has ended (rank 0 of the second one wrote `attempt`): its last
-    # row is the checkpointed step; note when the next step appears.
-    done_before = max(m["step"] for m in read_metrics(run_dir))
-    wait_for_step(run_dir, done_before + 1, timeout=JOB_TIMEOUT)
-    first_after = time.time()
+    done_before, resume_s = preempt_and_wait_for_resume(run_dir, job_id, SIGNAL_AFTER)
     info = wait_for_end(run_dir, timeout=JOB_TIMEOUT)
     assert info["state"] == "COMPLETED", info
     state = read_json(run_dir / "state.json")
@@ -145,4 +135,4 @@ def test_preempted_job_requeues_and_reproduces_every_loss(submitted, corpus, cap
     assert [name.rsplit("-", 1)[-1] for name in wandb_runs(run_dir)] == [run_id, run_id]
     with capsys.disabled():
         print(f"\nmeasured: USR2 at step >= {SIGNAL_AFTER}, checkpoint of step {stopped_at}; "
-              f"USR2 -> first step after requeue seen {first_after - signalled:.1f} s")
+              f"USR2 -> first step after requeue seen {resume_s:.1f} s")
