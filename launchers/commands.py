@@ -272,14 +272,11 @@ def ensure_demo_corpus(runs: Sequence[PreparedRun]) -> None:
 
 
 def cluster_problems(launcher: dict) -> list[str]:
-    """For launcher=slurm where a cluster answers: why it could never start the job
-    (launchers/slurm_fit.py); [] otherwise."""
-    if launcher["kind"] != "slurm":
-        return []
-    from launchers.slurm_fit import read_cluster, request_problems
+    """Why this SLURM cluster could never start the job (launchers/slurm_fit.py); [] if it
+    could or nothing was checked."""
+    from launchers.slurm_fit import check_request
 
-    view = read_cluster()
-    return [] if view is None else request_problems(launcher, view)
+    return check_request(launcher) or []
 
 
 NEVER_STARTS = "not submitted: this cluster could never start the job (it would pend forever)"

@@ -120,7 +120,8 @@ def parse_cluster(partitions_text: str, nodes_text: str) -> Dict[str, Partition]
     return partitions
 
 
-def _run(argv: List[str], timeout: float) -> Optional[str]:
+def slurm_output(argv: List[str], timeout: float = 20.0) -> Optional[str]:
+    """stdout of a SLURM command, or None where it is missing or fails."""
     try:
         proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
     except (OSError, subprocess.SubprocessError):
@@ -132,14 +133,14 @@ def read_cluster(timeout: float = 15.0) -> Optional[ClusterView]:
     """The cluster's partitions, nodes, accounts and QOS, or None where no SLURM answers."""
     if shutil.which("scontrol") is None:
         return None
-    partitions = _run(["scontrol", "show", "partition", "-o"], timeout)
-    nodes = _run(["scontrol", "show", "node", "-o"], timeout)
+    partitions = slurm_output(["scontrol", "show", "partition", "-o"], timeout)
+    nodes = slurm_output(["scontrol", "show", "node", "-o"], timeout)
     if partitions is None or nodes is None:
         return None
     view = ClusterView(parse_cluster(partitions, nodes))
     if shutil.which("sacctmgr"):
-        accounts = _run(["sacctmgr", "-n", "-P", "show", "account", "format=account"], timeout)
-        qos = _run(["sacctmgr", "-n", "-P", "show", "qos", "format=name"], timeout)
+        accounts = slurm_output(["sacctmgr", "-n", "-P", "show", "account", "format=account"], timeout)
+        qos = slurm_output(["sacctmgr", "-n", "-P", "show", "qos", "format=name"], timeout)
         view.accounts = None if accounts is None else [a for a in accounts.split() if a]
         view.qos = None if qos is None else [q for q in qos.split() if q]
     return view
@@ -221,3 +222,12 @@ def request_problems(launcher: Mapping[str, Any], view: ClusterView) -> List[str
             problems.append(f"only {len(fitting)} node(s) of {where} have {cpus} CPUs, {gpus} GPUs and "
                             f"{_gb(mem_mb)} together; launcher.nodes={nodes_wanted} needs {nodes_wanted}")
     return problems
+
+
+def check_request(launcher: Mapping[str, Any]) -> Optional[List[str]]:
+    """For launcher=slurm where a cluster answers: why it could never start the job ([]
+    if it could); None where nothing was checked (another launcher, no cluster here)."""
+    if launcher["kind"] != "slurm":
+        return None
+    view = read_cluster()
+    return None if view is None else request_problems(launcher, view)

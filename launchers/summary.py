@@ -8,36 +8,13 @@ that died without a word (cancelled, killed, node failure).
 from __future__ import annotations
 
 import os
-import shutil
-import subprocess
 from pathlib import Path
 
 from launchers.rundir import last_launch, read_json, read_metrics
+from launchers.slurm_fit import slurm_output
 
 # Scheduler states after which the job will not write anything any more.
 _SLURM_ENDED = ("CANCELLED", "FAILED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE", "PREEMPTED")
-
-
-def _slurm_output(cmd: list[str]) -> str:
-    if shutil.which(cmd[0]) is None:
-        return ""
-    try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=20)
-    except (subprocess.SubprocessError, OSError):
-        return ""
-    return proc.stdout if proc.returncode == 0 else ""
-
-
-def slurm_state(job_id: str) -> str | None:
-    """SLURM's state of a job (or array element "A_i"): squeue while queued, then sacct."""
-    for cmd in (
-        ["squeue", "-h", "-j", job_id, "-o", "%T"],
-        ["sacct", "-n", "-X", "-P", "-j", job_id, "-o", "State"],
-    ):
-        out = _slurm_output(cmd).split()
-        if out:
-            return out[0].split()[0]  # "CANCELLED by 0" -> "CANCELLED"
-    return None
 
 
 # Why a job is pending (squeue %r), in words; the keys are SLURM's reason codes.
@@ -73,8 +50,8 @@ def explain_pending(reason: str | None) -> str | None:
 
 def slurm_job(job_id: str) -> dict:
     """What slurmctld says of a queued or recent job: {"state", "reason", "restarts", "nodes"} ({} if nothing)."""
-    fields = dict(part.split("=", 1) for part in _slurm_output(["scontrol", "show", "job", "-o", job_id]).split()
-                  if "=" in part)
+    text = slurm_output(["scontrol", "show", "job", "-o", job_id]) or ""
+    fields = dict(part.split("=", 1) for part in text.split() if "=" in part)
     if "JobState" not in fields:
         return {}
     return {"state": fields["JobState"], "reason": fields.get("Reason"), "restarts": int(fields.get("Restarts", 0)),
@@ -83,7 +60,7 @@ def slurm_job(job_id: str) -> dict:
 
 def slurm_attempts(job_id: str) -> list[dict]:
     """Each attempt of a job from accounting (a requeue starts a new one): [{"state", "nodes", "start", "end"}]."""
-    rows = _slurm_output(["sacct", "-n", "-X", "-D", "-P", "-j", job_id, "-o", "State,NodeList,Start,End"])
+    rows = slurm_output(["sacct", "-n", "-X", "-D", "-P", "-j", job_id, "-o", "State,NodeList,Start,End"]) or ""
     attempts = []
     for line in rows.splitlines():
         state, nodes, start, end = (line.split("|") + ["", "", "", ""])[:4]
@@ -138,7 +115,7 @@ def run_state(run_dir: Path, query_scheduler: bool = True) -> dict:
         if launch.get("kind") == "slurm":
             slurm = slurm_job(str(job_id))
             attempts = slurm_attempts(str(job_id))
-            scheduler = slurm.get("state") or (attempts[-1]["state"] if attempts else slurm_state(str(job_id)))
+            scheduler = slurm.get("state") or (attempts[-1]["state"] if attempts else None)
         else:
             scheduler = "RUNNING" if _local_alive(str(job_id)) else "ENDED"
     state = job_state.get("state") or ("SUBMITTED" if job_id is not None else "NOT SUBMITTED")

@@ -61,13 +61,9 @@ def plan_main(argv: Sequence[str]) -> int:
     except (ComposeError, ConfigInvalid) as exc:
         print(str(exc), file=sys.stderr)
         return 2
-    launcher = plan.config["launcher"]
-    problems = None  # not checked: not a SLURM launch, or no cluster answers here
-    if launcher["kind"] == "slurm":
-        from launchers.slurm_fit import read_cluster, request_problems
+    from launchers.slurm_fit import check_request
 
-        view = read_cluster()
-        problems = None if view is None else request_problems(launcher, view)
+    problems = check_request(plan.config["launcher"])  # None: not a SLURM launch, or no cluster answers here
     if args.json:
         print(json.dumps({**plan.to_dict(), "cluster_problems": problems}, allow_nan=False))
     else:
