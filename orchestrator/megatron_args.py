@@ -59,6 +59,8 @@ def parallel_args(parallel: ParallelConfig) -> list[MegatronArg]:
         _arg("tensor_model_parallel_size", parallel.tp),
         _arg("pipeline_model_parallel_size", parallel.pp),
         _arg("context_parallel_size", parallel.cp),
+        # The Gemma2 attention gathers K/V over the CP group (orchestrator.models.attention).
+        _arg("cp_comm_type", "all_gather" if parallel.cp > 1 else None),
         _arg("num_virtual_stages_per_pipeline_rank", parallel.vpp),
         _arg("use_distributed_optimizer", parallel.distributed_optimizer),
         _arg("sequence_parallel", parallel.sp),

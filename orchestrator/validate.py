@@ -201,12 +201,16 @@ def check_sequence_parallel(parallel: ParallelConfig) -> Iterator[Finding]:
         )
 
 
-def check_context_parallel(parallel: ParallelConfig, model: ModelConfig) -> Iterator[Finding]:
-    if parallel.cp > 1 and model.backend == "local":
+def check_context_parallel(parallel: ParallelConfig, data: DataConfig) -> Iterator[Finding]:
+    """Context parallelism splits every row into 2*cp chunks (orchestrator.data.context_parallel);
+    with sequence parallelism each rank's share is split again over the TP ranks."""
+    cp, tp, seq = parallel.cp, parallel.tp, data.seq_length
+    if cp > 1 and parallel.sp and seq % (2 * cp * tp):
         yield _error(
-            "cp_backend",
-            f"parallel.cp ({parallel.cp}) > 1 needs model.backend=te: the local attention backend has no "
-            f"context-parallel attention",
+            "seq_cp_sp",
+            f"data.seq_length ({seq}) is not divisible by 2 x parallel.cp ({cp}) x parallel.tp ({tp}) = "
+            f"{2 * cp * tp} with parallel.sp=true: each context-parallel rank holds 2 chunks of every row and "
+            f"sequence parallel splits those over the TP ranks; use a multiple of {2 * cp * tp}",
         )
 
 
@@ -653,7 +657,7 @@ def validate(cfg: AudioLLMConfig, purpose: str = "plan") -> list[Finding]:
         lambda: check_layers(p, m),
         lambda: check_sequence(p, cfg.data, m),
         lambda: check_sequence_parallel(p),
-        lambda: check_context_parallel(p, m),
+        lambda: check_context_parallel(p, cfg.data),
         lambda: check_batch(p, l, cfg.optim),
         lambda: check_recompute(p, m),
         lambda: check_distributed_optimizer(p, l),

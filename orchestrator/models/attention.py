@@ -13,6 +13,24 @@ core_attention`) and build one mask from all constraints:
 - documents of a packed sequence (`PackedSeqParams`, `thd` layout, from cu_seqlens);
 - the `attention_mask` passed in, if any (megatron convention: True = masked out).
 
+Context parallelism (CP ranks each hold chunks r and 2*CP-1-r of every row, megatron's
+load-balanced layout; orchestrator.data.context_parallel): each rank all-gathers the
+keys and values of its CP group (autograd: all-gather forward, reduce-scatter backward),
+puts them in global order and attends its own queries to the whole row, with causal,
+window and document masks on global slot indices (`q_slots`). This is Llama 3's choice
+over a ring: the mask is any function of global positions, so softcap, sliding window,
+packed documents and GQA stay exact with no per-step bookkeeping, and the attention
+kernel is the same. Its cost per layer and rank: K/V gathered once (Gemma2's GQA makes
+them small: 2 x groups x head_dim values a token, e.g. 2048 for Gemma2-2B against a
+2304 hidden), i.e. (CP-1)/CP of the row's K/V received forward and their gradients
+reduce-scattered backward, and the full row's K/V held for the backward (queries,
+scores and everything outside attention stay at 1/CP). A ring would hold 2/CP of the
+K/V but pass CP-1 messages a layer and need the mask and softcap per block pair; at the
+CP sizes one node holds (2-8) the gathered K/V are a small share of a layer's
+activations. Megatron-LM calls this algorithm `--cp-comm-type all_gather`. An explicit
+`attention_mask` under CP is [b|1, 1, local queries, row length] with keys in global
+order (orchestrator.train.audiollm_provider builds it for packed rows).
+
 `SoftcapDotProductAttention` is plain PyTorch (CPU and GPU, the reference).
 `FlexSoftcapAttention` uses torch's flex_attention (softcap as `score_mod`, masks as a
 block mask) for GPU training. Two decisions make it fit training, where every micro-batch
@@ -73,18 +91,21 @@ def allowed_attention(
     window: Optional[int],
     cu_seqlens: Optional[Tensor] = None,
     attention_mask: Optional[Tensor] = None,
+    q_slots: Optional[Tensor] = None,
 ) -> Tensor:
-    """Boolean [b|1, 1, sq, sk] mask, True where query i may attend key j."""
-    if sq != sk:
+    """Boolean [b|1, 1, sq, sk] mask, True where query i may attend key j. `q_slots`: the
+    global slot of each query when it holds only part of the row (context parallel;
+    keys are the whole row), else queries and keys are the same slots."""
+    if q_slots is None and sq != sk:
         raise ValueError(f"training attention needs equal query ({sq}) and key ({sk}) lengths")
-    q = torch.arange(sq, device=device)[:, None]
+    q = (torch.arange(sq, device=device) if q_slots is None else q_slots.to(device))[:, None]
     k = torch.arange(sk, device=device)[None, :]
     allowed = k <= q
     if window is not None:
         allowed = allowed & (q - k < window)
     if cu_seqlens is not None:
-        doc = document_ids(cu_seqlens.to(device), sq)
-        allowed = allowed & (doc[:, None] == doc[None, :])
+        doc = document_ids(cu_seqlens.to(device), sk)
+        allowed = allowed & (doc[q] == doc[None, :])
     allowed = allowed[None, None]
     if attention_mask is not None:
         allowed = allowed & ~attention_mask.to(device=device, dtype=torch.bool)
@@ -106,18 +127,18 @@ class _Gemma2CoreAttentionBase(MegatronModule):
         pg_collection=None,
     ):
         super().__init__(config=config)
-        if config.context_parallel_size != 1:
-            raise ValueError(
-                f"context_parallel_size={config.context_parallel_size}: the Gemma2 core attention "
-                "does not implement context parallelism; use cp=1"
-            )
+        if cp_comm_type not in (None, "all_gather"):
+            raise ValueError(f"cp_comm_type={cp_comm_type!r}: the Gemma2 attention gathers keys and values "
+                             f"over the context-parallel group ('all_gather')")
         if attn_mask_type not in (AttnMaskType.causal, AttnMaskType.padding_causal):
             raise ValueError(f"Gemma2 attention is causal; got attn_mask_type={attn_mask_type}")
         if pg_collection is None:
             from megatron.core.process_groups_config import ProcessGroupCollection
 
-            pg_collection = ProcessGroupCollection.use_mpu_process_groups(required_pgs=["tp"])
+            pg_collection = ProcessGroupCollection.use_mpu_process_groups(
+                required_pgs=["tp", "cp"] if config.context_parallel_size > 1 else ["tp"])
         tp_size = pg_collection.tp.size()
+        self.cp_group = pg_collection.cp if config.context_parallel_size > 1 else None
         self.layer_number = layer_number
         self.heads_per_partition = divide(config.num_attention_heads, tp_size)
         self.groups_per_partition = divide(config.num_query_groups, tp_size)
@@ -141,14 +162,35 @@ class _Gemma2CoreAttentionBase(MegatronModule):
         if attention_bias is not None:
             raise ValueError("Gemma2 attention takes no attention_bias")
         packed = packed_seq_params is not None
+        q_slots = None
+        if self.cp_group is not None:
+            if packed:
+                raise ValueError("context parallel attention takes [s, b] rows (packed documents as an "
+                                 "attention_mask), not packed_seq_params (thd)")
+            key, value, q_slots = self._gather_row(key, value)
         if packed:  # thd: [t, heads, dim] -> [t, 1, heads, dim]
             query, key, value = query.unsqueeze(1), key.unsqueeze(1), value.unsqueeze(1)
-        context = self._attend(query, key, value, attention_mask, self._packed_boundaries(packed_seq_params))
+        context = self._attend(query, key, value, attention_mask, self._packed_boundaries(packed_seq_params),
+                               q_slots)
         return context.squeeze(1) if packed else context
 
+    def _gather_row(self, key: Tensor, value: Tensor):
+        """Context parallel: this rank's [s/cp, b, groups, dim] keys and values -> the whole
+        row's, in global slot order, and the global slot of each of this rank's queries."""
+        from orchestrator.data.context_parallel import gathered_order, rank_slots
+
+        cp, rank = self.cp_group.size(), self.cp_group.rank()
+        local = key.shape[0]
+        order = gathered_order(local, cp).to(key.device)
+        key, value = (tensor_parallel.gather_from_sequence_parallel_region(t, group=self.cp_group)
+                      for t in (key, value))
+        return key.index_select(0, order), value.index_select(0, order), rank_slots(local, cp, rank).to(key.device)
+
     def _attend(self, query: Tensor, key: Tensor, value: Tensor, attention_mask: Optional[Tensor],
-                cu_seqlens: Optional[Tensor]) -> Tensor:
-        """[sq, b, heads, dim] each -> context [sq, b, hidden per partition]."""
+                cu_seqlens: Optional[Tensor], q_slots: Optional[Tensor]) -> Tensor:
+        """[sq, b, heads, dim] queries, [sk, b, groups, dim] keys and values (sk = sq, or
+        the whole row under CP with `q_slots` the queries' global slots) -> context
+        [sq, b, hidden per partition]."""
         raise NotImplementedError
 
     @staticmethod
@@ -168,7 +210,7 @@ class SoftcapDotProductAttention(_Gemma2CoreAttentionBase):
     """Plain-PyTorch Gemma2 core attention (the reference path; runs on CPU)."""
 
     def _attend(self, query: Tensor, key: Tensor, value: Tensor, attention_mask: Optional[Tensor],
-                cu_seqlens: Optional[Tensor]) -> Tensor:
+                cu_seqlens: Optional[Tensor], q_slots: Optional[Tensor]) -> Tensor:
         sq, b = query.shape[0], query.shape[1]
         rep = self.heads_per_partition // self.groups_per_partition
         if rep > 1:  # grouped-query attention: head h reads key/value group h // rep
@@ -180,7 +222,8 @@ class SoftcapDotProductAttention(_Gemma2CoreAttentionBase):
         scores = torch.matmul(q, k).float() * self.softmax_scale
         if self.softcap is not None:
             scores = torch.tanh(scores / self.softcap) * self.softcap
-        allowed = allowed_attention(sq, key.shape[0], scores.device, self.window, cu_seqlens, attention_mask)
+        allowed = allowed_attention(sq, key.shape[0], scores.device, self.window, cu_seqlens, attention_mask,
+                                    q_slots)
         scores = scores.masked_fill(~allowed, torch.finfo(scores.dtype).min)
         probs = torch.softmax(scores, dim=-1).to(v.dtype)
         if self.dropout_p > 0 and self.training:
@@ -243,20 +286,24 @@ def compiled_flex_attention(backend: Any = "inductor"):
     return torch.compile(flex_attention, dynamic=False, backend=backend)
 
 
-def _flex_mask_mod(real: Tensor, window: Optional[int], doc: Optional[Tensor], allowed: Optional[Tensor]):
-    """mask_mod of one micro-batch at a bucket width. `real` is the real length as a 0-dim
-    tensor: a Python int would be a constant in the compiled kernel's guards and compile a
-    new kernel per real length, defeating the buckets."""
+def _flex_mask_mod(real_q: Tensor, real_k: Tensor, window: Optional[int], doc: Optional[Tensor],
+                   allowed: Optional[Tensor], q_slot: Optional[Tensor]):
+    """mask_mod of one micro-batch at bucket widths. `real_q`, `real_k` are the real query
+    and key lengths as 0-dim tensors: a Python int would be a constant in the compiled
+    kernel's guards and compile a new kernel per real length, defeating the buckets.
+    `q_slot` maps a query row to its global slot under context parallelism (keys are then
+    the whole row in global order); without it query row i is slot i."""
 
     def mask_mod(batch, head, q_idx, kv_idx):
         # Padded query rows see nothing and padded keys are seen by nobody: every block
         # beyond the real length is empty and skipped (flex_attention returns zeros for the
         # fully masked padded rows, which are sliced off).
-        keep = (q_idx < real) & (kv_idx < real) & (kv_idx <= q_idx)
+        slot = q_idx if q_slot is None else q_slot[q_idx]
+        keep = (q_idx < real_q) & (kv_idx < real_k) & (kv_idx <= slot)
         if window is not None:
-            keep = keep & (q_idx - kv_idx < window)
+            keep = keep & (slot - kv_idx < window)
         if doc is not None:
-            keep = keep & (doc[q_idx] == doc[kv_idx])
+            keep = keep & (doc[slot] == doc[kv_idx])
         if allowed is not None:
             keep = keep & allowed[batch if allowed.shape[0] > 1 else 0, q_idx, kv_idx]
         return keep
@@ -311,15 +358,18 @@ class FlexSoftcapAttention(_Gemma2CoreAttentionBase):
         return compiled_flex_attention() if device.type == "cuda" else self._flex.flex_attention
 
     def _attend(self, query: Tensor, key: Tensor, value: Tensor, attention_mask: Optional[Tensor],
-                cu_seqlens: Optional[Tensor]) -> Tensor:
-        sq, b = query.shape[0], query.shape[1]
-        if key.shape[0] != sq:
-            raise ValueError(f"training attention needs equal query ({sq}) and key ({key.shape[0]}) lengths")
-        width = flex_bucket_width(sq)
-        block_mask = self._block_mask(sq, width, query.device, cu_seqlens, attention_mask)
-        if width != sq:  # pad the sequence dimension of [s, b, heads, dim]
-            pad = (0, 0, 0, 0, 0, 0, 0, width - sq)
-            query, key, value = (torch.nn.functional.pad(t, pad) for t in (query, key, value))
+                cu_seqlens: Optional[Tensor], q_slots: Optional[Tensor]) -> Tensor:
+        sq, b, sk = query.shape[0], query.shape[1], key.shape[0]
+        if q_slots is None and sk != sq:
+            raise ValueError(f"training attention needs equal query ({sq}) and key ({sk}) lengths")
+        width_q, width_k = flex_bucket_width(sq), flex_bucket_width(sk)
+        layout = None if q_slots is None else (self.cp_group.size(), self.cp_group.rank())
+        block_mask = self._block_mask(sq, sk, width_q, width_k, query.device, cu_seqlens, attention_mask,
+                                      q_slots, layout)
+        # pad the sequence dimension of [s, b, heads, dim]
+        query = torch.nn.functional.pad(query, (0, 0, 0, 0, 0, 0, 0, width_q - sq)) if width_q != sq else query
+        if width_k != sk:
+            key, value = (torch.nn.functional.pad(t, (0, 0, 0, 0, 0, 0, 0, width_k - sk)) for t in (key, value))
         out = self._attention_kernel(query.device)(
             query.permute(1, 2, 0, 3), key.permute(1, 2, 0, 3), value.permute(1, 2, 0, 3),
             score_mod=self._score_mod, block_mask=block_mask,
@@ -327,14 +377,16 @@ class FlexSoftcapAttention(_Gemma2CoreAttentionBase):
         )
         return out[:, :, :sq].permute(2, 0, 1, 3).reshape(sq, b, self.hidden_per_partition)
 
-    def _block_mask(self, sq: int, width: int, device: torch.device, cu_seqlens: Optional[Tensor],
-                    attention_mask: Optional[Tensor]):
+    def _block_mask(self, sq: int, sk: int, width_q: int, width_k: int, device: torch.device,
+                    cu_seqlens: Optional[Tensor], attention_mask: Optional[Tensor], q_slots: Optional[Tensor],
+                    layout: Optional[tuple]):
         """This layer's block mask of the micro-batch, built by the first layer of its window
         variant and looked up by the others (see _MICRO_BATCH_BLOCK_MASKS). The tensors the
-        mask_mod reads (real length, document ids, padded explicit mask) are made once per
-        micro-batch and shared by both window variants. No host sync: all stays on the device."""
+        mask_mod reads (real lengths, document ids, padded explicit mask, query slots) are
+        made once per micro-batch and shared by both window variants. No host sync: all
+        stays on the device. `layout` (CP size, rank) names the query slots in the keys."""
         defining = [t for t in (attention_mask, cu_seqlens) if t is not None]
-        batch_key = (width, sq, device)
+        batch_key = (width_q, width_k, sq, sk, device, layout)
         if defining:
             # Keyed weakly by the first defining tensor's storage; a second one (documents
             # and a mask both given) is named by its storage's id, and the entry keeps that
@@ -351,25 +403,32 @@ class FlexSoftcapAttention(_Gemma2CoreAttentionBase):
                 table.pop(next(iter(table)))  # the oldest
             inputs = table.get(batch_key)
             if inputs is None:
-                inputs = table[batch_key] = _mask_inputs(sq, width, device, cu_seqlens, attention_mask, defining[1:])
-            real, doc, allowed, _ = inputs
+                inputs = table[batch_key] = _mask_inputs(sq, sk, width_q, width_k, device, cu_seqlens,
+                                                         attention_mask, q_slots, defining[1:])
+            real_q, real_k, doc, allowed, q_slot, _ = inputs
             block_mask = table[key] = self._flex.create_block_mask(
-                _flex_mask_mod(real, self.window, doc, allowed),
+                _flex_mask_mod(real_q, real_k, self.window, doc, allowed, q_slot),
                 B=None if allowed is None or allowed.shape[0] == 1 else allowed.shape[0], H=None,
-                Q_LEN=width, KV_LEN=width, device=device,
+                Q_LEN=width_q, KV_LEN=width_k, device=device,
             )
         return block_mask
 
 
-def _mask_inputs(sq: int, width: int, device: torch.device, cu_seqlens: Optional[Tensor],
-                 attention_mask: Optional[Tensor], keep_alive: list) -> tuple:
-    """(real length as a 0-dim tensor, document id per slot [width] or None, allowed
-    [b|1, width, width] or None, storages the cache entry keeps alive) at a bucket width."""
-    real = torch.full((), sq, device=device, dtype=torch.int64)  # a fill, not a host-to-device copy
-    doc = None if cu_seqlens is None else document_ids(cu_seqlens.to(device), width)
+def _mask_inputs(sq: int, sk: int, width_q: int, width_k: int, device: torch.device,
+                 cu_seqlens: Optional[Tensor], attention_mask: Optional[Tensor], q_slots: Optional[Tensor],
+                 keep_alive: list) -> tuple:
+    """(real query and key lengths as 0-dim tensors, document id per key slot [width_k] or
+    None, allowed [b|1, width_q, width_k] or None, global slot per query row [width_q] or
+    None, storages the cache entry keeps alive) at bucket widths."""
+    real_q = torch.full((), sq, device=device, dtype=torch.int64)  # fills, not host-to-device copies
+    real_k = torch.full((), sk, device=device, dtype=torch.int64)
+    doc = None if cu_seqlens is None else document_ids(cu_seqlens.to(device), width_k)
     allowed = None
     if attention_mask is not None:  # megatron's convention: True = masked out
         mask = attention_mask.to(device=device, dtype=torch.bool)
-        allowed = ~mask.expand(mask.shape[0], 1, sq, sq)[:, 0]
-        allowed = torch.nn.functional.pad(allowed, (0, width - sq, 0, width - sq), value=False)
-    return real, doc, allowed, [t.untyped_storage() for t in keep_alive]
+        allowed = ~mask.expand(mask.shape[0], 1, sq, sk)[:, 0]
+        allowed = torch.nn.functional.pad(allowed, (0, width_k - sk, 0, width_q - sq), value=False)
+    q_slot = None
+    if q_slots is not None:  # padded query rows point at slot 0 (they are masked out anyway)
+        q_slot = torch.nn.functional.pad(q_slots.to(device=device, dtype=torch.int64), (0, width_q - sq))
+    return real_q, real_k, doc, allowed, q_slot, [t.untyped_storage() for t in keep_alive]

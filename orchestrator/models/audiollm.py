@@ -18,7 +18,7 @@ from typing import Optional, Sequence
 import torch
 from megatron.core.transformer.module import MegatronModule
 
-from orchestrator.models.fusion import fuse_audio
+from orchestrator.models.fusion import fuse_audio, fuse_audio_frames
 from orchestrator.models.gemma2_model import Gemma2Model, gemma2_transformer_config
 from orchestrator.models.speech import AudioAdapter, build_whisper_encoder, ctc_losses, run_encoder
 
@@ -74,9 +74,12 @@ class AudioLLM(MegatronModule):
         return self.adapter(states, lengths)
 
     def embed(self, input_ids: torch.Tensor, audio_features: Optional[torch.Tensor] = None,
-              audio_lengths: Optional[Sequence[int]] = None, audio_clip_rows: Optional[Sequence[int]] = None):
+              audio_lengths: Optional[Sequence[int]] = None, audio_clip_rows: Optional[Sequence[int]] = None,
+              audio_frame_index: Optional[torch.Tensor] = None):
         """First stage: (decoder input [s(/tp), b, h], audio embeddings [audio tokens, h] or
-        None, audio tokens per clip)."""
+        None, audio tokens per clip). `audio_frame_index` (context parallel): the rows of
+        the clips' adapter output that `input_ids`' placeholders hold, in row-major order;
+        without it the placeholders hold all of them, clip by clip (`audio_clip_rows`)."""
         lm = self.language_model
         embeddings = lm.embed_tokens(input_ids)
         audio, per_clip = None, []
@@ -86,7 +89,10 @@ class AudioLLM(MegatronModule):
             lengths = [int(n) for n in audio_lengths]
             audio = self.audio_embeddings(audio_features, lengths)
             per_clip = [self.adapter_tokens(n) for n in lengths]
-            embeddings = fuse_audio(embeddings, input_ids, audio, self.audio_token_id, per_clip, audio_clip_rows)
+            if audio_frame_index is None:
+                embeddings = fuse_audio(embeddings, input_ids, audio, self.audio_token_id, per_clip, audio_clip_rows)
+            else:
+                embeddings = fuse_audio_frames(embeddings, input_ids, audio, self.audio_token_id, audio_frame_index)
         elif bool((input_ids == self.audio_token_id).any()):
             raise ValueError(f"input_ids hold audio placeholders (id {self.audio_token_id}) but no audio_features were given")
         return lm.scale_embeddings(embeddings), audio, per_clip
@@ -99,13 +105,15 @@ class AudioLLM(MegatronModule):
     def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor, attention_mask=None, labels=None,
                 audio_features: Optional[torch.Tensor] = None, audio_lengths: Optional[Sequence[int]] = None,
                 audio_clip_rows: Optional[Sequence[int]] = None, packed_seq_params=None,
-                ctc_targets: Optional[Sequence[Sequence[int]]] = None, **kwargs):
+                ctc_targets: Optional[Sequence[Sequence[int]]] = None,
+                audio_frame_index: Optional[torch.Tensor] = None, **kwargs):
         """The language model's output (per-token loss with `labels`). With `ctc_targets`
         (token ids of each clip's transcript; first stage, adapter with a CTC head) the
         pair (that output, CTC loss per clip [clips])."""
         decoder_input = ctc = None
         if self.pre_process:
-            decoder_input, audio, per_clip = self.embed(input_ids, audio_features, audio_lengths, audio_clip_rows)
+            decoder_input, audio, per_clip = self.embed(input_ids, audio_features, audio_lengths, audio_clip_rows,
+                                                        audio_frame_index)
             if ctc_targets is not None:
                 ctc = ctc_losses(self.adapter, audio, per_clip, ctc_targets)
         elif ctc_targets is not None:
@@ -126,6 +134,7 @@ def build_audiollm(model_cfg, parallel_cfg, pre_process: bool = True, post_proce
     config_overrides.setdefault("init_method_std", float(getattr(dec, "init_method_std", 0.02)))
     config = gemma2_transformer_config(
         dec, tp=parallel_cfg.tp, pp=parallel_cfg.pp, sp=bool(getattr(parallel_cfg, "sp", False)),
+        cp=int(getattr(parallel_cfg, "cp", 1)),
         params_dtype=params_dtype, **config_overrides,
     )
     language_model = Gemma2Model(config, dec.vocab_size, dec.max_position_embeddings, pre_process=pre_process,

@@ -43,3 +43,17 @@ def fuse_audio(embeddings: torch.Tensor, input_ids: torch.Tensor, audio_embeddin
                          "placeholders per clip")
     source = audio_embeddings.to(device=embeddings.device, dtype=embeddings.dtype)
     return embeddings.masked_scatter(mask.unsqueeze(-1).to(embeddings.device), source)
+
+
+def fuse_audio_frames(embeddings: torch.Tensor, input_ids: torch.Tensor, audio_embeddings: torch.Tensor,
+                      audio_token_id: int, frame_index: torch.Tensor) -> torch.Tensor:
+    """Context parallel: replace the `audio_token_id` positions of this rank's `input_ids`
+    [b, s/cp] (row-major) by the rows `frame_index` of `audio_embeddings` (the adapter
+    output of the clips this rank encodes; orchestrator.data.context_parallel)."""
+    mask = input_ids == audio_token_id
+    if int(mask.sum()) != frame_index.numel():
+        raise ValueError(f"{int(mask.sum())} audio placeholders on this context-parallel rank but "
+                         f"{frame_index.numel()} audio frames routed to it")
+    source = audio_embeddings.index_select(0, frame_index.to(audio_embeddings.device))
+    source = source.to(device=embeddings.device, dtype=embeddings.dtype)
+    return embeddings.masked_scatter(mask.unsqueeze(-1).to(embeddings.device), source)

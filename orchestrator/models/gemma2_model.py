@@ -42,7 +42,7 @@ class Gemma2TransformerConfig(TransformerConfig):
     sliding_window: Optional[int] = None
 
 
-def gemma2_transformer_config(decoder, tp: int = 1, pp: int = 1, sp: bool = False,
+def gemma2_transformer_config(decoder, tp: int = 1, pp: int = 1, sp: bool = False, cp: int = 1,
                               params_dtype: torch.dtype = torch.float32, **overrides) -> Gemma2TransformerConfig:
     """megatron config of the decoder section (`orchestrator.schema.model.DecoderConfig`)."""
     if sp and tp == 1:
@@ -73,6 +73,8 @@ def gemma2_transformer_config(decoder, tp: int = 1, pp: int = 1, sp: bool = Fals
         init_method_std=0.02,
         tensor_model_parallel_size=tp,
         pipeline_model_parallel_size=pp,
+        context_parallel_size=cp,  # megatron's rotary embedding then takes this rank's chunks
+        cp_comm_type="all_gather" if cp > 1 else None,  # what orchestrator.models.attention does
         sequence_parallel=sp,
         params_dtype=params_dtype,
         pipeline_dtype=params_dtype,

@@ -8,6 +8,14 @@ over the flattened micro-batch would. Without pipeline parallelism the columns t
 are padding in every row are cut before the forward and the per-token loss is padded
 back to [B, S] (zeros there, where `loss_mask` is 0 too); with it, the schedule sends
 fixed [S, B, hidden] tensors between stages, so rows keep their full length.
+
+Under context parallelism (parallel.cp > 1) every rank of a CP group reads the same
+micro-batch and `ContextParallelBatches` gives it its share (trimmed the same way first,
+to a multiple of 2*CP*TP columns): the loop's loss and statistics then see this rank's
+tokens only, and megatron sums token counts and gradients over the data x context
+parallel ranks. The provider encodes only the clips this rank needs (those its
+placeholders hold, and with the auxiliary CTC loss those whose transcripts it trains)
+and scatters the routed frames (orchestrator.data.context_parallel).
 """
 
 from __future__ import annotations
@@ -51,10 +59,6 @@ class AudioLLMProvider:
     wrap_float16 = False
 
     def __init__(self, cfg):
-        if cfg.parallel.cp > 1:
-            raise NotImplementedError(
-                f"parallel.cp={cfg.parallel.cp}: the AudioLLM provider does not route context-parallel "
-                f"batches yet; use parallel.cp=1")
         self.model_cfg, self.parallel_cfg, self.lora_rank = cfg.model, cfg.parallel, int(cfg.lora.rank)
         from orchestrator.data.tokenizer_build import load_tokenizer
 
@@ -79,19 +83,16 @@ class AudioLLMProvider:
                               vp_stage=vp_stage, **shared)
 
     def forward(self, model: torch.nn.Module, batch: dict) -> torch.Tensor:
-        from orchestrator.data.packing import used_columns
-
         inner = _unwrapped(model)
+        if "cp_slots" in batch:
+            return self._forward_context_parallel(model, inner, batch)
         seq = batch["tokens"].shape[1]
-        width = seq
-        if self.parallel_cfg.pp == 1:  # sequence parallel splits the sequence over TP ranks
-            multiple = self.parallel_cfg.tp
-            width = min(seq, -(-used_columns(batch) // multiple) * multiple)
+        width = trimmed_width(batch, self.parallel_cfg)
         inputs = model_inputs(batch, width, next(model.parameters()).device, with_audio=inner.pre_process)
         samples = []
         if self.ctc_weight > 0 and inner.training and "audio_features" in inputs:
             per_clip = ctc_samples(batch, self.special_ids)
-            samples = [s for s in per_clip if s is not None]
+            samples = [(row, trained, int(trained.sum())) for row, trained, _ in filter(None, per_clip)]
             if samples:
                 inputs["ctc_targets"] = [s[2] if s is not None else None for s in per_clip]
         output = model(**inputs)
@@ -100,6 +101,45 @@ class AudioLLMProvider:
             output = output + ctc_per_token(ctc, samples, tuple(output.shape), self.ctc_weight)
         if inner.post_process:  # per-token loss [rows, width] -> [rows, seq]
             return torch.nn.functional.pad(output, (0, seq - width))
+        return output
+
+    def _forward_context_parallel(self, model, inner, batch: dict) -> torch.Tensor:
+        """This CP rank's share (ContextParallelBatches) -> its per-token loss [B, S / CP]."""
+        from orchestrator.data.context_parallel import frame_index_within
+        from orchestrator.data.packing import row_document_mask
+
+        full, slots = batch["cp_unsplit"], batch["cp_slots"]
+        device = next(model.parameters()).device
+        width = slots.numel() * self.parallel_cfg.cp
+        inputs = dict(input_ids=batch["tokens"].to(device), position_ids=batch["position_ids"].to(device),
+                      labels=batch["labels"].to(device), attention_mask=None)
+        if full["packed"]:  # this rank's query rows of the row's document mask, keys in global order
+            inputs["attention_mask"] = row_document_mask(full["position_ids"][:, :width])[:, :, slots].to(device)
+        samples = []
+        if inner.pre_process and full["audio_lengths"].numel():
+            clips = batch["audio_clips"]
+            if self.ctc_weight > 0 and inner.training:
+                held = torch.zeros(full["tokens"].shape, dtype=torch.bool)
+                held[:, slots] = True
+                per_clip = ctc_samples(full, self.special_ids)
+                # A clip's CTC loss is spread over its sample's trained tokens: a rank that
+                # trains some of them needs the clip's CTC loss, hence its encoding.
+                trains_here = [k for k, s in enumerate(per_clip) if s is not None and bool((s[1] & held[s[0]]).any())]
+                clips = torch.unique(torch.cat([clips, torch.tensor(trains_here, dtype=torch.long)]))
+                targets = [per_clip[k][2] if k in trains_here else None for k in clips.tolist()]
+                samples = [(per_clip[k][0], per_clip[k][1][slots], int(per_clip[k][1].sum()))
+                           for k in clips.tolist() if k in trains_here]
+                if samples:
+                    inputs["ctc_targets"] = targets
+            if clips.numel():
+                inputs.update(audio_features=full["audio_features"][clips].to(device),
+                              audio_lengths=full["audio_lengths"][clips],
+                              audio_frame_index=frame_index_within(clips, batch["audio_frames"],
+                                                                   full["audio_num_tokens"]))
+        output = model(**inputs)
+        if samples:
+            output, ctc = output
+            output = output + ctc_per_token(ctc, samples, tuple(output.shape), self.ctc_weight)
         return output
 
     def flop_counter(self, trained: set):
@@ -113,6 +153,21 @@ class AudioLLMProvider:
         vocab = padded_vocab_size(self.model_cfg.decoder.vocab_size, parallel.tp)
         return StepFlops(self.model_cfg, self.lora_rank, parallel.recompute, vocab, trained,
                          pp=parallel.pp, vpp=parallel.vpp).count
+
+
+def trimmed_width(batch: dict, parallel_cfg) -> int:
+    """Columns a micro-batch is cut to before the forward: up to its last used column,
+    rounded up to a multiple of TP (sequence parallel splits the sequence over TP ranks)
+    times 2*CP (the context-parallel chunks); the full length under pipeline
+    parallelism, whose schedule sends fixed [S, B, hidden] tensors between stages."""
+    from orchestrator.data.packing import used_columns
+
+    seq = batch["tokens"].shape[1]
+    if parallel_cfg.pp > 1:
+        return seq
+    cp = int(getattr(parallel_cfg, "cp", 1))
+    multiple = parallel_cfg.tp * (2 * cp if cp > 1 else 1)
+    return min(seq, -(-used_columns(batch) // multiple) * multiple)
 
 
 def model_inputs(batch: dict, width: int, device, with_audio: bool = True) -> dict:
@@ -163,15 +218,18 @@ def ctc_samples(batch: dict, special_ids: set) -> list:
     return samples
 
 
-def ctc_per_token(ctc: torch.Tensor, samples: list, shape: tuple, weight: float) -> torch.Tensor:
+def ctc_per_token(ctc: torch.Tensor, shares: list, shape: tuple, weight: float) -> torch.Tensor:
     """`shape` [rows, width] to add to the per-token loss: `weight` x each clip's CTC loss
     spread evenly over its sample's trained tokens, so the loop's mean over trained
-    tokens becomes LM loss + weight x CTC loss per trained token."""
+    tokens becomes LM loss + weight x CTC loss per trained token. `shares`: per clip with a
+    CTC loss (the order of `ctc`), (row, trained positions of the row held here, count of
+    the sample's trained tokens over the whole row); under context parallelism a rank
+    holds part of the positions and the shares of all CP ranks add up to the clip's loss."""
     rows, width = shape
     per_row = [torch.zeros(width, dtype=ctc.dtype, device=ctc.device) for _ in range(rows)]
-    for k, (row, positions, _) in enumerate(samples):
+    for k, (row, positions, count) in enumerate(shares):
         share = positions[:width].to(device=ctc.device, dtype=ctc.dtype)
-        per_row[row] = per_row[row] + share * (weight * ctc[k] / share.sum().clamp_min(1.0))
+        per_row[row] = per_row[row] + share * (weight * ctc[k] / max(count, 1))
     return torch.stack(per_row)
 
 
@@ -245,6 +303,36 @@ class ValidationBatches:
             self.next_microbatch()
 
 
+class ContextParallelBatches:
+    """BatchSource that gives this CP rank its share of another source's micro-batches:
+    trimmed to `trimmed_width` columns, then split (orchestrator.data.context_parallel).
+    Every rank of the CP group reads the same micro-batches (they share a data-parallel
+    rank); the state is the wrapped source's."""
+
+    def __init__(self, source, parallel_cfg, cp_rank: int):
+        self.source, self.parallel_cfg, self.cp_rank = source, parallel_cfg, cp_rank
+        self.dataset_names = source.dataset_names
+
+    def next_microbatch(self) -> dict:
+        from orchestrator.data.context_parallel import PER_TOKEN_KEYS, split_batch
+
+        batch = self.source.next_microbatch()
+        width = trimmed_width(batch, self.parallel_cfg)
+        trimmed = {**batch, **{k: batch[k][:, :width] for k in PER_TOKEN_KEYS if k in batch}}
+        share = split_batch(trimmed, self.parallel_cfg.cp, self.cp_rank)
+        share["cp_unsplit"] = batch  # the micro-batch as read (FLOP counts, CTC targets, packed documents)
+        return share
+
+    def state_dict(self) -> dict:
+        return self.source.state_dict()
+
+    def load_state_dict(self, state: dict) -> None:
+        self.source.load_state_dict(state)
+
+    def sample_counts(self) -> dict:
+        return self.source.sample_counts()
+
+
 def build_audiollm_components(plan, dp_rank: int, dp_size: int):
     """Components for an AudioLLM plan: the provider, the train loader of this DP rank and
     (when data.validation lists datasets) the validation source."""
@@ -256,6 +344,7 @@ def build_audiollm_components(plan, dp_rank: int, dp_size: int):
     provider = AudioLLMProvider(cfg)
     train = build_train_loader(cfg.data, cfg.model.encoder, cfg.model.adapter, mbs, dp_rank, dp_size,
                                cfg.parallel.cp, cfg.data.seed)
+    train_source = LoaderBatches(train)
     val = wer = None
     if cfg.data.validation:
         # One set of validation loaders (one open validation mixture) serves the loss and the WER.
@@ -266,4 +355,10 @@ def build_audiollm_components(plan, dp_rank: int, dp_size: int):
             from orchestrator.train.wer_eval import WerEvaluation
 
             wer = WerEvaluation(loaders, cfg.data.tokenizer, cfg.train, cfg.parallel)
-    return Components(provider=provider, train_source=LoaderBatches(train), val_source=val, generation_eval=wer)
+    if cfg.parallel.cp > 1:
+        from megatron.core import parallel_state as ps
+
+        cp_rank = ps.get_context_parallel_rank()
+        train_source = ContextParallelBatches(train_source, cfg.parallel, cp_rank)
+        val = ContextParallelBatches(val, cfg.parallel, cp_rank) if val is not None else None
+    return Components(provider=provider, train_source=train_source, val_source=val, generation_eval=wer)

@@ -204,13 +204,14 @@ class Trainer:
         """Real tokens, token slots and model/hardware FLOPs of the step: summed over its
         micro-batches and every data-parallel rank. All ranks of one model replica (TP
         ranks, pipeline stages, CP ranks) draw the same micro-batches, so one of them
-        (TP, PP and CP rank 0) counts them; the model is counted whole, not per stage."""
+        (TP, PP and CP rank 0) counts them, as read (a CP rank's share keeps the micro-batch
+        it came from as `cp_unsplit`); the model is counted whole, not per stage."""
         ps = self.ps
         local = torch.zeros(4, dtype=torch.float64)
         if (ps.get_tensor_model_parallel_rank() == 0 and ps.get_pipeline_model_parallel_rank() == 0
                 and ps.get_context_parallel_rank() == 0):
             for batch in microbatches:
-                c = self.count_flops(batch)
+                c = self.count_flops(batch.get("cp_unsplit", batch))
                 local += torch.tensor([c["tokens"], c["slots"], c["model"], c["hardware"]], dtype=torch.float64)
         local = local.to("cuda" if self.device == "cuda" else "cpu")
         dist.all_reduce(local)
