@@ -218,7 +218,7 @@ def main(argv=None) -> int:
             for i, t in enumerate(tokenized):
                 packer.add(Example(i, 0, t, []))
             while packer.buffer:
-                collate(packer.pop_rows(), k["seq"], 0, 1, ["d"], builder.audio_token_id, num_rows=k["mbs"])
+                collate(packer.pop_rows(), k["seq"], 0, ["d"], builder.audio_token_id, num_rows=k["mbs"])
         t_pack, _ = _timed(pack, repeat)
         put("pack + collate (Packer; rows as in the header)", kind, f"{n / t_pack:.1f}")
 

@@ -7,11 +7,11 @@ Entry points for the training job (each takes its own config sections):
 
     from orchestrator.data.loader import build_train_loader, build_validation_loaders
     loader = build_train_loader(cfg.data, cfg.model.encoder, cfg.model.adapter, micro_batch_size,
-                                dp_rank, dp_size, cp_size, seed)
+                                dp_rank, dp_size, seed)
     batch = next(loader)          # format: orchestrator.data.packing (module docstring)
     loader.state_dict() / loader.load_state_dict(state) / loader.sample_counts()
     vals = build_validation_loaders(cfg.data, cfg.model.encoder, cfg.model.adapter, micro_batch_size,
-                                    dp_rank, dp_size, cp_size)   # {name: iterable of batches}
+                                    dp_rank, dp_size)   # {name: iterable of batches}
 
     from orchestrator.data.context_parallel import split_batch    # this CP rank's share
     from orchestrator.data.packing import packed_seq_params       # megatron PackedSeqParams (THD)

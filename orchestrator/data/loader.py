@@ -1,7 +1,7 @@
 """The training job's data interface: packed micro-batches from a mixture of MDS datasets.
 
     loader = build_train_loader(data_cfg, encoder_cfg, adapter_cfg, micro_batch_size=4,
-                                dp_rank=0, dp_size=1, cp_size=1, seed=1234)
+                                dp_rank=0, dp_size=1, seed=1234)
     batch = next(loader)                   # dict, see orchestrator.data.packing
     state = loader.state_dict()            # save with the checkpoint
     loader.load_state_dict(state)          # the next batch is the one that would have come
@@ -47,7 +47,7 @@ class SampleProcessor:
     `datasets[k]` is the dataset whose samples come with format index k."""
 
     def __init__(self, data_cfg, encoder_cfg, adapter_cfg, tokenizer, datasets: Sequence[sources.ResolvedDataset],
-                 split: str, pad_multiple: int = 1):
+                 split: str):
         self.cfg = _plain(data_cfg)  # attribute reads on a DictConfig are slow in this per-sample path
         self.max_source_positions = int(encoder_cfg.max_source_positions)
         self.num_mel_bins = int(encoder_cfg.num_mel_bins)
@@ -60,7 +60,6 @@ class SampleProcessor:
         self.builders = self._builders(tokenizer, data_cfg)
         self.audio_token_id = prompts.audio_token_id(tokenizer, data_cfg.audio_token)
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-        self.pad_multiple = pad_multiple
         self.max_samples = int(round(data_cfg.max_audio_seconds * data_cfg.sample_rate))
 
     def _builders(self, tokenizer, data_cfg) -> list:
@@ -101,7 +100,7 @@ class SampleProcessor:
                 for c in clips]
 
     def _fits(self, tokenized) -> bool:
-        return -(-len(tokenized) // self.pad_multiple) * self.pad_multiple <= self.cfg.seq_length
+        return len(tokenized) <= self.cfg.seq_length
 
     def __call__(self, raw: Dict[str, Any], position: int, dataset_id: int, format_index: Optional[int] = None
                  ) -> Example:
@@ -322,7 +321,7 @@ class TrainLoader:
     ORDER = "mosaic-canonical-node-per-dp-rank"  # saved with the state: what a position means
 
     def __init__(self, data_cfg, encoder_cfg, adapter_cfg, micro_batch_size: int, dp_rank: int, dp_size: int,
-                 cp_size: int, seed: int, tokenizer_path: Optional[str] = None):
+                 seed: int, tokenizer_path: Optional[str] = None):
         if not 0 <= dp_rank < dp_size:
             raise ValueError(f"dp_rank ({dp_rank}) must be in [0, dp_size ({dp_size}))")
         if data_cfg.num_workers < 0:
@@ -330,12 +329,11 @@ class TrainLoader:
                              f"or more")
         self.cfg, self.mbs, self.dp_rank, self.dp_size, self.seed = data_cfg, micro_batch_size, dp_rank, dp_size, seed
         self.num_workers = int(data_cfg.num_workers)
-        pad_multiple = 2 * cp_size if (cp_size > 1 and data_cfg.packing) else 1
         self.datasets = sources.resolve_entries(data_cfg.train)
         if not self.datasets:
             raise ValueError("data.train lists no datasets")
         self.processor = SampleProcessor(data_cfg, encoder_cfg, adapter_cfg, _tokenizer(data_cfg, tokenizer_path),
-                                         self.datasets, "train", pad_multiple)
+                                         self.datasets, "train")
         remote.check_remote_datasets(self.datasets)  # one error for every unreadable one, before mosaic
         self.names = sources.stream_names(self.datasets)
         self.mixture = sources.open_mixture(self.datasets, seed=seed, shuffle=data_cfg.shuffle,
@@ -347,8 +345,7 @@ class TrainLoader:
         check_columns(self.mixture, self.processor.formats, self.datasets, "train")
         self.locator = sources.SampleLocator(self.mixture, self.datasets)
         self.reader = SampleReader(self.mixture, self.processor)
-        self.packer = Packer(data_cfg.seq_length, micro_batch_size, data_cfg.packing_buffer, data_cfg.packing,
-                             pad_multiple)
+        self.packer = Packer(data_cfg.seq_length, micro_batch_size, data_cfg.packing_buffer, data_cfg.packing)
         self.bad = BadSamples(data_cfg.on_bad_sample)
         self.truncated: Counter = Counter()  # conversations cut to fit, per dataset
         self.cache = FeatureCache(data_cfg.feature_cache_mb) if data_cfg.feature_cache_mb > 0 else None
@@ -425,7 +422,7 @@ class TrainLoader:
         self._fill()
         rows = self.packer.pop_rows()
         self.micro_batches += 1
-        return collate(rows, self.cfg.seq_length, self.processor.pad_id, self.processor.pad_multiple, self.names,
+        return collate(rows, self.cfg.seq_length, self.processor.pad_id, self.names,
                        self.processor.audio_token_id, num_rows=self.mbs,
                        features_fn=self.processor.features, packed=self.cfg.packing)
 
@@ -482,10 +479,10 @@ def check_columns(mixture, formats: Sequence[tasks.DatasetFormat], datasets: Seq
 
 
 def build_train_loader(data_cfg, encoder_cfg, adapter_cfg, micro_batch_size: int, dp_rank: int = 0,
-                       dp_size: int = 1, cp_size: int = 1, seed: Optional[int] = None,
+                       dp_size: int = 1, seed: Optional[int] = None,
                        tokenizer_path: Optional[str] = None) -> TrainLoader:
     """data_cfg: the `data` section; encoder_cfg/adapter_cfg: model.encoder / model.adapter."""
-    return TrainLoader(data_cfg, encoder_cfg, adapter_cfg, micro_batch_size, dp_rank, dp_size, cp_size,
+    return TrainLoader(data_cfg, encoder_cfg, adapter_cfg, micro_batch_size, dp_rank, dp_size,
                        data_cfg.seed if seed is None else seed, tokenizer_path)
 
 
@@ -541,8 +538,7 @@ class ValidationSet:
         if limit is not None:
             ids = ids[:limit]
         mixture = self.suite.mixture
-        packer = Packer(self.cfg.seq_length, self.mbs, max(self.cfg.packing_buffer, self.mbs), self.cfg.packing,
-                        self.processor.pad_multiple)
+        packer = Packer(self.cfg.seq_length, self.mbs, max(self.cfg.packing_buffer, self.mbs), self.cfg.packing)
         for position in range(self.dp_rank, len(ids), self.dp_size):
             sample_id = ids[position]
             try:
@@ -556,7 +552,7 @@ class ValidationSet:
             yield self._batch(packer.pop_rows())
 
     def _batch(self, rows) -> Dict[str, Any]:
-        batch = collate(rows, self.cfg.seq_length, self.processor.pad_id, self.processor.pad_multiple, [self.name],
+        batch = collate(rows, self.cfg.seq_length, self.processor.pad_id, [self.name],
                         self.processor.audio_token_id, num_rows=self.mbs,
                         features_fn=self.processor.features, packed=self.cfg.packing)
         batch["transcripts"] = [ex.tokenized.reference for row in rows for ex in row]
@@ -564,8 +560,7 @@ class ValidationSet:
 
 
 def build_validation_loaders(data_cfg, encoder_cfg, adapter_cfg, micro_batch_size: int, dp_rank: int = 0,
-                             dp_size: int = 1, cp_size: int = 1,
-                             tokenizer_path: Optional[str] = None) -> Dict[str, ValidationSet]:
+                             dp_size: int = 1, tokenizer_path: Optional[str] = None) -> Dict[str, ValidationSet]:
     """One iterable per validation dataset (glob entries: one per match), keyed by name.
 
     Every batch also carries `transcripts` (the reference answer of each sample, in
@@ -573,10 +568,9 @@ def build_validation_loaders(data_cfg, encoder_cfg, adapter_cfg, micro_batch_siz
     in each sample that answer starts: its generation prompt is the tokens before);
     each set has the `metric` its dataset is scored by (orchestrator.data.tasks).
     """
-    pad_multiple = 2 * cp_size if (cp_size > 1 and data_cfg.packing) else 1
     datasets = sources.resolve_entries(data_cfg.validation)
     processor = SampleProcessor(data_cfg, encoder_cfg, adapter_cfg, _tokenizer(data_cfg, tokenizer_path), datasets,
-                                "validation", pad_multiple)
+                                "validation")
     remote.check_remote_datasets(datasets)
     suite = ValidationSuite(datasets, data_cfg)
     return {d.name: ValidationSet(suite, k, processor, data_cfg, micro_batch_size, dp_rank, dp_size)

@@ -23,6 +23,8 @@ Micro-batch (all torch tensors unless said):
   audio_num_tokens    int64 [C]      placeholders of each clip (adapter output kept per clip)
   audio_clip_rows     int64 [C]      the row each clip's placeholders are in
   audio_clip_ctc      bool [C]       whether each clip's sample is its transcript (joint CTC target)
+  audio_clip_keys     int64 [C, 2]   (sample position, clip number within the sample) of each clip:
+                                     what its training-time random draws are seeded from
   audio_token_id      int            the placeholder token id
   answer_starts       list[int]      per sample, in token order: where its scored answer starts
                                      (generation is prompted with the sample's tokens before it)
@@ -57,23 +59,16 @@ class Example:
         return len(self.tokenized)
 
 
-def padded_length(n: int, multiple: int) -> int:
-    return -(-n // multiple) * multiple
-
-
 class Packer:
-    def __init__(self, seq_length: int, rows: int, buffer_size: int, packing: bool = True, pad_multiple: int = 1):
+    def __init__(self, seq_length: int, rows: int, buffer_size: int, packing: bool = True):
         if packing and buffer_size < rows:
             raise ValueError(f"data.packing_buffer ({buffer_size}) must be at least the micro batch size ({rows})")
-        self.seq_length, self.rows, self.packing, self.pad_multiple = seq_length, rows, packing, pad_multiple
+        self.seq_length, self.rows, self.packing = seq_length, rows, packing
         self.buffer_size = buffer_size if packing else rows
         self.buffer: List[Example] = []
 
-    def length(self, ex: Example) -> int:
-        return padded_length(len(ex), self.pad_multiple)
-
     def add(self, ex: Example) -> None:
-        if self.length(ex) > self.seq_length:
+        if len(ex) > self.seq_length:
             raise ValueError(f"sample of {len(ex)} tokens does not fit data.seq_length ({self.seq_length})")
         self.buffer.append(ex)
 
@@ -94,10 +89,10 @@ class Packer:
         rows: List[List[Example]] = [[] for _ in range(self.rows)]
         free = [self.seq_length] * self.rows
         oldest, rest = self.buffer[0], self.buffer[1:]
-        order = [oldest] + sorted(rest, key=lambda ex: (-self.length(ex), ex.position))
+        order = [oldest] + sorted(rest, key=lambda ex: (-len(ex), ex.position))
         placed = set()
         for ex in order:
-            n = self.length(ex)
+            n = len(ex)
             for r in range(self.rows):
                 if free[r] >= n:
                     rows[r].append(ex)
@@ -108,8 +103,7 @@ class Packer:
         return [row for row in rows if row]
 
 
-def collate(rows: Sequence[Sequence[Example]], seq_length: int, pad_id: int, pad_multiple: int,
-            dataset_names: Sequence[str], audio_token_id: int, num_rows: Optional[int] = None,
+def collate(rows: Sequence[Sequence[Example]], seq_length: int, pad_id: int, dataset_names: Sequence[str], audio_token_id: int, num_rows: Optional[int] = None,
             features_fn=None, packed: bool = True) -> Dict[str, Any]:
     """Rows of examples -> the micro-batch dict (see the module docstring)."""
     b = num_rows or len(rows)
@@ -123,6 +117,7 @@ def collate(rows: Sequence[Sequence[Example]], seq_length: int, pad_id: int, pad
     clip_tokens: List[int] = []
     clip_rows: List[int] = []
     clip_ctc: List[bool] = []
+    clip_keys: List[List[int]] = []
     answer_starts: List[int] = []
     sample_datasets: List[str] = []
     num_tokens = 0
@@ -131,19 +126,20 @@ def collate(rows: Sequence[Sequence[Example]], seq_length: int, pad_id: int, pad
         at = 0
         for ex in row:
             t = ex.tokenized
-            n, span = len(t), padded_length(len(t), pad_multiple)
+            n = len(t)
             tokens[r, at:at + n], labels[r, at:at + n], loss_mask[r, at:at + n] = t.tokens, t.labels, t.loss_mask
-            positions[r, at:at + span] = np.arange(span)
+            positions[r, at:at + n] = np.arange(n)
             dataset_index[r, at:at + n] = ex.dataset_id
-            seqlens.append(span)
+            seqlens.append(n)
             examples.append(ex)
             clip_tokens.extend(t.audio_tokens)
             clip_rows.extend([r] * len(t.audio_tokens))
             clip_ctc.extend([t.ctc] * len(t.audio_tokens))
+            clip_keys.extend([ex.position, j] for j in range(len(t.audio_tokens)))
             answer_starts.append(t.answer_start)
             sample_datasets.append(dataset_names[ex.dataset_id])
             num_tokens += n
-            at += span
+            at += n
         if at < seq_length:
             positions[r, at:] = np.arange(seq_length - at)
             seqlens.append(seq_length - at)
@@ -157,7 +153,8 @@ def collate(rows: Sequence[Sequence[Example]], seq_length: int, pad_id: int, pad
         "sample_datasets": sample_datasets, "audio_token_id": int(audio_token_id),
         "audio_num_tokens": torch.tensor(clip_tokens, dtype=torch.long),
         "audio_clip_rows": torch.tensor(clip_rows, dtype=torch.long),
-        "audio_clip_ctc": torch.tensor(clip_ctc, dtype=torch.bool), "answer_starts": answer_starts,
+        "audio_clip_ctc": torch.tensor(clip_ctc, dtype=torch.bool),
+        "audio_clip_keys": torch.tensor(clip_keys, dtype=torch.long).reshape(-1, 2), "answer_starts": answer_starts,
         "num_samples": len(sample_datasets), "num_tokens": num_tokens, "packed": packed,
     }
     if features_fn is not None:

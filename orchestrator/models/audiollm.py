@@ -64,18 +64,25 @@ class AudioLLM(MegatronModule):
     def set_input_tensor(self, input_tensor) -> None:
         self.language_model.set_input_tensor(input_tensor)
 
-    def audio_embeddings(self, audio_features: torch.Tensor, audio_lengths: Sequence[int]) -> torch.Tensor:
-        """[clips, mel, frames] features + true mel lengths -> [audio tokens, hidden], clips in order."""
-        if self.spec_augment is not None and self.training:
-            audio_features = self.spec_augment(audio_features, [int(n) for n in audio_lengths])
+    def audio_embeddings(self, audio_features: torch.Tensor, audio_lengths: Sequence[int],
+                         audio_seeds: Optional[Sequence[int]] = None) -> torch.Tensor:
+        """[clips, mel, frames] features + true mel lengths -> [audio tokens, hidden], clips in order.
+        `audio_seeds` (training): one per clip, seeding that clip's SpecAugment masks and
+        adapter dropout, so that they depend on the clip only, not on which clips are
+        encoded with it (context-parallel ranks encode different subsets)."""
+        generators = None
+        if audio_seeds is not None and self.training:
+            generators = [torch.Generator().manual_seed(int(seed)) for seed in audio_seeds]
         lengths = [int(n) for n in audio_lengths]
+        if self.spec_augment is not None and self.training:
+            audio_features = self.spec_augment(audio_features, lengths, generators=generators)
         states = run_encoder(self.encoder, audio_features, self.encoder_pad_value,
                              lengths if self.encoder_mask_padding else None)
-        return self.adapter(states, lengths)
+        return self.adapter(states, lengths, generators=generators)
 
     def embed(self, input_ids: torch.Tensor, audio_features: Optional[torch.Tensor] = None,
               audio_lengths: Optional[Sequence[int]] = None, audio_clip_rows: Optional[Sequence[int]] = None,
-              audio_frame_index: Optional[torch.Tensor] = None):
+              audio_frame_index: Optional[torch.Tensor] = None, audio_seeds: Optional[Sequence[int]] = None):
         """First stage: (decoder input [s(/tp), b, h], audio embeddings [audio tokens, h] or
         None, audio tokens per clip). `audio_frame_index` (context parallel): the rows of
         the clips' adapter output that `input_ids`' placeholders hold, in row-major order;
@@ -87,7 +94,7 @@ class AudioLLM(MegatronModule):
             if audio_lengths is None:
                 raise ValueError("audio_features given without audio_lengths (true mel frames per clip)")
             lengths = [int(n) for n in audio_lengths]
-            audio = self.audio_embeddings(audio_features, lengths)
+            audio = self.audio_embeddings(audio_features, lengths, audio_seeds)
             per_clip = [self.adapter_tokens(n) for n in lengths]
             if audio_frame_index is None:
                 embeddings = fuse_audio(embeddings, input_ids, audio, self.audio_token_id, per_clip, audio_clip_rows)
@@ -106,14 +113,15 @@ class AudioLLM(MegatronModule):
                 audio_features: Optional[torch.Tensor] = None, audio_lengths: Optional[Sequence[int]] = None,
                 audio_clip_rows: Optional[Sequence[int]] = None, packed_seq_params=None,
                 ctc_targets: Optional[Sequence[Sequence[int]]] = None,
-                audio_frame_index: Optional[torch.Tensor] = None, **kwargs):
+                audio_frame_index: Optional[torch.Tensor] = None, audio_seeds: Optional[Sequence[int]] = None,
+                **kwargs):
         """The language model's output (per-token loss with `labels`). With `ctc_targets`
         (token ids of each clip's transcript; first stage, adapter with a CTC head) the
         pair (that output, CTC loss per clip [clips])."""
         decoder_input = ctc = None
         if self.pre_process:
             decoder_input, audio, per_clip = self.embed(input_ids, audio_features, audio_lengths, audio_clip_rows,
-                                                        audio_frame_index)
+                                                        audio_frame_index, audio_seeds)
             if ctc_targets is not None:
                 ctc = ctc_losses(self.adapter, audio, per_clip, ctc_targets)
         elif ctc_targets is not None:

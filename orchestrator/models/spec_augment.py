@@ -29,8 +29,12 @@ class SpecAugment(torch.nn.Module):
         self.time_masks, self.time_width, self.time_ratio = int(time_masks), int(time_width), float(time_ratio)
 
     def forward(self, features: torch.Tensor, lengths: Sequence[int],
-                generator: Optional[torch.Generator] = None) -> torch.Tensor:
-        """features [clips, mel, frames], lengths: valid frames per clip -> masked copy."""
+                generator: Optional[torch.Generator] = None,
+                generators: Optional[Sequence[torch.Generator]] = None) -> torch.Tensor:
+        """features [clips, mel, frames], lengths: valid frames per clip -> masked copy.
+        Draws from `generators[i]` for clip i when given (training: each clip's own, so a
+        clip is masked the same whichever rank encodes it and with whichever other clips),
+        else from `generator` (default: torch's)."""
         if not self.training:
             return features
         clips, bins, frames = features.shape
@@ -41,6 +45,8 @@ class SpecAugment(torch.nn.Module):
             return int(torch.randint(0, high + 1, (1,), generator=generator)) if high > 0 else 0
 
         for i in range(clips):
+            if generators is not None:
+                generator = generators[i]
             valid = max(1, min(int(lengths[i]), frames))
             fill = features[i, :, :valid].mean()
             keep = torch.ones(bins, frames, dtype=torch.bool, device=dev)

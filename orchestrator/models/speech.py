@@ -142,9 +142,11 @@ class AudioAdapter(nn.Module):
         weights = torch.softmax(self.layer_weights.float(), dim=0).to(states[0].dtype)
         return self.norm(sum(w * s for w, s in zip(weights, states)))
 
-    def forward(self, states: Sequence[torch.Tensor], mel_lengths: Sequence[int]) -> torch.Tensor:
+    def forward(self, states: Sequence[torch.Tensor], mel_lengths: Sequence[int],
+                generators: Optional[Sequence[torch.Generator]] = None) -> torch.Tensor:
         """Encoder states [b, frames, d] and each sample's true mel length -> audio tokens
-        of all samples, flattened in sample order: [sum of tokens, hidden]."""
+        of all samples, flattened in sample order: [sum of tokens, hidden]. With
+        `generators` (one per sample) each sample's dropout mask is drawn from its own."""
         mixed = self.mix(states)
         if mixed.shape[0] != len(mel_lengths):
             raise ValueError(f"{mixed.shape[0]} audio samples but {len(mel_lengths)} audio lengths")
@@ -156,7 +158,13 @@ class AudioAdapter(nn.Module):
                 raise ValueError(f"audio sample {i}: length {int(mel_len)} mel frames exceeds the encoder window")
             stacks.append(mixed[i, :frames].reshape(tokens, -1))
         stacked = torch.cat(stacks, dim=0)
-        return self.linear_2(self.dropout(self.act(self.linear_1(stacked))))
+        hidden = self.act(self.linear_1(stacked))
+        p = self.dropout.p
+        if generators is None or not self.training or p == 0:
+            return self.linear_2(self.dropout(hidden))
+        keep = torch.cat([torch.empty(len(piece), hidden.shape[1]).bernoulli_(1 - p, generator=g)
+                          for piece, g in zip(stacks, generators)]).to(hidden.device, hidden.dtype)
+        return self.linear_2(hidden * keep / (1 - p))
 
 
 def ctc_losses(adapter: AudioAdapter, audio_tokens: torch.Tensor, tokens_per_clip: Sequence[int],

@@ -65,6 +65,7 @@ class AudioLLMProvider:
         tokenizer = load_tokenizer(cfg.data.tokenizer, audio_token=cfg.data.audio_token)
         self.audio_token_id = int(tokenizer.convert_tokens_to_ids(cfg.data.audio_token))
         self.ctc_weight = float(cfg.model.adapter.ctc_weight)
+        self.seed = int(cfg.train.seed)  # with the data-parallel rank, seeds each clip's augmentation
         # CTC targets are the transcript's tokens without the chat markers.
         self.special_ids = set(tokenizer.all_special_ids)
 
@@ -89,6 +90,8 @@ class AudioLLMProvider:
         seq = batch["tokens"].shape[1]
         width = trimmed_width(batch, self.parallel_cfg)
         inputs = model_inputs(batch, width, next(model.parameters()).device, with_audio=inner.pre_process)
+        if inner.training and "audio_features" in inputs:
+            inputs["audio_seeds"] = clip_seeds(batch["audio_clip_keys"], self.seed)
         samples = []
         if self.ctc_weight > 0 and inner.training and "audio_features" in inputs:
             per_clip = ctc_samples(batch, self.special_ids)
@@ -134,6 +137,8 @@ class AudioLLMProvider:
             if clips.numel():
                 inputs.update(audio_features=full["audio_features"][clips].to(device),
                               audio_lengths=full["audio_lengths"][clips],
+                              audio_seeds=clip_seeds(full["audio_clip_keys"][clips], self.seed) if inner.training
+                              else None,
                               audio_frame_index=frame_index_within(clips, batch["audio_frames"],
                                                                    full["audio_num_tokens"]))
         output = model(**inputs)
@@ -153,6 +158,22 @@ class AudioLLMProvider:
         vocab = padded_vocab_size(self.model_cfg.decoder.vocab_size, parallel.tp)
         return StepFlops(self.model_cfg, self.lora_rank, parallel.recompute, vocab, trained,
                          pp=parallel.pp, vpp=parallel.vpp).count
+
+
+def clip_seeds(clip_keys: torch.Tensor, seed: int) -> List[int]:
+    """Seed of each clip's training-time random draws (SpecAugment masks, adapter dropout):
+    a hash of (training seed, data-parallel rank, sample position, clip number in the
+    sample). It depends on the clip alone, not on the layout that encodes it: CP ranks
+    encode different subsets of a micro-batch's clips and must mask a clip they share
+    alike, and CP=2 then trains exactly as CP=1. Positions grow epoch after epoch, so a
+    sample seen again is augmented anew."""
+    import hashlib
+
+    from megatron.core import parallel_state as ps
+
+    dp_rank = ps.get_data_parallel_rank()
+    return [int.from_bytes(hashlib.blake2b(f"{seed}/{dp_rank}/{position}/{clip}".encode(), digest_size=8).digest(),
+                           "little") >> 1 for position, clip in clip_keys.tolist()]
 
 
 def trimmed_width(batch: dict, parallel_cfg) -> int:
@@ -342,14 +363,12 @@ def build_audiollm_components(plan, dp_rank: int, dp_size: int):
     cfg = audiollm_config(plan)
     mbs = plan.micro_batch_size
     provider = AudioLLMProvider(cfg)
-    train = build_train_loader(cfg.data, cfg.model.encoder, cfg.model.adapter, mbs, dp_rank, dp_size,
-                               cfg.parallel.cp, cfg.data.seed)
+    train = build_train_loader(cfg.data, cfg.model.encoder, cfg.model.adapter, mbs, dp_rank, dp_size, cfg.data.seed)
     train_source = LoaderBatches(train)
     val = wer = None
     if cfg.data.validation:
         # One set of validation loaders (one open validation mixture) serves the loss and the WER.
-        loaders = build_validation_loaders(cfg.data, cfg.model.encoder, cfg.model.adapter, mbs, dp_rank, dp_size,
-                                           cfg.parallel.cp)
+        loaders = build_validation_loaders(cfg.data, cfg.model.encoder, cfg.model.adapter, mbs, dp_rank, dp_size)
         val = ValidationBatches(loaders)
         if cfg.train.eval_wer:
             from orchestrator.train.wer_eval import WerEvaluation

@@ -77,7 +77,8 @@ def test_each_clip_gets_its_own_transcript(dataset, tokenizer_dir, tokenizer, en
     # tokens that carry weight x 10^k / (their count) are exactly that sample's answer.
     weight = 0.3
     ctc = torch.tensor([10.0 ** k for k in range(6)])
-    extra = ctc_per_token(ctc, clips, tuple(batch["tokens"].shape), weight=weight)
+    shares = [(row, positions, int(positions.sum())) for row, positions, _ in clips]
+    extra = ctc_per_token(ctc, shares, tuple(batch["tokens"].shape), weight=weight)
     for k, (row, positions, _) in enumerate(clips):
         share = weight * float(ctc[k]) / int(positions.sum())
         carried = torch.isclose(extra[row], torch.tensor(share), rtol=1e-5, atol=0.0)

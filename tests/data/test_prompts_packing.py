@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from orchestrator.data.context_parallel import split_batch
+from orchestrator.data.context_parallel import frame_index_within, split_batch
 from orchestrator.data.packing import Example, Packer, collate, packed_seq_params
 from orchestrator.data.prompts import PromptBuilder, Tokenized, audio_placeholder_count
 from orchestrator.data.tokenizer_build import AUDIO_TOKEN, SPECIAL_TOKENS
@@ -92,7 +92,7 @@ def test_packing_fills_rows_and_restarts_positions():
         rows = packer.pop_rows()
         if not rows:
             break
-        batch = collate(rows, 128, pad_id=0, pad_multiple=1, dataset_names=["a", "b", "c"], audio_token_id=6,
+        batch = collate(rows, 128, pad_id=0, dataset_names=["a", "b", "c"], audio_token_id=6,
                         num_rows=4)
         cu = batch["cu_seqlens"].tolist()
         assert cu[0] == 0 and cu[-1] == 4 * 128
@@ -119,7 +119,7 @@ def test_unpacked_rows_hold_one_sample_each():
         packer.add(_example(i, 10 + i))
     rows = packer.pop_rows()
     assert [[ex.position for ex in r] for r in rows] == [[0], [1]]
-    batch = collate(rows, 64, 0, 1, ["a"], 6, num_rows=2, packed=False)
+    batch = collate(rows, 64, 0, ["a"], 6, num_rows=2, packed=False)
     assert batch["cu_seqlens"].tolist() == [0, 10, 64, 75, 128]
     assert batch["loss_mask"].sum() == 21
     with pytest.raises(ValueError, match="does not fit data.seq_length"):
@@ -129,36 +129,50 @@ def test_unpacked_rows_hold_one_sample_each():
 
 
 def test_context_parallel_split_exact_example():
+    """The worked example [10, A1, A2, A3, A4, 20, 30, 40] at CP=2. Contiguous halves would
+    put A1-A3 on rank 0 and A4 on rank 1; megatron's load-balanced layout cuts 4 chunks of
+    2 and gives rank 0 chunks 0 and 3 ([10, A1] + [30, 40]), rank 1 chunks 1 and 2
+    ([A2, A3] + [A4, 20]): A1 goes to rank 0, A2-A4 to rank 1."""
     tokens = torch.tensor([[10, 99, 99, 99, 99, 20, 30, 40]])
     batch = {"tokens": tokens, "labels": tokens + 1, "loss_mask": torch.ones(1, 8),
              "position_ids": torch.arange(8).unsqueeze(0), "audio_token_id": 99,
-             "audio_num_tokens": torch.tensor([4]), "packed": False,
-             "cu_seqlens": torch.tensor([0, 8], dtype=torch.int32)}
+             "audio_num_tokens": torch.tensor([4]), "packed": False}
     r0, r1 = split_batch(batch, 2, 0), split_batch(batch, 2, 1)
     assert r0["tokens"].tolist() == [[10, 99, 30, 40]]
     assert r1["tokens"].tolist() == [[99, 99, 99, 20]]
     assert r0["position_ids"].tolist() == [[0, 1, 6, 7]] and r1["position_ids"].tolist() == [[2, 3, 4, 5]]
-    assert r0["audio_frame_index"].tolist() == [0]  # A1
-    assert r1["audio_frame_index"].tolist() == [1, 2, 3]  # A2, A3, A4
+    assert r0["cp_slots"].tolist() == [0, 1, 6, 7]
+    assert r0["audio_frames"].tolist() == [0]  # A1
+    assert r1["audio_frames"].tolist() == [1, 2, 3]  # A2, A3, A4
+    assert r0["audio_clips"].tolist() == r1["audio_clips"].tolist() == [0]  # both encode the clip
     assert r1["labels"].tolist() == [[100, 100, 100, 21]]
+    with pytest.raises(ValueError, match="2 x context_parallel_size"):
+        split_batch(batch, 3, 0)  # 8 tokens do not make 6 equal chunks
 
 
-def test_context_parallel_split_of_packed_rows_is_per_sample(tokenizer):
+def test_context_parallel_split_of_packed_rows(tokenizer):
+    """Packed rows are split as whole rows (documents are a mask over global slots): the
+    ranks' tokens are the row's, each once, and each audio frame goes to the rank holding
+    its placeholder; `frame_index_within` finds a rank's frames in the output of the clips
+    it encodes."""
     builder = PromptBuilder(tokenizer, TEMPLATE)
     examples = [Example(i, 0, builder.build(t, [n]), [np.zeros(160 * n * 10, np.float32)])
                 for i, (t, n) in enumerate([("one two", 3), ("three", 5), ("four five six", 2)])]
     cp = 2
-    packer = Packer(seq_length=128, rows=1, buffer_size=3, pad_multiple=2 * cp)
+    packer = Packer(seq_length=128, rows=1, buffer_size=3)
     for ex in examples:
         packer.add(ex)
-    batch = collate(packer.pop_rows(), 128, 0, 2 * cp, ["a"], builder.audio_token_id, num_rows=1)
-    assert all(n % (2 * cp) == 0 for n in np.diff(batch["cu_seqlens"].numpy()))
+    batch = collate(packer.pop_rows(), 128, 0, ["a"], builder.audio_token_id, num_rows=1)
+    assert batch["audio_clip_keys"].tolist() == [[0, 0], [1, 0], [2, 0]]  # (sample position, clip in sample)
     parts = [split_batch(batch, cp, r) for r in range(cp)]
-    # The ranks' tokens together are the batch's tokens, each exactly once.
-    index = torch.cat([p["cp_token_index"] for p in parts], dim=1)
-    assert sorted(index[0].tolist()) == list(range(128))
-    # Audio frames: each frame goes to the rank holding its placeholder, all frames once.
-    frames = torch.cat([p["audio_frame_index"] for p in parts])
+    slots = torch.cat([p["cp_slots"] for p in parts])
+    assert sorted(slots.tolist()) == list(range(128))
+    assert torch.equal(torch.cat([p["tokens"] for p in parts], dim=1)[0], batch["tokens"][0, slots])
+    frames = torch.cat([p["audio_frames"] for p in parts])
     assert sorted(frames.tolist()) == list(range(10))
     for p in parts:
-        assert int((p["tokens"] == builder.audio_token_id).sum()) == p["audio_frame_index"].numel()
+        assert int((p["tokens"] == builder.audio_token_id).sum()) == p["audio_frames"].numel()
+        rows = frame_index_within(p["audio_clips"], p["audio_frames"], batch["audio_num_tokens"])
+        encoded = torch.cat([torch.arange(int(batch["audio_num_tokens"][:c].sum()),
+                                          int(batch["audio_num_tokens"][:c + 1].sum())) for c in p["audio_clips"]])
+        assert torch.equal(encoded[rows], p["audio_frames"])

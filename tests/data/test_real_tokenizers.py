@@ -58,6 +58,6 @@ def test_samples_carry_the_chosen_placeholder_once_per_audio_token(tmp_path, gem
     cfg = to_object(compose([f"data.tokenizer={gemma_layout_tokenizer}", "data.audio_token='<unused0>'",
                              "data.demo_corpus=null", "data.packing=false", "data.seq_length=128"]))
     cfg.data.train = [DatasetEntry(name="tones", path=str(tmp_path / "ds"))]
-    batch = next(build_train_loader(cfg.data, cfg.model.encoder, cfg.model.adapter, 2, 0, 1, 1, 0))
+    batch = next(build_train_loader(cfg.data, cfg.model.encoder, cfg.model.adapter, 2, 0, 1, 0))
     assert int(batch["audio_token_id"]) == 6
     assert int((batch["tokens"] == 6).sum()) == int(batch["audio_num_tokens"].sum()) > 0

@@ -28,7 +28,7 @@ def _conversation(position, turns, audio_runs):
 
 
 def _batch(rows, seq_length, answer_starts=None, **kw):
-    batch = collate(rows, seq_length=seq_length, pad_id=PAD, pad_multiple=1, dataset_names=["val"],
+    batch = collate(rows, seq_length=seq_length, pad_id=PAD, dataset_names=["val"],
                     audio_token_id=AUDIO, **kw)
     batch.pop("answer_starts", None)  # the collated ones, where collate makes them, are not under test here
     if answer_starts is not None:

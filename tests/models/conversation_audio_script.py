@@ -65,7 +65,7 @@ def main() -> None:
     raws = samples()
     examples = [processor(raw, i, 0) for i, raw in enumerate(raws)]
     rows = [examples[:2], examples[2:]]  # two conversations packed in row 0, the third in row 1
-    batch = collate(rows, SEQ, tokenizer.pad_token_id, 1, ["conv"], processor.audio_token_id,
+    batch = collate(rows, SEQ, tokenizer.pad_token_id, ["conv"], processor.audio_token_id,
                     features_fn=processor.features)
     model = build_audiollm(model_cfg, parallel_cfg, audio_token_id=processor.audio_token_id).eval()
     with torch.no_grad():

@@ -70,7 +70,8 @@ def make_batch(frames_of) -> dict:
             "dataset_index": dataset_index, "packed": True, "audio_token_id": AUDIO_ID,
             "audio_features": features, "audio_lengths": torch.tensor([mel for _, _, mel in CLIPS]),
             "audio_num_tokens": torch.tensor(num_tokens), "audio_clip_rows": torch.tensor([r for r, _, _ in CLIPS]),
-            "audio_clip_ctc": torch.tensor([True, True, True])}
+            "audio_clip_ctc": torch.tensor([True, True, True]),
+            "audio_clip_keys": torch.tensor([[k, 0] for k in range(len(CLIPS))])}
 
 
 def provider_for(model_cfg, parallel, ctc: bool):
@@ -80,7 +81,7 @@ def provider_for(model_cfg, parallel, ctc: bool):
     from orchestrator.train.audiollm_provider import AudioLLMProvider
 
     provider = object.__new__(AudioLLMProvider)
-    provider.model_cfg, provider.parallel_cfg, provider.lora_rank = model_cfg, parallel, 0
+    provider.model_cfg, provider.parallel_cfg, provider.lora_rank, provider.seed = model_cfg, parallel, 0, 0
     provider.audio_token_id, provider.ctc_weight, provider.special_ids = AUDIO_ID, 0.3 * ctc, {0, 1}
     return provider
 

@@ -46,7 +46,7 @@ def train_overrides(corpus: Path) -> list[str]:
     ]
 
 
-def write_audiollm_run_dir(run_dir: Path, corpus: Path, *, tp: int = 1, pp: int = 1, iters: int = 12,
+def write_audiollm_run_dir(run_dir: Path, corpus: Path, *, tp: int = 1, pp: int = 1, cp: int = 1, iters: int = 12,
                            micro_batch_size: int = 2, global_batch_size: int = 4, seq_length: int = 128,
                            save_interval: int = 0, eval_interval: int = 0, extra: Sequence[str] = ()) -> Path:
     """Compose (tiny_cpu recipe + overrides) -> validate -> resolve -> plan.json, as
@@ -60,7 +60,7 @@ def write_audiollm_run_dir(run_dir: Path, corpus: Path, *, tp: int = 1, pp: int 
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     cfg = compose([
-        f"parallel.tp={tp}", f"parallel.pp={pp}", f"launcher.gpus_per_node={tp * pp}",
+        f"parallel.tp={tp}", f"parallel.pp={pp}", f"parallel.cp={cp}", f"launcher.gpus_per_node={tp * pp * cp}",
         f"optim.micro_batch_size={micro_batch_size}", f"optim.global_batch_size={global_batch_size}",
         "optim.lr=3e-3", "optim.min_lr=3e-4", "optim.lr_warmup_iters=2",
         f"train.iters={iters}", f"train.save_interval={save_interval}", f"train.eval_interval={eval_interval}",

@@ -126,7 +126,7 @@ def _reference_step1_loss(overrides: list) -> float:
 
     adapter = {"adapter." + k: v for k, v in load_file(str(root / "adapter" / "model.safetensors")).items()}
     mbs = cfg.optim.micro_batch_size
-    loader = build_train_loader(cfg.data, cfg.model.encoder, cfg.model.adapter, mbs, 0, 1, 1, cfg.data.seed)
+    loader = build_train_loader(cfg.data, cfg.model.encoder, cfg.model.adapter, mbs, 0, 1, cfg.data.seed)
     total, tokens = 0.0, 0.0
     window = 2 * WHISPER["max_source_positions"]
     with torch.no_grad():

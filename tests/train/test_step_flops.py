@@ -50,14 +50,14 @@ def _example(pos: int, length: int, clips=()) -> Example:
     return Example(pos, 0, Tokenized(tokens, tokens, np.ones(length, np.float32), list(clips)), [])
 
 
-def _batch(rows, seq=32, clip_frames=(), packed=True, pad_multiple=1):
+def _batch(rows, seq=32, clip_frames=(), packed=True):
     """A micro-batch from the real collate; clip_frames: mel frames of each clip, in order."""
     frames = list(clip_frames)
 
     def features(examples):
         return torch.zeros(len(frames), 4, 120), torch.tensor(frames, dtype=torch.long)
 
-    return collate(rows, seq, pad_id=0, pad_multiple=pad_multiple, dataset_names=["a"], audio_token_id=AUDIO_ID,
+    return collate(rows, seq, pad_id=0, dataset_names=["a"], audio_token_id=AUDIO_ID,
                    num_rows=2, features_fn=features, packed=packed)
 
 
@@ -73,13 +73,6 @@ def test_packed_batch_counts_real_tokens_and_each_documents_causal_pairs():
     # documents 10, 6, 7 each causal on their own: n(n+1)/2 pairs; window 4: 10 + 4 per token past the 4th
     assert items["pair_full"] == 55 + 21 + 28
     assert items["pair_window"] == (10 + 6 * 4) + (10 + 2 * 4) + (10 + 3 * 4)
-
-
-def test_padding_to_a_multiple_is_not_counted_as_tokens():
-    """pad_multiple (context parallel) pads every sample's span: those slots hold no tokens."""
-    batch = _batch([[_example(0, 10), _example(1, 6)], [_example(2, 7)]], pad_multiple=4)
-    items = _counter(_model()).batch_items(batch)
-    assert items["token"] == 23 and items["pair_full"] == 55 + 21 + 28
 
 
 def test_unpacked_batch_counts_one_document_per_row():
