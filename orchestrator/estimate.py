@@ -134,16 +134,19 @@ def stage_params(inventory: list[ParamSpec], model: ModelConfig, parallel: Paral
 
 
 def decoder_layer_activation_bytes(model: ModelConfig, parallel: ParallelConfig, seq: int, mbs: int, dtype_bytes: int) -> float:
-    """Bytes saved for backward by one Gemma2 decoder layer for one micro-batch."""
+    """Bytes saved for backward by one Gemma2 decoder layer for one micro-batch. Under
+    context parallelism a rank holds seq / cp tokens, but its attention keeps the whole
+    row's keys and values (gathered over the CP group) and scores its queries against
+    all of them (orchestrator.models.attention)."""
     dec = model.decoder
     t, s, b, h = parallel.tp, seq / parallel.cp, mbs, dec.hidden_size
     sp_div = t if parallel.sp else 1
     stream = 6 * s * b * h * dtype_bytes / sp_div  # inputs of 4 norms, of QKV and of fc1
     q = dec.num_attention_heads * dec.kv_channels
     kv = 2 * dec.num_query_groups * dec.kv_channels
-    attention = (q + kv + q) * s * b * dtype_bytes / t  # Q, K, V and the core-attention output
+    attention = (2 * q * s + kv * seq) * b * dtype_bytes / t  # Q, the row's K and V, the core-attention output
     if model.backend == "local":
-        attention += 3 * dec.num_attention_heads * s * s * b * 4 / t  # fp32 scores, softcapped, probs
+        attention += 3 * dec.num_attention_heads * s * seq * b * 4 / t  # fp32 scores, softcapped, probs
     else:
         attention += 2 * dec.num_attention_heads * s * b * 4 / t  # softmax statistics only
     mlp = (2 * dec.ffn_hidden_size + dec.ffn_hidden_size) * s * b * dtype_bytes / t  # fc1 out, GeGLU out
@@ -159,9 +162,14 @@ def encoder_activation_bytes(model: ModelConfig, clips: int) -> float:
 
 
 def clips_per_row(cfg: AudioLLMConfig) -> int:
-    """Most audio clips a packed row can hold: each clip takes at least its audio tokens."""
+    """Most audio clips a packed row can hold: each clip takes at least its audio tokens.
+    Under context parallelism, the most one rank encodes: the clips inside its two chunks
+    and up to one more at each of their four ends (a clip straddling a chunk boundary is
+    encoded by both ranks)."""
     tokens = audio_tokens_per_clip(min(cfg.data.max_audio_seconds, cfg.model.encoder.max_source_positions / 50), cfg.model)
-    return max(1, cfg.data.seq_length // max(tokens, 1))
+    whole_row = max(1, cfg.data.seq_length // max(tokens, 1))
+    cp = cfg.parallel.cp
+    return whole_row if cp == 1 else min(whole_row, math.ceil(whole_row / cp) + 4)
 
 
 def memory_per_gpu(cfg: AudioLLMConfig, stages: list[StageParams], dp: int, num_microbatches: int) -> MemoryEstimate:

@@ -57,6 +57,14 @@ def render(plan: Plan, with_params: bool = False) -> str:
         f"{mem['grads_gib']:.1f} + optimizer {mem['optimizer_gib']:.1f} + activations {mem['activations_gib']:.1f} + "
         f"margin {mem['overhead_gib']:.1f}; device {device}: {verdict}"
     )
+    at_cp1 = plan.memory_at_cp1
+    if at_cp1 is not None:
+        lines.append(
+            f"  at CP=1       {at_cp1['total_gib']:.1f} GiB on stage {at_cp1['stage']} (same GPUs, DP {plan.dp * plan.cp}) = "
+            f"weights {at_cp1['weights_gib']:.1f} + grads {at_cp1['grads_gib']:.1f} + optimizer "
+            f"{at_cp1['optimizer_gib']:.1f} + activations {at_cp1['activations_gib']:.1f} + margin "
+            f"{at_cp1['overhead_gib']:.1f}: {'fits' if at_cp1['fits'] else 'DOES NOT FIT'}"
+        )
     if not math.isnan(flops["step_time_s"]):
         lines.append(
             f"throughput    at {flops['assumed_mfu']:.0%} MFU: {flops['step_time_s']:.2f} s/step, "

@@ -9,6 +9,7 @@ megatron-core configs from it: what `audiollm plan` prints is what runs.
 
 from __future__ import annotations
 
+import copy
 import math
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -41,6 +42,9 @@ class Plan:
     rank_layout: dict[str, list[list[int]]]
     parameters: dict[str, Any]
     memory: dict[str, Any]
+    # Context parallel plans: the same run at CP=1 on the same GPUs (DP x CP as DP), for
+    # comparison; None at CP=1.
+    memory_at_cp1: dict[str, Any] | None
     flops: dict[str, Any]
     warnings: list[str]
     config: dict[str, Any]  # the full composed config
@@ -80,6 +84,8 @@ ARGV_IMPLEMENTED_BY_AUDIOLLM = {
     "--apply-layernorm-1p": ("orchestrator/models/norms.py ZeroCenteredRMSNorm (local backend); "
                              "TransformerEngine's RMSNorm with zero_centered_gamma (te backend)"),
     "--window-size --window-attn-skip-freq": "orchestrator/models/attention.py (window on even layers, softcap)",
+    "--cp-comm-type all_gather": ("orchestrator/models/attention.py (K/V gathered over the CP group, masks on "
+                                  "global positions)"),
 }
 
 
@@ -99,7 +105,8 @@ def model_extensions(cfg: AudioLLMConfig) -> dict[str, Any]:
         # Flags of the argv that describe the model but that the job does not hand to
         # megatron-core: it switches them off there and implements them in its own
         # modules. Megatron-LM's own layer specs fed this argv build a different model.
-        "implemented_by_audiollm": ARGV_IMPLEMENTED_BY_AUDIOLLM,
+        "implemented_by_audiollm": {flags: where for flags, where in ARGV_IMPLEMENTED_BY_AUDIOLLM.items()
+                                    if cfg.parallel.cp > 1 or not flags.startswith("--cp-")},
         "encoder": asdict(enc),
         "adapter": asdict(adapter),
     }
@@ -123,6 +130,13 @@ def resolve(cfg: DictConfig | AudioLLMConfig, purpose: str = "plan") -> Plan:
     stages = est.stage_params(inventory, obj.model, p)
     num_microbatches = optim.global_batch_size // (optim.micro_batch_size * dp)
     memory = est.memory_per_gpu(obj, stages, dp, num_microbatches)
+    memory_at_cp1 = None
+    if p.cp > 1:
+        without_cp = copy.deepcopy(obj)
+        without_cp.parallel.cp = 1
+        at_cp1 = est.memory_per_gpu(without_cp, stages, dp * p.cp,
+                                    max(1, optim.global_batch_size // (optim.micro_batch_size * dp * p.cp)))
+        memory_at_cp1 = asdict(at_cp1) | {"fits": at_cp1.fits}
     flops = est.flops_per_step(obj, inventory, world)
     return Plan(
         recipe=obj.recipe,
@@ -145,6 +159,7 @@ def resolve(cfg: DictConfig | AudioLLMConfig, purpose: str = "plan") -> Plan:
             "per_rank_by_stage": [asdict(s) | {"total": s.total} for s in stages],
         },
         memory=asdict(memory) | {"fits": memory.fits},
+        memory_at_cp1=memory_at_cp1,
         flops=asdict(flops),
         warnings=[str(f) for f in findings],
         config=OmegaConf.to_container(OmegaConf.structured(obj), resolve=True),

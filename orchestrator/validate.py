@@ -281,11 +281,12 @@ def check_recompute(parallel: ParallelConfig, model: ModelConfig) -> Iterator[Fi
 
 
 def check_distributed_optimizer(parallel: ParallelConfig, launcher: LauncherConfig) -> Iterator[Finding]:
+    # megatron shards the optimizer state over the data x context parallel ranks.
     mp = model_parallel_size(parallel)
-    if parallel.distributed_optimizer and mp >= 1 and world_size(launcher) // mp == 1:
+    if parallel.distributed_optimizer and mp >= 1 and world_size(launcher) // mp * parallel.cp == 1:
         yield _warning(
             "distributed_optimizer",
-            "parallel.distributed_optimizer=true with data-parallel size 1 shards nothing",
+            "parallel.distributed_optimizer=true with data-parallel size 1 (and parallel.cp=1) shards nothing",
         )
 
 
@@ -525,10 +526,11 @@ def check_eval_wer(train: TrainConfig, data: DataConfig, parallel: ParallelConfi
     if not data.validation:
         yield _error("eval_wer", "train.eval_wer=true needs validation datasets to transcribe, but data.validation "
                                  "is empty; add datasets to data.validation or set train.eval_wer=false")
-    if parallel.tp * parallel.pp > 1:
+    if parallel.tp * parallel.pp * parallel.cp > 1:
         yield _warning("eval_wer", f"train.eval_wer=true: greedy decoding runs inside training only at "
-                                   f"parallel.tp=1 and parallel.pp=1 (here tp={parallel.tp}, pp={parallel.pp}), so "
-                                   f"training reports no WER; score checkpoints with `audiollm eval RUN_DIR`")
+                                   f"parallel.tp=1, parallel.pp=1 and parallel.cp=1 (here tp={parallel.tp}, "
+                                   f"pp={parallel.pp}, cp={parallel.cp}), so training reports no generation metrics; "
+                                   f"score checkpoints with `audiollm eval RUN_DIR` (one process, any layout)")
 
 
 def check_launcher(launcher: LauncherConfig) -> Iterator[Finding]:

@@ -23,7 +23,7 @@ class TrainConfig:
     eval_at_start: bool = False
     # Also greedy-decode the validation datasets at every evaluation and report the word
     # error rate per dataset (orchestrator/train/wer_eval.py). Runs inside training when
-    # tp = pp = 1; other layouts score with `audiollm eval RUN_DIR` (one process).
+    # tp = pp = cp = 1; other layouts score with `audiollm eval RUN_DIR` (one process).
     eval_wer: bool = False
     eval_wer_batches: int = 0  # batches of optim.micro_batch_size per validation dataset; 0: all
     eval_wer_max_new_tokens: int = 48

@@ -78,3 +78,43 @@ def test_human_summary_shows_topology_layout_memory_and_argv():
     assert "TP groups  [0, 1, 2, 3], [4, 5, 6, 7]" in out
     assert "memory/GPU" in out and "fits" in out
     assert "--tensor-model-parallel-size 4" in out
+
+
+def test_context_parallel_recipe_plans_its_memory_next_to_cp1():
+    """gemma2_whisper_8k_cp2: CP=2 x TP=4 on 8 GPUs; the plan names Megatron-LM's CP flags
+    and gives the memory per GPU at CP=2 and at CP=1 on the same GPUs (DP 2): the same
+    weights, gradients and optimizer shard (megatron shards the optimizer over DP x CP),
+    half the decoder activations but for the gathered keys and values."""
+    from orchestrator.plan_report import render
+
+    plan = resolve(compose(["+recipe=gemma2_whisper_8k_cp2"]))
+    assert (plan.tp, plan.cp, plan.dp, plan.world_size) == (4, 2, 1, 8)
+    assert _contains_run(plan.argv, ["--context-parallel-size", "2", "--cp-comm-type", "all_gather"])
+    assert _contains_run(plan.argv, ["--seq-length", "8192"])
+    cp2, cp1 = plan.memory, plan.memory_at_cp1
+    assert cp1 is not None and cp2["fits"]
+    for part in ("weights_gib", "grads_gib", "optimizer_gib"):
+        assert cp2[part] == pytest.approx(cp1[part]), part
+    assert 0.4 * cp1["activations_gib"] < cp2["activations_gib"] < 0.6 * cp1["activations_gib"]
+    assert not [w for w in plan.warnings if "distributed_optimizer" in w]  # sharded over DP x CP = 2
+    text = render(plan)
+    assert f"at CP=1       {cp1['total_gib']:.1f} GiB" in text and "(same GPUs, DP 2)" in text
+    assert resolve(compose(["+recipe=gemma2_whisper_8k_cp2", "parallel.cp=1", "parallel.sp=true"])).memory_at_cp1 is None
+
+
+def test_context_parallel_memory_counts_the_gathered_keys_and_values():
+    """Per layer, CP=2 saves half the tokens' activations (on the local backend: its fp32
+    scores are [local queries x whole row], half of CP=1's) but the whole row's K and V."""
+    import dataclasses
+
+    from orchestrator.estimate import decoder_layer_activation_bytes
+    from orchestrator.resolve import to_object
+    from orchestrator.schema import ParallelConfig
+
+    model = to_object(compose(["+recipe=gemma2_whisper_8k_cp2"])).model
+    seq = 8192
+    kv_bytes = 2 * model.decoder.num_query_groups * model.decoder.kv_channels * seq * 2  # bf16 K and V of the row
+    for backend in ("te", "local"):
+        m = dataclasses.replace(model, backend=backend)
+        at = {cp: decoder_layer_activation_bytes(m, ParallelConfig(tp=1, cp=cp), seq, 1, 2) for cp in (1, 2)}
+        assert at[2] == pytest.approx((at[1] - kv_bytes) / 2 + kv_bytes), backend

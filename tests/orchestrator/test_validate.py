@@ -201,3 +201,16 @@ def test_plan_command_exits_nonzero_with_every_error_on_stderr():
     assert proc.returncode != 0
     assert proc.stdout == ""
     assert "[world_size]" in proc.stderr and "[heads_tp]" in proc.stderr and "[lr]" in proc.stderr
+
+
+def test_context_parallel_counts_as_sharding_and_as_model_parallel_for_generation():
+    """The distributed optimizer shards over data x context parallel ranks (no warning at
+    DP=1, CP=2); greedy decoding inside training needs cp=1 too (a warning naming it)."""
+    cfg = to_object(compose(["parallel.cp=2", "launcher.gpus_per_node=2", "parallel.distributed_optimizer=true",
+                             "train.eval_wer=true"]))
+    findings = validate(cfg, "train")
+    assert not [f for f in findings if f.rule == "distributed_optimizer"]
+    (wer,) = [f for f in findings if f.rule == "eval_wer"]
+    assert wer.severity == "warning" and "cp=2" in wer.message and "audiollm eval RUN_DIR" in wer.message
+    alone = validate(to_object(compose(["parallel.distributed_optimizer=true"])), "plan")
+    assert [f.rule for f in alone if f.rule == "distributed_optimizer"] == ["distributed_optimizer"]

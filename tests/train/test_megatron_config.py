@@ -38,11 +38,13 @@ def test_flags_the_job_implements_itself_are_said_so_and_off_in_megatron():
     from orchestrator.resolve import ARGV_IMPLEMENTED_BY_AUDIOLLM
     from orchestrator.train.audiollm_provider import AudioLLMProvider
 
-    resolved = resolve(compose(["+recipe=gemma2_whisper_tp4pp2"]))
+    resolved = resolve(compose(["+recipe=gemma2_whisper_8k_cp2"]))  # context parallel: --cp-comm-type too
     for flags in ARGV_IMPLEMENTED_BY_AUDIOLLM:
         assert all(flag in resolved.argv for flag in flags.split()), flags
     assert resolved.model_extensions["implemented_by_audiollm"] == ARGV_IMPLEMENTED_BY_AUDIOLLM
     assert "--apply-layernorm-1p (orchestrator/models/norms.py" in render(resolved)
+    without_cp = resolve(compose(["+recipe=gemma2_whisper_tp4pp2"])).model_extensions["implemented_by_audiollm"]
+    assert "--cp-comm-type all_gather" not in without_cp and "--apply-layernorm-1p" in without_cp
     plan = RunPlan("/unused", resolved.to_dict())
     fields = AudioLLMProvider.transformer_fields(None)
     config = mcfg.transformer_config(plan, on_gpu=False, model_fields=fields)
