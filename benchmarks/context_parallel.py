@@ -161,7 +161,7 @@ def main() -> None:
     print(f"activation memory per rank at CP=2: {max(r['saved_gib'] for r in results[2]) / one['saved_gib']:.2f} x CP=1's")
     print(f"step time at CP=2: {two['step_s'] / one['step_s']:.2f} x CP=1's; overhead in core-seconds per step: "
           f"{2 * two['step_s'] / one['step_s'] - 1:+.0%} (of which K/V gather and reduce-scatter "
-          f"{two['gather_s'] / two['step_s']:.0%} of the CP=2 step)")
+          f"{two['gather_s'] / two['step_s']:.1%} of the CP=2 step)")
 
 
 if __name__ == "__main__":
