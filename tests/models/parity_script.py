@@ -244,7 +244,8 @@ def audiollm_cases(hf, shape, full) -> None:
     class ScaleBeforeFusion(AudioLLM):
         """The known mistake: embeddings scaled before the audio is scattered in."""
 
-        def embed(self, input_ids, audio_features=None, audio_lengths=None, audio_clip_rows=None):
+        def embed(self, input_ids, audio_features=None, audio_lengths=None, audio_clip_rows=None,
+                  audio_frame_index=None, audio_seeds=None):
             lm = self.language_model
             emb = lm.embed_tokens(input_ids)
             emb = emb * torch.tensor(lm.config.hidden_size**0.5, dtype=emb.dtype)
