@@ -100,11 +100,13 @@ def test_cp2_with_tp2_sequence_parallel_distributed_optimizer_recompute_and_lora
 
 
 @pytest.mark.multiprocess
-def test_cp2_with_pp2(corpus, tmp_path):
-    """CP=2 x PP=2 (4 processes; the schedule sends [S/CP, B, hidden] between stages)
-    trains as PP=2 (2 processes). The auxiliary CTC loss needs pp = 1."""
-    pp2 = _train(tmp_path, corpus, "pp2", 2, pp=2, extra=["model.adapter.ctc_weight=0"])
-    cp2 = _train(tmp_path, corpus, "pp2cp2", 4, pp=2, cp=2, extra=["model.adapter.ctc_weight=0"])
+def test_cp2_with_pp2_and_virtual_stages(corpus, tmp_path):
+    """CP=2 x PP=2 with 2 virtual stages per rank (4 processes; the interleaved schedule
+    sends [S/CP, B, hidden] between stages) trains as PP=2 with 2 virtual stages (2
+    processes). The auxiliary CTC loss needs pp = 1."""
+    extra = ["parallel.vpp=2", "model.adapter.ctc_weight=0"]
+    pp2 = _train(tmp_path, corpus, "pp2", 2, pp=2, extra=extra)
+    cp2 = _train(tmp_path, corpus, "pp2cp2", 4, pp=2, cp=2, extra=extra)
     diffs = _differences(pp2["losses"], cp2["losses"])
     print("measured: CP=2 x PP=2 vs PP=2 loss differences per step", diffs)
     assert len(diffs) == ITERS and max(diffs) <= BOUND, list(zip(pp2["losses"], cp2["losses"]))
