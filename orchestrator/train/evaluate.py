@@ -31,7 +31,8 @@ def single_rank_plan(plan):
     data.update(world_size=1, tp=1, pp=1, cp=1, dp=1, vpp=None, sp=False,
                 num_microbatches=plan.global_batch_size // plan.micro_batch_size)
     data["megatron_args"].update(tensor_model_parallel_size=1, pipeline_model_parallel_size=1,
-                                 context_parallel_size=1, sequence_parallel=False, use_distributed_optimizer=False,
+                                 context_parallel_size=1, cp_comm_type=None, sequence_parallel=False,
+                                 use_distributed_optimizer=False,
                                  num_virtual_stages_per_pipeline_rank=None)
     # The model is built from the config's parallel section: it must say the same.
     data["config"]["parallel"].update(tp=1, pp=1, cp=1, vpp=None, sp=False, distributed_optimizer=False)
