@@ -38,8 +38,8 @@ def chunk_ranges(start: int, length: int, cp_size: int, cp_rank: int) -> List[ra
 
 def rank_slots(local_length: int, cp_size: int, cp_rank: int) -> torch.Tensor:
     """[local_length] global slots (within the row) of CP rank `cp_rank`'s tokens, in its order."""
-    return torch.tensor([i for r in chunk_ranges(0, local_length * cp_size, cp_size, cp_rank) for i in r],
-                        dtype=torch.long)
+    first, second = chunk_ranges(0, local_length * cp_size, cp_size, cp_rank)
+    return torch.cat([torch.arange(first.start, first.stop), torch.arange(second.start, second.stop)])
 
 
 def gathered_order(local_length: int, cp_size: int) -> torch.Tensor:

@@ -172,15 +172,17 @@ def packed_seq_params(batch: Dict[str, Any]):
                            max_seqlen_kv=batch["max_seqlen"])
 
 
-def row_document_mask(position_ids: torch.Tensor) -> torch.Tensor:
+def row_document_mask(position_ids: torch.Tensor, query_slots: Optional[torch.Tensor] = None) -> torch.Tensor:
     """[B, 1, S, S] bool attention mask of packed rows, True where query and key lie in
     different documents (megatron's convention: True = masked out). Positions restart at 0
     at every document and at a row's tail padding, which is how documents are found.
     With causal attention on top, each row then attends exactly as THD attention over
     its documents would; RoPE is relative, so the per-row positions give the same scores
-    as per-document ones."""
+    as per-document ones. `query_slots` (context parallel): only those query rows,
+    [B, 1, len(query_slots), S]."""
     documents = torch.cumsum(position_ids == 0, dim=1)
-    return (documents[:, :, None] != documents[:, None, :])[:, None]
+    queries = documents if query_slots is None else documents[:, query_slots]
+    return (queries[:, :, None] != documents[:, None, :])[:, None]
 
 
 def used_columns(batch: Dict[str, Any]) -> int:

@@ -177,14 +177,10 @@ class _Gemma2CoreAttentionBase(MegatronModule):
     def _gather_row(self, key: Tensor, value: Tensor):
         """Context parallel: this rank's [s/cp, b, groups, dim] keys and values -> the whole
         row's, in global slot order, and the global slot of each of this rank's queries."""
-        from orchestrator.data.context_parallel import gathered_order, rank_slots
-
-        cp, rank = self.cp_group.size(), self.cp_group.rank()
-        local = key.shape[0]
-        order = gathered_order(local, cp).to(key.device)
+        order, slots = _cp_layout(key.shape[0], self.cp_group.size(), self.cp_group.rank(), key.device)
         key, value = (tensor_parallel.gather_from_sequence_parallel_region(t, group=self.cp_group)
                       for t in (key, value))
-        return key.index_select(0, order), value.index_select(0, order), rank_slots(local, cp, rank).to(key.device)
+        return key.index_select(0, order), value.index_select(0, order), slots
 
     def _attend(self, query: Tensor, key: Tensor, value: Tensor, attention_mask: Optional[Tensor],
                 cu_seqlens: Optional[Tensor], q_slots: Optional[Tensor]) -> Tensor:
@@ -204,6 +200,17 @@ class _Gemma2CoreAttentionBase(MegatronModule):
         if packed_seq_params.cu_seqlens_q_padded is not None:
             return packed_seq_params.cu_seqlens_q_padded
         return packed_seq_params.cu_seqlens_q
+
+
+@functools.lru_cache(maxsize=64)
+def _cp_layout(local_length: int, cp_size: int, cp_rank: int, device: torch.device) -> tuple:
+    """(order that puts the all-gathered keys in global slot order, global slot of each of
+    this rank's queries), on `device`: made once per (length, layout, device), not per
+    layer and micro-batch. Read-only tensors."""
+    from orchestrator.data.context_parallel import gathered_order, rank_slots
+
+    return (gathered_order(local_length, cp_size).to(device),
+            rank_slots(local_length, cp_size, cp_rank).to(device))
 
 
 class SoftcapDotProductAttention(_Gemma2CoreAttentionBase):

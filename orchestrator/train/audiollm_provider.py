@@ -117,7 +117,7 @@ class AudioLLMProvider:
         inputs = dict(input_ids=batch["tokens"].to(device), position_ids=batch["position_ids"].to(device),
                       labels=batch["labels"].to(device), attention_mask=None)
         if full["packed"]:  # this rank's query rows of the row's document mask, keys in global order
-            inputs["attention_mask"] = row_document_mask(full["position_ids"][:, :width])[:, :, slots].to(device)
+            inputs["attention_mask"] = row_document_mask(full["position_ids"][:, :width], slots).to(device)
         samples = []
         if inner.pre_process and full["audio_lengths"].numel():
             clips = batch["audio_clips"]
@@ -186,7 +186,7 @@ def trimmed_width(batch: dict, parallel_cfg) -> int:
     seq = batch["tokens"].shape[1]
     if parallel_cfg.pp > 1:
         return seq
-    cp = int(getattr(parallel_cfg, "cp", 1))
+    cp = parallel_cfg.cp
     multiple = parallel_cfg.tp * (2 * cp if cp > 1 else 1)
     return min(seq, -(-used_columns(batch) // multiple) * multiple)
 
