@@ -15,8 +15,10 @@ FAILs. Checks:
               FLOP counter, orchestrator/train/step_flops.py), peak memory against
               `audiollm plan`'s estimate for the same config;
   encoder     whisper-large-v3 encoder forward, ms per 30-s clip, fp32 eager vs bf16 SDPA.
-Without TransformerEngine the `te` rows run the `local` backend with compiled
-flex_attention (core_attention=FlexSoftcapAttention) and the table says so.
+Every model is built from the config keys a user sets (model.backend, model.attention):
+with TransformerEngine the fast rows are backend te + attention flex; without it,
+backend local + attention flex (a configuration users run where TE is not installed),
+and the table says which.
 
 --dry-run runs what a CPU can: parity of `local` in fp32 (fp32 bounds), LoRA training
 in fp32, the throughput step at the tiny model's size (tokens/s, no MFU), the encoder
@@ -129,7 +131,7 @@ def hf_tiny_gemma2(seed: int = 0):
     return model.eval()
 
 
-def megatron_tiny(hf, backend: str, core_attention, dtype, device):
+def megatron_tiny(hf, backend: str, attention: str, dtype, device):
     """Gemma2Model of the HF model's shape with its weights converted (TP=1, full)."""
     import torch
     from orchestrator.convert.gemma2_mapping import Gemma2Shape, decoder_config_from_hf, hf_to_megatron_tensors
@@ -140,7 +142,7 @@ def megatron_tiny(hf, backend: str, core_attention, dtype, device):
     dec = decoder_config_from_hf(hf.config)
     model = Gemma2Model(gemma2_transformer_config(dec, params_dtype=dtype), dec.vocab_size,
                         dec.max_position_embeddings, backend=backend, rope_theta=dec.rope_theta,
-                        core_attention=core_attention).to(device)
+                        attention=attention).to(device)
     weights = dict(hf_to_megatron_tensors({k: v.detach().cpu() for k, v in hf.state_dict().items()}, shape))
     emb = weights["embedding.word_embeddings.weight"]
     padded = padded_vocab_size(shape.vocab_size, 1)
@@ -154,7 +156,7 @@ def megatron_tiny(hf, backend: str, core_attention, dtype, device):
     return model, shape
 
 
-def check_parity(table: Table, name: str, backend: str, core_attention, dtype_name: str, device):
+def check_parity(table: Table, name: str, backend: str, attention: str, dtype_name: str, device):
     import torch
 
     dtype = torch.bfloat16 if dtype_name == "bf16" else torch.float32
@@ -162,7 +164,7 @@ def check_parity(table: Table, name: str, backend: str, core_attention, dtype_na
     label = f"{name} {dtype_name}"
     try:
         hf = hf_tiny_gemma2(seed=0).to(device)
-        model, shape = megatron_tiny(hf, backend, core_attention, dtype, device)
+        model, shape = megatron_tiny(hf, backend, attention, dtype, device)
         model.eval()
         gen = torch.Generator().manual_seed(1)
         # Ids from 1: HF's embedding has padding_idx = pad_token_id (0), whose row gets no
@@ -199,7 +201,7 @@ def check_parity(table: Table, name: str, backend: str, core_attention, dtype_na
     _free()
 
 
-def check_lora(table: Table, name: str, backend: str, core_attention, dtype_name: str, device):
+def check_lora(table: Table, name: str, backend: str, attention: str, dtype_name: str, device):
     import torch
     from orchestrator.train.lora import apply_lora, lora_parameter_names
 
@@ -207,7 +209,7 @@ def check_lora(table: Table, name: str, backend: str, core_attention, dtype_name
     label = f"{name} {dtype_name}"
     try:
         hf = hf_tiny_gemma2(seed=0)
-        model, shape = megatron_tiny(hf, backend, core_attention, dtype, device)
+        model, shape = megatron_tiny(hf, backend, attention, dtype, device)
         del hf
         adapted = apply_lora(model, {"rank": 4, "alpha": 8}, seed=0)
         lora_names = set(lora_parameter_names(model))
@@ -244,7 +246,7 @@ def check_lora(table: Table, name: str, backend: str, core_attention, dtype_name
     _free()
 
 
-def check_recompiles(table: Table, name: str, backend: str, core_attention, dry_run: bool):
+def check_recompiles(table: Table, name: str, backend: str, attention: str, dry_run: bool):
     if dry_run:
         table.add("recompiles", name, "-", "0 after warm-up", "n/a (flex_attention is compiled on CUDA only)")
         return
@@ -254,7 +256,7 @@ def check_recompiles(table: Table, name: str, backend: str, core_attention, dry_
 
     try:
         hf = hf_tiny_gemma2(seed=0)
-        model, shape = megatron_tiny(hf, backend, core_attention, torch.bfloat16, "cuda")
+        model, shape = megatron_tiny(hf, backend, attention, torch.bfloat16, "cuda")
         del hf
         model.train()
         widths = [64, 100, 128, 200, 256]
@@ -288,12 +290,13 @@ def check_recompiles(table: Table, name: str, backend: str, core_attention, dry_
 
 
 # ---- throughput ------------------------------------------------------------------------
-def _overrides(dry_run: bool, backend: str, ckpt: str) -> list:
+def _overrides(dry_run: bool, backend: str, attention: str, ckpt: str) -> list:
     # A placeholder init_checkpoint (an empty dist-checkpoint directory) satisfies the
     # frozen_random check: LoRA freezes the decoder, which validation refuses to leave at
     # random weights. Nothing is loaded from it here; the weights are random on purpose.
     common = ["lora=decoder_r16", "data.packing=true", "optim.micro_batch_size=1",
-              f"model.init_checkpoint={ckpt}", "model.adapter.ctc_weight=0", f"model.backend={backend}"]
+              f"model.init_checkpoint={ckpt}", "model.adapter.ctc_weight=0", f"model.backend={backend}",
+              f"model.attention={attention}"]
     if dry_run:
         return ["model=tiny_audiollm", "data.seq_length=256", "data.max_audio_seconds=5",
                 "launcher.accelerator=cpu", "optim.global_batch_size=2", *common]
@@ -304,14 +307,14 @@ def _overrides(dry_run: bool, backend: str, ckpt: str) -> list:
 _CKPT_DIR = tempfile.TemporaryDirectory(prefix="acceptance_ckpt_")  # removed at exit
 
 
-def _compose(dry_run: bool, backend: str):
+def _compose(dry_run: bool, backend: str, attention: str):
     from orchestrator.compose import compose
     from orchestrator.resolve import resolve, to_object
 
     ckpt = _CKPT_DIR.name
     Path(ckpt, "metadata.json").write_text(json.dumps({"sharded_backend": "torch_dist", "sharded_backend_version": 1,
                                                          "common_backend": "torch", "common_backend_version": 1}))
-    overrides = _overrides(dry_run, backend, ckpt)
+    overrides = _overrides(dry_run, backend, attention, ckpt)
     cfg = compose(overrides)
     return cfg, resolve(cfg), to_object(cfg), overrides
 
@@ -346,7 +349,7 @@ def packed_microbatch(obj, audio_token_id: int, seed: int, text_tokens: int = 60
             "audio_clip_rows": torch.zeros(n_samples, dtype=torch.long)}
 
 
-def check_throughput(table: Table, name: str, backend: str, core_attention, dry_run: bool):
+def check_throughput(table: Table, name: str, backend: str, attention: str, dry_run: bool):
     import torch
     from omegaconf import OmegaConf
     from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
@@ -359,6 +362,7 @@ def check_throughput(table: Table, name: str, backend: str, core_attention, dry_
     from orchestrator.train.loop import freeze_model_parts
     from orchestrator.train.step_flops import StepFlops
     from orchestrator.train.metrics import peak_flops
+    from orchestrator.runtime.machine import Machine, decide
 
     on_gpu = not dry_run
     dtype = torch.bfloat16 if on_gpu else torch.float32
@@ -366,12 +370,15 @@ def check_throughput(table: Table, name: str, backend: str, core_attention, dry_
     size = "tiny seq 256" if dry_run else "gemma2-2b+whisper-large-v3 seq 2048"
     label = f"{name} {'bf16' if on_gpu else 'fp32'}"
     try:
-        cfg, plan, obj, overrides = _compose(dry_run, backend)
+        cfg, plan, obj, overrides = _compose(dry_run, backend, attention)
         audio_token_id = 3
         if on_gpu:
             torch.cuda.reset_peak_memory_stats()
+        # The job's own start-up decisions on this machine (gradient-accumulation fusion).
+        decisions = decide(OmegaConf.to_container(cfg.model, resolve=True), Machine.probe())
+        print("decided on this machine: " + "; ".join(decisions.lines), flush=True)
         model = build_audiollm(obj.model, obj.parallel, audio_token_id=audio_token_id, params_dtype=dtype,
-                               core_attention=core_attention)
+                               gradient_accumulation_fusion=decisions.gradient_accumulation_fusion)
         if on_gpu:
             model.cuda()
         # The trainer's order: build -> LoRA -> model freezes -> lr groups -> DDP -> optimizer.
@@ -451,7 +458,7 @@ def check_encoder(table: Table, dry_run: bool):
     on_gpu = not dry_run
     device = "cuda" if on_gpu else "cpu"
     try:
-        _, _, obj, _ = _compose(dry_run, "local")
+        _, _, obj, _ = _compose(dry_run, "local", "auto")
         enc_cfg = obj.model.encoder
         encoder = build_whisper_encoder(enc_cfg).to(device).eval()
         window = 2 * enc_cfg.max_source_positions
@@ -507,28 +514,26 @@ def main() -> int:
     if not args.dry_run and not torch.cuda.is_available():
         print("no CUDA device: run with --dry-run for the CPU-possible checks", file=sys.stderr)
         return 2
-    init_distributed(ParallelSizes(), seed=0, allow_tf32=False)
+    init_distributed(ParallelSizes(), seed=0)  # as the job: TF32 on for fp32 matmuls on GPUs
     if args.dry_run:
         torch.set_num_threads(max(1, os.cpu_count() or 1))
-    from orchestrator.models.attention import FlexSoftcapAttention
-
     table = Table()
+    reference = ("local+reference", "local", "reference")  # (label, model.backend, model.attention)
     if args.dry_run:
-        flex = ("local", "local", None)  # (label, backend, core_attention): no flex_attention on CPU
-        check_parity(table, "local", "local", None, "fp32", "cpu")
-        check_lora(table, "local", "local", None, "fp32", "cpu")
-        check_recompiles(table, "te/flex", "local", FlexSoftcapAttention, dry_run=True)
-        check_throughput(table, *flex, dry_run=True)
+        check_parity(table, *reference, "fp32", "cpu")
+        check_lora(table, *reference, "fp32", "cpu")
+        check_recompiles(table, "local+flex", "local", "flex", dry_run=True)
+        check_throughput(table, *reference, dry_run=True)  # flex_attention has no backward on CPU
         check_encoder(table, dry_run=True)
     else:
         if _has_te():
-            flex = ("te", "te", None)
+            flex = ("te+flex", "te", "flex")
         else:
-            flex = ("local+flex (no TE)", "local", FlexSoftcapAttention)
-            print("TransformerEngine is not installed: the `te` rows run the local backend with compiled "
-                  "flex_attention (core_attention=FlexSoftcapAttention)", flush=True)
+            flex = ("local+flex (no TE)", "local", "flex")
+            print("TransformerEngine is not installed: the fast rows run model.backend=local model.attention=flex",
+                  flush=True)
         check_parity(table, *flex, "bf16", "cuda")
-        check_parity(table, "local", "local", None, "bf16", "cuda")
+        check_parity(table, *reference, "bf16", "cuda")
         check_lora(table, *flex, "bf16", "cuda")
         check_recompiles(table, *flex, dry_run=False)
         check_throughput(table, *flex, dry_run=False)

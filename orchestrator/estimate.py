@@ -10,8 +10,8 @@ All formulas are closed-form, with their sources:
   every tensor saved for backward, counted per element and dtype, generalised here to
   Gemma2's sandwich norms, GQA, GeGLU and separate head_dim; sequence parallel divides
   the norm/residual tensors by TP, context parallel divides the sequence; flash/fused
-  attention (te backend) keeps no s x s tensor, the local backend keeps three (scores,
-  softcapped scores, probabilities). Full recompute keeps each layer's input only, plus
+  attention (model.attention flex) keeps no s x s tensor, the reference attention keeps
+  three (scores, softcapped scores, probabilities). Full recompute keeps each layer's input only, plus
   one recompute chunk's full activations. 1F1B keeps min(pp, micro-batches) micro-batches
   in flight on the first stage (Narayanan et al. 2021), x(1 + (pp-1)/(pp*vpp)) interleaved.
 - Model FLOPs: the job's own count (orchestrator/train/step_flops.py, which states its
@@ -32,6 +32,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from orchestrator.kernels import attention_kernel
 from orchestrator.megatron_args import padded_vocab_size
 from orchestrator.model_params import ParamSpec, encoder_frame_count, parameter_inventory
 from orchestrator.schema import AudioLLMConfig, ModelConfig, ParallelConfig
@@ -133,8 +134,10 @@ def stage_params(inventory: list[ParamSpec], model: ModelConfig, parallel: Paral
     return stages
 
 
-def decoder_layer_activation_bytes(model: ModelConfig, parallel: ParallelConfig, seq: int, mbs: int, dtype_bytes: int) -> float:
-    """Bytes saved for backward by one Gemma2 decoder layer for one micro-batch. Under
+def decoder_layer_activation_bytes(model: ModelConfig, parallel: ParallelConfig, seq: int, mbs: int, dtype_bytes: int,
+                                   attention: str) -> float:
+    """Bytes saved for backward by one Gemma2 decoder layer for one micro-batch, with the
+    `attention` kernel ("reference" or "flex", orchestrator.kernels). Under
     context parallelism a rank holds seq / cp tokens, but its attention keeps the whole
     row's keys and values (gathered over the CP group) and scores its queries against
     all of them (orchestrator.models.attention)."""
@@ -144,13 +147,13 @@ def decoder_layer_activation_bytes(model: ModelConfig, parallel: ParallelConfig,
     stream = 6 * s * b * h * dtype_bytes / sp_div  # inputs of 4 norms, of QKV and of fc1
     q = dec.num_attention_heads * dec.kv_channels
     kv = 2 * dec.num_query_groups * dec.kv_channels
-    attention = (2 * q * s + kv * seq) * b * dtype_bytes / t  # Q, the row's K and V, the core-attention output
-    if model.backend == "local":
-        attention += 3 * dec.num_attention_heads * s * seq * b * 4 / t  # fp32 scores, softcapped, probs
+    attention_bytes = (2 * q * s + kv * seq) * b * dtype_bytes / t  # Q, the row's K and V, the core-attention output
+    if attention == "reference":
+        attention_bytes += 3 * dec.num_attention_heads * s * seq * b * 4 / t  # fp32 scores, softcapped, probs
     else:
-        attention += 2 * dec.num_attention_heads * s * b * 4 / t  # softmax statistics only
+        attention_bytes += 2 * dec.num_attention_heads * s * b * 4 / t  # softmax statistics only
     mlp = (2 * dec.ffn_hidden_size + dec.ffn_hidden_size) * s * b * dtype_bytes / t  # fc1 out, GeGLU out
-    return stream + attention + mlp
+    return stream + attention_bytes + mlp
 
 
 def encoder_activation_bytes(model: ModelConfig, clips: int) -> float:
@@ -180,7 +183,8 @@ def memory_per_gpu(cfg: AudioLLMConfig, stages: list[StageParams], dp: int, num_
     shard = dp * parallel.cp if parallel.distributed_optimizer else 1
     pp = parallel.pp
     layers_per_stage = model.decoder.num_layers // pp
-    layer_act = decoder_layer_activation_bytes(model, parallel, cfg.data.seq_length, optim.micro_batch_size, weight_bytes)
+    layer_act = decoder_layer_activation_bytes(model, parallel, cfg.data.seq_length, optim.micro_batch_size, weight_bytes,
+                                               attention_kernel(model.attention, on_gpu=low_precision))
     rc = parallel.recompute
     if rc.granularity == "full":
         input_only = 2 * cfg.data.seq_length / parallel.cp * optim.micro_batch_size * model.decoder.hidden_size

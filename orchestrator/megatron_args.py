@@ -129,10 +129,11 @@ def gpu_performance_args(model: ModelConfig, on_gpu: bool, dp: int) -> list[Mega
     """Fusions and overlaps that only a GPU run has (Megatron-LM's defaults where it has
     them), decided here so that the plan shows what the job does."""
     return [
-        # The weight gradient accumulates straight into the fp32 main_grad buffer inside
-        # the GEMM. TransformerEngine's linears do it; megatron's own (the local backend)
-        # need apex's fused_weight_gradient_mlp_cuda, which this project does not ship.
-        _arg("gradient_accumulation_fusion", on_gpu and model.backend == "te",
+        # The weight gradient accumulated straight into the fp32 main_grad buffer inside the
+        # GEMM: off on CPU; on GPUs the job decides at start from what is installed (apex's
+        # fused_weight_gradient_mlp_cuda, orchestrator/runtime/machine.py), so the plan
+        # leaves it open (None: no flag printed) and says so (model_extensions).
+        _arg("gradient_accumulation_fusion", None if on_gpu else False,
              flag="--no-gradient-accumulation-fusion", negated=True),
         # Data-parallel gradient all-reduce (or reduce-scatter) bucket by bucket while the
         # backward still runs, instead of after it.

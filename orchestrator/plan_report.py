@@ -27,7 +27,8 @@ def render(plan: Plan, with_params: bool = False) -> str:
     launcher, parallel, optim = cfg["launcher"], cfg["parallel"], cfg["optim"]
     mem, flops = plan.memory, plan.flops
     lines = [
-        f"recipe        {plan.recipe}   model {cfg['model']['name']} (backend {cfg['model']['backend']})",
+        f"recipe        {plan.recipe}   model {cfg['model']['name']} (backend {cfg['model']['backend']}, attention "
+        f"{plan.model_extensions['attention_kernel']})",
         f"topology      world {plan.world_size} = nodes {launcher['nodes']} x gpus_per_node {launcher['gpus_per_node']}"
         f" ({launcher['accelerator']}) = TP {plan.tp} x PP {plan.pp} x CP {plan.cp} x DP {plan.dp}",
         f"              VPP {plan.vpp or '-'}, sequence parallel {'on' if plan.sp else 'off'}, distributed optimizer "
@@ -75,6 +76,8 @@ def render(plan: Plan, with_params: bool = False) -> str:
     lines.append("  " + " ".join(plan.argv))
     lines.append("  implemented by audiollm's own modules, not by megatron-core: " + "; ".join(
         f"{flags} ({where})" for flags, where in plan.model_extensions["implemented_by_audiollm"].items()))
+    for name, rule in plan.model_extensions["decided_at_start"].items():
+        lines.append(f"  decided by the job at start: {name} ({rule})")
     for warning in plan.warnings:
         lines.append(warning)
     if with_params:

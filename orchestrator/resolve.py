@@ -17,6 +17,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from orchestrator import estimate as est
+from orchestrator.kernels import attention_kernel
 from orchestrator.megatron_args import megatron_args, padded_vocab_size, render_argv
 from orchestrator.schema import AudioLLMConfig
 from orchestrator.topology import rank_layout
@@ -89,8 +90,14 @@ ARGV_IMPLEMENTED_BY_AUDIOLLM = {
 }
 
 
+DECIDED_AT_START = {
+    "gradient_accumulation_fusion": "on where apex's fused_weight_gradient_mlp_cuda imports, else off",
+}
+
+
 def model_extensions(cfg: AudioLLMConfig) -> dict[str, Any]:
     dec, enc, adapter = cfg.model.decoder, cfg.model.encoder, cfg.model.adapter
+    on_gpu = cfg.launcher.accelerator == "gpu"
     return {
         "architecture": "gemma2",
         "activation": "geglu_tanh",  # fc1 = [gate; up], gelu(tanh) on the gate
@@ -107,6 +114,11 @@ def model_extensions(cfg: AudioLLMConfig) -> dict[str, Any]:
         # modules. Megatron-LM's own layer specs fed this argv build a different model.
         "implemented_by_audiollm": {flags: where for flags, where in ARGV_IMPLEMENTED_BY_AUDIOLLM.items()
                                     if cfg.parallel.cp > 1 or not flags.startswith("--cp-")},
+        # model.attention on the planned accelerator (orchestrator/kernels.py); the memory
+        # estimate counts this kernel's activations.
+        "attention_kernel": attention_kernel(cfg.model.attention, on_gpu),
+        # What the job decides on the machine it runs on (orchestrator/runtime/machine.py).
+        "decided_at_start": dict(DECIDED_AT_START) if on_gpu else {},
         "encoder": asdict(enc),
         "adapter": asdict(adapter),
     }

@@ -16,6 +16,7 @@ import re
 from dataclasses import dataclass
 from typing import Callable, Iterable, Iterator
 
+from orchestrator.kernels import ATTENTION_CHOICES
 from orchestrator.schema import (
     AudioLLMConfig,
     DataConfig,
@@ -374,6 +375,13 @@ def check_backend(model: ModelConfig, launcher: LauncherConfig) -> Iterator[Find
         yield _error(
             "backend",
             "model.backend=te (TransformerEngine) needs GPUs but launcher.accelerator=cpu; use model.backend=local",
+        )
+    yield from _one_of("attention", "model.attention", model.attention, ATTENTION_CHOICES)
+    if model.attention == "flex" and launcher.accelerator == "cpu":
+        yield _error(
+            "attention",
+            "model.attention=flex (torch's flex_attention) has no backward on CPU but launcher.accelerator=cpu; "
+            "use model.attention=reference (or auto, which picks reference on CPU and flex on GPUs)",
         )
 
 

@@ -126,6 +126,16 @@ def hf_gemma2_config(config_dict: dict):
     return cfg
 
 
+def hf_rope_theta(hf_cfg) -> float:
+    """RoPE base of a HF config: transformers 4 keeps `rope_theta` on the config,
+    transformers 5 moved it into `rope_parameters` (both read config.json's top-level
+    `rope_theta`, which is what megatron_to_hf writes)."""
+    parameters = getattr(hf_cfg, "rope_parameters", None)
+    if isinstance(parameters, dict) and "rope_theta" in parameters:
+        return float(parameters["rope_theta"])
+    return float(hf_cfg.rope_theta)
+
+
 def decoder_config_from_hf(hf_cfg):
     """The project's `model.decoder` section for a HF Gemma2Config."""
     from orchestrator.schema.model import DecoderConfig
@@ -134,7 +144,7 @@ def decoder_config_from_hf(hf_cfg):
         hidden_size=hf_cfg.hidden_size, num_layers=hf_cfg.num_hidden_layers,
         num_attention_heads=hf_cfg.num_attention_heads, num_query_groups=hf_cfg.num_key_value_heads,
         kv_channels=hf_cfg.head_dim, ffn_hidden_size=hf_cfg.intermediate_size, vocab_size=hf_cfg.vocab_size,
-        max_position_embeddings=hf_cfg.max_position_embeddings, rope_theta=hf_cfg.rope_theta,
+        max_position_embeddings=hf_cfg.max_position_embeddings, rope_theta=hf_rope_theta(hf_cfg),
         norm_eps=hf_cfg.rms_norm_eps, sliding_window=hf_cfg.sliding_window,
         query_pre_attn_scalar=hf_cfg.query_pre_attn_scalar, attn_logit_softcap=hf_cfg.attn_logit_softcapping,
         final_logit_softcap=hf_cfg.final_logit_softcapping, tie_embeddings=True,

@@ -357,7 +357,7 @@ class FlexSoftcapAttention(_Gemma2CoreAttentionBase):
         try:
             from torch.nn.attention import flex_attention as flex_module
         except ImportError as err:  # pragma: no cover - depends on the torch build
-            raise ImportError("backend 'te' needs torch.nn.attention.flex_attention (torch >= 2.5)") from err
+            raise ImportError("model.attention=flex needs torch.nn.attention.flex_attention (torch >= 2.5)") from err
         self._flex = flex_module
         self._score_mod = _softcap_score_mod(self.softcap) if self.softcap is not None else None
 

@@ -136,9 +136,13 @@ def build_audiollm(model_cfg, parallel_cfg, pre_process: bool = True, post_proce
                    encoder_pad_value: float = 0.0, core_attention=None, **config_overrides) -> AudioLLM:
     """Build this rank's AudioLLM chunk from the `model` and `parallel` config sections.
     Call after `init_distributed` (megatron's parallel state must exist). The encoder
-    and adapter are fp32 whatever `params_dtype` the decoder uses. `core_attention`
-    replaces the backend's attention class (e.g. flex_attention on the local backend)."""
+    and adapter are fp32 whatever `params_dtype` the decoder uses. The attention kernel
+    is `model.attention` on this machine (orchestrator.kernels: auto is flex on CUDA);
+    `core_attention` (a class) replaces it for the tests' known-mistake controls only."""
+    from orchestrator.kernels import attention_kernel
+
     dec = model_cfg.decoder
+    on_gpu = torch.cuda.is_available()
     config_overrides.setdefault("init_method_std", float(getattr(dec, "init_method_std", 0.02)))
     config = gemma2_transformer_config(
         dec, tp=parallel_cfg.tp, pp=parallel_cfg.pp, sp=bool(getattr(parallel_cfg, "sp", False)),
@@ -147,7 +151,9 @@ def build_audiollm(model_cfg, parallel_cfg, pre_process: bool = True, post_proce
     )
     language_model = Gemma2Model(config, dec.vocab_size, dec.max_position_embeddings, pre_process=pre_process,
                                  post_process=post_process, backend=model_cfg.backend, rope_theta=dec.rope_theta,
-                                 vp_stage=vp_stage, tie_embeddings=dec.tie_embeddings, core_attention=core_attention)
+                                 vp_stage=vp_stage, tie_embeddings=dec.tie_embeddings,
+                                 attention=attention_kernel(getattr(model_cfg, "attention", "auto"), on_gpu),
+                                 core_attention=core_attention)
     if dec.freeze:
         language_model.requires_grad_(False)
     encoder = adapter = None
@@ -158,7 +164,7 @@ def build_audiollm(model_cfg, parallel_cfg, pre_process: bool = True, post_proce
                                model_cfg.adapter.frame_stack, model_cfg.adapter.dropout, ctc_vocab).float()
         if model_cfg.adapter.freeze:
             adapter.requires_grad_(False)
-        if torch.cuda.is_available():
+        if on_gpu:
             encoder.cuda()
             adapter.cuda()
     from orchestrator.models.spec_augment import build_spec_augment

@@ -47,7 +47,6 @@ def gemma2_transformer_config(decoder, tp: int = 1, pp: int = 1, sp: bool = Fals
     """megatron config of the decoder section (`orchestrator.schema.model.DecoderConfig`)."""
     if sp and tp == 1:
         raise ValueError("sequence parallel (parallel.sp=true) needs tensor parallel size > 1 (parallel.tp=1)")
-    on_gpu = torch.cuda.is_available()
     fields = dict(
         num_layers=decoder.num_layers,
         hidden_size=decoder.hidden_size,
@@ -80,7 +79,9 @@ def gemma2_transformer_config(decoder, tp: int = 1, pp: int = 1, sp: bool = Fals
         pipeline_dtype=params_dtype,
         bf16=params_dtype == torch.bfloat16,
         fp16=params_dtype == torch.float16,
-        use_cpu_initialization=not on_gpu,
+        # Random init drawn on the CPU from the seed on every device: TP=1 and TP=2 start from
+        # the same weights on a GPU as on a CPU (megatron splits the full master weight).
+        use_cpu_initialization=True,
         gradient_accumulation_fusion=False,
         bias_activation_fusion=False,
         bias_dropout_fusion=False,
@@ -95,13 +96,14 @@ def gemma2_transformer_config(decoder, tp: int = 1, pp: int = 1, sp: bool = Fals
 class Gemma2Model(GPTModel):
     def __init__(self, config: Gemma2TransformerConfig, vocab_size: int, max_sequence_length: int,
                  pre_process: bool = True, post_process: bool = True, backend: str = "local",
-                 rope_theta: float = 10000.0, vp_stage=None, core_attention=None, tie_embeddings: bool = True):
+                 rope_theta: float = 10000.0, vp_stage=None, attention: str = "reference", core_attention=None,
+                 tie_embeddings: bool = True):
         tp = config.tensor_model_parallel_size
         pp_rank = parallel_state.get_pipeline_model_parallel_rank() if config.pipeline_model_parallel_size > 1 else 0
         super().__init__(
             config=config,
             transformer_layer_spec=gemma2_block_spec(config, backend, vp_stage=vp_stage, pp_rank=pp_rank,
-                                                     core_attention=core_attention),
+                                                     attention=attention, core_attention=core_attention),
             vocab_size=padded_vocab_size(vocab_size, tp),
             max_sequence_length=max_sequence_length,
             pre_process=pre_process,

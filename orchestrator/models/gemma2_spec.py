@@ -1,14 +1,17 @@
-"""Module specs of the Gemma2 decoder for the two attention backends.
+"""Module specs of the Gemma2 decoder: linears and norms by backend, core attention by kernel.
 
-local: megatron's plain tensor-parallel linears + `SoftcapDotProductAttention` + the
-       project's `ZeroCenteredRMSNorm` (pure PyTorch; CPU and GPU; the numerical
-       reference).
-te:    TransformerEngine linears + `FlexSoftcapAttention` (GPU only; TransformerEngine's
-       own attention is not used because released versions lack the logit softcap) +
-       TransformerEngine's fused RMSNorm with `zero_centered_gamma` (megatron's `TENorm`
-       reads it from the config's normalization / layernorm_zero_centered_gamma, which
-       `gemma2_transformer_config` sets): the same (1 + w) scale, computed in fp32 inside
-       one kernel.
+Backends (`model.backend`):
+local: megatron's plain tensor-parallel linears + the project's `ZeroCenteredRMSNorm`
+       (pure PyTorch, compiled into one kernel on CUDA; CPU and GPU).
+te:    TransformerEngine linears + TransformerEngine's fused RMSNorm with
+       `zero_centered_gamma` (megatron's `TENorm` reads it from the config's
+       normalization / layernorm_zero_centered_gamma, which `gemma2_transformer_config`
+       sets): the same (1 + w) scale, computed in fp32 inside one kernel. GPU only.
+
+Attention kernels (`model.attention`, resolved by orchestrator.kernels.attention_kernel):
+reference: `SoftcapDotProductAttention` (plain PyTorch; the numerical reference);
+flex:      `FlexSoftcapAttention` (torch's flex_attention). TransformerEngine's own
+           attention is not used: released versions lack the logit softcap.
 """
 
 from __future__ import annotations
@@ -24,14 +27,15 @@ from orchestrator.models.gemma2_layer import Gemma2LayerSubmodules, Gemma2Transf
 from orchestrator.models.norms import ZeroCenteredRMSNorm
 
 BACKENDS = ("local", "te")
+ATTENTION_CLASSES = {"reference": SoftcapDotProductAttention, "flex": FlexSoftcapAttention}
 
 
 def _modules(backend: str):
-    """(column linear, row linear, core attention, norm) classes of a backend."""
+    """(column linear, row linear, norm) classes of a backend."""
     if backend == "local":
         from megatron.core.tensor_parallel import ColumnParallelLinear, RowParallelLinear
 
-        return ColumnParallelLinear, RowParallelLinear, SoftcapDotProductAttention, ZeroCenteredRMSNorm
+        return ColumnParallelLinear, RowParallelLinear, ZeroCenteredRMSNorm
     if backend == "te":
         try:
             import torch
@@ -45,13 +49,16 @@ def _modules(backend: str):
                 "model.backend='te' needs TransformerEngine on a CUDA machine "
                 "(pip install 'audiollm[gpu]'); use model.backend='local' on CPU"
             ) from err
-        return TEColumnParallelLinear, TERowParallelLinear, FlexSoftcapAttention, TENorm
+        return TEColumnParallelLinear, TERowParallelLinear, TENorm
     raise ValueError(f"model.backend={backend!r} is not one of {BACKENDS}")
 
 
-def gemma2_layer_spec(backend: str = "local", core_attention=None) -> ModuleSpec:
-    """One Gemma2 layer. `core_attention` overrides the backend's attention class."""
-    column, row, attention, norm = _modules(backend)
+def gemma2_layer_spec(backend: str = "local", attention: str = "reference", core_attention=None) -> ModuleSpec:
+    """One Gemma2 layer. `core_attention` (a class) replaces the `attention` kernel's: the
+    tests' known-mistake controls use it; no configuration can."""
+    column, row, norm = _modules(backend)
+    if attention not in ATTENTION_CLASSES:
+        raise ValueError(f"attention={attention!r} is not one of {tuple(ATTENTION_CLASSES)}")
     return ModuleSpec(
         module=Gemma2TransformerLayer,
         submodules=Gemma2LayerSubmodules(
@@ -60,7 +67,7 @@ def gemma2_layer_spec(backend: str = "local", core_attention=None) -> ModuleSpec
                 module=SelfAttention,
                 params={"attn_mask_type": AttnMaskType.causal},
                 submodules=SelfAttentionSubmodules(
-                    linear_qkv=column, core_attention=core_attention or attention, linear_proj=row,
+                    linear_qkv=column, core_attention=core_attention or ATTENTION_CLASSES[attention], linear_proj=row,
                 ),
             ),
             post_attention_layernorm=norm,
@@ -71,9 +78,9 @@ def gemma2_layer_spec(backend: str = "local", core_attention=None) -> ModuleSpec
     )
 
 
-def gemma2_block_spec(config, backend: str = "local", vp_stage=None, pp_rank=None,
+def gemma2_block_spec(config, backend: str = "local", vp_stage=None, pp_rank=None, attention: str = "reference",
                       core_attention=None) -> TransformerBlockSubmodules:
     """The layers of this pipeline stage plus the final zero-centred RMSNorm."""
-    layer = gemma2_layer_spec(backend, core_attention)
+    layer = gemma2_layer_spec(backend, attention, core_attention)
     count = get_num_layers_to_build(config, vp_stage=vp_stage, pp_rank=pp_rank)
     return TransformerBlockSubmodules(layer_specs=[layer] * count, layer_norm=layer.submodules.input_layernorm)

@@ -91,8 +91,13 @@ class SpecAugmentConfig:
 @dataclass
 class ModelConfig:
     name: str = MISSING
-    # local: pure PyTorch attention (CPU and GPU; the reference). te: TransformerEngine (GPU only).
+    # Linears and norms. local: megatron-core's own tensor-parallel linears and the project's
+    # RMSNorm (CPU and GPU). te: TransformerEngine's (GPU only, the `gpu` extra).
     backend: str = "local"
+    # Core attention, independent of the backend (orchestrator/kernels.py): auto (flex on a
+    # GPU, reference on a CPU), reference (plain PyTorch, fp32 s x s scores; the parity
+    # reference) or flex (torch's flex_attention, compiled; GPU training only).
+    attention: str = "auto"
     decoder: DecoderConfig = field(default_factory=DecoderConfig)
     encoder: EncoderConfig = field(default_factory=EncoderConfig)
     adapter: AdapterConfig = field(default_factory=AdapterConfig)

@@ -26,6 +26,7 @@ from typing import Callable, Optional
 import torch
 import torch.distributed as dist
 
+from orchestrator.runtime.machine import Machine, decide
 from orchestrator.train import checkpoint as ckpt
 from orchestrator.train import lr_groups as lrg
 from orchestrator.train import megatron_config as mcfg
@@ -93,7 +94,11 @@ class Trainer:
         provider = components.provider
         on_gpu = device == "cuda"
 
-        self.config = mcfg.transformer_config(plan, on_gpu, provider.transformer_fields())
+        self.decisions = decide(plan.section("model"), Machine.probe())
+        if self.rank == 0:
+            log.info("decided on this machine:\n  %s", "\n  ".join(self.decisions.lines))
+        self.config = mcfg.transformer_config(plan, on_gpu, provider.transformer_fields(),
+                                              self.decisions.gradient_accumulation_fusion)
         chunks = self._build_chunks(provider)
         init = self._load_init_checkpoint(chunks) if training else None
         self.adapted = []

@@ -16,8 +16,8 @@ import torch
 from orchestrator.train.run_plan import RunPlan
 
 # Decided by the job, not copied from the plan: dtype follows the device (bf16 on GPU
-# when planned, fp32 on CPU); initialisation placement follows the device.
-_JOB_DECIDES = {"bf16", "fp16", "params_dtype", "pipeline_dtype", "use_cpu_initialization",
+# when planned, fp32 on CPU); gradient-accumulation fusion follows what is installed.
+_JOB_DECIDES = {"bf16", "fp16", "params_dtype", "pipeline_dtype", "use_cpu_initialization", "gradient_accumulation_fusion",
                 "perform_initialization", "timers", "finalize_model_grads_func",
                 "calculate_per_token_loss", "variable_seq_lengths"}
 
@@ -32,7 +32,10 @@ def compute_dtype(plan: RunPlan, on_gpu: bool) -> torch.dtype:
     return torch.bfloat16 if (on_gpu and plan.arg("bf16", False)) else torch.float32
 
 
-def transformer_config(plan: RunPlan, on_gpu: bool, model_fields: Optional[dict] = None):
+def transformer_config(plan: RunPlan, on_gpu: bool, model_fields: Optional[dict] = None,
+                       gradient_accumulation_fusion: bool = False):
+    """`gradient_accumulation_fusion`: the job's decision for this machine
+    (orchestrator.runtime.machine.decide); the plan leaves it open on GPUs."""
     from megatron.core.transformer import TransformerConfig
 
     names = {f.name for f in dataclasses.fields(TransformerConfig)}
@@ -48,6 +51,7 @@ def transformer_config(plan: RunPlan, on_gpu: bool, model_fields: Optional[dict]
         # Loss is summed per token and normalised by the step's token count over all
         # micro-batches and DP ranks (packed rows carry different numbers of targets).
         calculate_per_token_loss=True,
+        gradient_accumulation_fusion=on_gpu and gradient_accumulation_fusion,
     )
     kwargs.setdefault("hidden_dropout", 0.0)
     kwargs.setdefault("attention_dropout", 0.0)

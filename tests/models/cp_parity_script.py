@@ -107,15 +107,16 @@ def main() -> None:
     model_cfg = tiny_model_config(hf_cfg, whisper_config())
     model_cfg.adapter.ctc_weight = 0.3
     shape = Gemma2Shape.from_hf_config(hf_cfg)
-    attention = {"flex": FlexSoftcapAttention, "contiguous": ContiguousSlotsAttention}
 
     def build(tp=1, pp=1, cp=1, sp=False, attention_name=None):
         if ps.model_parallel_is_initialized():
             ps.destroy_model_parallel()
         init_distributed(ParallelSizes(tp=tp, pp=pp, cp=cp), seed=0)
         parallel = SimpleNamespace(tp=tp, pp=pp, cp=cp, sp=sp, vpp=None)
+        model_cfg.attention = "flex" if attention_name == "flex" else "reference"
         model = build_audiollm(model_cfg, parallel, ps.is_pipeline_first_stage(), ps.is_pipeline_last_stage(),
-                               audio_token_id=AUDIO_ID, core_attention=attention.get(attention_name))
+                               audio_token_id=AUDIO_ID,
+                               core_attention=ContiguousSlotsAttention if attention_name == "contiguous" else None)
         return model, parallel
 
     def load(model, tp, pp):

@@ -21,7 +21,8 @@ def main() -> None:
     shape = Gemma2Shape.from_hf_config(hf.config)
     dec = decoder_config(hf.config)
     cfg = gemma2_transformer_config(dec, params_dtype=torch.bfloat16)
-    model = Gemma2Model(cfg, dec.vocab_size, dec.max_position_embeddings, backend="te", rope_theta=dec.rope_theta).cuda().eval()
+    model = Gemma2Model(cfg, dec.vocab_size, dec.max_position_embeddings, backend="te", attention="flex",
+                        rope_theta=dec.rope_theta).cuda().eval()
     assert isinstance(model.decoder.layers[0].self_attention.core_attention, FlexSoftcapAttention)
     weights = shard_megatron(hf_to_megatron_full(hf.state_dict(), shape), shape, 1, 1)[(0, 0)]
     # Every weight loaded: only TransformerEngine's per-module `_extra_state` (FP8 metadata)

@@ -77,8 +77,8 @@ def main() -> None:
             cfg, dec.vocab_size, dec.max_position_embeddings,
             pre_process=ps.is_pipeline_first_stage(), post_process=ps.is_pipeline_last_stage(),
             rope_theta=dec.rope_theta,
-            core_attention={"inverted_parity": InvertedParityAttention, "flex": FlexSoftcapAttention}.get(
-                case.get("attention")),
+            attention="flex" if case.get("attention") == "flex" else "reference",
+            core_attention=InvertedParityAttention if case.get("attention") == "inverted_parity" else None,
         ).eval()
         if case.get("attention") == "flex":
             assert isinstance(model.decoder.layers[0].self_attention.core_attention, FlexSoftcapAttention)

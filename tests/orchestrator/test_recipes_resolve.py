@@ -103,10 +103,8 @@ def test_context_parallel_recipe_plans_its_memory_next_to_cp1():
 
 
 def test_context_parallel_memory_counts_the_gathered_keys_and_values():
-    """Per layer, CP=2 saves half the tokens' activations (on the local backend: its fp32
-    scores are [local queries x whole row], half of CP=1's) but the whole row's K and V."""
-    import dataclasses
-
+    """Per layer, CP=2 saves half the tokens' activations (with the reference attention: its
+    fp32 scores are [local queries x whole row], half of CP=1's) but the whole row's K and V."""
     from orchestrator.estimate import decoder_layer_activation_bytes
     from orchestrator.resolve import to_object
     from orchestrator.schema import ParallelConfig
@@ -114,7 +112,6 @@ def test_context_parallel_memory_counts_the_gathered_keys_and_values():
     model = to_object(compose(["+recipe=gemma2_whisper_8k_cp2"])).model
     seq = 8192
     kv_bytes = 2 * model.decoder.num_query_groups * model.decoder.kv_channels * seq * 2  # bf16 K and V of the row
-    for backend in ("te", "local"):
-        m = dataclasses.replace(model, backend=backend)
-        at = {cp: decoder_layer_activation_bytes(m, ParallelConfig(tp=1, cp=cp), seq, 1, 2) for cp in (1, 2)}
-        assert at[2] == pytest.approx((at[1] - kv_bytes) / 2 + kv_bytes), backend
+    for attention in ("flex", "reference"):
+        at = {cp: decoder_layer_activation_bytes(model, ParallelConfig(tp=1, cp=cp), seq, 1, 2, attention) for cp in (1, 2)}
+        assert at[2] == pytest.approx((at[1] - kv_bytes) / 2 + kv_bytes), attention

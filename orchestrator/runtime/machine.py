@@ -1,0 +1,89 @@
+"""What the job decides from the machine it runs on, and says in its first lines.
+
+The plan is made on the submit side, which cannot see the GPU machine's installed
+packages; these decisions are made by every rank at start, from the plan's `model`
+section and what this machine has:
+
+- attention kernel: `model.attention` (orchestrator.kernels; auto: flex_attention on
+  CUDA, the plain-PyTorch reference on CPU);
+- gradient-accumulation fusion (the weight gradient accumulated into the fp32 main_grad
+  inside the GEMM): on a GPU only where apex's `fused_weight_gradient_mlp_cuda` imports.
+  megatron-core builds the output layer from its own `ColumnParallelLinear` on both
+  backends, and that layer refuses the fusion without apex's kernel (megatron-core
+  0.16.1, tensor_parallel/layers.py); TransformerEngine's linears could fuse without it,
+  but megatron reads one config field for all of them;
+- `model.backend=te` needs TransformerEngine to import: without it the job stops at
+  start, naming the fix, rather than building another model than planned.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from orchestrator.kernels import attention_kernel
+
+
+@dataclass(frozen=True)
+class Machine:
+    cuda: bool
+    transformer_engine: bool
+    apex_gradient_fusion: bool  # apex's fused_weight_gradient_mlp_cuda imports
+
+    @classmethod
+    def probe(cls) -> "Machine":
+        import torch
+
+        return cls(cuda=torch.cuda.is_available(), transformer_engine=_imports("transformer_engine.pytorch"),
+                   apex_gradient_fusion=_imports("fused_weight_gradient_mlp_cuda"))
+
+
+def _imports(module: str) -> bool:
+    import importlib
+
+    try:
+        importlib.import_module(module)
+        return True
+    except Exception:  # TransformerEngine raises more than ImportError without its CUDA libraries
+        return False
+
+
+class MachineCannotRunPlan(RuntimeError):
+    pass
+
+
+@dataclass(frozen=True)
+class Decisions:
+    attention: str  # "reference" | "flex"
+    gradient_accumulation_fusion: bool
+    lines: tuple  # what was decided and why, one line each
+
+    def describe(self) -> str:
+        return "\n".join(self.lines)
+
+
+def decide(model: dict, machine: Machine) -> Decisions:
+    """The job's decisions for the plan's `model` section on `machine`."""
+    backend, choice = model.get("backend", "local"), model.get("attention", "auto")
+    if backend == "te" and not (machine.cuda and machine.transformer_engine):
+        missing = "CUDA" if not machine.cuda else "TransformerEngine (transformer_engine.pytorch does not import)"
+        raise MachineCannotRunPlan(
+            f"model.backend=te needs {missing} on this machine; install the `gpu` extra (README, GPU machines) "
+            f"or plan the run with model.backend=local (megatron's linears; attention stays model.attention={choice})")
+    attention = attention_kernel(choice, machine.cuda)
+    if attention == "flex" and not machine.cuda:
+        raise MachineCannotRunPlan("model.attention=flex trains on CUDA only (torch's flex_attention has no backward "
+                                   "on CPU); use model.attention=reference or auto")
+    fusion = machine.cuda and machine.apex_gradient_fusion
+    if not machine.cuda:
+        fusion_why = "CPU"
+    elif fusion:
+        fusion_why = "apex's fused_weight_gradient_mlp_cuda is installed"
+    else:
+        fusion_why = ("apex's fused_weight_gradient_mlp_cuda is not installed, and megatron's output layer "
+                      "refuses the fusion without it")
+    lines = (
+        f"linears/norms: {backend} backend" + (" (TransformerEngine)" if backend == "te" else " (megatron-core's own)"),
+        f"attention: {attention} (model.attention={choice}, {'CUDA' if machine.cuda else 'CPU'})",
+        f"gradient-accumulation fusion: {'on' if fusion else 'off'} ({fusion_why})",
+    )
+    return Decisions(attention=attention, gradient_accumulation_fusion=fusion, lines=lines)

@@ -1,0 +1,55 @@
+"""The job's start-up decisions (orchestrator/runtime/machine.py) for the machines users
+have: a CPU, a GPU with TransformerEngine, a GPU without it (the lent machine: no TE,
+no apex), and the plan's record that the GPU decision is the job's."""
+
+import pytest
+
+from orchestrator.compose import compose
+from orchestrator.resolve import resolve
+from orchestrator.runtime.machine import Machine, MachineCannotRunPlan, decide
+
+CPU = Machine(cuda=False, transformer_engine=False, apex_gradient_fusion=False)
+GPU_BARE = Machine(cuda=True, transformer_engine=False, apex_gradient_fusion=False)
+GPU_TE = Machine(cuda=True, transformer_engine=True, apex_gradient_fusion=False)
+GPU_TE_APEX = Machine(cuda=True, transformer_engine=True, apex_gradient_fusion=True)
+
+
+def test_gradient_accumulation_fusion_needs_apex_on_either_backend():
+    """megatron's output layer is its own ColumnParallelLinear on both backends and refuses
+    the fusion without apex's kernel: TE alone does not turn it on."""
+    assert not decide({"backend": "local"}, CPU).gradient_accumulation_fusion
+    assert not decide({"backend": "local"}, GPU_BARE).gradient_accumulation_fusion
+    assert not decide({"backend": "te"}, GPU_TE).gradient_accumulation_fusion
+    assert decide({"backend": "te"}, GPU_TE_APEX).gradient_accumulation_fusion
+    lines = decide({"backend": "te"}, GPU_TE).describe()
+    assert "gradient-accumulation fusion: off" in lines and "fused_weight_gradient_mlp_cuda is not installed" in lines
+
+
+@pytest.mark.parametrize("machine, choice, kernel", [
+    (CPU, "auto", "reference"), (GPU_BARE, "auto", "flex"), (GPU_BARE, "reference", "reference"),
+    (GPU_TE, "flex", "flex"),
+])
+def test_attention_kernel_follows_the_choice_and_the_device(machine, choice, kernel):
+    decisions = decide({"backend": "local", "attention": choice}, machine)
+    assert decisions.attention == kernel
+    assert f"attention: {kernel} (model.attention={choice}" in decisions.describe()
+
+
+def test_what_this_machine_cannot_run_stops_the_job_naming_the_fix():
+    with pytest.raises(MachineCannotRunPlan, match="TransformerEngine.*model.backend=local"):
+        decide({"backend": "te"}, GPU_BARE)
+    with pytest.raises(MachineCannotRunPlan, match="needs CUDA"):
+        decide({"backend": "te"}, CPU)
+    with pytest.raises(MachineCannotRunPlan, match="no backward on CPU"):
+        decide({"backend": "local", "attention": "flex"}, CPU)
+
+
+def test_the_plan_leaves_the_fusion_to_the_job_on_gpus_and_turns_it_off_on_cpus():
+    gpu = resolve(compose(["+recipe=gemma2_whisper_8k_cp2", "model.init_checkpoint=null", "model.encoder.freeze=false"]))
+    assert gpu.megatron_args["gradient_accumulation_fusion"] is None
+    assert "--no-gradient-accumulation-fusion" not in gpu.argv
+    assert "gradient_accumulation_fusion" in gpu.model_extensions["decided_at_start"]
+    assert gpu.model_extensions["attention_kernel"] == "flex"
+    cpu = resolve(compose(["+recipe=tiny_cpu"]))
+    assert cpu.megatron_args["gradient_accumulation_fusion"] is False and "--no-gradient-accumulation-fusion" in cpu.argv
+    assert cpu.model_extensions["decided_at_start"] == {} and cpu.model_extensions["attention_kernel"] == "reference"
