@@ -3,23 +3,27 @@
 #   bash setup.sh          system packages (espeak-ng) + .venv with the project
 #   bash setup.sh --test   the same, plus what the test suite needs (a local SLURM
 #                          cluster's packages, pytest)
-#   bash setup.sh --from-wheels DIR
-#                          on a GPU machine without internet: .venv on top of the
-#                          machine's own torch, the project and its job side from the
-#                          wheels `audiollm wheels DIR` wrote on a connected machine
+#   bash setup.sh --from-wheels DIR [SITE]
+#                          on a GPU machine without internet: the project and its job
+#                          side from the wheels `audiollm wheels [--kit] DIR` wrote on a
+#                          connected machine, installed beside the machine's own torch
+#                          into SITE (default .kit-site) with pip --target; then
+#                          `export PYTHONPATH=SITE` (printed). Works where python3 is
+#                          itself a virtual environment, which a venv made from it
+#                          would not see through.
 # Idempotent: re-running installs only what is missing.
 set -euo pipefail
 cd "$(dirname "$0")"
 
 if [ "${1:-}" = "--from-wheels" ]; then
-  wheels="${2:?usage: bash setup.sh --from-wheels DIR}"
+  wheels="${2:?usage: bash setup.sh --from-wheels DIR [SITE]}"
+  site="$(realpath -m "${3:-.kit-site}")"
   python_bin="${PYTHON:-python3}"
   "$python_bin" -c "import torch" 2>/dev/null || { echo "setup: $python_bin has no torch; install the machine's CUDA build first" >&2; exit 1; }
-  # --system-site-packages: the machine's torch (and CUDA libraries) are used as they are.
-  [ -x .venv/bin/python ] || "$python_bin" -m venv --system-site-packages .venv
-  echo "setup: installing the project from $wheels (no index)"
-  .venv/bin/python -m pip install -q --no-index --no-deps "$wheels"/*.whl
-  .venv/bin/python -c "import torch, megatron.core, orchestrator.models.audiollm; print('setup: done; torch', torch.__version__, 'CUDA', torch.version.cuda)"
+  echo "setup: installing the project from $wheels into $site (no index, no dependencies resolved)"
+  "$python_bin" -m pip install -q --no-index --no-deps --upgrade --target "$site" "$wheels"/*.whl
+  PYTHONPATH="$site${PYTHONPATH:+:$PYTHONPATH}" "$python_bin" -c "import torch, megatron.core, orchestrator.models.audiollm; print('setup: done; torch', torch.__version__, 'CUDA', torch.version.cuda)"
+  echo "setup: now  export PYTHONPATH=$site  and run  $python_bin -m orchestrator.cli ...  (or $site/bin/audiollm)"
   exit 0
 fi
 

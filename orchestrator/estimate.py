@@ -68,7 +68,7 @@ class StageParams:
     by_component: dict[str, int] = field(default_factory=dict)
     trainable: int = 0
     frozen: int = 0
-    fp32: int = 0  # parameters kept in fp32 (the encoder runs in fp32)
+    fp32: int = 0  # parameters kept in fp32 (the encoder, unless it runs in bf16)
 
     @property
     def total(self) -> int:
@@ -105,10 +105,12 @@ def _stage_of_layer(layer: int, num_layers: int, pp: int) -> int:
     return layer // (num_layers // pp)
 
 
-def stage_params(inventory: list[ParamSpec], model: ModelConfig, parallel: ParallelConfig) -> list[StageParams]:
+def stage_params(inventory: list[ParamSpec], model: ModelConfig, parallel: ParallelConfig,
+                 encoder_fp32: bool = True) -> list[StageParams]:
     """Per-rank parameter counts for each pipeline stage. The encoder, adapter and word
     embeddings live on the first stage; the final norm (and, when embeddings are tied and
-    pp > 1, megatron's copy of the embedding as output layer) on the last."""
+    pp > 1, megatron's copy of the embedding as output layer) on the last. `encoder_fp32`:
+    the encoder's weights are fp32 (kernels.encoder_precision), else in the compute dtype."""
     pp, tp = parallel.pp, parallel.tp
     stages = [StageParams(stage=s) for s in range(pp)]
 
@@ -119,7 +121,7 @@ def stage_params(inventory: list[ParamSpec], model: ModelConfig, parallel: Paral
             stage.trainable += n
         else:
             stage.frozen += n
-        if spec.component == "encoder":
+        if spec.component == "encoder" and encoder_fp32:
             stage.fp32 += n
 
     for spec in inventory:

@@ -1,5 +1,5 @@
-"""Which attention kernel a run uses: one rule for the plan (submit side, no torch) and
-the job, so that the plan's memory estimate describes what the job builds.
+"""Which kernels and precisions a run uses: one rule for the plan (submit side, no
+torch) and the job, so that the plan's memory estimate describes what the job builds.
 
 `model.attention` is independent of `model.backend` (which picks the linears and norms:
 megatron's own or TransformerEngine's):
@@ -22,4 +22,20 @@ def attention_kernel(choice: str, on_gpu: bool) -> str:
         raise ValueError(f"model.attention={choice!r} is not one of {ATTENTION_CHOICES}")
     if choice == "auto":
         return "flex" if on_gpu else "reference"
+    return choice
+
+
+ENCODER_PRECISIONS = ("auto", "fp32", "bf16")
+
+
+def encoder_precision(choice: str, on_gpu: bool, trainable: bool) -> str:
+    """`model.encoder.precision` -> "fp32" (HF's eager attention: the reference) or "bf16"
+    (bf16 weights, PyTorch's scaled_dot_product_attention). auto: bf16 for a frozen
+    encoder on a GPU (about 2.3 TFLOP per 30-s clip of whisper-large-v3, ~5 clips per
+    2048-token row: fp32 eager would weigh on every step), fp32 otherwise (a trained
+    encoder keeps fp32 weights; CPUs have no bf16 speed-up)."""
+    if choice not in ENCODER_PRECISIONS:
+        raise ValueError(f"model.encoder.precision={choice!r} is not one of {ENCODER_PRECISIONS}")
+    if choice == "auto":
+        return "bf16" if on_gpu and not trainable else "fp32"
     return choice

@@ -4,7 +4,18 @@ Many GPU clusters reach no package index, and bring their own CUDA build of torc
 On a connected machine where the project is installed, this writes into DIR the
 project's own wheel and a wheel of every package the job side needs, at the versions
 installed here, built for the target Python (default 3.12) on x86-64 Linux. On the GPU
-machine, `bash setup.sh --from-wheels DIR` installs them beside its own torch.
+machine, `bash setup.sh --from-wheels DIR` installs them beside its own torch (with
+`pip install --no-index --no-deps --target`, so it works where `python3` is itself a
+virtual environment).
+
+`--kit` writes only what a machine that brings its own torch, transformers and numpy
+lacks (the typical GPU image): those three and every package they require (by this
+machine's metadata) are left out, and so is wandb with what only it needs (jobs log to
+metrics.jsonl without it; `--with-wandb` adds it). For Python 3.12: 35 wheels, 40.7 MiB
+with the project's own (matplotlib and its fonts and images, 24 MiB, are the largest).
+mosaicml-streaming imports torchvision when it is imported: for a machine whose torch
+comes without it, `--machine-torch 2.11.0` adds the torchvision built for that torch
+(0.26.0; 7.2 MiB).
 
 Left out, and why:
 - torch, torchvision, triton and the CUDA libraries (nvidia-*, cuda-*): the GPU
@@ -34,6 +45,9 @@ from packaging.utils import canonicalize_name
 PROJECT = "audiollm"
 # The GPU machine's own torch stack.
 BROUGHT_BY_THE_GPU_MACHINE = re.compile(r"^(torch|torchvision|torchaudio|triton|nvidia-.*|cuda-.*)$")
+# What a GPU machine image typically brings beside torch (the `--kit` mode leaves these
+# and their requirements out).
+KIT_MACHINE_BRINGS = ("torch", "transformers", "numpy")
 # mosaicml-streaming's remote-storage back ends, not needed for datasets on disk.
 CLOUD_STORAGE = re.compile(r"^(boto3|botocore|s3transfer|azure-.*|google-cloud-storage|oci|paramiko)$")
 
@@ -51,18 +65,36 @@ def _excluded(name: str) -> bool:
     return bool(BROUGHT_BY_THE_GPU_MACHINE.match(name) or CLOUD_STORAGE.match(name))
 
 
-def job_side_closure(python: str = "3.12") -> dict[str, str]:
+def job_side_closure(python: str = "3.12", brought: frozenset = frozenset()) -> dict[str, str]:
     """{package: installed version} of everything the project requires (without extras),
-    transitively, for the target Python, minus what is left out (module docstring)."""
+    transitively, for the target Python, minus what is left out (module docstring) and
+    minus `brought` (names the target machine has, whose requirements are not followed)."""
+    return _closure([PROJECT], python, lambda name: _excluded(name) or name in brought, include_roots=False)
+
+
+def machine_brings(packages=KIT_MACHINE_BRINGS, python: str = "3.12") -> frozenset:
+    """Names of `packages` and everything they require (by the installed metadata)."""
+    return frozenset(_closure(packages, python, lambda name: False, include_roots=True))
+
+
+def kit_closure(python: str = "3.12", with_wandb: bool = False) -> dict[str, str]:
+    """What `--kit` writes: the job side minus what the machine brings (and wandb)."""
+    brought = machine_brings(python=python) | (frozenset() if with_wandb else frozenset({"wandb"}))
+    return job_side_closure(python, brought)
+
+
+def _closure(roots, python: str, skip, include_roots: bool) -> dict[str, str]:
     env = target_environment(python)
     found: dict[str, str] = {}
-    pending = [Requirement(r) for r in importlib.metadata.requires(PROJECT) or []]
+    pending = [Requirement(r) for root in roots for r in importlib.metadata.requires(root) or []]
+    if include_roots:
+        pending += [Requirement(root) for root in roots]
     while pending:
         req = pending.pop()
         name = canonicalize_name(req.name)
         if req.marker is not None and not req.marker.evaluate({**env, "extra": ""}):
             continue
-        if name in found or _excluded(name):
+        if name in found or skip(name):
             continue
         try:
             version = importlib.metadata.version(name)
@@ -72,6 +104,15 @@ def job_side_closure(python: str = "3.12") -> dict[str, str]:
         found[name] = version
         pending.extend(Requirement(r) for r in importlib.metadata.requires(name) or [])
     return dict(sorted(found.items()))
+
+
+def torchvision_for(torch_version: str) -> str:
+    """The torchvision release built for a torch release: 2.M.P -> 0.(M+15).P (2.11.0 ->
+    0.26.0, 2.14.1 -> 0.29.1), the pairing torchvision's own compatibility table follows."""
+    major, minor, patch = (int(part) for part in torch_version.split("+")[0].split(".")[:3])
+    if major != 2:
+        raise SystemExit(f"--machine-torch {torch_version}: only torch 2.x releases are paired with torchvision here")
+    return f"0.{minor + 15}.{patch}"
 
 
 # pip matches --platform tags exactly: name every manylinux level a glibc 2.28 machine runs.
@@ -104,8 +145,13 @@ def main(argv=None) -> int:
     parser.add_argument("dest", type=Path, help="folder to write the wheels into")
     parser.add_argument("--python", default="3.12", help="the GPU machine's Python (default 3.12)")
     parser.add_argument("--list", action="store_true", help="only print the packages and versions")
+    parser.add_argument("--kit", action="store_true",
+                        help="only what a machine with its own torch, transformers and numpy lacks")
+    parser.add_argument("--with-wandb", action="store_true", help="with --kit: add wandb and what it needs")
+    parser.add_argument("--machine-torch", metavar="VERSION",
+                        help="add the torchvision of this torch (e.g. 2.11.0) for a machine that has none")
     args = parser.parse_args(argv)
-    closure = job_side_closure(args.python)
+    closure = kit_closure(args.python, args.with_wandb) if args.kit else job_side_closure(args.python)
     if args.list:
         for name, version in closure.items():
             print(f"{name}=={version}")
@@ -114,6 +160,8 @@ def main(argv=None) -> int:
     repo = Path(__file__).resolve().parents[1]
     subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation",
                     "--wheel-dir", str(args.dest), str(repo)], check=True)
+    if args.machine_torch:
+        closure["torchvision"] = torchvision_for(args.machine_torch)
     built = [name for name, version in closure.items() if _download(name, version, args.python, args.dest) != "wheel"]
     size = sum(p.stat().st_size for p in args.dest.glob("*.whl")) / 2**20
     print(f"{len(closure) + 1} wheels for Python {args.python} in {args.dest} ({size:.1f} MiB)"

@@ -17,7 +17,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from orchestrator import estimate as est
-from orchestrator.kernels import attention_kernel
+from orchestrator.kernels import attention_kernel, encoder_precision
 from orchestrator.megatron_args import megatron_args, padded_vocab_size, render_argv
 from orchestrator.schema import AudioLLMConfig
 from orchestrator.topology import rank_layout
@@ -95,6 +95,12 @@ DECIDED_AT_START = {
 }
 
 
+def encoder_precision_of(cfg: AudioLLMConfig) -> str:
+    """model.encoder.precision on the planned accelerator (orchestrator/kernels.py)."""
+    trainable = not cfg.model.encoder.freeze or (cfg.lora.rank > 0 and cfg.lora.encoder)
+    return encoder_precision(cfg.model.encoder.precision, cfg.launcher.accelerator == "gpu", trainable)
+
+
 def model_extensions(cfg: AudioLLMConfig) -> dict[str, Any]:
     dec, enc, adapter = cfg.model.decoder, cfg.model.encoder, cfg.model.adapter
     on_gpu = cfg.launcher.accelerator == "gpu"
@@ -117,6 +123,7 @@ def model_extensions(cfg: AudioLLMConfig) -> dict[str, Any]:
         # model.attention on the planned accelerator (orchestrator/kernels.py); the memory
         # estimate counts this kernel's activations.
         "attention_kernel": attention_kernel(cfg.model.attention, on_gpu),
+        "encoder_precision": encoder_precision_of(cfg),
         # What the job decides on the machine it runs on (orchestrator/runtime/machine.py).
         "decided_at_start": dict(DECIDED_AT_START) if on_gpu else {},
         "encoder": asdict(enc),
@@ -139,7 +146,7 @@ def resolve(cfg: DictConfig | AudioLLMConfig, purpose: str = "plan") -> Plan:
     gpu = launcher.accelerator == "gpu"
     args = megatron_args(obj.model, p, obj.data, optim, obj.train, on_gpu=gpu, dp=dp)
     inventory = est.inventory_for(obj)
-    stages = est.stage_params(inventory, obj.model, p)
+    stages = est.stage_params(inventory, obj.model, p, encoder_fp32=encoder_precision_of(obj) == "fp32")
     num_microbatches = optim.global_batch_size // (optim.micro_batch_size * dp)
     memory = est.memory_per_gpu(obj, stages, dp, num_microbatches)
     memory_at_cp1 = None

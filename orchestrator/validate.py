@@ -16,7 +16,7 @@ import re
 from dataclasses import dataclass
 from typing import Callable, Iterable, Iterator
 
-from orchestrator.kernels import ATTENTION_CHOICES
+from orchestrator.kernels import ATTENTION_CHOICES, ENCODER_PRECISIONS
 from orchestrator.schema import (
     AudioLLMConfig,
     DataConfig,
@@ -376,6 +376,10 @@ def check_backend(model: ModelConfig, launcher: LauncherConfig) -> Iterator[Find
             "backend",
             "model.backend=te (TransformerEngine) needs GPUs but launcher.accelerator=cpu; use model.backend=local",
         )
+    yield from _one_of("encoder_precision", "model.encoder.precision", model.encoder.precision, ENCODER_PRECISIONS)
+    if model.encoder.precision == "bf16" and launcher.accelerator == "cpu":
+        yield _error("encoder_precision", "model.encoder.precision=bf16 runs on GPUs but launcher.accelerator=cpu; "
+                                          "use model.encoder.precision=auto or fp32")
     yield from _one_of("attention", "model.attention", model.attention, ATTENTION_CHOICES)
     if model.attention == "flex" and launcher.accelerator == "cpu":
         yield _error(

@@ -32,3 +32,27 @@ def test_the_command_lists_without_downloading():
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
     assert "megatron-core==0.16.1" in proc.stdout.splitlines()
+
+
+def test_the_kit_leaves_out_what_a_gpu_image_brings_and_wandb():
+    """--kit: torch, transformers, numpy and everything they require (by the installed
+    metadata) stay with the machine; wandb and what only wandb needs are left out; the job
+    side's own packages are all there."""
+    from orchestrator.offline_wheels import kit_closure, machine_brings
+
+    brought = machine_brings(python="3.12")
+    assert {"torch", "transformers", "numpy", "tokenizers", "safetensors", "huggingface-hub"} <= brought
+    kit = kit_closure("3.12")
+    for needed in ("megatron-core", "hydra-core", "omegaconf", "antlr4-python3-runtime", "mosaicml-streaming",
+                   "submitit", "soundfile", "jiwer", "xxhash", "zstd", "psutil"):
+        assert kit.get(needed) == importlib.metadata.version(needed), needed
+    assert not brought & set(kit), brought & set(kit)
+    assert "wandb" not in kit and "protobuf" not in kit  # protobuf: wandb's alone here
+    assert "wandb" in kit_closure("3.12", with_wandb=True)
+
+
+def test_torchvision_is_paired_with_the_machines_torch():
+    from orchestrator.offline_wheels import torchvision_for
+
+    assert torchvision_for("2.11.0") == "0.26.0"
+    assert torchvision_for("2.14.1+cu130") == "0.29.1"

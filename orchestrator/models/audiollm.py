@@ -133,13 +133,16 @@ class AudioLLM(MegatronModule):
 
 def build_audiollm(model_cfg, parallel_cfg, pre_process: bool = True, post_process: bool = True,
                    audio_token_id: int = 0, params_dtype: torch.dtype = torch.float32, vp_stage=None,
-                   encoder_pad_value: float = 0.0, core_attention=None, **config_overrides) -> AudioLLM:
+                   encoder_pad_value: float = 0.0, core_attention=None, encoder_lora: bool = False,
+                   **config_overrides) -> AudioLLM:
     """Build this rank's AudioLLM chunk from the `model` and `parallel` config sections.
     Call after `init_distributed` (megatron's parallel state must exist). The encoder
     and adapter are fp32 whatever `params_dtype` the decoder uses. The attention kernel
     is `model.attention` on this machine (orchestrator.kernels: auto is flex on CUDA);
-    `core_attention` (a class) replaces it for the tests' known-mistake controls only."""
-    from orchestrator.kernels import attention_kernel
+    `core_attention` (a class) replaces it for the tests' known-mistake controls only.
+    `encoder_lora`: LoRA will adapt the encoder (lora.encoder), which then trains in fp32
+    under model.encoder.precision=auto."""
+    from orchestrator.kernels import attention_kernel, encoder_precision
 
     dec = model_cfg.decoder
     on_gpu = torch.cuda.is_available()
@@ -158,7 +161,9 @@ def build_audiollm(model_cfg, parallel_cfg, pre_process: bool = True, post_proce
         language_model.requires_grad_(False)
     encoder = adapter = None
     if pre_process:
-        encoder = build_whisper_encoder(model_cfg.encoder)
+        trainable = not model_cfg.encoder.freeze or encoder_lora
+        encoder = build_whisper_encoder(model_cfg.encoder, encoder_precision(
+            getattr(model_cfg.encoder, "precision", "auto"), on_gpu, trainable))
         ctc_vocab = dec.vocab_size if float(getattr(model_cfg.adapter, "ctc_weight", 0.0)) > 0 else 0
         adapter = AudioAdapter(model_cfg.encoder.num_layers, model_cfg.encoder.d_model, dec.hidden_size,
                                model_cfg.adapter.frame_stack, model_cfg.adapter.dropout, ctc_vocab).float()

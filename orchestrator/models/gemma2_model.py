@@ -27,6 +27,9 @@ from orchestrator.megatron_args import padded_vocab_size
 from orchestrator.models.gemma2_spec import gemma2_block_spec
 
 
+LOSS_CHUNK_ELEMENTS = 2**27
+
+
 def gelu_tanh(x: torch.Tensor) -> torch.Tensor:
     """HF `gelu_pytorch_tanh` (Gemma2's hidden_activation)."""
     return F.gelu(x, approximate="tanh")
@@ -117,6 +120,8 @@ class Gemma2Model(GPTModel):
             vp_stage=vp_stage,
         )
         self.real_vocab_size = vocab_size
+        # Logits per chunk of the loss (softcapped_loss): 2^27 fp32 values = 512 MiB.
+        self.loss_chunk_elements = LOSS_CHUNK_ELEMENTS
 
     # -- input side (first pipeline stage) ---------------------------------------
     def embed_tokens(self, input_ids: torch.Tensor) -> torch.Tensor:
@@ -150,10 +155,30 @@ class Gemma2Model(GPTModel):
         out = super()._postprocess(*args, **kwargs)
         if not self.post_process:
             return out
-        logits = self.cap_logits(out)  # [b, s, v(/tp)]
         if labels is None:
-            return logits
-        return self.compute_language_model_loss(labels, logits.transpose(0, 1).contiguous())
+            return self.cap_logits(out)  # [b, s, v(/tp)]
+        return self.softcapped_loss(out, labels)
+
+    def softcapped_loss(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        """Per-token loss [b, s] of the output layer's logits [b, s, v(/tp)] (compute dtype)
+        through the final softcap, in sequence chunks of at most `loss_chunk_elements`
+        logits. The softcap and the cross entropy work in fp32 (several fp32 copies of
+        their input: at gemma2-2b's 256000-token vocabulary and 2048 tokens, 2 GiB each);
+        chunked, each chunk's fp32 work is recomputed in the backward from the saved
+        compute-dtype logits (torch.utils.checkpoint), so one chunk's fp32 copies are
+        alive at a time. Tokens are independent here: chunking changes no value."""
+        b, s, v = logits.shape
+        chunk = max(1, self.loss_chunk_elements // max(1, b * v))
+        if chunk >= s:
+            return self._token_loss(logits, labels)
+        from torch.utils.checkpoint import checkpoint
+
+        pieces = [checkpoint(self._token_loss, logits[:, i:i + chunk], labels[:, i:i + chunk], use_reentrant=False)
+                  for i in range(0, s, chunk)]
+        return torch.cat(pieces, dim=1)
+
+    def _token_loss(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        return self.compute_language_model_loss(labels, self.cap_logits(logits).transpose(0, 1).contiguous())
 
     def cap_logits(self, logits: torch.Tensor) -> torch.Tensor:
         cap = self.config.final_logit_softcapping

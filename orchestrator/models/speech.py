@@ -36,23 +36,28 @@ from torch import nn
 from orchestrator.model_params import audio_token_count, encoder_frame_count  # noqa: F401  (re-exported)
 
 
-def whisper_encoder_config(encoder):
-    """HF WhisperConfig for the `model.encoder` section."""
+def whisper_encoder_config(encoder, attention: str = "eager"):
+    """HF WhisperConfig for the `model.encoder` section (`attention`: HF's attn_implementation)."""
     from transformers import WhisperConfig
 
     return WhisperConfig(
         d_model=encoder.d_model, encoder_layers=encoder.num_layers, encoder_attention_heads=encoder.num_heads,
         encoder_ffn_dim=encoder.ffn_dim, num_mel_bins=encoder.num_mel_bins,
         max_source_positions=encoder.max_source_positions, dropout=0.0, attention_dropout=0.0,
-        activation_dropout=0.0, encoder_layerdrop=0.0, attn_implementation="eager",
+        activation_dropout=0.0, encoder_layerdrop=0.0, attn_implementation=attention,
         init_std=float(getattr(encoder, "init_std", 0.02)),
     )
 
 
-def build_whisper_encoder(encoder) -> nn.Module:
+def build_whisper_encoder(encoder, precision: str = "fp32") -> nn.Module:
+    """`precision` (orchestrator.kernels.encoder_precision): fp32 with HF's eager attention,
+    or bf16 weights with PyTorch's SDPA. Weights are drawn in fp32 either way."""
     from transformers.models.whisper.modeling_whisper import WhisperEncoder
 
-    module = WhisperEncoder(whisper_encoder_config(encoder)).float()
+    bf16 = precision == "bf16"
+    module = WhisperEncoder(whisper_encoder_config(encoder, "sdpa" if bf16 else "eager")).float()
+    if bf16:
+        module.to(torch.bfloat16)
     if encoder.freeze:
         module.requires_grad_(False)
     return module
@@ -139,8 +144,10 @@ class AudioAdapter(nn.Module):
         self.ctc_head = nn.Linear(hidden_size, ctc_vocab_size + 1) if ctc_vocab_size else None
 
     def mix(self, states: Sequence[torch.Tensor]) -> torch.Tensor:
-        weights = torch.softmax(self.layer_weights.float(), dim=0).to(states[0].dtype)
-        return self.norm(sum(w * s for w, s in zip(weights, states)))
+        # In fp32 whatever the encoder's precision (a bf16 encoder's states are summed in
+        # fp32 by the fp32 adapter; no-ops for an fp32 encoder).
+        weights = torch.softmax(self.layer_weights.float(), dim=0)
+        return self.norm(sum(w * s.float() for w, s in zip(weights, states)))
 
     def forward(self, states: Sequence[torch.Tensor], mel_lengths: Sequence[int],
                 generators: Optional[Sequence[torch.Generator]] = None) -> torch.Tensor:

@@ -35,7 +35,7 @@ class DecoderConfig:
 
 @dataclass
 class EncoderConfig:
-    """Whisper encoder (HF `WhisperEncoder`), run in fp32."""
+    """Whisper encoder (HF `WhisperEncoder`)."""
 
     d_model: int = MISSING
     num_layers: int = MISSING  # HF encoder_layers
@@ -56,6 +56,10 @@ class EncoderConfig:
     # to, so training from scratch first has to grow the acoustic signal.
     init_std: float = 0.02
     freeze: bool = True
+    # auto: bf16 weights with PyTorch's SDPA attention for a frozen encoder on GPUs, fp32
+    # with HF's eager attention otherwise (the reference); fp32 | bf16 force one
+    # (orchestrator/kernels.py encoder_precision).
+    precision: str = "auto"
 
 
 @dataclass

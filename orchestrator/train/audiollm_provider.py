@@ -60,6 +60,7 @@ class AudioLLMProvider:
 
     def __init__(self, cfg):
         self.model_cfg, self.parallel_cfg, self.lora_rank = cfg.model, cfg.parallel, int(cfg.lora.rank)
+        self.encoder_lora = self.lora_rank > 0 and bool(cfg.lora.encoder)
         from orchestrator.data.tokenizer_build import load_tokenizer
 
         tokenizer = load_tokenizer(cfg.data.tokenizer, audio_token=cfg.data.audio_token)
@@ -81,7 +82,7 @@ class AudioLLMProvider:
         shared = {name: getattr(config, name) for name in _SHARED_CONFIG_FIELDS}
         return build_audiollm(self.model_cfg, self.parallel_cfg, pre_process, post_process,
                               audio_token_id=self.audio_token_id, params_dtype=config.params_dtype,
-                              vp_stage=vp_stage, **shared)
+                              vp_stage=vp_stage, encoder_lora=self.encoder_lora, **shared)
 
     def forward(self, model: torch.nn.Module, batch: dict) -> torch.Tensor:
         inner = _unwrapped(model)

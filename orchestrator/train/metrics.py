@@ -213,7 +213,11 @@ class MetricsWriter:
         self.wandb = None
         backend = (logger_cfg.get("backend") or "none").lower()
         if backend == "wandb" and (logger_cfg.get("mode") or "offline") != "disabled":
-            self.wandb = _init_wandb(self.run_dir, logger_cfg, run_cfg, run_id, config_for_wandb)
+            if _installed("wandb"):
+                self.wandb = _init_wandb(self.run_dir, logger_cfg, run_cfg, run_id, config_for_wandb)
+            else:  # GPU images installed from `audiollm wheels --kit` have no wandb
+                log.warning("W&B logging is off: wandb is not installed here (pip install wandb, or "
+                            "logger=none); metrics go to %s only", self.path)
 
     def _truncate_after(self, step: int) -> None:
         """A resumed run repeats the steps after its checkpoint: drop their old lines."""
@@ -234,6 +238,12 @@ class MetricsWriter:
         if self.wandb is not None:
             self.wandb.finish(exit_code=exit_code)
             self.wandb = None
+
+
+def _installed(module: str) -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec(module) is not None
 
 
 def _api_key_configured() -> bool:
@@ -274,7 +284,10 @@ def read_metrics(run_dir: Path) -> list:
 def plot_loss_curve(run_dir: Path) -> Optional[Path]:
     """loss_curve.png: training loss (overall and per dataset) and validation loss; next
     to it one panel per generation metric the run measured (WER, exact match, BLEU),
-    per validation dataset and pooled."""
+    per validation dataset and pooled. None without matplotlib (said once)."""
+    if not _installed("matplotlib"):
+        log.warning("no loss_curve.png: matplotlib is not installed here (metrics.jsonl has the curves)")
+        return None
     import matplotlib
 
     matplotlib.use("Agg")

@@ -71,3 +71,32 @@ def test_unmasked_mode_attends_to_padding_so_the_batch_matters():
     full = run_encoder(encoder, _clips([n]))
     masked = run_encoder(encoder, _clips([n]), mel_lengths=[n])
     assert (full[-1][0, :frames] - masked[-1][0, :frames]).abs().max() > MASKING_EFFECT
+
+
+def test_a_bf16_encoder_with_sdpa_stays_close_to_fp32_and_feeds_the_fp32_adapter():
+    """model.encoder.precision=bf16 (what auto picks for a frozen encoder on GPUs), run on
+    the CPU: the same weights rounded to bf16, PyTorch's SDPA instead of HF's eager
+    attention, in both encoder modes. Each bf16 rounding is off by up to 2^-9 relative;
+    the tiny encoder chains 2 + 7 x layers rounded ops, independent errors add in
+    quadrature: sqrt(2 + 7 x layers) x 2^-9 x 3 (three sigma) bounds the relative norm
+    error of every layer's states. The adapter mixes the bf16 states in fp32."""
+    from orchestrator.models.speech import AudioAdapter
+
+    reference = _encoder()
+    cfg = reference.config
+    fast = build_whisper_encoder(encoder_config(cfg), "bf16").eval()
+    fast.load_state_dict({k: v.to(torch.bfloat16) for k, v in reference.state_dict().items()})
+    assert fast.config._attn_implementation == "sdpa" and fast.conv1.weight.dtype == torch.bfloat16
+    bound = (2 + 7 * cfg.encoder_layers) ** 0.5 * 2**-9 * 3
+    lengths = [23, 61]
+    for mel_lengths in (None, lengths):
+        with torch.no_grad():
+            want = run_encoder(reference, _clips(lengths), mel_lengths=mel_lengths)
+            got = run_encoder(fast, _clips(lengths), mel_lengths=mel_lengths)
+        for w, g in zip(want, got):
+            assert g.dtype == torch.bfloat16
+            rel = float((g.float() - w).norm() / w.norm())
+            assert rel <= bound, (mel_lengths, rel, bound)
+    adapter = AudioAdapter(cfg.encoder_layers, cfg.d_model, 24, frame_stack=2).float()
+    tokens = adapter(got, lengths)
+    assert tokens.dtype == torch.float32 and torch.isfinite(tokens).all()

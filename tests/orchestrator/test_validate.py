@@ -66,6 +66,8 @@ INVALID = [
     pytest.param(["model.attention=flex"], "attention", ["model.attention=flex", "launcher.accelerator=cpu",
                                                          "model.attention=reference"], id="flex_on_cpu"),
     pytest.param(["model.attention=sdpa"], "attention", ["model.attention='sdpa'"], id="unknown_attention"),
+    pytest.param(["model.encoder.precision=bf16"], "encoder_precision",
+                 ["model.encoder.precision=bf16", "launcher.accelerator=cpu"], id="bf16_encoder_on_cpu"),
     pytest.param(["data.max_audio_seconds=30"], "audio_window", ["max_audio_seconds (30.0)", "encoder window of 5 s", "max_source_positions 250"], id="clip_longer_than_encoder_window"),
     pytest.param(["data.seq_length=40"], "audio_tokens", ["50 audio tokens", "data.seq_length (40)"], id="audio_tokens_fill_sequence"),
     pytest.param(["data.prompt_template=Transcribe"], "prompt", ["<SpeechHere>"], id="prompt_without_audio_marker"),

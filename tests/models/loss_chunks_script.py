@@ -1,0 +1,43 @@
+"""Gemma2Model.softcapped_loss in sequence chunks (as at full vocabulary size) equals the
+whole-sequence loss, and so do its gradients: run by tests/models/test_loss_chunks.py on
+one process (megatron's parallel state needs a process group)."""
+
+import torch
+
+from orchestrator.runtime.distributed import ParallelSizes, init_distributed, shutdown
+
+
+def main():
+    init_distributed(ParallelSizes(), seed=0)
+    from orchestrator.models.gemma2_model import Gemma2Model, gemma2_transformer_config
+    from tests.models.tiny_models import decoder_config, hf_gemma2
+
+    dec = decoder_config(hf_gemma2(seed=0).config)
+    model = Gemma2Model(gemma2_transformer_config(dec), dec.vocab_size, dec.max_position_embeddings,
+                        rope_theta=dec.rope_theta)
+    gen = torch.Generator().manual_seed(4)
+    tokens = torch.randint(1, dec.vocab_size, (2, 64), generator=gen)
+    positions = torch.arange(64)[None].expand(2, -1)
+    labels = torch.roll(tokens, -1, dims=1)
+    vocab = model.vocab_size  # padded
+
+    def run(chunk_tokens):
+        model.zero_grad(set_to_none=True)
+        model.loss_chunk_elements = chunk_tokens * 2 * vocab
+        loss = model(tokens, positions, None, labels=labels)
+        loss.sum().backward()
+        return loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}
+
+    whole, whole_grads = run(64)
+    for chunk_tokens in (5, 16):
+        chunked, grads = run(chunk_tokens)
+        assert torch.equal(chunked, whole), (chunk_tokens, (chunked - whole).abs().max())
+        worst = max((grads[n] - g).abs().max().item() for n, g in whole_grads.items())
+        print(f"RESULT chunk {chunk_tokens}: loss equal, max grad diff {worst:.3e}")
+        assert worst == 0.0
+    print(f"RESULT loss mean {whole.mean():.4f}")
+    shutdown()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,204 @@
+"""A rehearsal of the lent GPU machine, on CPU: the first GPU contact must not fail on
+what a CPU can already show.
+
+Run:  .venv/bin/python -m tests.rehearsal.lent_machine [--keep DIR]
+(tests/rehearsal/test_lent_machine.py runs it in the test suite.)
+
+The lent machine (README, "GPU machines") has its own Python 3.12 whose `python3` is
+itself a virtual environment, torch 2.11 (a CUDA 13 build), transformers 5.17 and
+numpy 2.x, no TransformerEngine, no megatron-core and no internet. This script:
+
+1. makes a machine like it: a virtual environment of Python 3.12 (this machine's
+   `python3.12`; the running Python where there is none, and the report says so) with
+   torch 2.11.0, transformers 5.17.0 and numpy 2.x from the package index. torch 2.11
+   for Linux x86-64 on the index is the CUDA build (its CUDA libraries install with it,
+   about 2.6 GB, unused on a CPU); `torch.cuda.is_available()` is False here;
+2. writes the device kit on this (connected) machine, `audiollm wheels --kit`;
+3. installs it there exactly as on the lent machine: `PYTHON=<its python3> bash setup.sh
+   --from-wheels KIT SITE` (pip --no-index --no-deps --target), then everything below
+   runs with PYTHONPATH=SITE from a folder outside the repository, so that the kit's
+   copy of the project is what runs;
+4. `benchmarks/gpu_acceptance.py --dry-run` there;
+5. the job's start-up decisions on GPU machines for every GPU recipe, and its model and
+   first batch built with them (tests/rehearsal/gpu_decisions_script.py): what a CPU
+   run cannot decide for itself (gradient-accumulation fusion, the flex attention
+   kernel, bf16) decided for a GPU with TransformerEngine and without, the model built
+   on the CPU with those decisions, and its first batch's forward;
+6. one training step of every GPU recipe through `audiollm train`, shrunk to the tiny
+   model but keeping its own flags: its parallel layout (TP 4 -> 2: the tiny decoder
+   has 2 KV heads), sequence parallel, distributed optimizer, recompute, LoRA, packing
+   and CP; the backend is local (no TransformerEngine there) and the attention is what
+   the job picks on a CPU (reference).
+
+Prints one line per step and exits non-zero at the first failure, with its output.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+# The lent machine's own stack (README, "GPU machines"; numpy there is 2.5).
+MACHINE_PACKAGES = ("torch==2.11.0", "transformers==5.17.0", "numpy>=2,<3")
+MACHINE_PYTHON = "3.12"
+# The GPU recipes, each shrunk to the tiny model on CPU processes: parallel sizes that the
+# tiny decoder (2 KV heads) and a 2-core machine take, everything else the recipe's own.
+SHRINK = ["model=tiny_audiollm", "model.backend=local", "launcher=local",
+          "launcher.accelerator=cpu", "launcher.nodes=1", "launcher.cpus_per_task=1", "data=demo",
+          "data.audio_token='<audio>'", "model.adapter.ctc_weight=0"]  # the recipes' models have no CTC head
+# After the corpus's overrides: one step, no warm-up.
+ONE_STEP = ["optim.micro_batch_size=1", "optim.lr_warmup_iters=0", "train.iters=1", "train.eval_wer=false",
+            "train.eval_interval=0", "train.save_interval=0"]
+RECIPE_LAYOUT = {  # recipe -> (overrides for the tiny model, processes), in the order they run
+    "gemma2_whisper_tp4pp2": (["parallel.tp=2", "model.init_checkpoint=null"], 4),  # TP2 x PP2, SP, dist. optimizer, recompute
+    "gemma2_whisper_8k_cp2": (["parallel.tp=2", "model.init_checkpoint=null"], 4),  # TP2 x CP2, SP, dist. optimizer, recompute
+    # DP2, LoRA on a frozen decoder, distributed optimizer, recompute: LoRA needs pretrained
+    # weights, so it starts from the TP2 x PP2 run's checkpoint (loaded at another layout).
+    "gemma2_whisper_tp1": (["model.init_checkpoint={gemma2_whisper_tp4pp2}"], 2),
+}
+
+
+class StepFailed(RuntimeError):
+    pass
+
+
+def _run(label: str, argv: list, *, env: dict | None = None, cwd: Path | None = None, timeout: int = 900) -> str:
+    started = time.perf_counter()
+    proc = subprocess.run([str(a) for a in argv], capture_output=True, text=True, env=env, cwd=cwd, timeout=timeout)
+    out = proc.stdout + proc.stderr
+    took = time.perf_counter() - started
+    if proc.returncode != 0:
+        raise StepFailed(f"{label}: exit {proc.returncode} after {took:.0f} s\n{out[-8000:]}")
+    print(f"[rehearsal] {label}: ok in {took:.0f} s", flush=True)
+    return out
+
+
+def machine_python() -> tuple[str, str]:
+    """(interpreter that makes the machine's virtual environment, its X.Y)."""
+    for candidate in (shutil.which(f"python{MACHINE_PYTHON}"),
+                      str(Path.home() / f".pyenv/versions/{MACHINE_PYTHON}.1/bin/python")):
+        if candidate and Path(candidate).exists():
+            probe = subprocess.run([candidate, "-c", "import sys, venv; print(sys.version_info[:2])"],
+                                   capture_output=True, text=True)
+            if probe.returncode == 0:
+                return candidate, MACHINE_PYTHON
+    base = getattr(sys, "_base_executable", sys.executable)
+    return base, f"{sys.version_info[0]}.{sys.version_info[1]}"
+
+
+def make_machine(root: Path) -> tuple[Path, str]:
+    """A virtual environment shaped like the lent machine's python3; returns its python3."""
+    interpreter, version = machine_python()
+    if version != MACHINE_PYTHON:
+        print(f"[rehearsal] no python{MACHINE_PYTHON} here: the machine uses Python {version}", flush=True)
+    venv = root / "machine"
+    python3 = venv / "bin" / "python3"
+    if python3.exists():  # --keep DIR of an earlier rehearsal: its machine is reused
+        print(f"[rehearsal] machine: reusing {venv}", flush=True)
+        return python3, version
+    _run(f"machine: venv of Python {version}", [interpreter, "-m", "venv", venv])
+    _run("machine: " + " ".join(MACHINE_PACKAGES), [python3, "-m", "pip", "install", "-q", *MACHINE_PACKAGES],
+         timeout=1800)
+    return python3, version
+
+
+def machine_env(site: Path) -> dict:
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    env.update(PYTHONPATH=str(site), OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
+    return env
+
+
+def corpus(root: Path) -> list:
+    """A tiny MDS corpus (tone clips with digit-word transcripts) written here; the
+    overrides that train on it."""
+    from tests.train.audiollm_runs import make_corpus, train_overrides
+
+    return train_overrides(make_corpus(root / "corpus"))
+
+
+def rehearse(root: Path) -> dict:
+    root.mkdir(parents=True, exist_ok=True)
+    report = {}
+    python3, version = make_machine(root)
+    versions = _run("machine: versions", [python3, "-c", "import sys, torch, transformers, numpy; print(sys.prefix "
+                                          "!= sys.base_prefix, torch.__version__, torch.cuda.is_available(), "
+                                          "transformers.__version__, numpy.__version__)"])
+    report["machine"] = versions.strip().splitlines()[-1]
+    kit = root / "kit"
+    for old in (kit, root / "site", root / "work", root / "outputs", root / "corpus"):
+        shutil.rmtree(old, ignore_errors=True)
+    torch_version = MACHINE_PACKAGES[0].split("==")[1]
+    out = _run("kit: audiollm wheels --kit", [sys.executable, "-m", "orchestrator.cli", "wheels", kit, "--kit",
+                                              "--python", version, "--machine-torch", torch_version], cwd=REPO)
+    report["kit"] = out.strip().splitlines()[0]
+    site = root / "site"
+    _run("machine: bash setup.sh --from-wheels", ["bash", REPO / "setup.sh", "--from-wheels", kit, site],
+         env={**os.environ, "PYTHON": str(python3)}, cwd=REPO)
+    env = machine_env(site)
+    work = root / "work"
+    work.mkdir()
+    # The kit's project, not the repository's, must be the one imported from here on.
+    where = _run("machine: the kit's project is imported", [python3, "-c", "import orchestrator; print(orchestrator.__file__)"],
+                 env=env, cwd=work)
+    if not where.strip().startswith(str(site)):
+        raise StepFailed(f"orchestrator imported from {where.strip()}, not from the kit in {site}")
+    rows = root / "acceptance.json"
+    _run("benchmarks/gpu_acceptance.py --dry-run", [python3, REPO / "benchmarks" / "gpu_acceptance.py", "--dry-run",
+                                                   "--json", rows], env=env, cwd=work)
+    report["acceptance"] = json.loads(rows.read_text())
+    data = corpus(root)
+    decisions = _run("GPU decisions: every GPU recipe's model and first batch",
+                     [python3, REPO / "tests" / "rehearsal" / "gpu_decisions_script.py", json.dumps(data)],
+                     env=env, cwd=work)
+    report["gpu_decisions"] = [line for line in decisions.splitlines() if line.startswith("recipe ")]
+    report["steps"] = {}
+    output_root = root / "outputs"
+    run_dirs = {}
+    for recipe, (layout, processes) in RECIPE_LAYOUT.items():
+        layout = [o.format(**run_dirs) for o in layout]
+        _run(f"one training step: {recipe}",
+             [python3, "-m", "orchestrator.cli", "train", f"+recipe={recipe}", *SHRINK, *layout,
+              f"launcher.gpus_per_node={processes}", *data, *ONE_STEP, f"optim.global_batch_size={processes}",
+              f"run.name={recipe}", f"run.output_root={output_root}"], env=env, cwd=work)
+        (metrics,) = output_root.rglob(f"{recipe}/metrics.jsonl")
+        run_dirs[recipe] = metrics.parent
+        rows_ = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()]
+        report["steps"][recipe] = rows_[-1]
+        if [r["step"] for r in rows_] != [1] or not 0 < rows_[-1]["loss"] < 100:
+            raise StepFailed(f"{recipe}: metrics {rows_}")
+        # The job's first lines: its decisions, and that W&B is off without wandb (the
+        # recipes log to W&B; the kit has no wandb).
+        rank0 = (metrics.parent / "logs" / "rank0.log").read_text()
+        for said in ("decided on this machine:", "gradient-accumulation fusion: off (CPU)",
+                     "W&B logging is off: wandb is not installed here"):
+            if said not in rank0:
+                raise StepFailed(f"{recipe}: the job did not say {said!r} (logs/rank0.log)")
+    return report
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--keep", type=Path, help="work in this folder and keep it (default: a temporary one)")
+    args = parser.parse_args(argv)
+    started = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="lent_machine_") as tmp:
+        try:
+            report = rehearse(args.keep or Path(tmp))
+        except StepFailed as failure:
+            print(f"[rehearsal] FAILED: {failure}", flush=True)
+            return 1
+    print(json.dumps(report, indent=1))
+    print(f"[rehearsal] the lent machine's rehearsal passed in {time.perf_counter() - started:.0f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
