@@ -14,6 +14,7 @@ FAILs. Checks:
               seq 2048, packed speech batches: tokens/s/GPU, MFU, HFU (the project's own
               FLOP counter, orchestrator/train/step_flops.py), peak memory against
               `audiollm plan`'s estimate for the same config;
+  fp8         model.fp8=hybrid on the te backend against bf16 (n/a without TransformerEngine);
   encoder     whisper-large-v3 encoder forward, ms per 30-s clip, model.encoder.precision
               fp32 (HF's eager forward: the reference) vs bf16 (SDPA), with the bf16
               output's relative difference against fp32 (bound ENCODER_BF16_BOUND).
@@ -139,7 +140,7 @@ def hf_tiny_gemma2(seed: int = 0):
     return model.eval()
 
 
-def megatron_tiny(hf, backend: str, attention: str, dtype, device):
+def megatron_tiny(hf, backend: str, attention: str, dtype, device, **config_overrides):
     """Gemma2Model of the HF model's shape with its weights converted (TP=1, full)."""
     import torch
     from orchestrator.convert.gemma2_mapping import Gemma2Shape, decoder_config_from_hf, hf_to_megatron_tensors
@@ -148,7 +149,7 @@ def megatron_tiny(hf, backend: str, attention: str, dtype, device):
 
     shape = Gemma2Shape.from_hf_config(hf.config)
     dec = decoder_config_from_hf(hf.config)
-    model = Gemma2Model(gemma2_transformer_config(dec, params_dtype=dtype), dec.vocab_size,
+    model = Gemma2Model(gemma2_transformer_config(dec, params_dtype=dtype, **config_overrides), dec.vocab_size,
                         dec.max_position_embeddings, backend=backend, rope_theta=dec.rope_theta,
                         attention=attention).to(device)
     weights = dict(hf_to_megatron_tensors({k: v.detach().cpu() for k, v in hf.state_dict().items()}, shape))
@@ -294,6 +295,43 @@ def check_recompiles(table: Table, name: str, backend: str, attention: str, dry_
     except Exception as exc:
         traceback.print_exc()
         table.add("recompiles", name, f"error: {type(exc).__name__}: {exc}"[:160], "-", "FAIL")
+    _free()
+
+
+# FP8 (model.fp8=hybrid: E4M3 forward GEMMs, E5M2 gradients) against the same model in
+# bf16: E4M3 keeps 3 mantissa bits, so each quantised GEMM input is off by up to 2^-4
+# relative; per-tensor scaling keeps values in range, and the mean loss over 128 tokens
+# averages the per-logit errors. Bound: 5 % relative on the loss.
+FP8_LOSS_BOUND = 0.05
+
+
+def check_fp8(table: Table, dry_run: bool):
+    if dry_run or not _has_te():
+        why = "dry run (CPU)" if dry_run else "TransformerEngine is not installed: model.fp8 needs the te backend"
+        table.add("fp8", "te hybrid", "-", f"loss rel <= {FP8_LOSS_BOUND:g} vs bf16", f"n/a ({why})")
+        return
+    import torch
+
+    try:
+        gen = torch.Generator().manual_seed(3)
+        losses = {}
+        for fp8 in (None, "hybrid"):
+            hf = hf_tiny_gemma2(seed=0)
+            model, shape = megatron_tiny(hf, "te", "flex", torch.bfloat16, "cuda", fp8=fp8)
+            del hf
+            tokens = torch.randint(1, shape.vocab_size, (2, PARITY_SEQ), generator=gen.manual_seed(3)).cuda()
+            positions = torch.arange(PARITY_SEQ, device="cuda")[None].expand(2, -1)
+            labels = torch.cat([tokens[:, 1:], tokens[:, :1]], dim=1)
+            loss = model(tokens, positions, None, labels=labels)[:, :-1].float().mean()
+            loss.backward()
+            losses[fp8] = loss.item()
+            del model
+        rel = abs(losses["hybrid"] - losses[None]) / abs(losses[None])
+        table.add("fp8", "te hybrid", f"loss {losses['hybrid']:.4f} vs bf16 {losses[None]:.4f} (rel {rel:.1e})",
+                  f"rel <= {FP8_LOSS_BOUND:g}", _ok(math.isfinite(losses["hybrid"]) and rel <= FP8_LOSS_BOUND))
+    except Exception as exc:
+        traceback.print_exc()
+        table.add("fp8", "te hybrid", f"error: {type(exc).__name__}: {exc}"[:160], "-", "FAIL")
     _free()
 
 
@@ -535,6 +573,7 @@ def main() -> int:
         check_recompiles(table, "local+flex", "local", "flex", dry_run=True)
         check_throughput(table, *reference, dry_run=True)  # flex_attention has no backward on CPU
         check_encoder(table, dry_run=True)
+        check_fp8(table, dry_run=True)
     else:
         if _has_te():
             flex = ("te+flex", "te", "flex")
@@ -548,6 +587,7 @@ def main() -> int:
         check_recompiles(table, *flex, dry_run=False)
         check_throughput(table, *flex, dry_run=False)
         check_encoder(table, dry_run=False)
+        check_fp8(table, dry_run=False)
 
     print()
     print(table.render())

@@ -32,7 +32,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from orchestrator.kernels import attention_kernel
+from orchestrator.kernels import LOSS_CHUNK_ELEMENTS, LOSS_CHUNK_FP32_COPIES, attention_kernel
 from orchestrator.megatron_args import padded_vocab_size
 from orchestrator.model_params import ParamSpec, encoder_frame_count, parameter_inventory
 from orchestrator.schema import AudioLLMConfig, ModelConfig, ParallelConfig
@@ -211,8 +211,11 @@ def memory_per_gpu(cfg: AudioLLMConfig, stages: list[StageParams], dp: int, num_
         if stage.stage == 0 and not (model.encoder.freeze and not cfg.lora.encoder):
             activations += encoder_activation_bytes(model, clips_per_row(cfg) * optim.micro_batch_size)
         if stage.stage == pp - 1:
+            # The output layer's logits and their [b, s] copy in the compute dtype, and the
+            # fp32 work of one chunk of the softcapped loss (Gemma2Model.softcapped_loss).
             vocab_shard = stages[0].by_component.get("embedding", 0) / max(model.decoder.hidden_size, 1)
-            activations += 3 * cfg.data.seq_length / parallel.cp * optim.micro_batch_size * vocab_shard * 4
+            logits = cfg.data.seq_length / parallel.cp * optim.micro_batch_size * vocab_shard
+            activations += 2 * logits * weight_bytes + LOSS_CHUNK_FP32_COPIES * min(logits, LOSS_CHUNK_ELEMENTS) * 4
         subtotal = (weights + grads + optimizer + activations) / GIB
         total = subtotal * (1 + MEMORY_MARGIN) + (FIXED_OVERHEAD_GIB if low_precision else 0.0)
         estimate = MemoryEstimate(

@@ -39,3 +39,12 @@ def encoder_precision(choice: str, on_gpu: bool, trainable: bool) -> str:
     if choice == "auto":
         return "bf16" if on_gpu and not trainable else "fp32"
     return choice
+
+
+# Logits per chunk of the final softcap + cross entropy (Gemma2Model.softcapped_loss):
+# 2^27 fp32 values, 512 MiB per fp32 copy.
+LOSS_CHUNK_ELEMENTS = 2**27
+# fp32 tensors of one chunk alive at the peak of that loss: the upcast logits, the capped
+# ones, megatron's vocab-parallel cross entropy's shifted logits, their exp and its
+# softmax saved for the backward.
+LOSS_CHUNK_FP32_COPIES = 5

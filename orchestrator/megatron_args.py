@@ -100,6 +100,7 @@ def decoder_args(model: ModelConfig, seq_length: int) -> list[MegatronArg]:
         _arg("make_vocab_size_divisible_by", MAKE_VOCAB_SIZE_DIVISIBLE_BY),
         _arg("untie_embeddings_and_output_weights", not dec.tie_embeddings),
         _arg("transformer_impl", "transformer_engine" if model.backend == "te" else "local"),
+        _arg("fp8", model.fp8, flag="--fp8-format"),
     ]
 
 

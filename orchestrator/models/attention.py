@@ -413,10 +413,12 @@ class FlexSoftcapAttention(_Gemma2CoreAttentionBase):
                 inputs = table[batch_key] = _mask_inputs(sq, sk, width_q, width_k, device, cu_seqlens,
                                                          attention_mask, q_slots, defining[1:])
             real_q, real_k, doc, allowed, q_slot, _ = inputs
+            # Compiled on CUDA: eagerly create_block_mask evaluates the mask_mod over the
+            # whole [width_q, width_k] grid as dense tensors; compiled, it never materialises it.
             block_mask = table[key] = self._flex.create_block_mask(
                 _flex_mask_mod(real_q, real_k, self.window, doc, allowed, q_slot),
                 B=None if allowed is None or allowed.shape[0] == 1 else allowed.shape[0], H=None,
-                Q_LEN=width_q, KV_LEN=width_k, device=device,
+                Q_LEN=width_q, KV_LEN=width_k, device=device, _compile=device.type == "cuda",
             )
         return block_mask
 

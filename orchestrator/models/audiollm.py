@@ -96,12 +96,12 @@ class AudioLLM(MegatronModule):
             lengths = [int(n) for n in audio_lengths]
             audio = self.audio_embeddings(audio_features, lengths, audio_seeds)
             per_clip = [self.adapter_tokens(n) for n in lengths]
+            # The placeholders are not counted here (that reads the ids: a host sync on a
+            # GPU); the data path checks the host copy (check_audio_placeholders).
             if audio_frame_index is None:
-                embeddings = fuse_audio(embeddings, input_ids, audio, self.audio_token_id, per_clip, audio_clip_rows)
+                embeddings = fuse_audio(embeddings, input_ids, audio, self.audio_token_id)
             else:
                 embeddings = fuse_audio_frames(embeddings, input_ids, audio, self.audio_token_id, audio_frame_index)
-        elif bool((input_ids == self.audio_token_id).any()):
-            raise ValueError(f"input_ids hold audio placeholders (id {self.audio_token_id}) but no audio_features were given")
         return lm.scale_embeddings(embeddings), audio, per_clip
 
     def adapter_tokens(self, mel_frames: int) -> int:

@@ -6,26 +6,22 @@ from typing import Optional, Sequence
 
 import torch
 
+from orchestrator.models.speech import to_device
 
-def fuse_audio(embeddings: torch.Tensor, input_ids: torch.Tensor, audio_embeddings: torch.Tensor,
-               audio_token_id: int, tokens_per_clip: Sequence[int],
-               clip_rows: Optional[Sequence[int]] = None) -> torch.Tensor:
-    """Replace each `audio_token_id` position of `input_ids` [b, s] by the next row of
-    `audio_embeddings` [n, h] (clips flattened in order; row-major over the batch).
 
-    `clip_rows[i]` is the batch row of audio clip i (default: clip i is in row i; a
-    packed row may hold several clips, in order). Every row must hold exactly as many
-    placeholders as its clips have audio tokens."""
+def check_audio_placeholders(input_ids: torch.Tensor, audio_token_id: int, tokens_per_clip: Sequence[int],
+                             clip_rows: Optional[Sequence[int]] = None) -> None:
+    """Every row of `input_ids` [b, s] must hold exactly as many `audio_token_id`
+    placeholders as its clips have audio tokens (`clip_rows[i]`: the batch row of clip i,
+    default clip i in row i; a packed row may hold several clips, in order). Reads the
+    ids: call it on the host copy of a batch (the provider does, before the batch goes to
+    the GPU), never on device tensors inside the forward, where it would stall the host."""
     clip_rows = list(range(len(tokens_per_clip))) if clip_rows is None else list(clip_rows)
     if len(clip_rows) != len(tokens_per_clip):
         raise ValueError(f"{len(tokens_per_clip)} audio clips but {len(clip_rows)} clip row indices")
     if any(b < a for a, b in zip(clip_rows, clip_rows[1:])):
         raise ValueError(f"audio clips must be ordered by batch row; got clip rows {clip_rows}")
-    if audio_embeddings.shape[0] != sum(tokens_per_clip):
-        raise ValueError(f"{audio_embeddings.shape[0]} audio embeddings for clips of {list(tokens_per_clip)} "
-                         f"tokens (sum {sum(tokens_per_clip)})")
-    mask = input_ids == audio_token_id
-    placeholders = mask.sum(dim=1).tolist()
+    placeholders = (input_ids == audio_token_id).sum(dim=1).tolist()
     expected = [0] * input_ids.shape[0]
     for row, count in zip(clip_rows, tokens_per_clip):
         if not 0 <= row < len(expected):
@@ -41,8 +37,24 @@ def fuse_audio(embeddings: torch.Tensor, input_ids: torch.Tensor, audio_embeddin
         raise ValueError("audio placeholders do not match the audio lengths: " + "; ".join(bad)
                          + ". The data side must insert audio_token_count(mel_frames, frame_stack) "
                          "placeholders per clip")
+
+
+def fuse_audio(embeddings: torch.Tensor, input_ids: torch.Tensor, audio_embeddings: torch.Tensor,
+               audio_token_id: int) -> torch.Tensor:
+    """Replace each `audio_token_id` position of `input_ids` [b, s] by the next row of
+    `audio_embeddings` [n, h] (clips flattened in order; row-major over the batch). No
+    host sync: the counts are checked on the host beforehand (check_audio_placeholders)."""
+    mask = input_ids == audio_token_id
     source = audio_embeddings.to(device=embeddings.device, dtype=embeddings.dtype)
     return embeddings.masked_scatter(mask.unsqueeze(-1).to(embeddings.device), source)
+
+
+def check_routed_frames(input_ids: torch.Tensor, audio_token_id: int, frame_index: torch.Tensor) -> None:
+    """Context parallel, on the host copy: this rank's placeholders and routed frames agree."""
+    placeholders = int((input_ids == audio_token_id).sum())
+    if placeholders != frame_index.numel():
+        raise ValueError(f"{placeholders} audio placeholders on this context-parallel rank but "
+                         f"{frame_index.numel()} audio frames routed to it")
 
 
 def fuse_audio_frames(embeddings: torch.Tensor, input_ids: torch.Tensor, audio_embeddings: torch.Tensor,
@@ -51,9 +63,6 @@ def fuse_audio_frames(embeddings: torch.Tensor, input_ids: torch.Tensor, audio_e
     [b, s/cp] (row-major) by the rows `frame_index` of `audio_embeddings` (the adapter
     output of the clips this rank encodes; orchestrator.data.context_parallel)."""
     mask = input_ids == audio_token_id
-    if int(mask.sum()) != frame_index.numel():
-        raise ValueError(f"{int(mask.sum())} audio placeholders on this context-parallel rank but "
-                         f"{frame_index.numel()} audio frames routed to it")
-    source = audio_embeddings.index_select(0, frame_index.to(audio_embeddings.device))
+    source = audio_embeddings.index_select(0, to_device(frame_index, audio_embeddings.device))
     source = source.to(device=embeddings.device, dtype=embeddings.dtype)
     return embeddings.masked_scatter(mask.unsqueeze(-1).to(embeddings.device), source)

@@ -14,6 +14,7 @@ block, pipeline stages, vocab-parallel cross entropy. What this subclass adds:
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Optional
 
@@ -23,11 +24,15 @@ from megatron.core import parallel_state, tensor_parallel
 from megatron.core.models.gpt import GPTModel
 from megatron.core.transformer import TransformerConfig
 
+from orchestrator.kernels import LOSS_CHUNK_ELEMENTS
 from orchestrator.megatron_args import padded_vocab_size
 from orchestrator.models.gemma2_spec import gemma2_block_spec
 
 
-LOSS_CHUNK_ELEMENTS = 2**27
+@functools.lru_cache(maxsize=None)
+def _rounded(value: float, dtype: torch.dtype) -> float:
+    """`value` rounded to `dtype`, as a Python float (exact: every bf16/fp16/fp32 value is one)."""
+    return float(torch.tensor(value, dtype=dtype))
 
 
 def gelu_tanh(x: torch.Tensor) -> torch.Tensor:
@@ -120,6 +125,9 @@ class Gemma2Model(GPTModel):
             vp_stage=vp_stage,
         )
         self.real_vocab_size = vocab_size
+        # sqrt(hidden) rounded to the embeddings' dtype (HF Gemma2), as a Python number made
+        # once: no tensor made and copied to the device per call (a host sync on GPUs).
+        self.embedding_scale = _rounded(config.hidden_size**0.5, config.params_dtype)
         # Logits per chunk of the loss (softcapped_loss): 2^27 fp32 values = 512 MiB.
         self.loss_chunk_elements = LOSS_CHUNK_ELEMENTS
 
@@ -131,8 +139,7 @@ class Gemma2Model(GPTModel):
     def scale_embeddings(self, embeddings: torch.Tensor) -> torch.Tensor:
         """[b, s, h] embeddings -> decoder input [s(/tp), b, h]: times sqrt(hidden)
         rounded to the embedding dtype (as HF Gemma2), then the sequence-parallel split."""
-        normalizer = torch.tensor(self.config.hidden_size**0.5, dtype=embeddings.dtype)
-        hidden = (embeddings * normalizer.to(embeddings.device)).transpose(0, 1).contiguous()
+        hidden = (embeddings * self.embedding_scale).transpose(0, 1).contiguous()
         if self.config.sequence_parallel:
             hidden = tensor_parallel.scatter_to_sequence_parallel_region(hidden)
         return hidden

@@ -21,7 +21,7 @@ from typing import List, Optional, Sequence
 
 import torch
 
-from orchestrator.models.fusion import fuse_audio
+from orchestrator.models.fusion import check_audio_placeholders, fuse_audio
 
 
 @torch.no_grad()
@@ -77,10 +77,10 @@ def _decode(model, prompts, audio_features, audio_lengths, stop_ids, max_new_tok
         width = int(cur.max())
         ids = tokens[:, :width]
         embeddings = lm.embed_tokens(ids)
+        check_audio_placeholders(ids, model.audio_token_id, per_clip if audio is not None else [],
+                                 audio_clip_rows if audio is not None else None)
         if audio is not None:
-            embeddings = fuse_audio(embeddings, ids, audio, model.audio_token_id, per_clip, audio_clip_rows)
-        elif bool((ids == model.audio_token_id).any()):
-            raise ValueError(f"prompts hold audio placeholders (id {model.audio_token_id}) but no audio was given")
+            embeddings = fuse_audio(embeddings, ids, audio, model.audio_token_id)
         positions = torch.arange(width, device=device).unsqueeze(0).expand(b, -1)
         logits = lm(ids, positions, None, decoder_input=lm.scale_embeddings(embeddings))  # [b, s, v]
         nxt = logits[rows, cur - 1].argmax(dim=-1)

@@ -28,6 +28,7 @@ at zero (a uniform average).
 
 from __future__ import annotations
 
+import contextlib
 from typing import List, Optional, Sequence
 
 import torch
@@ -63,6 +64,14 @@ def build_whisper_encoder(encoder, precision: str = "fp32") -> nn.Module:
     return module
 
 
+def to_device(host: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """A tensor made on the host, on `device` without stalling the host: on CUDA from
+    pinned memory, asynchronously (a copy from pageable memory waits for the GPU's queue)."""
+    if device.type != "cuda":
+        return host.to(device)
+    return host.pin_memory().to(device, non_blocking=True)
+
+
 # Mel frames kept after the longest clip in masked mode: conv1 (kernel 3) and conv2
 # (kernel 3, stride 2) read up to 3 frames past a clip's last one.
 _EDGE_FRAMES = 4
@@ -95,7 +104,11 @@ def run_encoder(encoder: nn.Module, features: torch.Tensor, pad_value: float = 0
         features = nn.functional.pad(features, (0, width - frames), value=pad_value)
     features = features[..., :width]
     frozen = not any(p.requires_grad for p in encoder.parameters())
-    with torch.autocast(device_type=features.device.type, enabled=False), torch.set_grad_enabled(
+    # Autocast off (the encoder runs in its own precision); autocast knows CPU and CUDA
+    # only, and the meta device (shape-only runs) has nothing to switch off.
+    no_autocast = (torch.autocast(device_type=features.device.type, enabled=False)
+                   if features.device.type in ("cpu", "cuda") else contextlib.nullcontext())
+    with no_autocast, torch.set_grad_enabled(
             torch.is_grad_enabled() and not frozen):
         if mel_lengths is None:
             return list(encoder(features, output_hidden_states=True, return_dict=True).hidden_states[1:])
@@ -112,7 +125,7 @@ def _masked_encoder_states(encoder: nn.Module, features: torch.Tensor, mel_lengt
     frames = hidden.shape[1]
     hidden = hidden + encoder.embed_positions.weight[:frames]
     hidden = nn.functional.dropout(hidden, p=encoder.dropout, training=encoder.training)
-    valid = torch.tensor([encoder_frame_count(int(n)) for n in mel_lengths], device=hidden.device)
+    valid = to_device(torch.tensor([encoder_frame_count(int(n)) for n in mel_lengths]), hidden.device)
     keys_out = torch.arange(frames, device=hidden.device)[None, :] >= valid[:, None]  # [b, frames]
     mask = torch.zeros(keys_out.shape, dtype=hidden.dtype, device=hidden.device)
     mask = mask.masked_fill(keys_out, torch.finfo(hidden.dtype).min)[:, None, None, :]  # additive, [b, 1, 1, k]
@@ -169,8 +182,8 @@ class AudioAdapter(nn.Module):
         p = self.dropout.p
         if generators is None or not self.training or p == 0:
             return self.linear_2(self.dropout(hidden))
-        keep = torch.cat([torch.empty(len(piece), hidden.shape[1]).bernoulli_(1 - p, generator=g)
-                          for piece, g in zip(stacks, generators)]).to(hidden.device, hidden.dtype)
+        keep = to_device(torch.cat([torch.empty(len(piece), hidden.shape[1]).bernoulli_(1 - p, generator=g)
+                                    for piece, g in zip(stacks, generators)]), hidden.device).to(hidden.dtype)
         return self.linear_2(hidden * keep / (1 - p))
 
 

@@ -102,6 +102,10 @@ class ModelConfig:
     # GPU, reference on a CPU), reference (plain PyTorch, fp32 s x s scores; the parity
     # reference) or flex (torch's flex_attention, compiled; GPU training only).
     attention: str = "auto"
+    # FP8 GEMMs of TransformerEngine's linears (megatron's `fp8`, Megatron-LM's --fp8-format):
+    # null (off), hybrid (E4M3 forward, E5M2 gradients) or e4m3. TE backend on GPUs only;
+    # master weights, gradients and the optimizer stay as without it.
+    fp8: Optional[str] = None
     decoder: DecoderConfig = field(default_factory=DecoderConfig)
     encoder: EncoderConfig = field(default_factory=EncoderConfig)
     adapter: AdapterConfig = field(default_factory=AdapterConfig)

@@ -24,12 +24,14 @@ from typing import Dict, List, Optional
 
 import torch
 
+from orchestrator.models.fusion import check_audio_placeholders, check_routed_frames
+
 # Fields of the loop's TransformerConfig (from the plan) that the AudioLLM's own config
 # must share: the pipeline schedule and DDP read the loop's config, the layers read the
 # model's; these must agree.
 _SHARED_CONFIG_FIELDS = ("virtual_pipeline_model_parallel_size", "calculate_per_token_loss",
                          "recompute_granularity", "recompute_method", "recompute_num_layers",
-                         "gradient_accumulation_fusion")
+                         "gradient_accumulation_fusion", "fp8")
 
 
 def audiollm_config(plan):
@@ -90,7 +92,11 @@ class AudioLLMProvider:
             return self._forward_context_parallel(model, inner, batch)
         seq = batch["tokens"].shape[1]
         width = trimmed_width(batch, self.parallel_cfg)
-        inputs = model_inputs(batch, width, next(model.parameters()).device, with_audio=inner.pre_process)
+        device = next(model.parameters()).device
+        if inner.pre_process:  # on the host copy: the model never reads the ids (a host sync on GPUs)
+            check_audio_placeholders(batch["tokens"][:, :width], self.audio_token_id, batch["audio_num_tokens"].tolist(),
+                                     batch["audio_clip_rows"].tolist())
+        inputs = model_inputs(batch, width, device, with_audio=inner.pre_process)
         if inner.training and "audio_features" in inputs:
             inputs["audio_seeds"] = clip_seeds(batch["audio_clip_keys"], self.seed)
         samples = []
@@ -135,13 +141,15 @@ class AudioLLMProvider:
                            for k in clips.tolist() if k in trains_here]
                 if samples:
                     inputs["ctc_targets"] = targets
+            frames = frame_index_within(clips, batch["audio_frames"], full["audio_num_tokens"]) if clips.numel() else \
+                torch.zeros(0, dtype=torch.long)
+            check_routed_frames(batch["tokens"], self.audio_token_id, frames)
             if clips.numel():
                 inputs.update(audio_features=full["audio_features"][clips].to(device),
-                              audio_lengths=full["audio_lengths"][clips],
+                              audio_lengths=full["audio_lengths"][clips].tolist(),
                               audio_seeds=clip_seeds(full["audio_clip_keys"][clips], self.seed) if inner.training
                               else None,
-                              audio_frame_index=frame_index_within(clips, batch["audio_frames"],
-                                                                   full["audio_num_tokens"]))
+                              audio_frame_index=frames)
         output = model(**inputs)
         if samples:
             output, ctc = output
@@ -202,7 +210,8 @@ def model_inputs(batch: dict, width: int, device, with_audio: bool = True) -> di
     inputs = dict(input_ids=tokens, position_ids=positions, labels=labels,
                   attention_mask=row_document_mask(positions) if batch["packed"] else None)
     if with_audio and batch["audio_lengths"].numel():
-        inputs.update(audio_features=batch["audio_features"].to(device), audio_lengths=batch["audio_lengths"],
+        # Lengths and rows as host lists: the model reads them without touching device memory.
+        inputs.update(audio_features=batch["audio_features"].to(device), audio_lengths=batch["audio_lengths"].tolist(),
                       audio_clip_rows=batch["audio_clip_rows"].tolist())
     return inputs
 

@@ -251,7 +251,7 @@ def audiollm_cases(hf, shape, full) -> None:
             emb = emb * torch.tensor(lm.config.hidden_size**0.5, dtype=emb.dtype)
             audio = self.audio_embeddings(audio_features, audio_lengths)
             per_clip = [self.adapter_tokens(n) for n in audio_lengths]
-            emb = fuse_audio(emb, input_ids, audio, self.audio_token_id, per_clip, audio_clip_rows)
+            emb = fuse_audio(emb, input_ids, audio, self.audio_token_id)
             return emb.transpose(0, 1).contiguous(), audio, per_clip
 
     wcfg = whisper_config()

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from orchestrator.model_params import audio_token_count, encoder_frame_count
-from orchestrator.models.fusion import fuse_audio
+from orchestrator.models.fusion import check_audio_placeholders, fuse_audio
 
 AUDIO_CASES = ["audiollm_tp1", "audiollm_tp2_sp", "audiollm_pp2", "audiollm_packed_tp2"]
 
@@ -42,7 +42,8 @@ def test_fusion_places_audio_in_order_and_keeps_dtype():
     emb = torch.zeros(2, 6, 3, dtype=torch.bfloat16)
     ids = torch.tensor([[1, 9, 9, 2, 3, 4], [9, 5, 6, 7, 8, 1]])
     audio = torch.arange(9, dtype=torch.float32).reshape(3, 3)
-    out = fuse_audio(emb, ids, audio, 9, tokens_per_clip=[2, 1])
+    check_audio_placeholders(ids, 9, tokens_per_clip=[2, 1])
+    out = fuse_audio(emb, ids, audio, 9)
     assert out.dtype == torch.bfloat16
     assert out[0, 1].tolist() == [0, 1, 2] and out[0, 2].tolist() == [3, 4, 5] and out[1, 0].tolist() == [6, 7, 8]
     assert out[0, 0].abs().sum() == 0
@@ -50,14 +51,15 @@ def test_fusion_places_audio_in_order_and_keeps_dtype():
 
 def test_fusion_of_several_clips_in_one_packed_row():
     ids = torch.tensor([[9, 1, 9, 9, 2]])
-    out = fuse_audio(torch.zeros(1, 5, 1), ids, torch.tensor([[1.0], [2.0], [3.0]]), 9, [1, 2], clip_rows=[0, 0])
+    check_audio_placeholders(ids, 9, [1, 2], clip_rows=[0, 0])
+    out = fuse_audio(torch.zeros(1, 5, 1), ids, torch.tensor([[1.0], [2.0], [3.0]]), 9)
     assert out[0, :, 0].tolist() == [1.0, 0.0, 2.0, 3.0, 0.0]
 
 
 def test_fusion_count_mismatch_names_the_sample():
     ids = torch.tensor([[9, 9, 1], [9, 2, 3]])
     with pytest.raises(ValueError, match=r"sample 1: 1 placeholder tokens \(id 9\) but its audio \(clip 1: 2\) gives 2"):
-        fuse_audio(torch.zeros(2, 3, 4), ids, torch.zeros(4, 4), 9, tokens_per_clip=[2, 2])
+        check_audio_placeholders(ids, 9, tokens_per_clip=[2, 2])
 
 
 @pytest.mark.multiprocess
