@@ -123,7 +123,9 @@ def gemma2_hf_config(decoder: dict, tokenizer_dir: Optional[str] = None) -> dict
         "head_dim": decoder["kv_channels"], "intermediate_size": decoder["ffn_hidden_size"],
         "vocab_size": decoder["vocab_size"], "max_position_embeddings": decoder["max_position_embeddings"],
         "rope_theta": decoder["rope_theta"], "rms_norm_eps": decoder["norm_eps"],
-        "sliding_window": decoder["sliding_window"], "query_pre_attn_scalar": decoder["query_pre_attn_scalar"],
+        "sliding_window": decoder["sliding_window"],
+        # An int where it is one: transformers 5's Gemma2Config refuses a float (HF's own are ints).
+        "query_pre_attn_scalar": _int_if_whole(decoder["query_pre_attn_scalar"]),
         "attn_logit_softcapping": decoder["attn_logit_softcap"],
         "final_logit_softcapping": decoder["final_logit_softcap"], "tie_word_embeddings": True,
     }
@@ -133,6 +135,10 @@ def gemma2_hf_config(decoder: dict, tokenizer_dir: Optional[str] = None) -> dict
         tok = load_tokenizer(tokenizer_dir)
         config.update(bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
     return config
+
+
+def _int_if_whole(value):
+    return int(value) if isinstance(value, float) and value.is_integer() else value
 
 
 def whisper_hf_config(encoder: dict) -> dict:

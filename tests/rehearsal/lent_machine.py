@@ -28,7 +28,9 @@ numpy 2.x, no TransformerEngine, no megatron-core and no internet. This script:
    model but keeping its own flags: its parallel layout (TP 4 -> 2: the tiny decoder
    has 2 KV heads), sequence parallel, distributed optimizer, recompute, LoRA, packing
    and CP; the backend is local (no TransformerEngine there) and the attention is what
-   the job picks on a CPU (reference).
+   the job picks on a CPU (reference);
+7. `audiollm convert` both ways on transformers 5: the TP2 x PP2 step's checkpoint out to
+   HF and back, verified against the HF model's logits.
 
 Prints one line per step and exits non-zero at the first failure, with its output.
 """
@@ -181,6 +183,17 @@ def rehearse(root: Path) -> dict:
                      "W&B logging is off: wandb is not installed here"):
             if said not in rank0:
                 raise StepFailed(f"{recipe}: the job did not say {said!r} (logs/rank0.log)")
+    # transformers 5 on both conversion paths: the TP2 x PP2 run out to HF (Gemma2, the
+    # Whisper encoder, the adapter) and back, with the HF model's logits compared.
+    hf_dir, back = root / "hf_export", root / "hf_import"
+    _run("convert megatron-to-hf", [python3, "-m", "orchestrator.cli", "convert", "megatron-to-hf", "--megatron",
+                                    run_dirs["gemma2_whisper_tp4pp2"], "--out", hf_dir], env=env, cwd=work)
+    verified = _run("convert hf-to-megatron --verify", [python3, "-m", "orchestrator.cli", "convert", "hf-to-megatron",
+                                                        "--hf", hf_dir, "--out", back, "--verify"], env=env, cwd=work)
+    checked = [line for line in verified.splitlines() if line.startswith("{") and '"ok": true' in line]
+    if not checked:
+        raise StepFailed(f"hf-to-megatron --verify printed no passing comparison:\n{verified[-3000:]}")
+    report["convert_verify"] = json.loads(checked[-1])
     return report
 
 
