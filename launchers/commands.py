@@ -146,15 +146,16 @@ def submit_run(run: PreparedRun):
     """Write the run directory, submit, record the launch. Returns the submitit job."""
     from launchers.executors import make_executor
 
-    ensure_not_active(run.run_dir)
-    rd.prepare(run.run_dir, _config_yaml(run), run.plan)
-    index = _launch_index(run.run_dir)
-    executor = make_executor(run.launcher, run.run_dir / "submitit", run.job_name)
-    job = executor.submit(_job(run.launcher), str(run.run_dir), index)
-    rd.record_launch(run.run_dir, {
-        "kind": run.launcher["kind"], "job_ids": [str(job.job_id)], "launch_index": index,
-        "submitit_folder": str(run.run_dir / "submitit"), "overrides": run.overrides, "resumed": run.resumes,
-    })
+    with rd.submission_lock(run.run_dir):  # check -> submit -> record, one command at a time
+        ensure_not_active(run.run_dir)
+        rd.prepare(run.run_dir, _config_yaml(run), run.plan)
+        index = _launch_index(run.run_dir)
+        executor = make_executor(run.launcher, run.run_dir / "submitit", run.job_name)
+        job = executor.submit(_job(run.launcher), str(run.run_dir), index)
+        rd.record_launch(run.run_dir, {
+            "kind": run.launcher["kind"], "job_ids": [str(job.job_id)], "launch_index": index,
+            "submitit_folder": str(run.run_dir / "submitit"), "overrides": run.overrides, "resumed": run.resumes,
+        })
     return job
 
 
@@ -309,7 +310,7 @@ def train(overrides: Sequence[str], multirun: bool = False) -> int:
     try:
         ensure_demo_corpus([run])
         job = submit_run(run)
-    except (RunActive, DemoCorpusError) as exc:
+    except (RunActive, rd.RunBusy, DemoCorpusError) as exc:
         _print_errors([str(exc)], header="not submitted")
         return EXIT_INVALID
     verb = "resuming" if run.resumes else "starting"

@@ -26,6 +26,7 @@ Files in a run directory (written before anything is submitted, except where not
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -113,6 +114,38 @@ def read_json(path: Path, default: Any = None) -> Any:
         return json.loads(Path(path).read_text())
     except (FileNotFoundError, json.JSONDecodeError):
         return default
+
+
+class RunBusy(RuntimeError):
+    """Another command holds the run directory's submission lock for too long."""
+
+
+@contextlib.contextmanager
+def submission_lock(run_dir: Path, wait_s: float = 120.0):
+    """Held by a command that submits a run, from its check that the run has no active
+    job to the record of its own launch (launch.json): two identical commands started
+    together would otherwise both pass the check and run in one directory. The second
+    waits here for the first to record its job, then finds it and is refused. An
+    advisory flock on `.submit.lock`: released by the kernel if the holder dies."""
+    import fcntl
+
+    run_dir.mkdir(parents=True, exist_ok=True)
+    with open(run_dir / ".submit.lock", "a+") as handle:
+        deadline = time.monotonic() + wait_s
+        while True:
+            try:
+                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    raise RunBusy(f"another command has been submitting run {run_dir} for over {wait_s:.0f} s "
+                                  f"(it holds {run_dir / '.submit.lock'}); wait for it, or check "
+                                  f"`audiollm status {run_dir}`") from None
+                time.sleep(0.1)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 def prepare(run_dir: Path, config_yaml: str, plan: Mapping[str, Any]) -> None:

@@ -8,6 +8,8 @@ that a recipe is one visible file per reproducible run).
 
 from __future__ import annotations
 
+import re
+
 from typing import Sequence
 
 from omegaconf import DictConfig, OmegaConf
@@ -62,7 +64,26 @@ def compose(overrides: Sequence[str] = ()) -> DictConfig:
             cfg = hydra_compose("config", overrides=overrides)
     except (HydraException, OmegaConfBaseException) as exc:
         raise ComposeError(_explain(exc, overrides)) from None
+    missing = _missing_values(cfg)
+    if missing:
+        raise ComposeError(f"invalid configuration (overrides: {' '.join(overrides)}):\n" + "\n".join(missing))
     return cfg
+
+
+def _missing_values(cfg) -> list[str]:
+    """One line per value that has no default and was not set (omegaconf's `???`), which
+    would otherwise surface as a traceback wherever it is first read."""
+    lines = []
+    for key in sorted(OmegaConf.missing_keys(cfg)):
+        entry = re.match(r"^data\.(train|validation)\[(\d+)\]\.(\w+)$", key)
+        if entry:
+            listed, index, field = entry.groups()
+            name = OmegaConf.select(cfg, f"data.{listed}[{index}].name")
+            lines.append(f"  error: [data] data.{listed}[{index}] (name {name!r}) has no {field}: every dataset entry "
+                         f"needs one, e.g. {{name: {name}, {field}: /data/{name}}}")
+        else:
+            lines.append(f"  error: [missing] {key} is not set and has no default: set it ({key}=...)")
+    return lines
 
 
 def _explain(exc: Exception, overrides: Sequence[str]) -> str:

@@ -233,8 +233,10 @@ def write_corpus(out_dir: str | Path, num_samples: int = 3000, num_val_samples: 
         raise FileExistsError(f"{final} exists and is not empty; choose a new directory or delete it")
     # Written beside the target and renamed into place at the end, so that a write that
     # fails or is interrupted leaves no half corpus for the next run to trip over.
-    out = final.with_name(f".{final.name}.partial")
-    shutil.rmtree(out, ignore_errors=True)  # an earlier interrupted write of ours
+    # One partial directory per writer: two commands started together on a fresh machine
+    # both write a corpus, and the first to finish puts its own in place (below).
+    out = final.with_name(f".{final.name}.partial-{os.getpid()}")
+    _remove_abandoned_partials(final)
     out.mkdir(parents=True)
     utterances = (plan_accent_corpus(accent, num_samples, num_val_samples, seed) if accent
                   else plan_corpus(num_samples, num_val_samples, seed))
@@ -272,10 +274,36 @@ def write_corpus(out_dir: str | Path, num_samples: int = 3000, num_val_samples: 
         "transcripts": "lower-case words separated by spaces; digits as words (zero ... nine)",
     }
     (out / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
-    if final.exists():
-        final.rmdir()  # empty, checked above
-    out.rename(final)
+    try:
+        if final.exists():
+            final.rmdir()  # empty, checked above (not empty: another writer finished first)
+        out.rename(final)
+    except OSError:
+        theirs = final / "manifest.json"
+        if not theirs.is_file():
+            raise
+        shutil.rmtree(out, ignore_errors=True)  # the same corpus (same seed and sizes) is there already
+        return json.loads(theirs.read_text())
     return manifest
+
+
+def _remove_abandoned_partials(final: Path) -> None:
+    """Partial directories of writers that no longer run, and this process's own earlier
+    one (interrupted writes)."""
+    for partial in final.parent.glob(f".{final.name}.partial-*"):
+        pid = partial.name.rsplit("-", 1)[-1]
+        if not pid.isdigit() or int(pid) == os.getpid() or not _alive(int(pid)):
+            shutil.rmtree(partial, ignore_errors=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+        return True
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
 
 
 def utterance_dict(utt: Utterance) -> Dict:

@@ -2,6 +2,7 @@
 
 import hashlib
 import json
+import os
 import shutil
 
 import pytest
@@ -108,3 +109,31 @@ def test_a_failed_write_leaves_no_half_corpus_and_the_next_one_starts_clean(tmp_
     manifest = demo.write_corpus(target, num_samples=4, num_val_samples=1, workers=1, progress=False)
     assert json.loads((target / "manifest.json").read_text())["datasets"] == manifest["datasets"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["corpus"]  # nothing partial left beside it
+
+
+@needs_espeak
+def test_two_writers_of_one_corpus_both_end_with_the_first_finished_corpus(tmp_path, monkeypatch):
+    """Two commands on a fresh machine both synthesize the demo corpus into one directory:
+    each writes its own partial directory, the first to finish puts it in place, and the
+    other (here: this process, whose tokenizer step waits for a second writer that runs
+    to completion) adopts it instead of failing at the rename."""
+    import subprocess
+    import sys
+
+    from orchestrator.data import tokenizer_build
+    from tests.distributed_run import REPO
+
+    target = tmp_path / "corpus"
+    real_build = tokenizer_build.build_tokenizer
+
+    def meanwhile_another_writer_finishes(*args, **kwargs):
+        subprocess.run([sys.executable, "-m", "orchestrator.data.cli", "demo", str(target), "--num-samples", "4",
+                        "--num-val-samples", "1", "--workers", "1", "--no-progress"], check=True, cwd=REPO,
+                       env={**os.environ, "PYTHONPATH": str(REPO)}, capture_output=True, timeout=300)
+        return real_build(*args, **kwargs)
+
+    monkeypatch.setattr(tokenizer_build, "build_tokenizer", meanwhile_another_writer_finishes)
+    manifest = demo.write_corpus(target, num_samples=4, num_val_samples=1, workers=1, progress=False)
+    theirs = json.loads((target / "manifest.json").read_text())
+    assert manifest == theirs  # the corpus in place, not this writer's (its partial removed)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["corpus"]

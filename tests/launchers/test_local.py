@@ -10,7 +10,7 @@ import signal
 import pytest
 
 from launchers import commands
-from launchers.rundir import read_json
+from launchers.rundir import read_json, read_metrics
 
 from .helpers import launches, losses, rank_pids, tiny_overrides, wait_for_end, wait_for_step
 
@@ -113,3 +113,28 @@ def test_local_sweep_runs_each_point_and_writes_the_summary(tmp_path, tiny, caps
     ]
     assert losses(sweep_dir / "000") != losses(sweep_dir / "001")
     assert "=== point 001: train.seed=2" in capsys.readouterr().out
+
+
+def test_the_same_command_twice_at_once_runs_once_and_refuses_the_other_naming_the_job(tmp_path):
+    """Two identical `audiollm train` commands started together (through the real CLI):
+    without the submission lock both passed the "already running" check before either
+    recorded its job, and both ran in one directory (interleaved metrics, a crash at the
+    save). Now one runs and the other is refused with the run directory and the job id."""
+    import subprocess
+    import sys
+
+    from tests.distributed_run import REPO
+
+    argv = [sys.executable, "-m", "orchestrator.cli", "train", *tiny_overrides(tmp_path, "run.name=twice", iters=6)]
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    procs = [subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=REPO)
+             for _ in range(2)]
+    outs = [p.communicate(timeout=300)[0] for p in procs]
+    codes = [p.returncode for p in procs]
+    assert sorted(codes) == [0, 2], list(zip(codes, outs))
+    refused = outs[codes.index(2)]
+    run_dir = tmp_path / "tiny_cpu" / "twice"
+    (job_id,) = launches(run_dir)[0]["job_ids"]
+    assert f"run {run_dir} already has job {job_id}" in refused, refused
+    assert len(launches(run_dir)) == 1
+    assert [row["step"] for row in read_metrics(run_dir)] == list(range(1, 7))  # one run's steps, once each

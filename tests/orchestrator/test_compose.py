@@ -73,3 +73,22 @@ def test_typo_or_wrong_type_in_a_recipe_file_fails_with_its_path(tmp_path, monke
     assert key_path in str(info.value)
     monkeypatch.undo()
     compose_module.compose([])  # the real recipes register again
+
+
+@pytest.mark.parametrize("command", ["plan", "train"])
+def test_a_dataset_entry_without_a_path_is_a_config_error_through_the_cli(command, tmp_path):
+    """Not omegaconf's MissingMandatoryValue traceback: one line naming the entry, exit 2,
+    nothing written (run.output_root stays empty)."""
+    import subprocess
+    import sys
+
+    from tests.distributed_run import REPO
+
+    proc = subprocess.run([sys.executable, "-m", "orchestrator.cli", command,
+                           "data.train=[{name:a,path:/data/a},{name:b}]", f"run.output_root={tmp_path / 'out'}"],
+                          capture_output=True, text=True, cwd=tmp_path, timeout=120,
+                          env={**__import__("os").environ, "PYTHONPATH": str(REPO)})
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 2, out
+    assert "data.train[1] (name 'b') has no path" in out and "Traceback" not in out, out
+    assert not (tmp_path / "out").exists()
