@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -151,7 +152,8 @@ def submit_run(run: PreparedRun):
         rd.prepare(run.run_dir, _config_yaml(run), run.plan)
         index = _launch_index(run.run_dir)
         executor = make_executor(run.launcher, run.run_dir / "submitit", run.job_name)
-        job = executor.submit(_job(run.launcher), str(run.run_dir), index)
+        with own_session(run.launcher["kind"] == "local"):
+            job = executor.submit(_job(run.launcher), str(run.run_dir), index)
         rd.record_launch(run.run_dir, {
             "kind": run.launcher["kind"], "job_ids": [str(job.job_id)], "launch_index": index,
             "submitit_folder": str(run.run_dir / "submitit"), "overrides": run.overrides, "resumed": run.resumes,
@@ -171,7 +173,7 @@ def _follow_hint(path: Path, sweep: bool = False) -> str:
 _SUBMITIT_NOTICE = "submitit INFO ("
 
 
-def _stream_local(job, timeout_s: float | None = None) -> int:
+def _stream_local(job, timeout_s: float | None = None, run_dir: Path | None = None) -> int:
     """Print rank 0's stdout/stderr while the local job runs (whole lines, without
     submitit's own notices); Ctrl-C stops it gracefully."""
     from submitit.core.utils import JobPaths
@@ -199,24 +201,34 @@ def _stream_local(job, timeout_s: float | None = None) -> int:
                 stream.write("\n".join(shown) + "\n")
                 stream.flush()
 
-    try:
+    # The job runs in its own session (own_session): a terminal's Ctrl-C, and the hang-up
+    # when the terminal closes, reach this process only. The first Ctrl-C, SIGTERM or
+    # SIGHUP asks the job to checkpoint at its next step boundary and stop (a rerun of the
+    # same command resumes there); a second Ctrl-C stops it at once.
+    stop = _StopRequests()
+    with stop.handling():
         while not job.done():
             pump()
             if deadline is not None and time.time() > deadline:
                 job.cancel()
                 print(f"local job {job.job_id} exceeded {timeout_s} s; cancelled", file=sys.stderr)
                 return EXIT_FAILED
+            if stop.count == 1 and not stop.asked:
+                stop.asked = True
+                print(f"\n{stop.name}: asking the job to checkpoint at its next step and stop (Ctrl-C again stops "
+                      f"it at once, losing the steps since its last checkpoint) ...", file=sys.stderr, flush=True)
+                _signal_local(str(job.job_id), signal.SIGTERM)
+            elif stop.count > 1:
+                _kill_local(str(job.job_id))
+                pump(final=True)
+                print(f"stopped at once: the steps since the last checkpoint are lost; the same command resumes "
+                      f"from {_latest_checkpoint(run_dir) or 'the start'}", file=sys.stderr)
+                return stop.exit_code
             time.sleep(0.2)
-    except KeyboardInterrupt:
-        print("\ninterrupted: asking the job to checkpoint and stop ...", file=sys.stderr)
-        _signal_local(str(job.job_id), signal.SIGTERM)
-        for _ in range(600):
-            if job.done():
-                break
-            time.sleep(0.1)
-        pump(final=True)
-        return 130
     pump(final=True)
+    if stop.count:
+        print(f"stopped; the same command resumes from {_latest_checkpoint(run_dir) or 'the start'}", file=sys.stderr)
+        return stop.exit_code
     try:
         job.results()
     except Exception as exc:  # noqa: BLE001 - submitit re-raises the task's failure
@@ -323,7 +335,7 @@ def train(overrides: Sequence[str], multirun: bool = False) -> int:
     if launcher.get("wait") is False:
         print(_follow_hint(run.run_dir))
         return EXIT_OK
-    return _stream_local(job)
+    return _stream_local(job, run_dir=run.run_dir)
 
 
 def prepare_only(overrides: Sequence[str]) -> int:
@@ -473,7 +485,10 @@ def train_sweep(overrides: Sequence[str]) -> int:
     for swept, run in points:
         print(f"=== point {run.run_dir.name}: {' '.join(swept)}", flush=True)
         job = submit_run(run)
-        code = max(code, _stream_local(job))
+        point_code = _stream_local(job, run_dir=run.run_dir)
+        code = max(code, point_code)
+        if point_code >= 128:  # stopped by Ctrl-C / SIGTERM / SIGHUP: the later points are not started
+            break
     print(write_sweep_summary(sweep_dir))
     return code
 
@@ -491,6 +506,66 @@ def status(path: str | os.PathLike) -> int:
         return EXIT_OK
     print(f"{path} is neither a run directory (no plan.json) nor a sweep directory (no sweep.json)", file=sys.stderr)
     return EXIT_INVALID
+
+
+class _StopRequests:
+    """Ctrl-C (SIGINT), SIGTERM and SIGHUP while a local job streams: counted, not raised,
+    so that the wait loop decides what each one does."""
+
+    def __init__(self):
+        self.count, self.name, self.asked, self.exit_code = 0, "", False, 0
+
+    def _handle(self, signum, frame) -> None:
+        self.count += 1
+        self.name = {signal.SIGINT: "interrupted (Ctrl-C)", signal.SIGTERM: "terminated (SIGTERM)",
+                     signal.SIGHUP: "hang-up (SIGHUP: the terminal closed)"}.get(signum, signal.Signals(signum).name)
+        self.exit_code = 128 + signum
+
+    @contextlib.contextmanager
+    def handling(self):
+        previous = {sig: signal.signal(sig, self._handle) for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+        try:
+            yield self
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+
+
+@contextlib.contextmanager
+def own_session(enabled: bool = True):
+    """submitit's local executor starts its controller (which starts the ranks) with a
+    plain Popen, in this command's process group: a terminal's Ctrl-C, sent to the whole
+    foreground group, would kill every rank mid-step and lose the steps since the last
+    checkpoint. Within this block, processes start in a session of their own; this
+    command forwards the stop request itself (_stream_local)."""
+    if not enabled:
+        yield
+        return
+    original = subprocess.Popen
+
+    class SessionPopen(original):  # type: ignore[misc, valid-type]
+        def __init__(self, *args, **kwargs):
+            kwargs.setdefault("start_new_session", True)
+            super().__init__(*args, **kwargs)
+
+    subprocess.Popen = SessionPopen
+    try:
+        yield
+    finally:
+        subprocess.Popen = original
+
+
+def _kill_local(job_id: str) -> None:
+    """Every process of a local job at once: its controller started a session of its own."""
+    try:
+        os.killpg(os.getpgid(int(job_id)), signal.SIGKILL)
+    except (ValueError, ProcessLookupError, PermissionError):
+        pass
+
+
+def _latest_checkpoint(run_dir: Path | None) -> str | None:
+    latest = Path(run_dir) / "checkpoints" / "latest" if run_dir is not None else None
+    return f"checkpoints/{latest.read_text().strip()}" if latest is not None and latest.is_file() else None
 
 
 def _signal_local(job_id: str, sig: int) -> bool:

@@ -6,13 +6,14 @@ import json
 import os
 import re
 import signal
+import time
 
 import pytest
 
 from launchers import commands
 from launchers.rundir import read_json, read_metrics
 
-from .helpers import launches, losses, rank_pids, tiny_overrides, wait_for_end, wait_for_step
+from .helpers import launches, losses, rank_pids, tiny_overrides, wait_for_end, wait_for_step, wait_until
 
 pytestmark = pytest.mark.multiprocess
 
@@ -138,3 +139,66 @@ def test_the_same_command_twice_at_once_runs_once_and_refuses_the_other_naming_t
     assert f"run {run_dir} already has job {job_id}" in refused, refused
     assert len(launches(run_dir)) == 1
     assert [row["step"] for row in read_metrics(run_dir)] == list(range(1, 7))  # one run's steps, once each
+
+
+def _cli_in_a_terminal_group(argv_tail, cwd, step_delay: str):
+    """`audiollm train` started as a terminal starts a foreground command: the leader of a
+    process group of its own, which the terminal's Ctrl-C (SIGINT) and hang-up signal as
+    a whole (os.killpg)."""
+    import subprocess
+    import sys
+
+    from tests.distributed_run import REPO
+
+    env = {**os.environ, "PYTHONPATH": str(REPO), "AUDIOLLM_MINIMAL_STEP_DELAY_S": step_delay}
+    return subprocess.Popen([sys.executable, "-m", "orchestrator.cli", "train", *argv_tail], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, env=env, cwd=REPO, start_new_session=True)
+
+
+@pytest.mark.parametrize("sig, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143), (signal.SIGHUP, 129)])
+def test_a_terminals_signal_checkpoints_at_the_next_step_and_the_rerun_resumes_exactly(reference, tmp_path, sig, code):
+    """Ctrl-C (SIGINT to the whole foreground group), SIGTERM to the group (a login
+    session ending) and SIGHUP (the terminal closing) no longer reach the ranks: the
+    command asks the job to checkpoint at its next step boundary and stop, says so, and
+    waits for it (no orphaned job); the same command then resumes with the uninterrupted
+    run's losses."""
+    _, ref_dir = reference
+    argv = tiny_overrides(tmp_path, "run.name=signalled", iters=ITERS)
+    proc = _cli_in_a_terminal_group(argv, tmp_path, "0.25")
+    run_dir = tmp_path / "tiny_cpu" / "signalled"
+    wait_for_step(run_dir, 3, timeout=120)
+    os.killpg(proc.pid, sig)
+    out = proc.communicate(timeout=180)[0]
+    assert proc.returncode == code, out
+    assert "asking the job to checkpoint at its next step and stop" in out and "Traceback" not in out, out
+    stopped_at = max(losses(run_dir))
+    assert 3 <= stopped_at < ITERS and re.search(rf"the same command resumes from checkpoints/step_0*{stopped_at}\b", out), out
+    assert wait_for_end(run_dir, timeout=60)["state"] == "STOPPED"
+    again = _cli_in_a_terminal_group(argv, tmp_path, "0")
+    out = again.communicate(timeout=300)[0]
+    assert again.returncode == 0 and f"resumed from step_{stopped_at}" in out, out
+    assert losses(run_dir) == losses(ref_dir)
+
+
+def test_a_second_ctrl_c_stops_at_once_and_says_what_is_lost(tmp_path):
+    argv = tiny_overrides(tmp_path, "run.name=twice_interrupted", iters=ITERS)
+    proc = _cli_in_a_terminal_group(argv, tmp_path, "2")  # slow steps: the first request is still pending
+    run_dir = tmp_path / "tiny_cpu" / "twice_interrupted"
+    wait_for_step(run_dir, 1, timeout=120)
+    os.killpg(proc.pid, signal.SIGINT)
+    time.sleep(0.5)
+    os.killpg(proc.pid, signal.SIGINT)
+    out = proc.communicate(timeout=60)[0]
+    assert proc.returncode == 130, out
+    assert "stopped at once: the steps since the last checkpoint are lost" in out, out
+    job_pids = rank_pids(run_dir, 0)
+    for pid in job_pids:  # nothing of the job is left running
+        wait_until(lambda: not _alive(pid), 30, f"rank 0 (pid {pid}) to end", [run_dir])
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
