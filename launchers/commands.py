@@ -289,7 +289,10 @@ def cluster_problems(launcher: dict) -> list[str]:
     could or nothing was checked."""
     from launchers.slurm_fit import check_request
 
-    return check_request(launcher) or []
+    check = check_request(launcher)
+    if check.skipped:
+        print(f"cluster check skipped: {check.skipped}", file=sys.stderr)
+    return check.problems or []
 
 
 NEVER_STARTS = "not submitted: this cluster could never start the job (it would pend forever)"

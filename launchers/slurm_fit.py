@@ -13,10 +13,13 @@ Only the submit side uses this; it runs SLURM's own commands and never imports t
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import subprocess
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional
 
 _FIELD = re.compile(r"(\w+)=(\S*)")
@@ -129,20 +132,51 @@ def slurm_output(argv: List[str], timeout: float = 20.0) -> Optional[str]:
     return proc.stdout if proc.returncode == 0 else None
 
 
-def read_cluster(timeout: float = 15.0) -> Optional[ClusterView]:
-    """The cluster's partitions, nodes, accounts and QOS, or None where no SLURM answers."""
+# How long the cluster check waits for SLURM's answers. A controller answers these
+# queries in milliseconds; one that is down (or a laptop with SLURM's client installed
+# and no controller) makes each query retry for about 9 s before it fails. The queries
+# run side by side and the check is skipped, saying so, when they do not answer in time.
+QUERY_TIMEOUT_ENV = "AUDIOLLM_SLURM_QUERY_TIMEOUT_S"
+DEFAULT_QUERY_TIMEOUT_S = 0.5
+
+
+def query_timeout() -> float:
+    return float(os.environ.get(QUERY_TIMEOUT_ENV) or DEFAULT_QUERY_TIMEOUT_S)
+
+
+def controller_name() -> str:
+    """SlurmctldHost (or ControlMachine) of this machine's slurm.conf, as SLURM's client
+    finds it ($SLURM_CONF, else /etc/slurm/slurm.conf); "the controller" if unreadable."""
+    conf = Path(os.environ.get("SLURM_CONF") or "/etc/slurm/slurm.conf")
+    try:
+        text = conf.read_text()
+    except OSError:
+        return "the controller"
+    found = re.search(r"^\s*(?:SlurmctldHost|ControlMachine)\s*=\s*(\S+)", text, re.M | re.I)
+    return f"the controller at {found.group(1)} ({conf})" if found else "the controller"
+
+
+def read_cluster(timeout: Optional[float] = None) -> Optional[ClusterView] | str:
+    """The cluster's partitions, nodes, accounts and QOS; None where SLURM's client is not
+    installed; a sentence saying why not where the controller does not answer in
+    `timeout` seconds (default: query_timeout())."""
     if shutil.which("scontrol") is None:
         return None
-    partitions = slurm_output(["scontrol", "show", "partition", "-o"], timeout)
-    nodes = slurm_output(["scontrol", "show", "node", "-o"], timeout)
-    if partitions is None or nodes is None:
-        return None
-    view = ClusterView(parse_cluster(partitions, nodes))
+    timeout = query_timeout() if timeout is None else timeout
+    queries = {"partitions": ["scontrol", "show", "partition", "-o"], "nodes": ["scontrol", "show", "node", "-o"]}
     if shutil.which("sacctmgr"):
-        accounts = slurm_output(["sacctmgr", "-n", "-P", "show", "account", "format=account"], timeout)
-        qos = slurm_output(["sacctmgr", "-n", "-P", "show", "qos", "format=name"], timeout)
-        view.accounts = None if accounts is None else [a for a in accounts.split() if a]
-        view.qos = None if qos is None else [q for q in qos.split() if q]
+        queries.update(accounts=["sacctmgr", "-n", "-P", "show", "account", "format=account"],
+                       qos=["sacctmgr", "-n", "-P", "show", "qos", "format=name"])
+    with ThreadPoolExecutor(max_workers=len(queries)) as pool:
+        running = {name: pool.submit(slurm_output, argv, timeout) for name, argv in queries.items()}
+        answers = {name: future.result() for name, future in running.items()}
+    if answers["partitions"] is None or answers["nodes"] is None:
+        return f"{controller_name()} did not answer in {timeout:g} s ({QUERY_TIMEOUT_ENV} sets the wait)"
+    view = ClusterView(parse_cluster(answers["partitions"], answers["nodes"]))
+    if answers.get("accounts") is not None:
+        view.accounts = [a for a in answers["accounts"].split() if a]
+    if answers.get("qos") is not None:
+        view.qos = [q for q in answers["qos"].split() if q]
     return view
 
 
@@ -224,10 +258,19 @@ def request_problems(launcher: Mapping[str, Any], view: ClusterView) -> List[str
     return problems
 
 
-def check_request(launcher: Mapping[str, Any]) -> Optional[List[str]]:
+@dataclass
+class ClusterCheck:
+    problems: Optional[List[str]] = None  # why the cluster could never start the job; None: not checked
+    skipped: Optional[str] = None  # why it was not checked where SLURM's client is installed
+
+
+def check_request(launcher: Mapping[str, Any]) -> ClusterCheck:
     """For launcher=slurm where a cluster answers: why it could never start the job ([]
-    if it could); None where nothing was checked (another launcher, no cluster here)."""
+    if it could); nothing checked for another launcher or without SLURM's client, and a
+    reason where the controller does not answer in time."""
     if launcher["kind"] != "slurm":
-        return None
+        return ClusterCheck()
     view = read_cluster()
-    return None if view is None else request_problems(launcher, view)
+    if isinstance(view, str):
+        return ClusterCheck(skipped=view)
+    return ClusterCheck(problems=None if view is None else request_problems(launcher, view))

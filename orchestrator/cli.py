@@ -63,9 +63,11 @@ def plan_main(argv: Sequence[str]) -> int:
         return 2
     from launchers.slurm_fit import check_request
 
-    problems = check_request(plan.config["launcher"])  # None: not a SLURM launch, or no cluster answers here
+    check = check_request(plan.config["launcher"])
+    problems = check.problems  # None: not a SLURM launch, no SLURM here, or no answer in time (check.skipped)
     if args.json:
-        print(json.dumps({**plan.to_dict(), "cluster_problems": problems}, allow_nan=False))
+        print(json.dumps({**plan.to_dict(), "cluster_problems": problems, "cluster_check_skipped": check.skipped},
+                         allow_nan=False))
     else:
         from orchestrator.plan_report import render
 
@@ -75,6 +77,8 @@ def plan_main(argv: Sequence[str]) -> int:
                   + ("the request fits" if not problems else "it could never start the job"))
             for problem in problems:
                 print("  - " + problem)
+        if check.skipped:
+            print(f"\ncluster check skipped: {check.skipped}")
     return 0
 
 

@@ -77,3 +77,35 @@ def test_unknown_partition_lists_the_partitions():
     (problem,) = request_problems(launcher(partition="h200"), VIEW)
     assert problem == ("launcher.partition=h200: the cluster has no such partition (it has cpu, gpu); set "
                        "launcher.partition to one of them")
+
+
+def test_plan_skips_the_cluster_check_saying_so_when_the_controller_does_not_answer(tmp_path):
+    """SLURM's client installed, its controller not answering (a laptop, a controller being
+    restarted): each scontrol query retries for about 9 s before it fails. `audiollm plan`
+    asks once, all queries side by side, waits at most the query timeout, and says that
+    the check was skipped and why; the plan itself is printed in full."""
+    import json
+    import os
+    import shutil
+    import subprocess
+    import sys
+
+    from launchers.slurm_fit import DEFAULT_QUERY_TIMEOUT_S
+    from tests.distributed_run import REPO, free_port
+
+    if shutil.which("scontrol") is None:
+        pytest.fail("SLURM's client is not installed (bash setup.sh --test installs it)")
+    conf = tmp_path / "slurm.conf"
+    conf.write_text(f"ClusterName=unanswered\nSlurmctldHost=localhost(127.0.0.1)\nSlurmctldPort={free_port()}\n"
+                    "NodeName=n1 CPUs=1 State=UNKNOWN\nPartitionName=p Nodes=n1 Default=YES\n")
+    env = {**os.environ, "PYTHONPATH": str(REPO), "SLURM_CONF": str(conf)}
+    env.pop("AUDIOLLM_SLURM_QUERY_TIMEOUT_S", None)  # the default wait (tests/slurm/conftest.py raises it)
+    argv = [sys.executable, "-m", "orchestrator.cli", "plan", "launcher=slurm", "launcher.accelerator=cpu"]
+    proc = subprocess.run(argv, capture_output=True, text=True, env=env, cwd=tmp_path, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert (f"cluster check skipped: the controller at localhost(127.0.0.1) ({conf}) did not answer in "
+            f"{DEFAULT_QUERY_TIMEOUT_S:g} s") in proc.stdout, proc.stdout
+    assert "memory/GPU" in proc.stdout and "megatron argv" in proc.stdout
+    as_json = subprocess.run([*argv, "--json"], capture_output=True, text=True, env=env, cwd=tmp_path, timeout=120)
+    plan = json.loads(as_json.stdout)
+    assert plan["cluster_problems"] is None and "did not answer" in plan["cluster_check_skipped"]

@@ -19,6 +19,11 @@ import pytest
 
 HERE = Path(__file__).resolve().parent
 BASE = Path(os.environ.get("SLURM_TEST_BASE", "/tmp/audiollm-slurm"))
+# The cluster check's wait for scontrol (launchers/slurm_fit.py): its default is for a
+# controller on a machine of its own; the test clusters share two cores with the whole
+# suite, where a query can take longer. tests/launchers/test_slurm_fit.py checks the
+# default's skip.
+os.environ.setdefault("AUDIOLLM_SLURM_QUERY_TIMEOUT_S", "20")
 
 
 def cluster_ready() -> bool:
