@@ -152,6 +152,8 @@ def main(argv=None) -> int:
                         help="add the torchvision of this torch (e.g. 2.11.0) for a machine that has none")
     args = parser.parse_args(argv)
     closure = kit_closure(args.python, args.with_wandb) if args.kit else job_side_closure(args.python)
+    if args.machine_torch:
+        closure["torchvision"] = torchvision_for(args.machine_torch)
     if args.list:
         for name, version in closure.items():
             print(f"{name}=={version}")
@@ -160,8 +162,6 @@ def main(argv=None) -> int:
     repo = Path(__file__).resolve().parents[1]
     subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation",
                     "--wheel-dir", str(args.dest), str(repo)], check=True)
-    if args.machine_torch:
-        closure["torchvision"] = torchvision_for(args.machine_torch)
     built = [name for name, version in closure.items() if _download(name, version, args.python, args.dest) != "wheel"]
     size = sum(p.stat().st_size for p in args.dest.glob("*.whl")) / 2**20
     print(f"{len(closure) + 1} wheels for Python {args.python} in {args.dest} ({size:.1f} MiB)"

@@ -381,18 +381,18 @@ def check_backend(model: ModelConfig, launcher: LauncherConfig) -> Iterator[Find
         yield _error("encoder_precision", "model.encoder.precision=bf16 runs on GPUs but launcher.accelerator=cpu; "
                                           "use model.encoder.precision=auto or fp32")
     yield from _one_of("attention", "model.attention", model.attention, ATTENTION_CHOICES)
-    if model.fp8 is not None:
-        yield from _one_of("fp8", "model.fp8", model.fp8, ("hybrid", "e4m3"))
-        if model.backend != "te" or launcher.accelerator != "gpu":
-            yield _error("fp8", f"model.fp8={model.fp8} runs in TransformerEngine's linears on GPUs, but model.backend="
-                                f"{model.backend} and launcher.accelerator={launcher.accelerator}; set model.fp8=null, or "
-                                "model.backend=te with launcher.accelerator=gpu")
     if model.attention == "flex" and launcher.accelerator == "cpu":
         yield _error(
             "attention",
             "model.attention=flex (torch's flex_attention) has no backward on CPU but launcher.accelerator=cpu; "
             "use model.attention=reference (or auto, which picks reference on CPU and flex on GPUs)",
         )
+    if model.fp8 is not None:
+        yield from _one_of("fp8", "model.fp8", model.fp8, ("hybrid", "e4m3"))
+        if model.backend != "te" or launcher.accelerator != "gpu":
+            yield _error("fp8", f"model.fp8={model.fp8} runs in TransformerEngine's linears on GPUs, but model.backend="
+                                f"{model.backend} and launcher.accelerator={launcher.accelerator}; set model.fp8=null, or "
+                                "model.backend=te with launcher.accelerator=gpu")
 
 
 # --------------------------------------------------------------------------- data

@@ -14,7 +14,6 @@ block, pipeline stages, vocab-parallel cross entropy. What this subclass adds:
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
 from typing import Optional
 
@@ -29,7 +28,6 @@ from orchestrator.megatron_args import padded_vocab_size
 from orchestrator.models.gemma2_spec import gemma2_block_spec
 
 
-@functools.lru_cache(maxsize=None)
 def _rounded(value: float, dtype: torch.dtype) -> float:
     """`value` rounded to `dtype`, as a Python float (exact: every bf16/fp16/fp32 value is one)."""
     return float(torch.tensor(value, dtype=dtype))
