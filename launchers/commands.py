@@ -232,20 +232,33 @@ def _stream_local(job, timeout_s: float | None = None, run_dir: Path | None = No
     try:
         job.results()
     except Exception as exc:  # noqa: BLE001 - submitit re-raises the task's failure
-        last = str(exc).strip().splitlines()
-        print(f"job failed: {last[-1] if last else exc}", file=sys.stderr)
+        print(f"job failed: {_failure_line(job, run_dir, exc)}", file=sys.stderr)
         return EXIT_FAILED
     return EXIT_OK
 
 
-def _wait_slurm(jobs) -> int:
+def _failure_line(job, run_dir: Path | None, exc: BaseException) -> str:
+    """The cause in one line (launchers/failures.py), else the last line of submitit's
+    report."""
+    from launchers import failures
+    from launchers.local_controller import exit_codes_path
+
+    cause = None
+    if run_dir is not None:
+        codes = (rd.read_json(exit_codes_path(job.paths.folder, str(job.job_id))) or {}).get("exit_codes")
+        cause = failures.explain(run_dir, str(job.job_id), codes)
+    last = str(exc).strip().splitlines()
+    return cause or (last[-1] if last else repr(exc))
+
+
+def _wait_slurm(jobs, run_dirs: Sequence[Path]) -> int:
     failed = 0
-    for job in jobs:
+    for job, run_dir in zip(jobs, run_dirs):
         try:
             job.results()
         except Exception as exc:  # noqa: BLE001
             failed += 1
-            print(f"job {job.job_id} failed: {str(exc).strip().splitlines()[-1]}", file=sys.stderr)
+            print(f"job {job.job_id} failed: {_failure_line(job, run_dir, exc)}", file=sys.stderr)
     return EXIT_FAILED if failed else EXIT_OK
 
 
@@ -332,7 +345,7 @@ def train(overrides: Sequence[str], multirun: bool = False) -> int:
     if launcher["kind"] == "slurm":
         print(f"{verb} run {run.run_dir}\nsubmitted SLURM job {job.job_id} "
               f"({launcher['nodes']} node(s) x {launcher['gpus_per_node']} tasks)\n{_follow_hint(run.run_dir)}")
-        return _wait_slurm([job]) if launcher.get("wait") else EXIT_OK
+        return _wait_slurm([job], [run.run_dir]) if launcher.get("wait") else EXIT_OK
     print(f"{verb} run {run.run_dir} ({launcher['nodes'] * launcher['gpus_per_node']} local processes, "
           f"job {job.job_id})", flush=True)
     if launcher.get("wait") is False:
@@ -478,7 +491,7 @@ def train_sweep(overrides: Sequence[str]) -> int:
         jobs = submit_sweep(sweep_dir, points)
         print(f"sweep {sweep_dir}: {len(points)} points\nsubmitted SLURM job array "
               f"{jobs[0].job_id.split('_')[0]}\n{_follow_hint(sweep_dir, sweep=True)}")
-        return _wait_slurm(jobs) if launcher.get("wait") else EXIT_OK
+        return _wait_slurm(jobs, [run.run_dir for _, run in points]) if launcher.get("wait") else EXIT_OK
     # local: one point after another (they share this machine's cores)
     rd.write_json(sweep_dir / "sweep.json", {
         "points": [{"dir": run.run_dir.name, "swept": swept, "overrides": run.overrides} for swept, run in points],
@@ -540,22 +553,33 @@ def own_session(enabled: bool = True):
     plain Popen, in this command's process group: a terminal's Ctrl-C, sent to the whole
     foreground group, would kill every rank mid-step and lose the steps since the last
     checkpoint. Within this block, processes start in a session of their own; this
-    command forwards the stop request itself (_stream_local)."""
+    command forwards the stop request itself (_stream_local). The controller is
+    launchers.local_controller, which records how each task ended."""
     if not enabled:
         yield
         return
     original = subprocess.Popen
 
     class SessionPopen(original):  # type: ignore[misc, valid-type]
-        def __init__(self, *args, **kwargs):
+        def __init__(self, args, *rest, **kwargs):
             kwargs.setdefault("start_new_session", True)
-            super().__init__(*args, **kwargs)
+            super().__init__(_recording_controller(args), *rest, **kwargs)
 
     subprocess.Popen = SessionPopen
     try:
         yield
     finally:
         subprocess.Popen = original
+
+
+def _recording_controller(args):
+    """submitit's local controller command (a list, or a shell line after launcher.setup)
+    with launchers.local_controller in its place: the same controller, keeping each
+    task's exit status for launchers/failures.py."""
+    module, ours = "submitit.local._local", "launchers.local_controller"
+    if isinstance(args, str):
+        return args.replace(f"-m {module} ", f"-m {ours} ")
+    return [ours if a == module else a for a in args]
 
 
 def _kill_local(job_id: str) -> None:

@@ -32,7 +32,7 @@ import warnings
 from pathlib import Path
 from typing import Any, Callable
 
-from launchers import runtime
+from launchers import failures, runtime
 from launchers.rundir import read_json, write_json
 
 # submitit.local.local.LOCAL_REQUEUE_RETURN_CODE: the local controller restarts the tasks.
@@ -170,7 +170,8 @@ class RankJob:
             if self.accelerator == "gpu":
                 _require_cuda(env.hostname, dist_env.local_rank)
             result = load_callable(self.entry)(str(run_path))
-        except BaseException:
+        except BaseException as exc:
+            failures.record(run_path, rank, env.job_id, exc)  # every rank: the console names the cause
             if rank == 0:
                 _update_state(run_path, state="FAILED", error=traceback.format_exc(limit=5))
                 _refresh_sweep_summary(run_path)

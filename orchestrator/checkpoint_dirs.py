@@ -5,18 +5,92 @@
   or one step of a training run (`RUN/checkpoints/step_000100`);
 - a run directory: its `checkpoints/latest` step;
 - a HF model directory (`config.json` with a `model_type`): not loadable before conversion.
+
+Every checkpoint a run saves carries MANIFEST: the size and CRC-32 of each of its files,
+written after every rank's files are on disk and before the checkpoint is published.
+`manifest_problem` tells a complete checkpoint from one damaged since (a truncated or
+overwritten shard, a deleted file): a resume skips a damaged one for the newest complete
+one instead of failing in the middle of the load. CRC-32 (zlib, about 4 GB/s on one core)
+because this guards against damage, not tampering; a job's ranks each read their share.
 """
 
 from __future__ import annotations
 
 import json
+import os
+import re
+import zlib
 from pathlib import Path
-from typing import Optional, Tuple
+from typing import Iterable, Optional, Tuple
 
 CONVERTED_META = "audiollm_checkpoint.json"
 # Sub-directories of a HF export (megatron-to-hf) that hf-to-megatron reads back.
 ENCODER_SUBDIR = "whisper_encoder"
 ADAPTER_SUBDIR = "audio_adapter"
+MANIFEST = "manifest.json"
+STEP_DIR = re.compile(r"^step_(\d{6,})$")
+
+
+def file_record(path: Path) -> dict:
+    """{'size', 'crc32'} of one file, read in 16 MiB blocks."""
+    crc, size = 0, 0
+    with open(path, "rb") as handle:
+        while block := handle.read(1 << 24):
+            crc, size = zlib.crc32(block, crc), size + len(block)
+    return {"size": size, "crc32": crc}
+
+
+def checkpoint_files(path: Path) -> list:
+    """The files of a checkpoint directory, relative, sorted (the manifest itself excluded)."""
+    path = Path(path)
+    return sorted(p.relative_to(path).as_posix() for p in path.rglob("*") if p.is_file() and p.name != MANIFEST)
+
+
+def read_manifest(path: Path) -> Tuple[Optional[dict], Optional[str]]:
+    """(files -> record, None), or (None, why there is none usable)."""
+    manifest = Path(path) / MANIFEST
+    if not manifest.is_file():
+        return None, f"no {MANIFEST}"
+    try:
+        return dict(json.loads(manifest.read_text())["files"]), None
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        return None, f"{MANIFEST} is unreadable ({type(exc).__name__})"
+
+
+def manifest_problem(path: Path, files: dict, check_sums: Iterable[str] = ()) -> Optional[str]:
+    """What is wrong with checkpoint `path` against its manifest `files`: every file
+    present with its size (cheap), and the CRC-32 of those named in `check_sums`; None
+    when nothing is."""
+    path = Path(path)
+    for name, record in sorted(files.items()):
+        try:
+            size = os.path.getsize(path / name)
+        except OSError:
+            return f"{name} is missing"
+        if size != record["size"]:
+            return f"{name} has {size} bytes, {record['size']} were written"
+    for name in check_sums:
+        if file_record(path / name)["crc32"] != files[name]["crc32"]:
+            return f"{name} does not hold what was written (CRC-32 differs)"
+    return None
+
+
+def checkpoint_problem(path: Path) -> Optional[str]:
+    """One process's whole check of one checkpoint (sizes and checksums); None when it is
+    complete, or when it predates manifests and is a dist_checkpointing directory."""
+    files, why = read_manifest(path)
+    if files is None:
+        return None if why == f"no {MANIFEST}" and is_dist_checkpoint(path) else why
+    return manifest_problem(path, files, sorted(files))
+
+
+def step_dirs(run_dir: Path) -> list:
+    """A run's published checkpoints (checkpoints/step_N), newest first."""
+    root = Path(run_dir) / "checkpoints"
+    if not root.is_dir():
+        return []
+    return sorted((p for p in root.iterdir() if STEP_DIR.match(p.name) and p.is_dir()),
+                  key=lambda p: int(STEP_DIR.match(p.name).group(1)), reverse=True)
 
 
 def is_dist_checkpoint(path: Path) -> bool:

@@ -4,12 +4,21 @@ atomically, the last K kept.
 Layout under <run_dir>/checkpoints/:
   step_000010/            one published checkpoint (dist_checkpointing format)
     rank_state/rank_00000.pt   per-rank RNG states and data-loader state
+    manifest.json              size and CRC-32 of every file (orchestrator/checkpoint_dirs.py)
   latest                  name of the newest published checkpoint (replaced atomically)
   .tmp-step_000020/       a save in progress (never read; removed by the next save)
+  step_000030.damaged/    a checkpoint found damaged at a resume, set aside (never read)
 
-Every rank writes into the temporary directory; after a barrier rank 0 renames it to
-its final name and only then points `latest` at it (write + os.replace), so a crash
-at any moment leaves `latest` naming a complete checkpoint.
+Every rank writes into the temporary directory; after a barrier the ranks record every
+file's size and checksum in the manifest, rank 0 renames the directory to its final name
+and only then points `latest` at it (write + os.replace), so a crash at any moment leaves
+`latest` naming a complete checkpoint.
+
+A resume verifies before it loads (resumable_checkpoint): the newest checkpoint whose
+files all match their manifest, whatever `latest` says; one damaged since it was written
+(a truncated or overwritten shard) is set aside with a warning naming the file, and the
+run continues from the one before. If every checkpoint is damaged the job stops and says
+so: it never starts over in silence.
 
 Contents: model chunks ("model" or "model0", "model1", ... with virtual pipeline
 stages), optimizer (distributed-optimizer state in the dp_reshardable layout), LR
@@ -21,8 +30,8 @@ from __future__ import annotations
 
 import logging
 import os
+import json
 import random
-import re
 import shutil
 from pathlib import Path
 from typing import Optional, Sequence
@@ -31,11 +40,12 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from orchestrator.checkpoint_dirs import (MANIFEST, checkpoint_files, file_record, is_dist_checkpoint, manifest_problem,
+                                         read_manifest, step_dirs)
 from orchestrator.convert.dist_format import use_in_process_results_queue
 
 log = logging.getLogger(__name__)
 
-_STEP_DIR = re.compile(r"^step_(\d{6,})$")
 # megatron-core 0.16.1: the default fully_sharded_model_space layout fails on load
 # ("ShardedTensor.flattened_range is not supported"); dp_reshardable works.
 _SHARDING_METADATA = {"distrib_optim_sharding_type": "dp_reshardable"}
@@ -128,6 +138,7 @@ def save_checkpoint(run_dir, step: int, chunks: Sequence, optimizer, scheduler, 
     torch.save({"rng": _rng_state(), "data": batch_source.state_dict(), "world_size": dist.get_world_size()},
                rank_dir / f"rank_{rank:05d}.pt")
     dist.barrier()
+    _write_manifest(tmp)
     if rank == 0:
         os.replace(tmp, final)
         pointer_tmp = root / "latest.tmp"
@@ -139,9 +150,80 @@ def save_checkpoint(run_dir, step: int, chunks: Sequence, optimizer, scheduler, 
 
 
 def _prune(root: Path, keep_last: int) -> None:
-    published = sorted((p for p in root.iterdir() if _STEP_DIR.match(p.name)), key=lambda p: p.name)
-    for old in published[: max(len(published) - max(keep_last, 1), 0)]:
+    for old in step_dirs(root.parent)[max(keep_last, 1):]:
         shutil.rmtree(old, ignore_errors=True)
+
+
+def _my_share(names: Sequence[str]) -> list:
+    """This rank's share of a checkpoint's files, to read for their checksums."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    return [name for i, name in enumerate(names) if i % world == rank]
+
+
+def _write_manifest(tmp: Path) -> None:
+    """Collective: every rank checksums its share of the saved files; rank 0 writes the
+    manifest (before the directory is published)."""
+    names = [checkpoint_files(tmp) if dist.get_rank() == 0 else None]
+    dist.broadcast_object_list(names, src=0)
+    mine = {name: file_record(tmp / name) for name in _my_share(names[0])}
+    gathered = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, mine)
+    if dist.get_rank() == 0:
+        files = {k: v for part in gathered for k, v in part.items()}
+        (tmp / MANIFEST).write_text(json.dumps({"format": 1, "files": files}, sort_keys=True) + "\n")
+
+
+class NoCompleteCheckpoint(RuntimeError):
+    """The run has checkpoints, and none of them is complete."""
+
+
+def _problem(path: Path) -> Optional[str]:
+    """Collective: what is wrong with checkpoint `path`, the same answer on every rank."""
+    files, why = read_manifest(path)
+    if files is None:
+        if why == f"no {MANIFEST}" and is_dist_checkpoint(path):
+            return None  # published before checkpoints carried a manifest: loaded unverified
+        return why
+    problems = [None] * dist.get_world_size()
+    dist.all_gather_object(problems, manifest_problem(path, files, _my_share(sorted(files))))
+    return next((p for p in problems if p), None)
+
+
+def resumable_checkpoint(run_dir) -> Optional[Path]:
+    """Collective: the newest complete checkpoint of the run, or None when it has none.
+    Damaged ones newer than it are renamed step_N.damaged (rank 0 warns, naming the file
+    and what is wrong) and `latest` is pointed at it; raises NoCompleteCheckpoint when
+    every checkpoint is damaged."""
+    rank = dist.get_rank()
+    candidates = step_dirs(run_dir)
+    damaged = []
+    for path in candidates:
+        problem = _problem(path)
+        if problem is None:
+            break
+        damaged.append((path, problem))
+    else:
+        path = None
+    dist.barrier()  # every rank has read them before rank 0 moves anything
+    if rank == 0:
+        for bad, problem in damaged:
+            aside = bad.with_name(bad.name + ".damaged")
+            shutil.rmtree(aside, ignore_errors=True)
+            os.replace(bad, aside)
+            log.warning("checkpoint %s is damaged: %s; set aside as %s", bad, problem, aside.name)
+        if damaged and path is not None:
+            log.warning("resuming from %s, the newest complete checkpoint", path.name)
+            pointer_tmp = checkpoints_dir(run_dir) / "latest.tmp"
+            pointer_tmp.write_text(path.name + "\n")
+            os.replace(pointer_tmp, checkpoints_dir(run_dir) / "latest")
+    dist.barrier()
+    if damaged and path is None:
+        raise NoCompleteCheckpoint(
+            f"no complete checkpoint in {checkpoints_dir(run_dir)}: "
+            + "; ".join(f"{bad.name}: {problem}" for bad, problem in damaged)
+            + f" (set aside as *.damaged). Not starting over in silence: to train from the start, move "
+              f"{checkpoints_dir(run_dir)} away and run the same command again, or pass run.name=<new name>")
+    return path
 
 
 def _prime_distributed_optimizer(chunks: Sequence, optimizer) -> None:

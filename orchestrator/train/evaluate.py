@@ -21,6 +21,12 @@ import sys
 from pathlib import Path
 from typing import Callable, Optional, Sequence
 
+from orchestrator.checkpoint_dirs import checkpoint_problem, step_dirs
+
+
+class DamagedCheckpoint(RuntimeError):
+    """The checkpoint to evaluate does not match its manifest."""
+
 
 def single_rank_plan(plan):
     """The plan with a one-rank layout: TP=PP=CP=DP=1, same model and batch sizes
@@ -59,6 +65,12 @@ def evaluate_run(run_dir: str | Path, checkpoint: Optional[str | Path] = None,
     if path is None or not path.is_dir():
         raise FileNotFoundError(f"{run_dir}: no checkpoint to evaluate ({path or 'checkpoints/latest is missing'}); "
                                 f"train first or pass --checkpoint DIR")
+    problem = checkpoint_problem(path)
+    if problem:
+        others = [p for p in step_dirs(run_dir) if p.name != path.name and checkpoint_problem(p) is None]
+        raise DamagedCheckpoint(f"checkpoint {path} is damaged: {problem}; "
+                                + (f"evaluate the newest complete one with --checkpoint {others[0]}" if others
+                                   else "the run has no other complete checkpoint"))
     plan = load_run_plan(run_dir)
     if plan.section("data").get("validation"):
         plan.config["train"]["eval_wer"] = True  # what this command is for: WER whatever the run's setting
@@ -90,7 +102,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
     try:
         evaluate_run(args.run_dir, args.checkpoint)
-    except FileNotFoundError as exc:
+    except (FileNotFoundError, DamagedCheckpoint) as exc:
         print(str(exc), file=sys.stderr)
         return 2
     return 0

@@ -26,6 +26,7 @@ from typing import Callable, Optional
 import torch
 import torch.distributed as dist
 
+from orchestrator.checkpoint_dirs import step_dirs
 from orchestrator.runtime.machine import Machine, decide
 from orchestrator.train import checkpoint as ckpt
 from orchestrator.train import lr_groups as lrg
@@ -177,7 +178,7 @@ class Trainer:
 
         path = self.plan.section("model").get("init_checkpoint")
         resumes = (self.plan.section("run").get("resume") or "auto") != "never"
-        if not path or (resumes and ckpt.latest_checkpoint(self.plan.run_dir) is not None):
+        if not path or (resumes and step_dirs(self.plan.run_dir)):
             return None
         return {"path": path, **load_init_checkpoint(path, chunks)}
 
@@ -344,7 +345,7 @@ class Trainer:
     def resume(self) -> Optional[str]:
         if (self.plan.section("run").get("resume") or "auto") == "never":
             return None
-        latest = ckpt.latest_checkpoint(self.plan.run_dir)
+        latest = ckpt.resumable_checkpoint(self.plan.run_dir)
         if latest is None:
             return None
         info = ckpt.load_checkpoint(latest, self.chunks, self.optimizer, self.scheduler, self.components.train_source)

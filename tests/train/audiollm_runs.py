@@ -75,3 +75,17 @@ def write_audiollm_run_dir(run_dir: Path, corpus: Path, *, tp: int = 1, pp: int 
     (run_dir / "plan.json").write_text(json.dumps(plan, indent=1))
     (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg))
     return run_dir
+
+
+def audiollm_cli(argv: Sequence[str], cwd: Path, timeout: float = 600, env: dict | None = None):
+    """`audiollm ARGV...` as a user types it, in a process of its own; the completed process
+    (stdout and stderr together in `.stdout`)."""
+    import os
+    import subprocess
+    import sys
+
+    from tests.distributed_run import REPO
+
+    env = {**os.environ, "PYTHONPATH": str(REPO), "PYTHONWARNINGS": "ignore", "OMP_NUM_THREADS": "1", **(env or {})}
+    return subprocess.run([sys.executable, "-m", "orchestrator.cli", *argv], stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT, text=True, timeout=timeout, cwd=cwd, env=env)

@@ -1,0 +1,109 @@
+"""Why a job failed, in one line: the console's last line after a failure.
+
+Every rank that fails with a Python exception records it (launchers/job.py):
+
+    <run_dir>/logs/failure_rank<N>.json   {"job_id", "rank", "time", "line", "lost_peer"}
+
+`line` is the exception in one line (type, message, and where in the project's code it
+was raised); `lost_peer` marks the errors a rank gets only because another one is gone
+(gloo's "Connection reset by peer", NCCL's aborted communicator). A rank killed by a
+signal records nothing: a local job's controller keeps each task's exit status
+(launchers/local_controller.py), a negative one being the signal.
+
+`explain` picks the cause: the earliest failure of its own, else a rank killed by a
+signal, else the earliest failure of any kind.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import socket
+import time
+import traceback
+from pathlib import Path
+from typing import Optional, Sequence
+
+from launchers.rundir import read_json, write_json
+
+MAX_LINE = 600
+# The errors of a rank whose peer is gone (gloo, NCCL, torch's TCPStore).
+_PEER_LOSS = re.compile(r"(reset|closed) by peer|Broken pipe|communicator was aborted|Connection refused|"
+                        r"Socket Timeout|recvBytes|sendBytes|NCCL (error|communicator)", re.IGNORECASE)
+_PROJECT_CODE = ("orchestrator", "launchers")
+_SIGNAL_HINTS = {signal.SIGKILL: "the out-of-memory killer or a kill -9", signal.SIGSEGV: "a crash in native code",
+                 signal.SIGABRT: "an abort in native code", signal.SIGBUS: "a bus error (a file mapped in memory "
+                                                                         "was truncated?)"}
+
+
+def failure_path(run_dir: Path, rank: int) -> Path:
+    return Path(run_dir) / "logs" / f"failure_rank{rank}.json"
+
+
+def _where(exc: BaseException) -> str:
+    """The innermost frame in the project's own code, as path:line."""
+    for frame in reversed(traceback.extract_tb(exc.__traceback__)):
+        parts = Path(frame.filename).parts
+        for i, part in enumerate(parts):
+            if part in _PROJECT_CODE:
+                return f"{'/'.join(parts[i:])}:{frame.lineno}"
+    return ""
+
+
+def one_line(exc: BaseException) -> str:
+    text = " ".join(str(exc).split())
+    line = f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+    if len(line) > MAX_LINE:
+        line = line[: MAX_LINE - 1] + "…"
+    where = _where(exc)
+    return f"{line} (raised in {where})" if where and not type(exc).__module__.startswith(_PROJECT_CODE) else line
+
+
+def record(run_dir: Path, rank: int, job_id: str, exc: BaseException) -> None:
+    """Never raises: a failure to record must not hide the failure itself."""
+    try:
+        write_json(failure_path(run_dir, rank), {
+            "job_id": str(job_id), "rank": rank, "pid": os.getpid(), "host": socket.gethostname(),
+            "time": time.time(), "line": one_line(exc), "lost_peer": bool(_PEER_LOSS.search(str(exc))),
+        })
+    except OSError:
+        pass
+
+
+def _signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
+
+
+def _from(r: dict, log: Path) -> str:
+    return f"rank {r['rank']}: {r['line']} (log: {log}/rank{r['rank']}.log)"
+
+
+def explain(run_dir: Path, job_id: str, exit_codes: Optional[Sequence[Optional[int]]] = None) -> Optional[str]:
+    """The cause of job `job_id`'s failure in one line, ending with the log to read; None
+    when nothing was recorded."""
+    run_dir = Path(run_dir)
+    world_size = int((read_json(run_dir / "plan.json", default={}) or {}).get("world_size") or 0)
+    records = [r for r in (read_json(failure_path(run_dir, rank)) for rank in range(world_size))
+               if isinstance(r, dict) and r.get("job_id") == str(job_id)]
+    records.sort(key=lambda r: r.get("time", 0))
+    own = [r for r in records if not r.get("lost_peer")]
+    log = run_dir / "logs"
+    if own:
+        r = own[0]
+        return _from(r, log)
+    recorded = {r["rank"] for r in records}
+    killed = [(rank, -code) for rank, code in enumerate(exit_codes or ())
+              if code is not None and code < 0 and rank not in recorded]
+    if killed:
+        rank, number = killed[0]
+        hint = _SIGNAL_HINTS.get(number)
+        return (f"rank {rank} was killed by signal {number} ({_signal_name(number)}{': ' + hint if hint else ''}); "
+                f"the other ranks stopped when it disappeared (log: {log}/rank{rank}.log)")
+    if records:
+        r = records[0]
+        return _from(r, log)
+    return None

@@ -1,0 +1,38 @@
+"""submitit's local controller (it starts a local job's tasks, forwards signals and
+restarts them on a requeue), also recording how each task ended:
+
+    <submitit folder>/<job id>_exit_codes.json   {"exit_codes": [0, -9, ...]}
+
+written each time the tasks of a start have all ended. A negative code is the signal
+that killed the task (Popen's convention). It is the only record of a rank that died
+without running any Python (SIGKILL from the out-of-memory killer or `kill -9`):
+launchers/failures.py names that rank and the signal instead of the error its peers
+saw when it disappeared. `audiollm train` starts this module in place of
+`submitit.local._local` (launchers/commands.py, local_job_processes).
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from submitit.local.local import Controller
+
+from launchers.rundir import write_json
+
+
+def exit_codes_path(folder: Path, job_id: str) -> Path:
+    return Path(folder) / f"{job_id}_exit_codes.json"
+
+
+class RecordingController(Controller):
+    def wait(self, freq: int = 24):
+        codes = super().wait(freq)
+        write_json(exit_codes_path(self.folder, self.pid), {"exit_codes": list(codes)})
+        return codes
+
+
+if __name__ == "__main__":
+    if len(sys.argv) != 2:
+        sys.exit("usage: python -m launchers.local_controller SUBMITIT_FOLDER")
+    RecordingController(Path(sys.argv[1])).run()

@@ -1,0 +1,91 @@
+"""What a damaged run directory does to `audiollm train` and `audiollm eval`, through the
+real CLI and the real trainer (2 CPU ranks): a checkpoint damaged after it was written is
+set aside and the run resumes, exactly, from the newest complete one; when every
+checkpoint is damaged the run stops and says so instead of starting over."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+
+import pytest
+
+from tests.train.audiollm_runs import audiollm_cli, make_corpus, train_overrides
+
+pytestmark = pytest.mark.multiprocess
+
+ITERS, SAVE_AT = 6, 3
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """One 6-step run, checkpoints at steps 3 and 6; (overrides, run directory, losses)."""
+    root = tmp_path_factory.mktemp("damaged")
+    corpus = make_corpus(root / "corpus")
+    overrides = [*train_overrides(corpus), "launcher.gpus_per_node=2", f"train.iters={ITERS}",
+                 f"train.save_interval={SAVE_AT}", "run.name=damaged", f"run.output_root={root / 'outputs'}"]
+    proc = audiollm_cli(["train", *overrides], cwd=root)
+    assert proc.returncode == 0, proc.stdout[-6000:]
+    run_dir = root / "outputs" / "tiny_cpu" / "damaged"
+    return overrides, run_dir, _losses(run_dir)
+
+
+def _losses(run_dir) -> list:
+    return [(row["step"], row["loss"]) for row in map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines())]
+
+
+def _largest_file(step_dir):
+    return max((p for p in step_dir.rglob("*") if p.is_file() and p.name != "manifest.json"),
+               key=lambda p: p.stat().st_size)
+
+
+def test_a_truncated_or_overwritten_checkpoint_is_set_aside_and_the_run_resumes_exactly(trained):
+    overrides, run_dir, straight = trained
+    checkpoints = run_dir / "checkpoints"
+    assert sorted(p.name for p in checkpoints.glob("step_*")) == ["step_000003", "step_000006"]
+    manifest = json.loads((checkpoints / "step_000006" / "manifest.json").read_text())["files"]
+    assert "rank_state/rank_00001.pt" in manifest and all(r["size"] > 0 for r in manifest.values())
+
+    # `audiollm eval` refuses the damaged one in one line, naming the complete one.
+    shard = _largest_file(checkpoints / "step_000006")
+    size = shard.stat().st_size
+    with open(shard, "r+b") as handle:  # truncated: a copy or a save cut short
+        handle.truncate(size // 2)
+    proc = audiollm_cli(["eval", str(run_dir)], cwd=run_dir)
+    assert proc.returncode == 2, proc.stdout[-4000:]
+    name = shard.relative_to(checkpoints / "step_000006").as_posix()
+    assert proc.stdout.strip().splitlines()[-1] == (
+        f"checkpoint {checkpoints / 'step_000006'} is damaged: {name} has {size // 2} bytes, {size} were written; "
+        f"evaluate the newest complete one with --checkpoint {checkpoints / 'step_000003'}"), proc.stdout[-2000:]
+
+    # The same command again: steps 4 to 6 from step 3, loss for loss.
+    proc = audiollm_cli(["train", *overrides], cwd=run_dir)
+    assert proc.returncode == 0, proc.stdout[-6000:]
+    assert (f"checkpoint {checkpoints / 'step_000006'} is damaged: {name} has {size // 2} bytes, {size} were "
+            f"written; set aside as step_000006.damaged") in proc.stdout, proc.stdout[-4000:]
+    assert "resuming from step_000003, the newest complete checkpoint" in proc.stdout
+    assert _losses(run_dir) == straight  # metrics.jsonl keeps the rows up to the resumed step
+    assert (checkpoints / "latest").read_text().strip() == "step_000006"
+    assert (checkpoints / "step_000006.damaged").is_dir()
+
+    # Overwritten in place (same size, other bytes): only the checksum tells.
+    shard = _largest_file(checkpoints / "step_000006")
+    data = bytearray(shard.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    shard.write_bytes(bytes(data))
+    shutil.rmtree(checkpoints / "step_000003" / "rank_state")  # and the one before it lost a directory
+    proc = audiollm_cli(["train", *overrides], cwd=run_dir)
+    assert proc.returncode == 1, proc.stdout[-6000:]
+    name = shard.relative_to(checkpoints / "step_000006").as_posix()
+    assert f"{name} does not hold what was written (CRC-32 differs)" in proc.stdout, proc.stdout[-4000:]
+    last = proc.stdout.strip().splitlines()[-1]
+    failed = re.match(r"job failed: rank ([01]): NoCompleteCheckpoint: ", last)
+    assert failed, last
+    assert last.split(": ", 2)[2].startswith(f"NoCompleteCheckpoint: no complete checkpoint in {checkpoints}: step_000006: "
+                           f"{name} does not hold what was written (CRC-32 differs); step_000003: "
+                           f"rank_state/rank_00000.pt is missing"), last
+    assert "Not starting over in silence" in last and last.endswith(f"(log: {run_dir}/logs/rank{failed[1]}.log)")
+    assert not (run_dir / "checkpoints" / "step_000001").exists()  # nothing trained from scratch
+    assert _losses(run_dir) == straight
+
