@@ -297,6 +297,49 @@ def ensure_demo_corpus(runs: Sequence[PreparedRun]) -> None:
                                   f"it printed above, or point data.demo_corpus (or $AUDIOLLM_DEMO_DATA) elsewhere")
 
 
+def local_dataset_problems(runs: Sequence[PreparedRun]) -> list[str]:
+    """Every local dataset path (data.train, data.validation; globs expanded) that is not an
+    MDS dataset as seen from this machine, one line each; remote ones are checked by the
+    job (orchestrator/data/remote.py). Runs after the demo corpus is written."""
+    from orchestrator.data.sources import is_remote, resolve_entries
+
+    problems: list[str] = []
+    for run in runs:
+        data = run.container["data"]
+        for split in ("train", "validation"):
+            for entry in data.get(split) or []:
+                if is_remote(str(entry["path"])):
+                    continue
+                try:
+                    resolve_entries([_Entry(entry)])
+                except (OSError, ValueError) as exc:
+                    problem = f"data.{split}[{entry['name']}]: {exc}"
+                    if problem not in problems:
+                        problems.append(problem)
+    return problems
+
+
+class _Entry:
+    """A dataset entry of the composed config (a dict) as resolve_entries reads it."""
+
+    def __init__(self, entry: dict):
+        self.name, self.path, self.weight = entry["name"], entry["path"], entry.get("weight", 1.0)
+
+
+def check_local_datasets(runs: Sequence[PreparedRun]) -> bool:
+    """False (after saying why) when a local job could not open its datasets; a SLURM job's
+    nodes may see paths this machine does not, so there it is a warning."""
+    problems = local_dataset_problems(runs)
+    if not problems:
+        return True
+    if runs[0].launcher["kind"] == "slurm":
+        _print_errors(problems, header="warning: these datasets are not found from this machine (the job fails "
+                                       "at start unless the compute nodes see them)")
+        return True
+    _print_errors(problems, header="not submitted: datasets not found")
+    return False
+
+
 def cluster_problems(launcher: dict) -> list[str]:
     """Why this SLURM cluster could never start the job (launchers/slurm_fit.py); [] if it
     could or nothing was checked."""
@@ -337,6 +380,8 @@ def train(overrides: Sequence[str], multirun: bool = False) -> int:
         return EXIT_INVALID
     try:
         ensure_demo_corpus([run])
+        if not check_local_datasets([run]):
+            return EXIT_INVALID
         job = submit_run(run)
     except (RunActive, rd.RunBusy, DemoCorpusError) as exc:
         _print_errors([str(exc)], header="not submitted")
@@ -486,6 +531,8 @@ def train_sweep(overrides: Sequence[str]) -> int:
         ensure_demo_corpus([run for _, run in points])
     except (RunActive, DemoCorpusError) as exc:
         _print_errors([str(exc)], header="sweep not submitted")
+        return EXIT_INVALID
+    if not check_local_datasets([run for _, run in points]):
         return EXIT_INVALID
     if launcher["kind"] == "slurm":
         jobs = submit_sweep(sweep_dir, points)

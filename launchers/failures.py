@@ -20,6 +20,7 @@ import os
 import re
 import signal
 import socket
+import sysconfig
 import time
 import traceback
 from pathlib import Path
@@ -31,7 +32,8 @@ MAX_LINE = 600
 # The errors of a rank whose peer is gone (gloo, NCCL, torch's TCPStore).
 _PEER_LOSS = re.compile(r"(reset|closed) by peer|Broken pipe|communicator was aborted|Connection refused|"
                         r"Socket Timeout|recvBytes|sendBytes|NCCL (error|communicator)", re.IGNORECASE)
-_PROJECT_CODE = ("orchestrator", "launchers")
+_PROJECT_CODE = ("orchestrator", "launchers")  # their exceptions' messages say where and why
+_REPO = Path(__file__).resolve().parents[1]
 _SIGNAL_HINTS = {signal.SIGKILL: "the out-of-memory killer or a kill -9", signal.SIGSEGV: "a crash in native code",
                  signal.SIGABRT: "an abort in native code", signal.SIGBUS: "a bus error (a file mapped in memory "
                                                                          "was truncated?)"}
@@ -41,13 +43,24 @@ def failure_path(run_dir: Path, rank: int) -> Path:
     return Path(run_dir) / "logs" / f"failure_rank{rank}.json"
 
 
+def _library_roots() -> tuple:
+    paths = sysconfig.get_paths()
+    return tuple({str(Path(paths[k]).resolve()) for k in ("stdlib", "platstdlib", "purelib", "platlib")})
+
+
 def _where(exc: BaseException) -> str:
-    """The innermost frame in the project's own code, as path:line."""
+    """The innermost frame outside Python's and the installed packages' code (the
+    project's, or the user's own entry), as a path relative to the repository if within."""
+    libraries = _library_roots()
     for frame in reversed(traceback.extract_tb(exc.__traceback__)):
-        parts = Path(frame.filename).parts
-        for i, part in enumerate(parts):
-            if part in _PROJECT_CODE:
-                return f"{'/'.join(parts[i:])}:{frame.lineno}"
+        path = Path(frame.filename).resolve()
+        if frame.filename.startswith("<") or str(path).startswith(libraries):
+            continue
+        try:
+            path = path.relative_to(_REPO)
+        except ValueError:
+            pass
+        return f"{path}:{frame.lineno}"
     return ""
 
 

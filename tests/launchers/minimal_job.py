@@ -18,7 +18,8 @@ step, rank 0). At every step boundary it asks launchers.runtime.should_stop()
 and, when told to, checkpoints and returns.
 
 AUDIOLLM_MINIMAL_STEP_DELAY_S (seconds, default 0) slows each step down, so that a
-demo or a test can interrupt a run mid-way.
+demo or a test can interrupt a run mid-way. AUDIOLLM_MINIMAL_FAIL=RANK:STEP makes that
+rank raise a ValueError at that step (a failure inside the job).
 """
 
 from __future__ import annotations
@@ -122,6 +123,7 @@ def main(run_dir: str) -> dict:
     dist.barrier()
 
     delay = float(os.environ.get("AUDIOLLM_MINIMAL_STEP_DELAY_S", "0"))
+    fail_rank, _, fail_step = os.environ.get("AUDIOLLM_MINIMAL_FAIL", "").partition(":")
     save_interval, keep_last = int(train.get("save_interval") or 0), int(train.get("keep_last") or 2)
     log_interval = max(1, int(train.get("log_interval") or 1))
     metrics = open(run_path / "metrics.jsonl", "a") if rank == 0 else None
@@ -135,6 +137,8 @@ def main(run_dir: str) -> dict:
             dist.barrier()
             return {"stopped_at": step}
         step_start = time.time()
+        if fail_rank and (rank, step + 1) == (int(fail_rank), int(fail_step)):
+            raise ValueError(f"batch of step {step + 1} has 3 columns, the model takes {IN_DIM} (AUDIOLLM_MINIMAL_FAIL)")
         x, y = _batch(seed, step, rank)
         loss = torch.nn.functional.mse_loss(model(x.to(device)), y.to(device))
         optim.zero_grad(set_to_none=True)

@@ -141,7 +141,7 @@ def test_the_same_command_twice_at_once_runs_once_and_refuses_the_other_naming_t
     assert [row["step"] for row in read_metrics(run_dir)] == list(range(1, 7))  # one run's steps, once each
 
 
-def _cli_in_a_terminal_group(argv_tail, cwd, step_delay: str):
+def _cli_in_a_terminal_group(argv_tail, cwd, step_delay: str, **env_extra: str):
     """`audiollm train` started as a terminal starts a foreground command: the leader of a
     process group of its own, which the terminal's Ctrl-C (SIGINT) and hang-up signal as
     a whole (os.killpg)."""
@@ -150,7 +150,7 @@ def _cli_in_a_terminal_group(argv_tail, cwd, step_delay: str):
 
     from tests.distributed_run import REPO
 
-    env = {**os.environ, "PYTHONPATH": str(REPO), "AUDIOLLM_MINIMAL_STEP_DELAY_S": step_delay}
+    env = {**os.environ, "PYTHONPATH": str(REPO), "AUDIOLLM_MINIMAL_STEP_DELAY_S": step_delay, **env_extra}
     return subprocess.Popen([sys.executable, "-m", "orchestrator.cli", "train", *argv_tail], stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, env=env, cwd=REPO, start_new_session=True)
 
@@ -202,3 +202,46 @@ def _alive(pid: int) -> bool:
     except ProcessLookupError:
         return False
     return True
+
+
+def test_a_failure_inside_the_job_ends_the_console_with_its_cause_in_one_line(tmp_path):
+    """Rank 1 raises at step 3; rank 0 then fails only because its peer is gone. The
+    console's last line is rank 1's error, where it was raised, and the log to read."""
+    argv = tiny_overrides(tmp_path, "run.name=failing", iters=ITERS)
+    proc = _cli_in_a_terminal_group(argv, tmp_path, "0", AUDIOLLM_MINIMAL_FAIL="1:3")
+    out = proc.communicate(timeout=180)[0]
+    assert proc.returncode == 1, out
+    run_dir = tmp_path / "tiny_cpu" / "failing"
+    line = out.strip().splitlines()[-1]
+    assert re.fullmatch(r"job failed: rank 1: ValueError: batch of step 3 has 3 columns, the model takes 16 "
+                        r"\(AUDIOLLM_MINIMAL_FAIL\) \(raised in tests/launchers/minimal_job\.py:\d+\) "
+                        + re.escape(f"(log: {run_dir}/logs/rank1.log)"), line), out[-3000:]
+    assert read_json(run_dir / "state.json")["state"] == "FAILED"
+
+
+def test_a_rank_killed_by_a_signal_is_named_with_the_signal(tmp_path):
+    """SIGKILL (the out-of-memory killer) leaves no Python error in the killed rank; its
+    peer's is gloo's lost connection. The console names the rank and the signal."""
+    argv = tiny_overrides(tmp_path, "run.name=killed", iters=ITERS)
+    proc = _cli_in_a_terminal_group(argv, tmp_path, "0.25")
+    run_dir = tmp_path / "tiny_cpu" / "killed"
+    wait_for_step(run_dir, 2, timeout=120)
+    os.kill(rank_pids(run_dir, 1)[0], signal.SIGKILL)
+    out = proc.communicate(timeout=180)[0]
+    assert proc.returncode == 1, out
+    assert out.strip().splitlines()[-1] == (
+        "job failed: rank 1 was killed by signal 9 (SIGKILL: the out-of-memory killer or a kill -9); the other ranks "
+        f"stopped when it disappeared (log: {run_dir}/logs/rank1.log)"), out[-3000:]
+    assert read_json(run_dir / "logs" / "failure_rank0.json")["lost_peer"] is True
+
+
+def test_a_missing_local_dataset_is_refused_before_submission(tmp_path):
+    ghost = tmp_path / "no_such_dataset"
+    argv = tiny_overrides(tmp_path, "run.name=ghost", f"data.train=[{{name:ghost,path:'{ghost}'}}]")
+    proc = _cli_in_a_terminal_group(argv, tmp_path, "0")
+    out = proc.communicate(timeout=120)[0]
+    assert proc.returncode == 2, out
+    assert out.strip().splitlines()[-2:] == [
+        "not submitted: datasets not found:",
+        f"  - data.train[ghost]: {ghost} is not an MDS dataset: {ghost}/index.json does not exist"], out
+    assert not (tmp_path / "tiny_cpu" / "ghost" / "launch.json").exists()
