@@ -29,9 +29,11 @@ from typing import Optional, Sequence
 from launchers.rundir import read_json, write_json
 
 MAX_LINE = 600
-# The errors of a rank whose peer is gone (gloo, NCCL, torch's TCPStore).
+# The errors of a rank whose peer is gone or failed first (gloo, NCCL, torch's TCPStore;
+# torch's distributed checkpoint names no failed rank on the ranks that did not fail).
 _PEER_LOSS = re.compile(r"(reset|closed) by peer|Broken pipe|communicator was aborted|Connection refused|"
-                        r"Socket Timeout|recvBytes|sendBytes|NCCL (error|communicator)", re.IGNORECASE)
+                        r"Socket Timeout|recvBytes|sendBytes|NCCL (error|communicator)|"
+                        r"CheckpointException ranks:dict_keys\(\[\]\)", re.IGNORECASE)
 _PROJECT_CODE = ("orchestrator", "launchers")  # their exceptions' messages say where and why
 _REPO = Path(__file__).resolve().parents[1]
 _SIGNAL_HINTS = {signal.SIGKILL: "the out-of-memory killer or a kill -9", signal.SIGSEGV: "a crash in native code",

@@ -61,13 +61,21 @@ class _Tee(io.TextIOBase):
         self._stream, self.log = stream, log
 
     def write(self, text: str) -> int:
-        self._stream.write(text)
-        self.log.write(text)
+        # A full disk must not turn every print into a new error (and Python's own report
+        # of the first into "lost sys.stderr"): what cannot be written is dropped.
+        for target in (self._stream, self.log):
+            try:
+                target.write(text)
+            except (OSError, ValueError):
+                pass
         return len(text)
 
     def flush(self) -> None:
-        self._stream.flush()
-        self.log.flush()
+        for target in (self._stream, self.log):
+            try:
+                target.flush()
+            except (OSError, ValueError):
+                pass
 
     def fileno(self) -> int:
         return self._stream.fileno()
@@ -85,7 +93,10 @@ def _update_state(run_dir: Path, **fields: Any) -> None:
     path = run_dir / "state.json"
     state = read_json(path, default={}) or {}
     state.update(fields, updated=time.strftime("%Y-%m-%dT%H:%M:%S%z"))
-    write_json(path, state)
+    try:
+        write_json(path, state)
+    except OSError as exc:  # a full disk: say so, and let the job's own error be the one raised
+        print(f"[launcher] could not write {path} (state {fields.get('state')}): {exc}", flush=True)
 
 
 def _limit_cpu_threads(local_world_size: int) -> int:

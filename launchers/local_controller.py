@@ -28,7 +28,10 @@ def exit_codes_path(folder: Path, job_id: str) -> Path:
 class RecordingController(Controller):
     def wait(self, freq: int = 24):
         codes = super().wait(freq)
-        write_json(exit_codes_path(self.folder, self.pid), {"exit_codes": list(codes)})
+        try:
+            write_json(exit_codes_path(self.folder, self.pid), {"exit_codes": list(codes)})
+        except OSError:  # a full disk: the ranks' own records still name the cause
+            pass
         return codes
 
 

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import logging
 import os
+import errno
 import json
 import random
 import shutil
@@ -107,13 +108,63 @@ def _set_rng_state(state: dict) -> None:
     get_cuda_rng_tracker().set_states(state["tracker"])
 
 
+class DiskFull(RuntimeError):
+    """The file system of the run directory is full (or over quota)."""
+
+
+_DISK_FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
+_DISK_FULL_TEXT = ("No space left on device", "Disk quota exceeded")
+
+
+def is_disk_full(exc: BaseException, path: Path) -> bool:
+    """Whether `exc` (or one it wraps: torch's checkpoint writers re-raise other ranks'
+    failures, torch.save says only "file write failed") comes from a full file system
+    at `path`."""
+    seen, todo = set(), [exc]
+    while todo:
+        cur = todo.pop()
+        if cur is None or id(cur) in seen:
+            continue
+        seen.add(id(cur))
+        if getattr(cur, "errno", None) in _DISK_FULL_ERRNOS or any(t in str(cur) for t in _DISK_FULL_TEXT):
+            return True
+        # torch's CheckpointException: {rank: (exception, traceback)} of the ranks that failed
+        failures = [f[0] if isinstance(f, tuple) else f for f in getattr(cur, "failures", {}).values()]
+        todo += [cur.__cause__, cur.__context__, *failures]
+    try:
+        return shutil.disk_usage(path).free < (1 << 20)
+    except OSError:
+        return False
+
+
 def save_checkpoint(run_dir, step: int, chunks: Sequence, optimizer, scheduler, batch_source,
                     wandb_run_id: Optional[str], keep_last: int) -> Path:
+    """Collective. A full disk removes the partial save (so the run directory's other
+    files can still be written) and raises DiskFull naming the path, the step and the
+    checkpoint a rerun resumes from."""
+    root = checkpoints_dir(run_dir)
+    name = f"step_{step:06d}"
+    tmp = root / f".tmp-{name}"
+    try:
+        return _save(root, name, step, chunks, optimizer, scheduler, batch_source, wandb_run_id, keep_last)
+    except BaseException as exc:  # torch's CheckpointException is a BaseException
+        if isinstance(exc, (KeyboardInterrupt, SystemExit)) or not is_disk_full(exc, root):
+            raise
+        shutil.rmtree(tmp, ignore_errors=True)
+        pointer = root / "latest"
+        latest = pointer.read_text().strip() if pointer.is_file() else None
+        raise DiskFull(f"disk full at {root} while saving step {step}; latest is "
+                       + (f"{latest}, which a rerun of the same command resumes from" if latest else
+                          "none (no checkpoint was completed)")
+                       + f". The partial save was removed; free space there (or lower train.keep_last, now "
+                         f"{keep_last}) and run the same command again") from exc
+
+
+def _save(root: Path, name: str, step: int, chunks: Sequence, optimizer, scheduler, batch_source,
+          wandb_run_id: Optional[str], keep_last: int) -> Path:
     from megatron.core import dist_checkpointing
 
     use_in_process_results_queue()
-    root = checkpoints_dir(run_dir)
-    name = f"step_{step:06d}"
     final, tmp = root / name, root / f".tmp-{name}"
     rank = dist.get_rank()
     if rank == 0:

@@ -407,10 +407,20 @@ class Trainer:
                         log.info("stop requested: checkpoint of step %d written, exiting for requeue", self.step)
                     break
             exit_code = 0
+        except OSError as exc:  # the run's own files (metrics.jsonl, the loss curve, W&B's)
+            if not ckpt.is_disk_full(exc, self.plan.run_dir):
+                raise
+            raise ckpt.DiskFull(f"disk full at {self.plan.run_dir} after step {self.step} ({exc}); free space there "
+                                f"and run the same command again: it resumes from the latest checkpoint") from exc
         finally:
             if writer is not None:
-                writer.finish(exit_code)
-                plot_loss_curve(self.plan.run_dir)
+                try:
+                    writer.finish(exit_code)
+                    plot_loss_curve(self.plan.run_dir)
+                except Exception as exc:  # noqa: BLE001 - after a failure, the failure is what to report
+                    if exit_code == 0:
+                        raise
+                    log.warning("the loss curve and the logger's end were not written: %s", exc)
         return history
 
 

@@ -1,16 +1,22 @@
-"""What a damaged run directory does to `audiollm train` and `audiollm eval`, through the
-real CLI and the real trainer (2 CPU ranks): a checkpoint damaged after it was written is
-set aside and the run resumes, exactly, from the newest complete one; when every
-checkpoint is damaged the run stops and says so instead of starting over."""
+"""What a damaged run directory or a full disk does to `audiollm train` and `audiollm
+eval`, through the real CLI and the real trainer (2 CPU ranks): a checkpoint damaged
+after it was written is set aside and the run resumes, exactly, from the newest complete
+one; when every checkpoint is damaged the run stops and says so instead of starting
+over; a save that fills the disk is removed and the run fails in one line."""
 
 from __future__ import annotations
 
 import json
+import os
 import re
+import shlex
 import shutil
+import subprocess
+import sys
 
 import pytest
 
+from tests.distributed_run import REPO
 from tests.train.audiollm_runs import audiollm_cli, make_corpus, train_overrides
 
 pytestmark = pytest.mark.multiprocess
@@ -89,3 +95,50 @@ def test_a_truncated_or_overwritten_checkpoint_is_set_aside_and_the_run_resumes_
     assert not (run_dir / "checkpoints" / "step_000001").exists()  # nothing trained from scratch
     assert _losses(run_dir) == straight
 
+
+
+def test_a_full_disk_at_a_save_fails_the_run_in_one_line_and_the_rerun_resumes_exactly(trained, tmp_path):
+    """The run directory on a file system that holds one checkpoint, not two (a tmpfs in a
+    mount namespace of its own): the save of step 6 fails. The partial save is removed,
+    the run is marked FAILED, the console's last line says what happened, and once there
+    is room the same command resumes from step 3 with the straight run's losses."""
+    overrides, first_dir, straight = trained
+    step_bytes = max(sum(p.stat().st_size for p in d.rglob("*") if p.is_file())
+                     for d in (first_dir / "checkpoints").glob("step_*"))  # (a test above may set one aside)
+    assert step_bytes > 1 << 20
+    out, kept = tmp_path / "out", tmp_path / "kept"
+    out.mkdir()
+    overrides = [o for o in overrides if not o.startswith("run.output_root=")] + [f"run.output_root={out}"]
+    run_dir = out / "tiny_cpu" / "damaged"
+    cli = f"{sys.executable} -m orchestrator.cli train {' '.join(shlex.quote(o) for o in overrides)}"
+    script = f"""
+mount -t tmpfs -o size={int(step_bytes * 1.6)} tmpfs {out} || exit 90
+{cli} > {tmp_path}/first.txt 2>&1; echo $? > {tmp_path}/first.rc
+cp -r {run_dir} {kept}
+mount -o remount,size={4 * step_bytes} {out}
+{cli} > {tmp_path}/again.txt 2>&1; echo $? > {tmp_path}/again.rc
+cp {run_dir}/metrics.jsonl {kept}/metrics_again.jsonl
+"""
+    unshare = ["unshare", "--mount", "--propagation", "private"]
+    if os.geteuid() != 0:
+        unshare.insert(1, "--map-root-user")
+    env = {**os.environ, "PYTHONPATH": str(REPO), "PYTHONWARNINGS": "ignore", "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run([*unshare, "bash", "-c", script], capture_output=True, text=True, timeout=900, cwd=tmp_path,
+                          env=env)
+    assert proc.returncode == 0, f"a small file system for the run could not be made: {proc.stdout}{proc.stderr}"
+    first = (tmp_path / "first.txt").read_text()
+    assert (tmp_path / "first.rc").read_text().strip() == "1", first[-4000:]
+    checkpoints = run_dir / "checkpoints"
+    assert re.fullmatch(
+        rf"job failed: rank [01]: DiskFull: disk full at {re.escape(str(checkpoints))} while saving step 6; latest is "
+        r"step_000003, which a rerun of the same command resumes from\. The partial save was removed; free space there "
+        r"\(or lower train.keep_last, now 2\) and run the same command again \(log: .*/logs/rank[01]\.log\)",
+        first.strip().splitlines()[-1]), first[-4000:]
+    assert "lost sys.stderr" not in first and "unraisablehook" not in first, first[-4000:]
+    assert sorted(p.name for p in (kept / "checkpoints").iterdir()) == ["latest", "step_000003"]
+    assert json.loads((kept / "state.json").read_text())["state"] == "FAILED"
+    again = (tmp_path / "again.txt").read_text()
+    assert (tmp_path / "again.rc").read_text().strip() == "0", again[-4000:]
+    assert "resumed from" in again and "step_000003" in again, again[-4000:]
+    rows = [json.loads(line) for line in (kept / "metrics_again.jsonl").read_text().splitlines()]
+    assert [(r["step"], r["loss"]) for r in rows] == straight
