@@ -10,7 +10,9 @@ that matters (lr, nodes, iters, ...) starts a new run. A timestamp would make ev
 invocation a new run, so "run it again to resume" could not work. Set `run.name`
 to choose the directory yourself.
 
-Files in a run directory (written before anything is submitted, except where noted):
+Files in a run directory (written before anything is submitted, except where noted;
+every file but the append-only logs and metrics is written atomically: a temporary file
+renamed over it, so a crash or a full disk never leaves half of one):
 
     config.yaml      the composed configuration
     plan.json        the resolved plan (the job reads this, never raw YAML)
@@ -39,6 +41,11 @@ from typing import Any, Mapping, Sequence
 
 # Keys that do not change what is trained: excluded from the run identity.
 IDENTITY_EXCLUDED = ("run.resume", "run.name", "launcher.dry_run", "launcher.wait")
+
+
+# The last line of config.yaml: a truncated YAML file is often still valid YAML, so a file
+# cut short is told by the missing end (`damage`).
+CONFIG_END = "# end of config.yaml\n"
 
 
 class RunDirError(ValueError):
@@ -126,6 +133,33 @@ def read_json(path: Path, default: Any = None) -> Any:
         return default
 
 
+def damage(path: Path) -> str | None:
+    """What is wrong with a run directory's JSON or YAML file, in a few words; None when it
+    is readable or absent."""
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        return None
+    except (OSError, UnicodeDecodeError) as exc:
+        return f"{path.name} cannot be read ({exc})"
+    try:
+        if path.suffix == ".yaml":
+            import yaml
+
+            yaml.safe_load(text)
+            if path.name == "config.yaml" and not text.endswith(CONFIG_END):
+                return f"{path.name} is damaged ({len(text.encode())} bytes, cut short: its last line is not {CONFIG_END.strip()!r})"
+        else:
+            json.loads(text)
+    except Exception as exc:  # noqa: BLE001 - json's and yaml's errors alike
+        where = getattr(exc, "lineno", None) or getattr(getattr(exc, "problem_mark", None), "line", None)
+        detail = f" at line {where}" if where else ""
+        size = len(text.encode())
+        return f"{path.name} is damaged ({size} bytes, not valid {path.suffix[1:].upper()}{detail})"
+    return None
+
+
 class RunBusy(RuntimeError):
     """Another command holds the run directory's submission lock for too long."""
 
@@ -162,16 +196,18 @@ def prepare(run_dir: Path, config_yaml: str, plan: Mapping[str, Any]) -> None:
     """Write config.yaml, plan.json and the W&B id (kept if present) before submission."""
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "logs").mkdir(exist_ok=True)
-    (run_dir / "config.yaml").write_text(config_yaml)
+    write_text_atomic(run_dir / "config.yaml", config_yaml + CONFIG_END)
     write_json(run_dir / "plan.json", dict(plan))
     wandb_id = run_dir / "wandb_id"
     if not wandb_id.exists():
-        wandb_id.write_text(uuid.uuid4().hex[:16] + "\n")
+        write_text_atomic(wandb_id, uuid.uuid4().hex[:16] + "\n")
 
 
 def record_launch(run_dir: Path, entry: Mapping[str, Any]) -> None:
     """Append one submission to launch.json."""
     path = run_dir / "launch.json"
+    if damage(path):  # kept for whoever wants the earlier launches back; a new record starts
+        os.replace(path, path.with_name("launch.json.damaged"))
     record = read_json(path, default={"launches": []})
     record["launches"].append(
         {
@@ -186,7 +222,8 @@ def record_launch(run_dir: Path, entry: Mapping[str, Any]) -> None:
 
 
 def last_launch(run_dir: Path) -> dict | None:
-    launches = read_json(Path(run_dir) / "launch.json", default={}).get("launches") or []
+    record = read_json(Path(run_dir) / "launch.json", default={})
+    launches = (record.get("launches") if isinstance(record, dict) else None) or []
     return launches[-1] if launches else None
 
 

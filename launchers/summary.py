@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from launchers.rundir import last_launch, read_json, read_metrics
+from launchers.rundir import damage, last_launch, read_json, read_metrics
 from launchers.slurm_fit import slurm_output
 
 # Scheduler states after which the job will not write anything any more.
@@ -104,9 +104,11 @@ def _local_alive(job_id: str) -> bool:
 
 def run_state(run_dir: Path, query_scheduler: bool = True) -> dict:
     """{"state", "scheduler", "job_id", "step", "iters", "loss", "requeues", "pending" (why it waits),
-    "history" (attempts that ended without finishing), "checkpoint", "error"} of one run."""
+    "history" (attempts that ended without finishing), "checkpoint", "error", "damaged" (files of the run
+    directory that cannot be read, one line each)} of one run; a damaged file never raises."""
     run_dir = Path(run_dir)
-    job_state = read_json(run_dir / "state.json", default={}) or {}
+    job_state = read_json(run_dir / "state.json", default={})
+    job_state = job_state if isinstance(job_state, dict) else {}
     launch = last_launch(run_dir) or {}
     job_ids = launch.get("job_ids") or []
     job_id = job_ids[0] if job_ids else None
@@ -130,16 +132,27 @@ def run_state(run_dir: Path, query_scheduler: bool = True) -> dict:
     elif scheduler == "ENDED" and state == "PREEMPTED":
         state = "STOPPED"  # a local run stopped with a checkpoint: run the same command to continue
     metrics = read_metrics(run_dir)
+    damaged = [d for d in (damage(run_dir / name) for name in ("state.json", "launch.json", "config.yaml", "plan.json"))
+               if d]
     cfg_iters = None
     cfg_path = run_dir / "config.yaml"
-    if cfg_path.exists():
+    if cfg_path.exists() and damage(cfg_path) is None:
         import yaml
 
-        cfg_iters = (yaml.safe_load(cfg_path.read_text()) or {}).get("train", {}).get("iters")
+        cfg_iters = ((yaml.safe_load(cfg_path.read_text()) or {}).get("train") or {}).get("iters")
     # Attempts that ended without finishing (sacct lists one row per attempt; the last is the current one).
     history = [{**a, "cause": _ATTEMPT_ENDS.get(a["state"], a["state"].lower()), "step": _step_at(metrics, a["end"])}
                for a in attempts[:-1]]
     latest = (run_dir / "checkpoints" / "latest")
+    checkpoint = latest.read_text().strip() if latest.is_file() else None
+    checkpoint_step = int(checkpoint.split("_")[-1]) if checkpoint and checkpoint.split("_")[-1].isdigit() else None
+    if damage(run_dir / "state.json") and state == "DIED":
+        # The job's own record is lost: its checkpoints still tell a finished run.
+        state = "COMPLETED" if checkpoint_step is not None and checkpoint_step == cfg_iters else "UNKNOWN"
+    last_step = metrics[-1]["step"] if metrics else None
+    if checkpoint_step is not None and (last_step or 0) < checkpoint_step:
+        damaged.append(f"metrics.jsonl ends at step {last_step or 0}, before the checkpoint of step "
+                       f"{checkpoint_step} (lines were lost)")
     return {
         "state": state,
         "scheduler": scheduler,
@@ -152,8 +165,9 @@ def run_state(run_dir: Path, query_scheduler: bool = True) -> dict:
         "requeues": max(int(job_state.get("requeues", 0)), int(slurm.get("restarts", 0)), len(history)),
         "pending": explain_pending(slurm.get("reason")) if scheduler == "PENDING" else None,
         "history": history,
-        "checkpoint": latest.read_text().strip() if latest.is_file() else None,
+        "checkpoint": checkpoint,
         "error": job_state.get("error"),
+        "damaged": damaged,
     }
 
 
@@ -184,6 +198,8 @@ def format_run(run_dir: Path, info: dict) -> str:
         lines.append(f"checkpoint {info['checkpoint']}")
     if info.get("error"):
         lines.append("error     " + info["error"].strip().splitlines()[-1])
+    for k, problem in enumerate(info.get("damaged") or []):
+        lines.append(f"{'damaged' if k == 0 else '':<10}{problem}")
     return "\n".join(lines)
 
 

@@ -21,7 +21,9 @@ import sys
 from pathlib import Path
 from typing import Callable, Optional, Sequence
 
+from launchers.rundir import write_text_atomic
 from orchestrator.checkpoint_dirs import checkpoint_problem, step_dirs
+from orchestrator.train.run_plan import PlanError
 
 
 class DamagedCheckpoint(RuntimeError):
@@ -86,7 +88,7 @@ def evaluate_run(run_dir: str | Path, checkpoint: Optional[str | Path] = None,
         if rank == 0:
             out = run_dir / "eval" / f"{path.name}.json"
             out.parent.mkdir(exist_ok=True)
-            out.write_text(json.dumps({"checkpoint": path.name, **results}, indent=1) + "\n")
+            write_text_atomic(out, json.dumps({"checkpoint": path.name, **results}, indent=1) + "\n")
             print(" | ".join(f"{k} {v:.4f}" for k, v in results.items()), flush=True)
     finally:
         shutdown()
@@ -102,7 +104,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
     try:
         evaluate_run(args.run_dir, args.checkpoint)
-    except (FileNotFoundError, DamagedCheckpoint) as exc:
+    except (FileNotFoundError, DamagedCheckpoint, PlanError) as exc:
         print(str(exc), file=sys.stderr)
         return 2
     return 0

@@ -19,6 +19,8 @@ from typing import Optional
 
 import torch
 
+from launchers.rundir import write_text_atomic
+
 log = logging.getLogger(__name__)
 
 # Dense bf16 tensor-core peak per GPU (FLOP/s), for MFU, by device name as
@@ -223,9 +225,8 @@ class MetricsWriter:
         """A resumed run repeats the steps after its checkpoint: drop their old lines."""
         if not self.path.exists():
             return
-        kept = [line for line in self.path.read_text().splitlines()
-                if line.strip() and json.loads(line).get("step", 0) <= step]
-        self.path.write_text("".join(line + "\n" for line in kept))
+        kept = [line for line in self.path.read_text().splitlines() if (_step_of(line) or step + 1) <= step]
+        write_text_atomic(self.path, "".join(line + "\n" for line in kept))
 
     def log(self, step: int, metrics: dict) -> None:
         with self.path.open("a") as f:
@@ -281,6 +282,14 @@ def read_metrics(run_dir: Path) -> list:
     return rows
 
 
+def _step_of(line: str) -> Optional[int]:
+    """The step of one metrics.jsonl line; None for a line cut short by a crash."""
+    try:
+        return int(json.loads(line)["step"])
+    except (ValueError, KeyError, TypeError):
+        return None
+
+
 def plot_loss_curve(run_dir: Path) -> Optional[Path]:
     """loss_curve.png: training loss (overall and per dataset) and validation loss; next
     to it one panel per generation metric the run measured (WER, exact match, BLEU),
@@ -329,6 +338,11 @@ def plot_loss_curve(run_dir: Path) -> Optional[Path]:
         ax.legend(fontsize=8)
         ax.grid(alpha=0.3)
     out = Path(run_dir) / "loss_curve.png"
-    fig.savefig(out, dpi=100, bbox_inches="tight")
-    plt.close(fig)
+    tmp = out.with_name(f".loss_curve.{os.getpid()}.png")
+    try:
+        fig.savefig(tmp, dpi=100, bbox_inches="tight")
+        os.replace(tmp, out)
+    finally:
+        tmp.unlink(missing_ok=True)
+        plt.close(fig)
     return out

@@ -245,3 +245,42 @@ def test_a_missing_local_dataset_is_refused_before_submission(tmp_path):
         "not submitted: datasets not found:",
         f"  - data.train[ghost]: {ghost} is not an MDS dataset: {ghost}/index.json does not exist"], out
     assert not (tmp_path / "tiny_cpu" / "ghost" / "launch.json").exists()
+
+
+def test_status_of_a_damaged_run_directory_names_each_damaged_file(reference, tmp_path, capsys):
+    """Files cut short by hand or by a crash: `audiollm status` says which and what is
+    wrong, and still tells a finished run from its checkpoints, instead of a YAML
+    traceback, DIED, or COMPLETED at step 4 of 12."""
+    import shutil
+
+    _, ref_dir = reference
+    run_dir = tmp_path / "copy"
+    shutil.copytree(ref_dir, run_dir)
+
+    def status_lines() -> list[str]:
+        capsys.readouterr()
+        assert commands.status(run_dir) == 0
+        return capsys.readouterr().out.splitlines()
+
+    def cut(name: str, keep: int) -> None:
+        data = (ref_dir / name).read_bytes()
+        (run_dir / name).write_bytes(data[:keep])
+
+    cut("config.yaml", 40)
+    size = len((run_dir / "config.yaml").read_bytes())
+    lines = status_lines()
+    assert f"damaged   config.yaml is damaged ({size} bytes, cut short: its last line is not '# end of config.yaml')" \
+        in lines, lines
+    shutil.copy(ref_dir / "config.yaml", run_dir / "config.yaml")
+
+    cut("state.json", 20)
+    lines = status_lines()
+    assert lines[1] == "state     COMPLETED (scheduler: ENDED, job %s)" % launches(run_dir)[0]["job_ids"][0], lines
+    assert any(line.startswith("damaged   state.json is damaged (20 bytes, not valid JSON") for line in lines), lines
+    shutil.copy(ref_dir / "state.json", run_dir / "state.json")
+
+    text = (ref_dir / "metrics.jsonl").read_text()
+    (run_dir / "metrics.jsonl").write_text("".join(text.splitlines(keepends=True)[:4]) + '{"step": 5, "lo')
+    lines = status_lines()
+    assert f"step      4/{ITERS}" in lines and "state     COMPLETED" in lines[1], lines
+    assert f"damaged   metrics.jsonl ends at step 4, before the checkpoint of step {ITERS} (lines were lost)" in lines

@@ -47,12 +47,15 @@ def test_prepare_writes_config_plan_and_keeps_the_wandb_id(tmp_path):
     wandb_id = (run_dir / "wandb_id").read_text()
     rd.prepare(run_dir, "a: 2\n", {"world_size": 2})
     assert (run_dir / "wandb_id").read_text() == wandb_id
-    assert (run_dir / "config.yaml").read_text() == "a: 2\n"
+    assert (run_dir / "config.yaml").read_text() == "a: 2\n" + rd.CONFIG_END
+    assert rd.damage(run_dir / "config.yaml") is None and rd.damage(run_dir / "plan.json") is None
     assert json.loads((run_dir / "plan.json").read_text()) == {"world_size": 2}
     rd.record_launch(run_dir, {"kind": "local", "job_ids": ["7"]})
     rd.record_launch(run_dir, {"kind": "local", "job_ids": ["8"]})
     assert [launch["job_ids"] for launch in rd.read_json(run_dir / "launch.json")["launches"]] == [["7"], ["8"]]
     assert rd.last_launch(run_dir)["version"]
+    (run_dir / "plan.json").write_text('{"world_si')
+    assert rd.damage(run_dir / "plan.json") == "plan.json is damaged (10 bytes, not valid JSON at line 1)"
 
 
 def test_dry_run_prints_everything_and_writes_nothing(tmp_path, capsys):

@@ -65,6 +65,13 @@ def test_a_truncated_or_overwritten_checkpoint_is_set_aside_and_the_run_resumes_
         f"checkpoint {checkpoints / 'step_000006'} is damaged: {name} has {size // 2} bytes, {size} were written; "
         f"evaluate the newest complete one with --checkpoint {checkpoints / 'step_000003'}"), proc.stdout[-2000:]
 
+    plan = (run_dir / "plan.json").read_bytes()
+    (run_dir / "plan.json").write_bytes(plan[:100])
+    proc = audiollm_cli(["eval", str(run_dir), "--checkpoint", str(checkpoints / "step_000003")], cwd=run_dir)
+    assert proc.returncode == 2 and proc.stdout.strip().splitlines()[-1].startswith(
+        f"{run_dir / 'plan.json'} is not valid JSON: "), proc.stdout[-2000:]
+    (run_dir / "plan.json").write_bytes(plan)
+
     # The same command again: steps 4 to 6 from step 3, loss for loss.
     proc = audiollm_cli(["train", *overrides], cwd=run_dir)
     assert proc.returncode == 0, proc.stdout[-6000:]
