@@ -24,6 +24,7 @@ not in it, so a resumed loader rebuilds the buffer exactly and repeats or drops 
 from __future__ import annotations
 
 import json
+import logging
 import weakref
 from collections import Counter
 from typing import Any, Dict, Iterator, List, Optional, Sequence
@@ -35,6 +36,8 @@ from orchestrator.data import mel, prompts, remote, sources, tasks
 from orchestrator.data.audio import AudioError, load_audio
 from orchestrator.data.packing import Example, Packer, collate
 from orchestrator.data.prompts import audio_placeholder_count
+
+log = logging.getLogger(__name__)
 
 
 class BadSampleError(RuntimeError):
@@ -221,23 +224,55 @@ def _plain(cfg):
 
 
 class BadSamples:
-    """Counts of skipped samples per dataset (exposed to the metrics)."""
+    """Skipped samples per dataset (exposed to the metrics), told on the console as they
+    are skipped (the first few of each dataset with where they are, then at 10, 100, ...),
+    and a stop when one dataset's share of bad samples passes data.max_bad_fraction:
+    skipping a few bad samples is what data.on_bad_sample=skip is for, losing a dataset is
+    not. The share is judged once a dataset has MIN_BAD_TO_JUDGE skipped samples (one bad
+    sample among a rank's first reads is not a broken dataset), over the samples this rank
+    has read from it."""
 
-    def __init__(self, policy: str):
+    MIN_BAD_TO_JUDGE = 10
+    SHOWN_EACH = 3  # skipped samples told one by one per dataset
+
+    def __init__(self, policy: str, max_fraction: float = 1.0):
         if policy not in ("error", "skip"):
             raise ValueError(f"data.on_bad_sample={policy!r}; use 'error' or 'skip'")
-        self.policy = policy
+        self.policy, self.max_fraction = policy, float(max_fraction)
         self.counts: Counter = Counter()
+        self.read: Counter = Counter()  # samples read per dataset, good and bad
+
+    def good(self, dataset: str) -> None:
+        self.read[dataset] += 1
 
     def handle(self, where: Dict[str, Any], reason: str) -> None:
-        message = (f"bad sample in dataset {where['dataset']}: shard {where['shard']}, sample {where['index']}: "
-                   f"{reason}. Fix or remove it, or set data.on_bad_sample=skip to skip and count such samples")
+        place = f"dataset {where['dataset']}: shard {where['shard']}, sample {where['index']}"
         if self.policy == "error":
-            raise BadSampleError(message)
-        self.counts[where["dataset"]] += 1
+            raise BadSampleError(f"bad sample in {place}: {reason}. Fix or remove it, or set data.on_bad_sample=skip "
+                                 f"to skip and count such samples")
+        name = where["dataset"]
+        self.counts[name] += 1
+        self.read[name] += 1
+        bad, read = self.counts[name], self.read[name]
+        if bad <= self.SHOWN_EACH:
+            log.warning("skipped a bad sample (data.on_bad_sample=skip) in %s: %s", place, reason)
+        elif str(bad).strip("0") == "1":  # 10, 100, 1000, ...
+            log.warning("dataset %s: %d bad samples skipped of %d read", name, bad, read)
+        if bad >= self.MIN_BAD_TO_JUDGE and bad > self.max_fraction * read:
+            raise BadSampleError(
+                f"dataset {name}: {bad} of the {read} samples read are bad ({bad / read:.0%}, more than "
+                f"data.max_bad_fraction={self.max_fraction:g}); the last in {place}: {reason}. Fix or remove the "
+                f"dataset, or raise data.max_bad_fraction to go on without those samples")
 
     def as_dict(self) -> Dict[str, int]:
         return dict(sorted(self.counts.items()))
+
+    def state_dict(self) -> Dict[str, Dict[str, int]]:
+        return {"bad_samples": self.as_dict(), "read_samples": dict(sorted(self.read.items()))}
+
+    def load_state_dict(self, state: Dict[str, Any]) -> None:
+        self.counts = Counter(state.get("bad_samples", {}))
+        self.read = Counter(state.get("read_samples", {}))
 
 
 def _tokenizer(data_cfg, tokenizer_path: Optional[str]):
@@ -346,7 +381,7 @@ class TrainLoader:
         self.locator = sources.SampleLocator(self.mixture, self.datasets)
         self.reader = SampleReader(self.mixture, self.processor)
         self.packer = Packer(data_cfg.seq_length, micro_batch_size, data_cfg.packing_buffer, data_cfg.packing)
-        self.bad = BadSamples(data_cfg.on_bad_sample)
+        self.bad = BadSamples(data_cfg.on_bad_sample, data_cfg.max_bad_fraction)
         self.truncated: Counter = Counter()  # conversations cut to fit, per dataset
         self.cache = FeatureCache(data_cfg.feature_cache_mb) if data_cfg.feature_cache_mb > 0 else None
         self.next_position = 0  # the rank's position of the next sample to hand to the packer
@@ -409,6 +444,7 @@ class TrainLoader:
                 example.feature_lengths = torch.from_numpy(example.feature_lengths)
                 if self.cache is not None:
                     self.cache.put(example)
+            self.bad.good(self.names[example.dataset_id])
             if example.truncated:
                 self.truncated[self.names[example.dataset_id]] += 1
             self.packer.add(example)
@@ -431,7 +467,7 @@ class TrainLoader:
         return {"next_position": self.next_position, "pending": self.packer.pending_positions(),
                 "dp_rank": self.dp_rank, "dp_size": self.dp_size, "seed": self.seed, "order": self.ORDER,
                 "epoch_size": self.epoch_size, "datasets": self.names, "micro_batches": self.micro_batches,
-                "bad_samples": self.bad.as_dict(), "truncated_samples": dict(sorted(self.truncated.items()))}
+                **self.bad.state_dict(), "truncated_samples": dict(sorted(self.truncated.items()))}
 
     def load_state_dict(self, state: Dict[str, Any]) -> None:
         mismatched = [f"{k}: saved {state.get(k)!r}, now {v!r}" for k, v in
@@ -447,7 +483,7 @@ class TrainLoader:
         self._pending_resume = {int(p) for p in state["pending"]}
         self._skip_below = self.next_position = int(state["next_position"])
         self.micro_batches = int(state["micro_batches"])
-        self.bad.counts = Counter(state.get("bad_samples", {}))
+        self.bad.load_state_dict(state)
         self.truncated = Counter(state.get("truncated_samples", {}))
 
     def bad_samples(self) -> Dict[str, int]:
@@ -528,7 +564,7 @@ class ValidationSet:
                  dp_rank: int, dp_size: int):
         self.suite, self.k, self.processor, self.cfg = suite, k, processor, data_cfg
         self.mbs, self.dp_rank, self.dp_size = micro_batch_size, dp_rank, dp_size
-        self.bad = BadSamples(data_cfg.on_bad_sample)
+        self.bad = BadSamples(data_cfg.on_bad_sample, data_cfg.max_bad_fraction)
         self.name = suite.datasets[k].name
         self.metric = processor.formats[k].metric  # how generation on this dataset is scored
 
@@ -546,6 +582,7 @@ class ValidationSet:
             except (AudioError, ValueError) as err:
                 self.bad.handle(self.suite.locator(sample_id), str(err))
                 continue
+            self.bad.good(self.name)
             if packer.full():
                 yield self._batch(packer.pop_rows())
         while packer.buffer:

@@ -377,3 +377,34 @@ def test_torchrun_ranks_with_workers_read_half_each_and_resume_exactly(three_dat
     v0, v1 = ranks[0]["val"]["val_beta"], ranks[1]["val"]["val_beta"]
     full = [t for b in build_validation_loaders(cfg, encoder_cfg, adapter_cfg, 2)["val_beta"] for t in b["transcripts"]]
     assert len(v0) == len(v1) == 15 and sorted(v0 + v1) == sorted(full)
+
+
+def test_skipping_stops_when_a_dataset_is_mostly_bad_and_names_it(tmp_path, tokenizer_dir, encoder_cfg, adapter_cfg,
+                                                                  caplog):
+    """data.on_bad_sample=skip with a dataset whose samples are all garbage: the first
+    skips are told with their place, and the run stops at the 10th, naming the dataset
+    and data.max_bad_fraction, instead of training on the other datasets in silence."""
+    good = write_mds(tmp_path / "good", tone_samples(24, seed=1))
+    broken = write_mds(tmp_path / "broken", [{"audio": b"not audio at all", "text": "one two"}] * 24)
+    cfg = data_config([DatasetEntry(name="good", path=str(good)), DatasetEntry(name="broken", path=str(broken))],
+                      tokenizer=str(tokenizer_dir), shuffle=False, packing_buffer=8, on_bad_sample="skip")
+    loader = build_train_loader(cfg, encoder_cfg, adapter_cfg, 2, seed=0)
+    with caplog.at_level("WARNING", logger="orchestrator.data.loader"):
+        with pytest.raises(BadSampleError, match=r"dataset broken: 10 of the 10 samples read are bad \(100%, more "
+                                                 r"than data.max_bad_fraction=0.01\); the last in dataset broken: shard "
+                                                 r"\S+, sample \d+: .*raise data.max_bad_fraction"):
+            for _ in range(24):
+                next(loader)
+    told = [r.getMessage() for r in caplog.records]
+    assert sum(m.startswith("skipped a bad sample (data.on_bad_sample=skip) in dataset broken: shard ") for m in told) == 3
+    assert "dataset broken: 10 bad samples skipped of 10 read" in told
+    # A higher bound goes on without them; the counts survive a resume.
+    cfg.max_bad_fraction = 1.0
+    loader = build_train_loader(cfg, encoder_cfg, adapter_cfg, 2, seed=0)
+    for _ in range(6):
+        next(loader)
+    state = loader.state_dict()
+    assert state["bad_samples"]["broken"] >= 10 and state["read_samples"]["good"] > 0
+    resumed = build_train_loader(cfg, encoder_cfg, adapter_cfg, 2, seed=0)
+    resumed.load_state_dict(state)
+    assert resumed.bad.read == loader.bad.read and resumed.bad.counts == loader.bad.counts

@@ -149,3 +149,23 @@ cp {run_dir}/metrics.jsonl {kept}/metrics_again.jsonl
     assert "resumed from" in again and "step_000003" in again, again[-4000:]
     rows = [json.loads(line) for line in (kept / "metrics_again.jsonl").read_text().splitlines()]
     assert [(r["step"], r["loss"]) for r in rows] == straight
+
+
+def test_a_broken_dataset_stops_a_skipping_run_naming_it(trained, tmp_path):
+    """data.on_bad_sample=skip, and one of three training datasets is garbage: the
+    console tells the first skips, then the run stops in one line naming the dataset."""
+    from tests.data.conftest import write_mds
+
+    overrides, first_dir, _ = trained
+    corpus = first_dir.parents[2] / "corpus"
+    broken = write_mds(tmp_path / "broken", [{"audio": b"not audio at all", "text": "one two"}] * 40)
+    train = ",".join(f"{{name:{name},path:'{corpus / 'train' / name}'}}" for name in ("tones_a", "tones_b"))
+    overrides = [o for o in overrides if not o.startswith(("data.train=", "run.output_root="))] + [
+        f"data.train=[{train},{{name:broken,path:'{broken}',weight:2.0}}]", "data.on_bad_sample=skip",
+        f"run.output_root={tmp_path / 'out'}"]
+    proc = audiollm_cli(["train", *overrides], cwd=tmp_path)
+    assert proc.returncode == 1, proc.stdout[-4000:]
+    assert "skipped a bad sample (data.on_bad_sample=skip) in dataset broken: shard " in proc.stdout
+    last = proc.stdout.strip().splitlines()[-1]
+    assert re.match(r"job failed: rank [01]: BadSampleError: dataset broken: (\d+) of the (\d+) samples read are bad "
+                    r"\(100%, more than data.max_bad_fraction=0.01\)", last), last
