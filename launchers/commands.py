@@ -386,6 +386,10 @@ def train(overrides: Sequence[str], multirun: bool = False) -> int:
     except (RunActive, rd.RunBusy, DemoCorpusError) as exc:
         _print_errors([str(exc)], header="not submitted")
         return EXIT_INVALID
+    except OSError as exc:  # run.output_root read-only, on a full disk, under a file, ...
+        _print_errors([f"cannot write the run directory {run.run_dir}: {exc}; set run.output_root to a writable "
+                       f"directory"], header="not submitted")
+        return EXIT_INVALID
     verb = "resuming" if run.resumes else "starting"
     if launcher["kind"] == "slurm":
         print(f"{verb} run {run.run_dir}\nsubmitted SLURM job {job.job_id} "

@@ -284,3 +284,13 @@ def test_status_of_a_damaged_run_directory_names_each_damaged_file(reference, tm
     lines = status_lines()
     assert f"step      4/{ITERS}" in lines and "state     COMPLETED" in lines[1], lines
     assert f"damaged   metrics.jsonl ends at step 4, before the checkpoint of step {ITERS} (lines were lost)" in lines
+
+
+def test_an_unwritable_output_root_is_refused_in_one_line(tmp_path):
+    blocker = tmp_path / "a_file"
+    blocker.write_text("not a directory\n")
+    proc = _cli_in_a_terminal_group(tiny_overrides(blocker / "outputs", "run.name=nowhere"), tmp_path, "0")
+    out = proc.communicate(timeout=120)[0]
+    assert proc.returncode == 2 and "Traceback" not in out, out
+    assert out.strip().splitlines()[-1].startswith(f"  - cannot write the run directory {blocker}/outputs/tiny_cpu/nowhere: "
+                                                   "[Errno 20] Not a directory"), out
