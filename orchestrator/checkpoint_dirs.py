@@ -108,7 +108,8 @@ def resolve_model_checkpoint(path: str) -> Tuple[Optional[str], Optional[str]]:
     and how to fix it)."""
     p = Path(path).expanduser()
     if not p.exists():
-        return None, f"{path} does not exist"
+        return None, (f"{path} does not exist; write it from HF weights with `audiollm convert hf-to-megatron --hf "
+                      f"GEMMA2_DIR --whisper WHISPER_DIR --out {path}`, or point at a run directory or checkpoint")
     if is_dist_checkpoint(p):
         return str(p.resolve()), None
     latest = p / "checkpoints" / "latest"

@@ -51,15 +51,26 @@ def _plan_parser() -> argparse.ArgumentParser:
 
 
 def plan_main(argv: Sequence[str]) -> int:
+    """Everything the configuration allows to compute, then its errors (exit 2 when there
+    are any): a user sees the layout, memory and argv of a recipe before converting its
+    weights, and `audiollm train` still refuses it."""
     args = _plan_parser().parse_args(argv)
     from orchestrator.compose import ComposeError, compose
-    from orchestrator.resolve import resolve
-    from orchestrator.validate import ConfigInvalid
+    from orchestrator.resolve import resolve, to_object
+    from orchestrator.validate import ConfigInvalid, validate
 
     try:
-        plan = resolve(compose(args.overrides), purpose="plan")
-    except (ComposeError, ConfigInvalid) as exc:
+        cfg = compose(args.overrides)
+    except ComposeError as exc:
         print(str(exc), file=sys.stderr)
+        return 2
+    try:
+        plan = resolve(cfg, purpose="plan", keep_errors=True)
+    except Exception:
+        findings = validate(to_object(cfg), "plan")
+        if not any(f.severity == "error" for f in findings):
+            raise  # a defect of the planner, not of the configuration
+        print(f"{ConfigInvalid(findings)}\n(no plan can be computed until they are fixed)", file=sys.stderr)
         return 2
     from launchers.slurm_fit import check_request
 
@@ -79,6 +90,10 @@ def plan_main(argv: Sequence[str]) -> int:
                 print("  - " + problem)
         if check.skipped:
             print(f"\ncluster check skipped: {check.skipped}")
+    if plan.errors:
+        print(f"\n{len(plan.errors)} configuration error(s): the plan above is what would run once they are fixed; "
+              f"`audiollm train` refuses it until then:\n" + "\n".join(f"  {e}" for e in plan.errors), file=sys.stderr)
+        return 2
     return 0
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import copy
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
@@ -21,7 +21,7 @@ from orchestrator.kernels import attention_kernel, encoder_precision
 from orchestrator.megatron_args import megatron_args, padded_vocab_size, render_argv
 from orchestrator.schema import AudioLLMConfig
 from orchestrator.topology import rank_layout
-from orchestrator.validate import Finding, check, data_parallel_size, world_size
+from orchestrator.validate import ERROR, Finding, check, data_parallel_size, validate, world_size
 
 
 @dataclass
@@ -49,6 +49,9 @@ class Plan:
     flops: dict[str, Any]
     warnings: list[str]
     config: dict[str, Any]  # the full composed config
+    # Configuration errors of a plan resolved to be shown (`audiollm plan`), not run; a run's
+    # plan.json never has any (train refuses an invalid config before writing it).
+    errors: list[str] = field(default_factory=list)
 
     @property
     def memory_per_gpu_gib(self) -> float:
@@ -131,10 +134,18 @@ def model_extensions(cfg: AudioLLMConfig) -> dict[str, Any]:
     }
 
 
-def resolve(cfg: DictConfig | AudioLLMConfig, purpose: str = "plan") -> Plan:
-    """Validate (raises validate.ConfigInvalid on any error) and resolve `cfg`."""
+def resolve(cfg: DictConfig | AudioLLMConfig, purpose: str = "plan", keep_errors: bool = False) -> Plan:
+    """Validate (raises validate.ConfigInvalid on any error) and resolve `cfg`. With
+    keep_errors, the errors go into Plan.errors instead and as much is resolved as they
+    allow (a missing init_checkpoint does not hide the topology, memory and argv); a
+    setting that leaves nothing to compute still raises, from wherever it breaks."""
     obj = to_object(cfg)
-    findings: list[Finding] = check(obj, purpose)
+    if keep_errors:
+        everything = validate(obj, purpose)
+        findings: list[Finding] = [f for f in everything if f.severity != ERROR]
+        errors = [str(f) for f in everything if f.severity == ERROR]
+    else:
+        findings, errors = check(obj, purpose), []
     if obj.model.init_checkpoint:
         # The job loads exactly the checkpoint planned (a run directory's latest step now).
         from orchestrator.checkpoint_dirs import resolve_model_checkpoint
@@ -182,4 +193,5 @@ def resolve(cfg: DictConfig | AudioLLMConfig, purpose: str = "plan") -> Plan:
         flops=asdict(flops),
         warnings=[str(f) for f in findings],
         config=OmegaConf.to_container(OmegaConf.structured(obj), resolve=True),
+        errors=errors,
     )

@@ -4,6 +4,7 @@ Golden files: see tests/golden.py (AUDIOLLM_REGENERATE_GOLDEN=1 regenerates).
 """
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -120,3 +121,30 @@ def test_context_parallel_memory_counts_the_gathered_keys_and_values():
     for attention in ("flex", "reference"):
         at = {cp: decoder_layer_activation_bytes(model, ParallelConfig(tp=1, cp=cp), seq, 1, 2, attention) for cp in (1, 2)}
         assert at[2] == pytest.approx((at[1] - kv_bytes) / 2 + kv_bytes), attention
+
+
+@pytest.mark.parametrize("recipe", paths.recipe_names())
+def test_every_recipe_plans_on_a_fresh_checkout_listing_the_missing_weights_after_the_plan(recipe, tmp_path):
+    """Without converted weights (a fresh checkout: no pretrained/ directory, no
+    $AUDIOLLM_INIT_CHECKPOINT), `audiollm plan` still shows the topology, the memory and
+    the argv, then lists the missing checkpoint as an error and exits 2."""
+    import os
+
+    from tests.distributed_run import REPO
+
+    env = {k: v for k, v in os.environ.items() if k not in ("AUDIOLLM_INIT_CHECKPOINT", "AUDIOLLM_FINETUNE_FROM")}
+    env["PYTHONPATH"] = str(REPO)
+    proc = subprocess.run([sys.executable, "-m", "orchestrator.cli", "plan", f"+recipe={recipe}"], capture_output=True,
+                          text=True, timeout=60, cwd=tmp_path, env=env)
+    plan = resolve(compose([f"+recipe={recipe}"]), keep_errors=True)
+    assert "topology      world" in proc.stdout and f"TP {plan.tp} x PP {plan.pp} x CP {plan.cp}" in proc.stdout
+    assert "memory/GPU" in proc.stdout and f"--tensor-model-parallel-size {plan.tp}" in proc.stdout
+    init = compose([f"+recipe={recipe}"]).model.init_checkpoint
+    if init is None:
+        assert proc.returncode == 0, proc.stderr
+        return
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    errors = proc.stderr.split("configuration error(s): the plan above is what would run once they are fixed")
+    assert len(errors) == 2, proc.stderr
+    assert re.search(r"error: \[init_checkpoint\] model.init_checkpoint=(\S+): \1 does not exist; write it from HF "
+                     r"weights with `audiollm convert hf-to-megatron", errors[1]), proc.stderr
