@@ -33,7 +33,7 @@ from orchestrator.train import lr_groups as lrg
 from orchestrator.train import megatron_config as mcfg
 from orchestrator.train.lora import apply_lora
 from orchestrator.train.metrics import (LossStats, MetricsWriter, eval_line, memory_gib, peak_flops, plot_loss_curve,
-                                        progress_line, throughput)
+                                        progress_line, run_summary, throughput)
 from orchestrator.train.run_plan import RunPlan
 from orchestrator.train.step_flops import parameter_pattern
 
@@ -421,6 +421,8 @@ class Trainer:
                     if exit_code == 0:
                         raise
                     log.warning("the loss curve and the logger's end were not written: %s", exc)
+        if writer is not None and self.step == self.train_iters:
+            print(run_summary(self.plan.run_dir, self.plan.config.get("recipe")), flush=True)
         return history
 
 

@@ -204,6 +204,49 @@ def eval_line(step: int, m: dict) -> Optional[str]:
     return f"eval at step {step}: " + " | ".join(parts) if parts else None
 
 
+# (metric, label, scale, unit, lower is better) of the end-of-run summary, in its order.
+_SUMMARY_METRICS = [("val_loss", "val_loss", 1.0, "", True)] + [
+    (f"{metric}/all", label, scale, unit, metric == "wer") for metric, (label, scale, unit, _) in GENERATION_METRICS.items()]
+
+
+def _duration(seconds: float) -> str:
+    minutes, secs = divmod(int(round(seconds)), 60)
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}h{minutes:02d}m{secs:02d}s" if hours else f"{minutes}m{secs:02d}s"
+
+
+def run_summary(run_dir: Path, recipe: Optional[str]) -> str:
+    """The console's last lines after a finished run: where it is, the final and best
+    evaluation of each metric the run measured (the whole run, restarts included), the
+    loss curve, the wall time since `audiollm train` submitted it, and what to run next."""
+    from launchers.rundir import last_launch, read_metrics
+
+    run_dir = Path(run_dir)
+    rows = read_metrics(run_dir)
+    last_step = rows[-1]["step"] if rows else 0
+    launch = last_launch(run_dir) or {}
+    since = launch.get("submitted_at")
+    took = f" in {_duration(time.time() - since)} since `audiollm train` started it" if since else ""
+    lines = [f"run finished: {last_step} steps{took}", f"  run directory  {run_dir}"]
+    for key, label, scale, unit, lower in _SUMMARY_METRICS:
+        evaluated = [(r["step"], r[key]) for r in rows if isinstance(r.get(key), (int, float))]
+        if not evaluated:
+            continue
+        final_step, final = evaluated[-1]
+        best_step, best = (min if lower else max)(evaluated, key=lambda sv: sv[1])
+        digits = 4 if key == "val_loss" else 1
+        lines.append(f"  {label:<14} final {scale * final:.{digits}f}{unit} (step {final_step}), "
+                     f"best {scale * best:.{digits}f}{unit} (step {best_step})")
+    curve = run_dir / "loss_curve.png"
+    if curve.is_file():
+        lines.append(f"  loss curve     {curve}")
+    lines += [f"  next           audiollm eval {run_dir}",
+              f"                 audiollm convert megatron-to-hf --megatron {run_dir} --out {run_dir}_hf"]
+    if recipe == "tiny_cpu":
+        lines.append(f"                 then fine-tune it on an unheard accent: README, \"Fine-tuning demo (CPU)\"")
+    return "\n".join(lines)
+
+
 class MetricsWriter:
     """Rank 0 only: metrics.jsonl in the run directory, W&B, console."""
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -74,3 +75,16 @@ def test_default_command_makes_the_demo_corpus_trains_and_prints_wer(tmp_path):
     rank_log = (run_dir / "logs" / "rank0.log").read_text()
     assert "rerun_state_machine WARNING" in rank_log  # kept, not lost (this test ignores Python warnings)
     assert (run_dir / "checkpoints" / "latest").read_text().strip() == f"step_{ITERS:06d}"
+    # The console ends with the run's summary: where it is, each metric final and best,
+    # the plot, the wall time, what to run next.
+    summary = proc.stdout[proc.stdout.index("run finished: "):].strip().splitlines()  # the end of stdout
+    assert re.fullmatch(rf"run finished: {ITERS} steps in \dm\d\ds since `audiollm train` started it", summary[0]), summary
+    assert summary[1] == f"  run directory  {run_dir}"
+    for label, key, scale in (("val_loss", "val_loss", 1), ("WER", "wer/all", 100), ("exact", "exact/all", 100)):
+        line = next(line for line in summary if line.startswith(f"  {label} "))
+        final = [r[key] for r in rows if key in r][-1]
+        assert f"final {scale * final:.{4 if label == 'val_loss' else 1}f}" in line and "best " in line, line
+    assert f"  loss curve     {run_dir / 'loss_curve.png'}" in summary
+    assert f"  next           audiollm eval {run_dir}" in summary
+    assert any("audiollm convert megatron-to-hf" in line for line in summary)
+    assert "Fine-tuning demo" in summary[-1]
