@@ -12,7 +12,7 @@ FAILs. Checks:
   recompile   flex_attention compiles nothing after warm-up (dynamo's unique_graphs counter);
   throughput  gemma2-2b + whisper-large-v3 + adapter (random weights), LoRA r16, bf16,
               seq 2048, packed speech batches: tokens/s/GPU, MFU, HFU (the project's own
-              FLOP counter, orchestrator/train/step_flops.py), peak memory against
+              FLOP counter, orchestrator/step_flops.py), peak memory against
               `audiollm plan`'s estimate for the same config;
   fp8         model.fp8=hybrid on the te backend against bf16 (n/a without TransformerEngine);
   encoder     whisper-large-v3 encoder forward, ms per 30-s clip, model.encoder.precision
@@ -406,7 +406,7 @@ def check_throughput(table: Table, name: str, backend: str, attention: str, dry_
     from orchestrator.train import lr_groups as lrg
     from orchestrator.train.lora import apply_lora
     from orchestrator.train.loop import freeze_model_parts
-    from orchestrator.train.step_flops import StepFlops
+    from orchestrator.step_flops import StepFlops
     from orchestrator.train.metrics import peak_flops
     from orchestrator.runtime.machine import Machine, decide
 

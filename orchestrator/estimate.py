@@ -14,7 +14,7 @@ All formulas are closed-form, with their sources:
   three (scores, softcapped scores, probabilities). Full recompute keeps each layer's input only, plus
   one recompute chunk's full activations. 1F1B keeps min(pp, micro-batches) micro-batches
   in flight on the first stage (Narayanan et al. 2021), x(1 + (pp-1)/(pp*vpp)) interleaved.
-- Model FLOPs: the job's own count (orchestrator/train/step_flops.py, which states its
+- Model FLOPs: the job's own count (orchestrator/step_flops.py, which states its
   conventions) applied to a planned step of full rows: 2 x matmul parameters per token
   forward (decoder, encoder per position, adapter and CTC head per audio token) plus
   the attention score and value products 2 x 2 x heads x head_dim per attended (query,
@@ -36,7 +36,7 @@ from orchestrator.kernels import LOSS_CHUNK_ELEMENTS, LOSS_CHUNK_FP32_COPIES, at
 from orchestrator.megatron_args import padded_vocab_size
 from orchestrator.model_params import ParamSpec, encoder_frame_count, parameter_inventory
 from orchestrator.schema import AudioLLMConfig, ModelConfig, ParallelConfig
-from orchestrator.train.step_flops import StepFlops, causal_pairs
+from orchestrator.step_flops import StepFlops, causal_pairs
 from orchestrator.validate import audio_tokens_per_clip
 
 GIB = 1024**3
@@ -234,7 +234,7 @@ def memory_per_gpu(cfg: AudioLLMConfig, stages: list[StageParams], dp: int, num_
 
 
 def planned_step_items(cfg: AudioLLMConfig) -> dict:
-    """What a planned step holds, in orchestrator.train.step_flops' terms: every row full
+    """What a planned step holds, in orchestrator.step_flops' terms: every row full
     (one document of data.seq_length tokens) and as many clips of data.max_audio_seconds
     as a row can hold (clips_per_row), each clip's encoder over its own frames when
     model.encoder.mask_padding is on, else over the whole window."""
@@ -252,7 +252,7 @@ def planned_step_items(cfg: AudioLLMConfig) -> dict:
 
 def flops_per_step(cfg: AudioLLMConfig, inventory: list[ParamSpec], world: int) -> FlopsEstimate:
     """Model and hardware FLOPs of a planned step (planned_step_items) by the job's own
-    arithmetic (orchestrator.train.step_flops: decoder, encoder, adapter and CTC head;
+    arithmetic (orchestrator.step_flops: decoder, encoder, adapter and CTC head;
     backward per weight that trains; recompute), and the step time at ASSUMED_MFU."""
     model, parallel = cfg.model, cfg.parallel
     vocab = padded_vocab_size(model.decoder.vocab_size, parallel.tp)

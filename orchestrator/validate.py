@@ -30,7 +30,7 @@ from orchestrator.schema import (
     TrainConfig,
 )
 from orchestrator.topology import RANK_ORDERS
-from orchestrator.data import tasks
+from orchestrator import tasks
 
 ERROR = "error"
 WARNING = "warning"

@@ -18,9 +18,9 @@ Entry points for the training job (each takes its own config sections):
     from orchestrator.data.frames import audio_placeholder_count  # samples -> audio tokens (no torch)
 
 Modules: frames (frame arithmetic), audio (decode, resample), mel (log-mel),
-tokenizer_build (HF tokenizer with chat and audio tokens), tasks (each dataset's
-format: task presets, own templates, conversations, metric; no torch), prompts
+tokenizer_build (HF tokenizer with chat and audio tokens), prompts
 (templates and conversations -> tokens and loss mask), packing (packer, batch format), sources (MDS mixture via mosaic streaming),
 loader (train/validation loaders, bad samples), context_parallel (CP split),
-demo (espeak-ng corpus), cli (`audiollm data ...`).
+demo (espeak-ng corpus), cli (`audiollm data ...`). Each dataset's format (task
+presets, own templates, conversations, metric) is planning knowledge: orchestrator/tasks.py.
 """

@@ -12,5 +12,4 @@ lr_groups                lora.lr_groups -> megatron optimizer param groups
 loop                     the Trainer: model transforms, DDP, optimizer, steps, eval, checkpoints
 checkpoint               dist_checkpointing save/load, atomic publication, keep-last-K
 metrics                  loss statistics, throughput/MFU (peak from the device name), W&B, console, loss curve
-step_flops               a step's model/hardware FLOPs and real tokens, counted from its micro-batches
 """

@@ -159,9 +159,9 @@ class AudioLLMProvider:
     def flop_counter(self, trained: set):
         """Counts a loader micro-batch's FLOPs as the model computes them (decoder over its
         real tokens and documents, encoder over the clips present, adapter and CTC head;
-        orchestrator.train.step_flops), given the names of the parameters that train."""
+        orchestrator.step_flops), given the names of the parameters that train."""
         from orchestrator.megatron_args import padded_vocab_size
-        from orchestrator.train.step_flops import StepFlops
+        from orchestrator.step_flops import StepFlops
 
         parallel = self.parallel_cfg
         vocab = padded_vocab_size(self.model_cfg.decoder.vocab_size, parallel.tp)

@@ -35,7 +35,7 @@ from orchestrator.train.lora import apply_lora
 from orchestrator.train.metrics import (LossStats, MetricsWriter, eval_line, memory_gib, peak_flops, plot_loss_curve,
                                         progress_line, run_summary, throughput)
 from orchestrator.train.run_plan import RunPlan
-from orchestrator.train.step_flops import parameter_pattern
+from orchestrator.step_flops import parameter_pattern
 
 log = logging.getLogger(__name__)
 

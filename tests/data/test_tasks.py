@@ -1,4 +1,4 @@
-"""Datasets of several tasks in one mixture (orchestrator/data/tasks.py, prompts.py,
+"""Datasets of several tasks in one mixture (orchestrator/tasks.py, prompts.py,
 loader.py): transcription behind data.prompt_template, a dataset with its own template,
 answer column and per-sample instructions, and two-clip conversations rendered by the
 tokenizer's chat template with the loss on the assistant turns."""
@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 from omegaconf import OmegaConf
 
-from orchestrator.data import tasks
+from orchestrator import tasks
 from orchestrator.data.loader import BadSampleError, SampleProcessor, build_train_loader, build_validation_loaders
 from orchestrator.data.prompts import encode_text
 from orchestrator.data.sources import ResolvedDataset

@@ -1,5 +1,5 @@
 """Throughput accounting: a step's FLOPs and tokens counted from its micro-batches
-(orchestrator.train.step_flops), the peak read from the device name, and the rates
+(orchestrator.step_flops), the peak read from the device name, and the rates
 (orchestrator.train.metrics). Expected numbers are written out from the formulas
 here, not taken from the code under test."""
 
@@ -15,7 +15,7 @@ from orchestrator.model_params import parameter_inventory
 from orchestrator.schema import AdapterConfig, DecoderConfig, EncoderConfig, LoraConfig, ModelConfig
 from orchestrator.schema.parallel import RecomputeConfig
 from orchestrator.train.metrics import device_peak_flops, peak_flops, throughput
-from orchestrator.train.step_flops import StepFlops, causal_pairs, parameter_pattern, recomputed_layers
+from orchestrator.step_flops import StepFlops, causal_pairs, parameter_pattern, recomputed_layers
 
 AUDIO_ID = 7
 VOCAB = 16  # decoder vocabulary; the output layer is PADDED wide
