@@ -333,6 +333,15 @@ def _step_of(line: str) -> Optional[int]:
         return None
 
 
+def _smoothed(values, span: int) -> list:
+    """Exponential moving average over about `span` points (pandas' ewm(span=...))."""
+    alpha, out, level = 2.0 / (span + 1), [], None
+    for value in values:
+        level = value if level is None else alpha * value + (1 - alpha) * level
+        out.append(level)
+    return out
+
+
 def plot_loss_curve(run_dir: Path) -> Optional[Path]:
     """loss_curve.png: training loss (overall and per dataset) and validation loss; next
     to it one panel per generation metric the run measured (WER, exact match, BLEU),
@@ -360,12 +369,23 @@ def plot_loss_curve(run_dir: Path) -> Optional[Path]:
     panels = [metric for metric, series in metric_series.items() if series]
     fig, axes = plt.subplots(1, 1 + len(panels), figsize=(7 * (1 + len(panels)) if panels else 8, 5), squeeze=False)
     ax = axes[0][0]
-    for key, points in sorted(loss_series.items()):
+    # Read at a glance: the raw total faint behind its smoothed curve, each training
+    # dataset smoothed, validation as measured; a log axis (losses fall by orders of magnitude).
+    span = max(1, len(rows) // 40)  # smoothing over ~1/40 of the run
+    for key, points in sorted(loss_series.items(), key=lambda kv: (kv[0] != "loss", kv[0])):
         xs, ys = zip(*points)
-        style = "-" if key == "loss" else ("--" if key.startswith("val") else ":")
-        ax.plot(xs, ys, style, marker="o" if key.startswith("val") else None, label=key, linewidth=1.2)
+        if key.startswith("val"):
+            ax.plot(xs, ys, "--", marker="o", label=key, linewidth=1.2)
+            continue
+        if key == "loss":
+            raw = ax.plot(xs, ys, "-", linewidth=0.8, alpha=0.25)[0]
+            ax.plot(xs, _smoothed(ys, span), "-", color=raw.get_color(), linewidth=2.2,
+                    label=f"loss (smoothed over {span} steps)" if span > 1 else "loss")
+        else:
+            ax.plot(xs, _smoothed(ys, span), "-", linewidth=1.0, alpha=0.8, label=key)
+    ax.set_yscale("log")
     ax.set_xlabel("step")
-    ax.set_ylabel("loss")
+    ax.set_ylabel("loss (log scale)")
     ax.set_title(Path(run_dir).name)
     ax.legend(fontsize=8)
     ax.grid(alpha=0.3)

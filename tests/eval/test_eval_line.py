@@ -3,6 +3,8 @@ the loss-curve PNG (orchestrator/train/metrics.py)."""
 
 import json
 
+import pytest
+
 import matplotlib.image
 
 from orchestrator.train.metrics import eval_line, plot_loss_curve
@@ -37,3 +39,12 @@ def test_the_loss_curve_has_a_panel_per_metric(tmp_path):
     wer = width(tmp_path / "wer", [WER_ONLY, WER_ONLY])
     mixed = width(tmp_path / "mixed", [WER_ONLY, MIXED])
     assert plain < wer < mixed
+
+
+def test_the_loss_curve_smooths_by_an_exponential_moving_average():
+    from orchestrator.train.metrics import _smoothed
+
+    assert _smoothed([3.0, 3.0, 3.0], span=5) == [3.0, 3.0, 3.0]
+    alpha = 2 / (3 + 1)
+    assert _smoothed([0.0, 1.0, 1.0], span=3) == pytest.approx([0.0, alpha, alpha + (1 - alpha) * alpha])
+    assert _smoothed([4.0, 0.0], span=1) == [4.0, 0.0]  # span 1: the raw values
