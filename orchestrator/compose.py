@@ -50,6 +50,21 @@ def with_default_recipe(overrides: Sequence[str]) -> list[str]:
     return out
 
 
+# Dict settings whose keys are the user's (sbatch options): Hydra's struct mode refuses new
+# keys under `key={k: v}` or `key.k=v`, which is how a user writes them; `++` adds them.
+OPEN_DICTS = ("launcher.additional_sbatch",)
+
+
+def with_open_dicts(overrides: Sequence[str]) -> list[str]:
+    out = []
+    for item in overrides:
+        key = item.split("=", 1)[0]
+        if "=" in item and any(key == d or key.startswith(d + ".") for d in OPEN_DICTS):
+            item = "++" + item
+        out.append(item)
+    return out
+
+
 def compose(overrides: Sequence[str] = ()) -> DictConfig:
     """Compose the config for `overrides` (Hydra override syntax). Raises ComposeError."""
     from hydra import compose as hydra_compose
@@ -58,7 +73,7 @@ def compose(overrides: Sequence[str] = ()) -> DictConfig:
     from omegaconf.errors import OmegaConfBaseException
 
     _register()
-    overrides = with_default_recipe(overrides)
+    overrides = with_open_dicts(with_default_recipe(overrides))
     try:
         with initialize_config_dir(str(paths.conf_dir()), version_base=None):
             cfg = hydra_compose("config", overrides=overrides)

@@ -40,7 +40,8 @@ def setup_logging(rank: int) -> None:
     """Log records of this rank. Under the launcher, whose stderr also writes the rank log
     (`sys.stderr.log`, launchers/job.py), libraries' notices below ERROR (megatron's rerun
     state machine, torch's missing CUDA runtime, ...) go to the rank log only; the console
-    keeps the project's messages and every error. Elsewhere everything goes to stderr."""
+    keeps the project's messages and every error. Elsewhere everything goes to stderr.
+    Handlers that others installed (a host application's) are kept; ours are replaced."""
     formatter = logging.Formatter(f"[rank{rank}] %(asctime)s %(name)s %(levelname)s: %(message)s")
     console = logging.StreamHandler(sys.stderr)
     handlers = [console]
@@ -52,10 +53,13 @@ def setup_logging(rank: int) -> None:
         handlers.append(details)
     for handler in handlers:
         handler.setFormatter(formatter)
+        handler._audiollm = True  # ours: replaced by the next call, the host application's kept
     root = logging.getLogger()
-    root.handlers = handlers
+    root.handlers = [h for h in root.handlers if not getattr(h, "_audiollm", False)] + handlers
     root.setLevel(logging.INFO if rank == 0 else logging.WARNING)
-    logging.getLogger("torch").handlers = handlers  # torch's own logger does not propagate to the root
+    # torch's logger does not propagate to the root, and its own handler would print torch's
+    # notices to the console unfiltered: ours replace it.
+    logging.getLogger("torch").handlers = handlers
     # megatron-core logs every parameter and config at INFO; streaming logs its defaults
     # each time a dataset is opened.
     for noisy in ("megatron", "streaming"):

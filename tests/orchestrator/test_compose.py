@@ -92,3 +92,12 @@ def test_a_dataset_entry_without_a_path_is_a_config_error_through_the_cli(comman
     assert proc.returncode == 2, out
     assert "data.train[1] (name 'b') has no path" in out and "Traceback" not in out, out
     assert not (tmp_path / "out").exists()
+
+
+def test_sbatch_options_are_set_as_a_user_writes_them():
+    """launcher.additional_sbatch is a dict of the user's keys: `key={k: v}` and `key.k=v`
+    add them (Hydra's struct mode refused both; only `+key.k=v` worked)."""
+    whole = compose(["launcher=slurm", "launcher.additional_sbatch={mail-type:END,mail-user:me@example.org}"])
+    assert dict(whole.launcher.additional_sbatch) == {"mail-type": "END", "mail-user": "me@example.org"}
+    one = compose(["launcher=slurm", "launcher.additional_sbatch.begin=now+600", "+launcher.additional_sbatch.x=1"])
+    assert dict(one.launcher.additional_sbatch) == {"begin": "now+600", "x": "1"}

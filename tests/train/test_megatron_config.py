@@ -50,3 +50,4 @@ def test_flags_the_job_implements_itself_are_said_so_and_off_in_megatron():
     config = mcfg.transformer_config(plan, on_gpu=False, model_fields=fields)
     assert plan.megatron_args["layernorm_zero_centered_gamma"] and plan.megatron_args["window_size"]
     assert config.layernorm_zero_centered_gamma is False and config.window_size is None
+
