@@ -1,5 +1,6 @@
 """The job's logging setup (orchestrator/train/entry.py setup_logging)."""
 
+
 def test_the_jobs_logging_keeps_a_host_applications_handlers():
     import logging
 
