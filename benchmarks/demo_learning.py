@@ -110,7 +110,7 @@ def main() -> None:
     from orchestrator.resolve import to_object
     from orchestrator.train.audiollm_provider import AudioLLMProvider
 
-    provider = AudioLLMProvider(to_object(cfg))
+    provider = AudioLLMProvider.from_config(to_object(cfg))
     model = build_audiollm(cfg.model, cfg.parallel, audio_token_id=audio_id, **extra)
     n_params = sum(p.numel() for p in model.parameters())
     config = model.config

@@ -60,17 +60,26 @@ class AudioLLMProvider:
     # params_dtype): the loop must not cast the whole chunk.
     wrap_float16 = False
 
-    def __init__(self, cfg):
-        self.model_cfg, self.parallel_cfg, self.lora_rank = cfg.model, cfg.parallel, int(cfg.lora.rank)
-        self.encoder_lora = self.lora_rank > 0 and bool(cfg.lora.encoder)
+    def __init__(self, model_cfg, parallel_cfg, *, audio_token_id: int, special_ids=(), lora_rank: int = 0,
+                 encoder_lora: bool = False, seed: int = 0, ctc_weight: Optional[float] = None):
+        """`special_ids`: the tokenizer's special tokens (CTC targets are the transcript's
+        tokens without the chat markers); `seed`: with the data-parallel rank, seeds each
+        clip's augmentation; `ctc_weight`: the CTC loss's weight (model.adapter.ctc_weight
+        unless given)."""
+        self.model_cfg, self.parallel_cfg = model_cfg, parallel_cfg
+        self.audio_token_id, self.special_ids = int(audio_token_id), set(special_ids)
+        self.lora_rank, self.encoder_lora, self.seed = int(lora_rank), encoder_lora, int(seed)
+        self.ctc_weight = float(model_cfg.adapter.ctc_weight if ctc_weight is None else ctc_weight)
+
+    @classmethod
+    def from_config(cls, cfg) -> "AudioLLMProvider":
+        """The job's provider: the config's model and layout, the tokenizer's ids."""
         from orchestrator.data.tokenizer_build import load_tokenizer
 
         tokenizer = load_tokenizer(cfg.data.tokenizer, audio_token=cfg.data.audio_token)
-        self.audio_token_id = int(tokenizer.convert_tokens_to_ids(cfg.data.audio_token))
-        self.ctc_weight = float(cfg.model.adapter.ctc_weight)
-        self.seed = int(cfg.train.seed)  # with the data-parallel rank, seeds each clip's augmentation
-        # CTC targets are the transcript's tokens without the chat markers.
-        self.special_ids = set(tokenizer.all_special_ids)
+        return cls(cfg.model, cfg.parallel, audio_token_id=int(tokenizer.convert_tokens_to_ids(cfg.data.audio_token)),
+                   special_ids=tokenizer.all_special_ids, lora_rank=int(cfg.lora.rank),
+                   encoder_lora=int(cfg.lora.rank) > 0 and bool(cfg.lora.encoder), seed=int(cfg.train.seed))
 
     def transformer_fields(self) -> dict:
         # The loop's config serves DDP and the pipeline schedule only; the model's layers
@@ -372,7 +381,7 @@ def build_audiollm_components(plan, dp_rank: int, dp_size: int):
 
     cfg = audiollm_config(plan)
     mbs = plan.micro_batch_size
-    provider = AudioLLMProvider(cfg)
+    provider = AudioLLMProvider.from_config(cfg)
     train = build_train_loader(cfg.data, cfg.model.encoder, cfg.model.adapter, mbs, dp_rank, dp_size, cfg.data.seed)
     train_source = LoaderBatches(train)
     val = wer = None

@@ -75,15 +75,12 @@ def make_batch(frames_of) -> dict:
 
 
 def provider_for(model_cfg, parallel, ctc: bool):
-    """The product's provider without a tokenizer on disk: the attributes its __init__
-    reads from one (placeholder id, special tokens) are set directly. The auxiliary CTC
-    loss needs pp = 1 (orchestrator.validate.check_ctc)."""
+    """The product's provider without a tokenizer on disk (placeholder id and special
+    tokens given), with or without the auxiliary CTC loss (it needs pp = 1:
+    orchestrator.validate.check_ctc)."""
     from orchestrator.train.audiollm_provider import AudioLLMProvider
 
-    provider = object.__new__(AudioLLMProvider)
-    provider.model_cfg, provider.parallel_cfg, provider.lora_rank, provider.seed = model_cfg, parallel, 0, 0
-    provider.audio_token_id, provider.ctc_weight, provider.special_ids = AUDIO_ID, 0.3 * ctc, {0, 1}
-    return provider
+    return AudioLLMProvider(model_cfg, parallel, audio_token_id=AUDIO_ID, special_ids={0, 1}, ctc_weight=0.3 * ctc)
 
 
 def main() -> None:
