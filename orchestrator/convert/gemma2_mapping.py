@@ -26,7 +26,8 @@ fc1 as [gate_r; up_r], linear_proj and fc2 along dim 1, embedding rows along dim
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Dict, Iterator, Mapping, Tuple
+from pathlib import Path
+from typing import Dict, Iterator, Mapping, Optional, Tuple
 
 import torch
 
@@ -149,3 +150,31 @@ def decoder_config_from_hf(hf_cfg):
         query_pre_attn_scalar=hf_cfg.query_pre_attn_scalar, attn_logit_softcap=hf_cfg.attn_logit_softcapping,
         final_logit_softcap=hf_cfg.final_logit_softcapping, tie_embeddings=True,
     )
+
+
+def gemma2_hf_config(decoder: dict, tokenizer_dir: Optional[str] = None) -> dict:
+    """HF Gemma2Config (as config.json) of the project's `model.decoder` section;
+    special-token ids from the tokenizer when there is one."""
+    config = {
+        "architectures": ["Gemma2ForCausalLM"], "model_type": "gemma2", "hidden_activation": "gelu_pytorch_tanh",
+        "hidden_size": decoder["hidden_size"], "num_hidden_layers": decoder["num_layers"],
+        "num_attention_heads": decoder["num_attention_heads"], "num_key_value_heads": decoder["num_query_groups"],
+        "head_dim": decoder["kv_channels"], "intermediate_size": decoder["ffn_hidden_size"],
+        "vocab_size": decoder["vocab_size"], "max_position_embeddings": decoder["max_position_embeddings"],
+        "rope_theta": decoder["rope_theta"], "rms_norm_eps": decoder["norm_eps"],
+        "sliding_window": decoder["sliding_window"],
+        # An int where it is one: transformers 5's Gemma2Config refuses a float (HF's own are ints).
+        "query_pre_attn_scalar": _int_if_whole(decoder["query_pre_attn_scalar"]),
+        "attn_logit_softcapping": decoder["attn_logit_softcap"],
+        "final_logit_softcapping": decoder["final_logit_softcap"], "tie_word_embeddings": True,
+    }
+    if tokenizer_dir and (Path(tokenizer_dir) / "tokenizer.json").is_file():
+        from orchestrator.data.tokenizer_build import load_tokenizer
+
+        tok = load_tokenizer(tokenizer_dir)
+        config.update(bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
+    return config
+
+
+def _int_if_whole(value):
+    return int(value) if isinstance(value, float) and value.is_integer() else value

@@ -25,7 +25,7 @@ from typing import Dict, List, Optional
 import torch
 
 from orchestrator.checkpoint_dirs import ADAPTER_SUBDIR, CONVERTED_META, ENCODER_SUBDIR, resolve_model_checkpoint
-from orchestrator.convert.gemma2_mapping import Gemma2Shape, hf_gemma2_config, megatron_full_to_hf
+from orchestrator.convert.gemma2_mapping import Gemma2Shape, gemma2_hf_config, hf_gemma2_config, megatron_full_to_hf
 from orchestrator.convert.hf_io import write_hf_checkpoint
 
 _LORA = re.compile(r"^(.*)\.lora_([ab])\.weight$")
@@ -111,34 +111,6 @@ def convert(ckpt_dir: Path, out_dir: Path) -> dict:
                 shutil.copy2(path, out / path.name)
     return {"checkpoint": state["checkpoint"], "lora_merged": state["lora_merged"], "encoder": bool(state["encoder"]),
             "adapter": bool(state["adapter"]), "tokenizer": bool(tokenizer)}
-
-
-def gemma2_hf_config(decoder: dict, tokenizer_dir: Optional[str] = None) -> dict:
-    """HF Gemma2Config (as config.json) of the project's `model.decoder` section;
-    special-token ids from the tokenizer when there is one."""
-    config = {
-        "architectures": ["Gemma2ForCausalLM"], "model_type": "gemma2", "hidden_activation": "gelu_pytorch_tanh",
-        "hidden_size": decoder["hidden_size"], "num_hidden_layers": decoder["num_layers"],
-        "num_attention_heads": decoder["num_attention_heads"], "num_key_value_heads": decoder["num_query_groups"],
-        "head_dim": decoder["kv_channels"], "intermediate_size": decoder["ffn_hidden_size"],
-        "vocab_size": decoder["vocab_size"], "max_position_embeddings": decoder["max_position_embeddings"],
-        "rope_theta": decoder["rope_theta"], "rms_norm_eps": decoder["norm_eps"],
-        "sliding_window": decoder["sliding_window"],
-        # An int where it is one: transformers 5's Gemma2Config refuses a float (HF's own are ints).
-        "query_pre_attn_scalar": _int_if_whole(decoder["query_pre_attn_scalar"]),
-        "attn_logit_softcapping": decoder["attn_logit_softcap"],
-        "final_logit_softcapping": decoder["final_logit_softcap"], "tie_word_embeddings": True,
-    }
-    if tokenizer_dir and (Path(tokenizer_dir) / "tokenizer.json").is_file():
-        from orchestrator.data.tokenizer_build import load_tokenizer
-
-        tok = load_tokenizer(tokenizer_dir)
-        config.update(bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
-    return config
-
-
-def _int_if_whole(value):
-    return int(value) if isinstance(value, float) and value.is_integer() else value
 
 
 def whisper_hf_config(encoder: dict) -> dict:
