@@ -101,8 +101,21 @@ def _missing_values(cfg) -> list[str]:
     return lines
 
 
+# Keys renamed since a release: refused with their new names (never silently ignored).
+RENAMED = {"train.eval_wer": "train.eval_generation", "train.eval_wer_batches": "train.eval_generation_batches",
+           "train.eval_wer_max_new_tokens": "train.eval_generation_max_new_tokens"}
+
+
+def _renamed(text: str) -> list[str]:
+    return [f"{old} is now {new} (it scores WER, exact match or BLEU, each dataset by its metric): write {new}"
+            for old, new in RENAMED.items() if re.search(rf"\b{re.escape(old)}\b(?!_)", text)]
+
+
 def _explain(exc: Exception, overrides: Sequence[str]) -> str:
     text = str(exc).strip()
+    renamed = _renamed(f"{text} {' '.join(overrides)}")
+    if renamed:
+        return f"invalid configuration (overrides: {' '.join(overrides)}):\n" + "\n".join(renamed)
     cause = exc.__cause__ or exc.__context__
     if cause is not None and str(cause).strip() and str(cause).strip() not in text:
         text += "\n" + str(cause).strip()

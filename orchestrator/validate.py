@@ -526,11 +526,11 @@ def check_train(train: TrainConfig, run: RunConfig) -> Iterator[Finding]:
     yield from _positive(
         "train", **{"train.iters": train.iters, "train.log_interval": train.log_interval, "train.keep_last": train.keep_last}
     )
-    for key in ("eval_interval", "save_interval", "eval_iters", "eval_wer_batches"):
+    for key in ("eval_interval", "save_interval", "eval_iters", "eval_generation_batches"):
         if getattr(train, key) < 0:
             yield _error("train", f"train.{key}={getattr(train, key)} must be >= 0")
-    if train.eval_wer and train.eval_wer_max_new_tokens < 1:
-        yield _error("train", f"train.eval_wer_max_new_tokens={train.eval_wer_max_new_tokens} must be >= 1")
+    if train.eval_generation and train.eval_generation_max_new_tokens < 1:
+        yield _error("train", f"train.eval_generation_max_new_tokens={train.eval_generation_max_new_tokens} must be >= 1")
     yield from _one_of("run", "run.resume", run.resume, ("auto", "never"))
 
 
@@ -541,17 +541,19 @@ def check_ctc(model: ModelConfig, parallel: ParallelConfig) -> Iterator[Finding]
                             f"parallel.pp=1 (got {parallel.pp}); set model.adapter.ctc_weight=0 or parallel.pp=1")
 
 
-def check_eval_wer(train: TrainConfig, data: DataConfig, parallel: ParallelConfig) -> Iterator[Finding]:
-    if not train.eval_wer:
+def check_eval_generation(train: TrainConfig, data: DataConfig, parallel: ParallelConfig) -> Iterator[Finding]:
+    if not train.eval_generation:
         return
     if not data.validation:
-        yield _error("eval_wer", "train.eval_wer=true needs validation datasets to transcribe, but data.validation "
-                                 "is empty; add datasets to data.validation or set train.eval_wer=false")
+        yield _error("eval_generation", "train.eval_generation=true needs validation datasets to decode, but "
+                                        "data.validation is empty; add datasets to data.validation or set "
+                                        "train.eval_generation=false")
     if parallel.tp * parallel.pp * parallel.cp > 1:
-        yield _warning("eval_wer", f"train.eval_wer=true: greedy decoding runs inside training only at "
-                                   f"parallel.tp=1, parallel.pp=1 and parallel.cp=1 (here tp={parallel.tp}, "
-                                   f"pp={parallel.pp}, cp={parallel.cp}), so training reports no generation metrics; "
-                                   f"score checkpoints with `audiollm eval RUN_DIR` (one process, any layout)")
+        yield _warning("eval_generation", f"train.eval_generation=true: greedy decoding runs inside training only "
+                                          f"at parallel.tp=1, parallel.pp=1 and parallel.cp=1 (here tp={parallel.tp}, "
+                                          f"pp={parallel.pp}, cp={parallel.cp}), so training reports no generation "
+                                          f"metrics; score checkpoints with `audiollm eval RUN_DIR` (one process, any "
+                                          f"layout)")
 
 
 def check_launcher(launcher: LauncherConfig) -> Iterator[Finding]:
@@ -693,7 +695,7 @@ def validate(cfg: AudioLLMConfig, purpose: str = "plan") -> list[Finding]:
         lambda: check_tokenizer(cfg.data, m),
         lambda: check_optim(cfg.optim, cfg.train),
         lambda: check_train(cfg.train, cfg.run),
-        lambda: check_eval_wer(cfg.train, cfg.data, p),
+        lambda: check_eval_generation(cfg.train, cfg.data, p),
         lambda: check_ctc(m, p),
         lambda: check_launcher(l),
         lambda: check_logger(cfg.logger),

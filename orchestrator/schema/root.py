@@ -21,12 +21,14 @@ class TrainConfig:
     # Also evaluate before the first step (step 0): the starting point of a fine-tune,
     # e.g. the pretrained model's WER on the new data. Fresh runs only, not on resume.
     eval_at_start: bool = False
-    # Also greedy-decode the validation datasets at every evaluation and report the word
-    # error rate per dataset (orchestrator/train/wer_eval.py). Runs inside training when
-    # tp = pp = cp = 1; other layouts score with `audiollm eval RUN_DIR` (one process).
-    eval_wer: bool = False
-    eval_wer_batches: int = 0  # batches of optim.micro_batch_size per validation dataset; 0: all
-    eval_wer_max_new_tokens: int = 48
+    # Also greedy-decode the validation datasets at every evaluation and score each by its
+    # metric (WER, exact match or BLEU: orchestrator/train/generation_eval.py). Runs inside
+    # training when tp = pp = cp = 1; other layouts score with `audiollm eval RUN_DIR`.
+    # (Named eval_wer, eval_wer_batches, eval_wer_max_new_tokens before; orchestrator/compose.py
+    # refuses the old names with the new ones.)
+    eval_generation: bool = False
+    eval_generation_batches: int = 0  # batches of optim.micro_batch_size per validation dataset; 0: all
+    eval_generation_max_new_tokens: int = 48
     save_interval: int = 0  # 0: save only at the end and on preemption
     keep_last: int = 2  # checkpoints kept
     seed: int = 1234

@@ -384,19 +384,19 @@ def build_audiollm_components(plan, dp_rank: int, dp_size: int):
     provider = AudioLLMProvider.from_config(cfg)
     train = build_train_loader(cfg.data, cfg.model.encoder, cfg.model.adapter, mbs, dp_rank, dp_size, cfg.data.seed)
     train_source = LoaderBatches(train)
-    val = wer = None
+    val = generation = None
     if cfg.data.validation:
-        # One set of validation loaders (one open validation mixture) serves the loss and the WER.
+        # One set of validation loaders (one open validation mixture) serves the loss and generation.
         loaders = build_validation_loaders(cfg.data, cfg.model.encoder, cfg.model.adapter, mbs, dp_rank, dp_size)
         val = ValidationBatches(loaders)
-        if cfg.train.eval_wer:
-            from orchestrator.train.wer_eval import WerEvaluation
+        if cfg.train.eval_generation:
+            from orchestrator.train.generation_eval import GenerationEvaluation
 
-            wer = WerEvaluation(loaders, cfg.data.tokenizer, cfg.train, cfg.parallel)
+            generation = GenerationEvaluation(loaders, cfg.data.tokenizer, cfg.train, cfg.parallel)
     if cfg.parallel.cp > 1:
         from megatron.core import parallel_state as ps
 
         cp_rank = ps.get_context_parallel_rank()
         train_source = ContextParallelBatches(train_source, cfg.parallel, cp_rank)
         val = ContextParallelBatches(val, cfg.parallel, cp_rank) if val is not None else None
-    return Components(provider=provider, train_source=train_source, val_source=val, generation_eval=wer)
+    return Components(provider=provider, train_source=train_source, val_source=val, generation_eval=generation)

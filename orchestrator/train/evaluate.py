@@ -1,6 +1,6 @@
 """Evaluate a run's checkpoint: validation loss and the dataset's generation metric (WER,
-exact match or BLEU of greedy decoding, orchestrator/train/wer_eval.py) per validation
-dataset, whatever the run's train.eval_wer. Writes <run_dir>/eval/<checkpoint name>.json
+exact match or BLEU of greedy decoding, orchestrator/train/generation_eval.py) per validation
+dataset, whatever the run's train.eval_generation. Writes <run_dir>/eval/<checkpoint name>.json
 (rank 0).
 
     audiollm eval RUN_DIR [--checkpoint DIR]
@@ -75,7 +75,7 @@ def evaluate_run(run_dir: str | Path, checkpoint: Optional[str | Path] = None,
                                    else "the run has no other complete checkpoint"))
     plan = load_run_plan(run_dir)
     if plan.section("data").get("validation"):
-        plan.config["train"]["eval_wer"] = True  # what this command is for: WER whatever the run's setting
+        plan.config["train"]["eval_generation"] = True  # what this command is for: WER whatever the run's setting
     if "WORLD_SIZE" not in os.environ or int(os.environ["WORLD_SIZE"]) == 1:
         _single_process_env()
         plan = single_rank_plan(plan)

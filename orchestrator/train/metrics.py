@@ -174,7 +174,7 @@ def progress_line(step: int, total: int, m: dict, width: int = 20) -> str:
     return " | ".join(parts)
 
 
-# How the generation metrics (orchestrator/train/wer_eval.py keys `<metric>/<dataset>`,
+# How the generation metrics (orchestrator/train/generation_eval.py keys `<metric>/<dataset>`,
 # `<metric>/all`, `<metric>/utterances`) are shown: console label, scale, unit, plot
 # name. WER and exact match are fractions shown in percent; BLEU is 0..100 already.
 GENERATION_METRICS = {

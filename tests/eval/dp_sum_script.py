@@ -1,5 +1,5 @@
 """Two data-parallel ranks (gloo): the training loop's generation hook
-(orchestrator.train.wer_eval.WerEvaluation) sums each dataset's statistics over the
+(orchestrator.train.generation_eval.GenerationEvaluation) sums each dataset's statistics over the
 ranks, and its figures are those of the whole datasets. Decoding is left out: each
 rank's report is scored (real metrics) on its share of fixed answers, as the validation
 loaders shard samples r, r + dp, ... Prints `RESULT <json>` on rank 0.
@@ -47,7 +47,7 @@ def main() -> None:
     import torch.distributed as dist
 
     from orchestrator.eval import asr, metrics
-    from orchestrator.train.wer_eval import WerEvaluation, metric_values
+    from orchestrator.train.generation_eval import GenerationEvaluation, metric_values
 
     rank, size = dist.get_rank(), dist.get_world_size()
 
@@ -56,7 +56,7 @@ def main() -> None:
 
     asr.evaluate_generation = answered
     loaders = {name: Share(m, refs, hyps, rank, size) for name, (m, refs, hyps) in ANSWERS.items()}
-    hook = WerEvaluation(loaders, _tokenizer_dir(), SimpleNamespace(eval_wer_batches=0, eval_wer_max_new_tokens=8),
+    hook = GenerationEvaluation(loaders, _tokenizer_dir(), SimpleNamespace(eval_generation_batches=0, eval_generation_max_new_tokens=8),
                          SimpleNamespace(tp=1, pp=1, cp=1))
     trainer = SimpleNamespace(unwrapped=[torch.nn.Linear(1, 1)], rank=rank, device=torch.device("cpu"))
     reduced = hook(trainer, step=1)

@@ -11,7 +11,7 @@ import sacrebleu
 
 from orchestrator.eval import metrics
 from orchestrator.eval.wer import wer, word_errors
-from orchestrator.train.wer_eval import metric_values
+from orchestrator.train.generation_eval import metric_values
 from tests.distributed_run import torchrun
 
 REFS = ["the cat sat on the mat", "a quick brown fox jumps over the lazy dog", "hello there",
@@ -86,7 +86,7 @@ def test_unknown_metric_names_the_allowed_ones():
 
 def test_training_keys_from_rank_sums():
     """Two "ranks" each score their half of three datasets; the sums give the figures of
-    the whole datasets, per dataset and pooled per metric (orchestrator/train/wer_eval.py)."""
+    the whole datasets, per dataset and pooled per metric (orchestrator/train/generation_eval.py)."""
     data = {"speech": ("wer", REFS[:4], HYPS[:4]), "numbers": ("exact", ["314", "42"], ["314", "forty two"]),
             "captions": ("bleu", REFS, HYPS)}
     metric = {name: m for name, (m, _, _) in data.items()}

@@ -1,3 +1,5 @@
+import re
+
 import pytest
 from omegaconf import OmegaConf
 
@@ -101,3 +103,11 @@ def test_sbatch_options_are_set_as_a_user_writes_them():
     assert dict(whole.launcher.additional_sbatch) == {"mail-type": "END", "mail-user": "me@example.org"}
     one = compose(["launcher=slurm", "launcher.additional_sbatch.begin=now+600", "+launcher.additional_sbatch.x=1"])
     assert dict(one.launcher.additional_sbatch) == {"begin": "now+600", "x": "1"}
+
+
+@pytest.mark.parametrize("old, new", [("train.eval_wer=true", "train.eval_generation"),
+                                      ("train.eval_wer_batches=2", "train.eval_generation_batches")])
+def test_a_renamed_key_is_refused_with_its_new_name(old, new):
+    with pytest.raises(ComposeError, match=rf"{re.escape(old.split('=')[0])} is now {re.escape(new)} \(it scores WER, "
+                                           rf"exact match or BLEU"):
+        compose([old])

@@ -93,10 +93,10 @@ INVALID = [
     pytest.param(["optim.lr_decay_style=exp"], "optim", ["optim.lr_decay_style='exp'"], id="unknown_decay"),
     pytest.param(["train.iters=0"], "train", ["train.iters=0"], id="no_iters"),
     pytest.param(["run.resume=maybe"], "run", ["run.resume='maybe'"], id="bad_resume"),
-    pytest.param(["train.eval_wer=true", "data.validation=[]"], "eval_wer", ["train.eval_wer=true", "data.validation"],
+    pytest.param(["train.eval_generation=true", "data.validation=[]"], "eval_generation", ["train.eval_generation=true", "data.validation"],
                  id="wer_without_validation_data"),
-    pytest.param(["train.eval_wer=true", "train.eval_wer_max_new_tokens=0"], "train",
-                 ["train.eval_wer_max_new_tokens=0"], id="wer_with_no_tokens_to_decode"),
+    pytest.param(["train.eval_generation=true", "train.eval_generation_max_new_tokens=0"], "train",
+                 ["train.eval_generation_max_new_tokens=0"], id="wer_with_no_tokens_to_decode"),
     pytest.param(["model.adapter.ctc_weight=-1"], "adapter", ["model.adapter.ctc_weight=-1"], id="negative_ctc_weight"),
     pytest.param(["model.adapter.ctc_weight=0.3", "parallel.pp=2", "launcher.gpus_per_node=2"], "ctc",
                  ["model.adapter.ctc_weight=0.3", "parallel.pp=1 (got 2)"], id="ctc_with_pipeline_parallel"),
@@ -195,8 +195,8 @@ def test_too_few_microbatches_for_the_pipeline_is_a_warning():
 
 
 def test_wer_inside_training_with_model_parallelism_is_a_warning_pointing_to_eval():
-    cfg = to_object(compose(["train.eval_wer=true", "parallel.tp=2", "launcher.gpus_per_node=2"]))
-    findings = [f for f in validate(cfg, "train") if f.rule == "eval_wer"]
+    cfg = to_object(compose(["train.eval_generation=true", "parallel.tp=2", "launcher.gpus_per_node=2"]))
+    findings = [f for f in validate(cfg, "train") if f.rule == "eval_generation"]
     assert [f.severity for f in findings] == ["warning"]
     assert "tp=2" in findings[0].message and "audiollm eval RUN_DIR" in findings[0].message
 
@@ -215,10 +215,10 @@ def test_context_parallel_counts_as_sharding_and_as_model_parallel_for_generatio
     """The distributed optimizer shards over data x context parallel ranks (no warning at
     DP=1, CP=2); greedy decoding inside training needs cp=1 too (a warning naming it)."""
     cfg = to_object(compose(["parallel.cp=2", "launcher.gpus_per_node=2", "parallel.distributed_optimizer=true",
-                             "train.eval_wer=true"]))
+                             "train.eval_generation=true"]))
     findings = validate(cfg, "train")
     assert not [f for f in findings if f.rule == "distributed_optimizer"]
-    (wer,) = [f for f in findings if f.rule == "eval_wer"]
+    (wer,) = [f for f in findings if f.rule == "eval_generation"]
     assert wer.severity == "warning" and "cp=2" in wer.message and "audiollm eval RUN_DIR" in wer.message
     alone = validate(to_object(compose(["parallel.distributed_optimizer=true"])), "plan")
     assert [f.rule for f in alone if f.rule == "distributed_optimizer"] == ["distributed_optimizer"]

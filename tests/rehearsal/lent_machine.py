@@ -57,7 +57,7 @@ SHRINK = ["model=tiny_audiollm", "model.backend=local", "launcher=local",
           "launcher.accelerator=cpu", "launcher.nodes=1", "launcher.cpus_per_task=1", "data=demo",
           "data.audio_token='<audio>'", "model.adapter.ctc_weight=0"]  # the recipes' models have no CTC head
 # After the corpus's overrides: one step, no warm-up.
-ONE_STEP = ["optim.micro_batch_size=1", "optim.lr_warmup_iters=0", "train.iters=1", "train.eval_wer=false",
+ONE_STEP = ["optim.micro_batch_size=1", "optim.lr_warmup_iters=0", "train.iters=1", "train.eval_generation=false",
             "train.eval_interval=0", "train.save_interval=0"]
 RECIPE_LAYOUT = {  # recipe -> (overrides for the tiny model, processes), in the order they run
     "gemma2_whisper_tp4pp2": (["parallel.tp=2", "model.init_checkpoint=null"], 4),  # TP2 x PP2, SP, dist. optimizer, recompute

@@ -48,7 +48,7 @@ def test_tiny_cpu_at_cp2_trains_through_the_cli_and_evaluates_in_one_process(cor
     overrides = [o for o in train_overrides(corpus) if not o.startswith("data.train=")]
     out = _cli(tmp_path, "train", "+recipe=tiny_cpu", "parallel.cp=2", "launcher.gpus_per_node=2", *overrides,
                f"data.train={train}", "data.seq_length=160", f"train.iters={ITERS}", f"train.eval_interval={ITERS}",
-               "train.eval_wer=true", "run.name=cp2", f"run.output_root={tmp_path / 'outputs'}")
+               "train.eval_generation=true", "run.name=cp2", f"run.output_root={tmp_path / 'outputs'}")
     assert "parallel.cp=1 (here tp=1, pp=1, cp=2)" in out  # generation metrics: `audiollm eval`, said before the run
     (run_dir,) = [m.parent for m in (tmp_path / "outputs").rglob("metrics.jsonl")]
     plan = json.loads((run_dir / "plan.json").read_text())
@@ -75,7 +75,7 @@ def test_the_8k_context_parallel_recipe_shrunk_to_the_tiny_model_trains(corpus, 
               "launcher.accelerator=cpu", "launcher.gpus_per_node=4", "launcher.cpus_per_task=1", "parallel.tp=2",
               "data=demo", "data.audio_token='<audio>'"]
     _cli(tmp_path, "train", "+recipe=gemma2_whisper_8k_cp2", *shrink, *train_overrides(corpus),
-         "optim.global_batch_size=2", "optim.micro_batch_size=1", f"train.iters={ITERS}", "train.eval_wer=false",
+         "optim.global_batch_size=2", "optim.micro_batch_size=1", f"train.iters={ITERS}", "train.eval_generation=false",
          "run.name=cp2_8k", f"run.output_root={tmp_path / 'outputs'}")
     (run_dir,) = [m.parent for m in (tmp_path / "outputs").rglob("metrics.jsonl")]
     plan = json.loads((run_dir / "plan.json").read_text())

@@ -31,7 +31,7 @@ def test_default_command_makes_the_demo_corpus_trains_and_prints_wer(tmp_path):
     # The default recipe, made small: 64 training utterances, a few steps, one batch per
     # validation set for the loss and for the WER.
     overrides = ["data.demo_corpus_samples=64", f"train.iters={ITERS}", "optim.lr_warmup_iters=2", "train.eval_interval=3",
-                 "train.eval_iters=1", "train.eval_wer_batches=1", "train.log_interval=1"]
+                 "train.eval_iters=1", "train.eval_generation_batches=1", "train.log_interval=1"]
     proc = subprocess.run([sys.executable, "-c", "import sys; from orchestrator.cli import main; "
                            "sys.exit(main(sys.argv[1:]))", "train", *overrides],
                           capture_output=True, text=True, timeout=600, cwd=tmp_path, env=env)

@@ -44,7 +44,7 @@ def test_mixture_of_asr_own_template_and_conversations_trains_and_scores_each_ta
                   f"{{name:conv_val,path:'{corpus / 'val' / 'conv_val'}',turns_field:turns,metric:bleu}}]")
     overrides = [o for o in train_overrides(corpus) if not o.startswith(("data.train=", "data.validation="))]
     overrides += [f"data.train={train}", f"data.validation={validation}", f"train.iters={ITERS}",
-                  f"train.eval_interval={ITERS}", f"train.save_interval={ITERS}", "train.eval_wer=true",
+                  f"train.eval_interval={ITERS}", f"train.save_interval={ITERS}", "train.eval_generation=true",
                   # A validation-loss batch of each dataset (they take turns).
                   "train.eval_iters=3", "data.seq_length=160",
                   "run.name=multitask", f"run.output_root={tmp_path / 'outputs'}"]

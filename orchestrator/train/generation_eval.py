@@ -27,7 +27,7 @@ log = logging.getLogger(__name__)
 RESERVED = ("all", "utterances")
 
 
-class WerEvaluation:
+class GenerationEvaluation:
     def __init__(self, loaders: dict, tokenizer_path: str, train_cfg, parallel_cfg):
         """`loaders`: this DP rank's validation sets by name (the same ones the validation
         loss reads), each scored by its `metric` attribute ("wer" without one)."""
@@ -39,8 +39,8 @@ class WerEvaluation:
         self.loaders = loaders
         self.metric = {name: metrics.check_metric(getattr(loader, "metric", "wer")) for name, loader in loaders.items()}
         self.tokenizer = load_tokenizer(tokenizer_path)
-        self.max_batches = int(train_cfg.eval_wer_batches) or None
-        self.max_new_tokens = int(train_cfg.eval_wer_max_new_tokens)
+        self.max_batches = int(train_cfg.eval_generation_batches) or None
+        self.max_new_tokens = int(train_cfg.eval_generation_max_new_tokens)
         self.single_model_rank = parallel_cfg.tp * parallel_cfg.pp * parallel_cfg.cp == 1
         self._warned = False
 
@@ -51,7 +51,7 @@ class WerEvaluation:
 
         if not self.single_model_rank or len(trainer.unwrapped) != 1:
             if not self._warned and trainer.rank == 0:
-                log.warning("train.eval_wer: no generation metrics inside training with model parallelism; "
+                log.warning("train.eval_generation: no generation metrics inside training with model parallelism; "
                             "run `audiollm eval %s`", trainer.plan.run_dir)
             self._warned = True
             return {}
