@@ -414,6 +414,8 @@ class TrainLoader:
         """Stop the worker processes (a later batch starts new ones)."""
         workers, self._workers, self._results = self._workers, None, None
         if workers is not None:
+            # torch has no public call that stops a DataLoader's workers now; its iterator's
+            # __del__ calls this one, which is what dropping it would do at some later time.
             workers._shutdown_workers()
 
     def close(self) -> None:
