@@ -23,7 +23,7 @@ Left out, and why:
 - the cloud-storage SDKs mosaicml-streaming declares (S3, GCS, Azure, OCI, SFTP): MDS
   datasets on local or shared disk need none; add them by hand for remote datasets;
 - TransformerEngine (the `gpu` extra): `transformer-engine-torch` compiles against the
-  installed torch, so it is built on the GPU machine (README, "GPU machines").
+  installed torch, so it is built on the GPU machine (docs/gpu-machines.md).
 
 A package published only as a source distribution (hydra's antlr4-python3-runtime) is
 built into a wheel here with `pip wheel`.

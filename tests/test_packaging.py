@@ -74,7 +74,7 @@ def test_torch_is_a_range_that_admits_a_clusters_own_torch_and_the_installed_one
 
     spec = _requirements()["torch"].specifier
     installed = torch.__version__.split("+")[0]
-    # 2.11: the torch a GPU machine without internet brings (README, "GPU machines").
+    # 2.11: the torch a GPU machine without internet brings (docs/gpu-machines.md).
     assert spec.contains("2.11.0") and spec.contains(installed), (str(spec), installed)
 
 

@@ -67,7 +67,7 @@ def decide(model: dict, machine: Machine) -> Decisions:
     if backend == "te" and not (machine.cuda and machine.transformer_engine):
         missing = "CUDA" if not machine.cuda else "TransformerEngine (transformer_engine.pytorch does not import)"
         raise MachineCannotRunPlan(
-            f"model.backend=te needs {missing} on this machine; install the `gpu` extra (README, GPU machines) "
+            f"model.backend=te needs {missing} on this machine; install the `gpu` extra (docs/gpu-machines.md) "
             f"or plan the run with model.backend=local (megatron's linears; attention stays model.attention={choice})")
     attention = attention_kernel(choice, machine.cuda)
     if attention == "flex" and not machine.cuda:

@@ -23,7 +23,7 @@ class DatasetEntry:
     audio_field: Optional[str] = None  # default data.audio_field
     text_field: Optional[str] = None  # the answer column; default data.text_field
     # A conversation dataset: the MDS column with the turns (a JSON list of {role, text,
-    # audio: [indices into the sample's audio column]}); see README "Conversations".
+    # audio: [indices into the sample's audio column]}); see docs/data.md, "Tasks and conversations".
     turns_field: Optional[str] = None
     metric: Optional[str] = None  # validation only: wer | exact | bleu; default: the task's, else wer
     # Joint CTC on this dataset's clips (model.adapter.ctc_weight > 0): the answer must be

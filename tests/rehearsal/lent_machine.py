@@ -4,7 +4,7 @@ what a CPU can already show.
 Run:  .venv/bin/python -m tests.rehearsal.lent_machine [--keep DIR]
 (tests/rehearsal/test_lent_machine.py runs it in the test suite.)
 
-The lent machine (README, "GPU machines") has its own Python 3.12 whose `python3` is
+The lent machine (docs/gpu-machines.md) has its own Python 3.12 whose `python3` is
 itself a virtual environment, torch 2.11 (a CUDA 13 build), transformers 5.17 and
 numpy 2.x, no TransformerEngine, no megatron-core and no internet. This script:
 
@@ -48,7 +48,7 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
-# The lent machine's own stack (README, "GPU machines"; numpy there is 2.5).
+# The lent machine's own stack (docs/gpu-machines.md; numpy there is 2.5).
 MACHINE_PACKAGES = ("torch==2.11.0", "transformers==5.17.0", "numpy>=2,<3")
 MACHINE_PYTHON = "3.12"
 # The GPU recipes, each shrunk to the tiny model on CPU processes: parallel sizes that the
