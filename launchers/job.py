@@ -9,7 +9,9 @@
 3. replaces submitit's signal handlers: SIGUSR2 (preemption / time limit warning)
    and SIGTERM only set a flag that the entry reads at its next step boundary
    (launchers.runtime.should_stop), so checkpoints are never written mid-step;
-4. calls the entry `f(run_dir)` (a dotted path, so the trainer is pluggable);
+4. calls the entry `f(run_dir)` (a dotted path, so the trainer is pluggable); a rank
+   whose entry raises records the error in one line (launchers/failures.py), from which
+   the console names the cause of a failed job;
 5. if the entry stopped early, requeues: on SLURM rank 0 runs `scontrol requeue`
    (after SIGUSR2; after SIGTERM SLURM itself decides, e.g. preemption in requeue
    mode) and every rank exits without a result, so submitit's watcher keeps waiting;
