@@ -9,7 +9,8 @@ the Gemma2 layer (tests compare this list with the real model's named_parameters
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import json
+from dataclasses import asdict, dataclass
 from typing import Optional
 
 from orchestrator.megatron_args import padded_vocab_size
@@ -171,6 +172,17 @@ def audio_token_count(mel_frames: int, frame_stack: int) -> int:
     return encoder_frame_count(mel_frames) // frame_stack
 
 
+# Inventories by their inputs: validation and the estimates of one plan ask for the same one.
+_INVENTORIES: dict[str, tuple[ParamSpec, ...]] = {}
+
+
 def parameter_inventory(model: ModelConfig, lora: LoraConfig, tp: int = 1) -> list[ParamSpec]:
-    """All parameters of the AudioLLM (pipeline-parallel size 1 naming)."""
-    return encoder_params(model, lora) + adapter_params(model, lora) + decoder_params(model, lora, tp)
+    """All parameters of the AudioLLM (pipeline-parallel size 1 naming); built once per
+    (model, lora, tp) in a process."""
+    key = json.dumps([asdict(model), asdict(lora), tp], sort_keys=True, default=str)
+    if key not in _INVENTORIES:
+        if len(_INVENTORIES) >= 64:  # a sweep of many models: keep memory bounded
+            _INVENTORIES.clear()
+        _INVENTORIES[key] = tuple(encoder_params(model, lora) + adapter_params(model, lora)
+                                  + decoder_params(model, lora, tp))
+    return list(_INVENTORIES[key])

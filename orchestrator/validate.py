@@ -664,10 +664,11 @@ def check_lr_groups_against_params(lora: LoraConfig, params: list[NamedParam], m
             )
 
 
-def _named_params(model: ModelConfig, lora: LoraConfig) -> list[NamedParam]:
+def _named_params(model: ModelConfig, lora: LoraConfig, tp: int) -> list[NamedParam]:
     from orchestrator.model_params import parameter_inventory
 
-    return [NamedParam(p.name, not p.trainable) for p in parameter_inventory(model, lora)]
+    # At the plan's TP (names do not depend on it): the estimate then reuses this inventory.
+    return [NamedParam(p.name, not p.trainable) for p in parameter_inventory(model, lora, max(tp, 1))]
 
 
 # --------------------------------------------------------------------------- entry points
@@ -706,7 +707,7 @@ def validate(cfg: AudioLLMConfig, purpose: str = "plan") -> list[Finding]:
     # Parameter names are only meaningful once the model's own fields are valid.
     if not any(f.severity == ERROR and f.rule in ("decoder", "encoder", "adapter", "lora", "lora_targets", "lora_rank")
                for f in findings):
-        findings += list(check_lr_groups_against_params(cfg.lora, _named_params(m, cfg.lora), m.name))
+        findings += list(check_lr_groups_against_params(cfg.lora, _named_params(m, cfg.lora, p.tp), m.name))
     return findings
 
 

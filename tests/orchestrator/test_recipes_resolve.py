@@ -148,3 +148,14 @@ def test_every_recipe_plans_on_a_fresh_checkout_listing_the_missing_weights_afte
     assert len(errors) == 2, proc.stderr
     assert re.search(r"error: \[init_checkpoint\] model.init_checkpoint=(\S+): \1 does not exist; write it from HF "
                      r"weights with `audiollm convert hf-to-megatron", errors[1]), proc.stderr
+
+
+def test_a_plan_builds_its_parameter_inventory_once(monkeypatch):
+    from orchestrator import model_params
+
+    built = []
+    original = model_params.decoder_params
+    monkeypatch.setattr(model_params, "decoder_params", lambda *a, **k: built.append(1) or original(*a, **k))
+    monkeypatch.setattr(model_params, "_INVENTORIES", {})
+    resolve(compose(["+recipe=gemma2_whisper_tp4pp2", "lora.rank=8"]))
+    assert built == [1]
