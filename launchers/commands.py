@@ -246,6 +246,9 @@ def _failure_line(job, run_dir: Path | None, exc: BaseException) -> str:
     cause = None
     if run_dir is not None:
         codes = (rd.read_json(exit_codes_path(job.paths.folder, str(job.job_id))) or {}).get("exit_codes")
+        if codes is None and job.paths.stderr.is_file():  # SLURM: srun's own report of its tasks
+            world = int((rd.read_json(Path(run_dir) / "plan.json") or {}).get("world_size") or 0)
+            codes = failures.srun_exit_codes(job.paths.stderr.read_text(errors="replace"), world)
         cause = failures.explain(run_dir, str(job.job_id), codes)
     last = str(exc).strip().splitlines()
     return cause or (last[-1] if last else repr(exc))

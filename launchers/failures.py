@@ -11,7 +11,8 @@ signal records nothing: a local job's controller keeps each task's exit status
 (launchers/local_controller.py), a negative one being the signal.
 
 `explain` picks the cause: the earliest failure of its own, else a rank killed by a
-signal, else the earliest failure of any kind.
+signal, else a rank that ended without a word while its peers lost it, else the earliest
+failure of any kind.
 """
 
 from __future__ import annotations
@@ -86,6 +87,26 @@ def record(run_dir: Path, rank: int, job_id: str, exc: BaseException) -> None:
         pass
 
 
+_BY_DESCRIPTION = {signal.strsignal(s): int(s) for s in signal.Signals if signal.strsignal(s)}
+_SRUN_TASK_END = re.compile(r"^srun: error: \S+: tasks? ([\d,-]+): (.+?)\s*$", re.MULTILINE)
+
+
+def srun_exit_codes(log_text: str, world_size: int) -> list:
+    """Exit codes in Popen's convention (minus the signal) of the tasks srun reports in a
+    SLURM job's log ("srun: error: HOST: task 1: Killed"); None for the others."""
+    codes: list = [None] * world_size
+    for tasks, how in _SRUN_TASK_END.findall(log_text):
+        number = _BY_DESCRIPTION.get(how)
+        if number is None:
+            continue
+        for part in tasks.split(","):
+            first, _, last = part.partition("-")
+            for rank in range(int(first), int(last or first) + 1):
+                if rank < world_size:
+                    codes[rank] = -number
+    return codes
+
+
 def _signal_name(number: int) -> str:
     try:
         return signal.Signals(number).name
@@ -118,7 +139,10 @@ def explain(run_dir: Path, job_id: str, exit_codes: Optional[Sequence[Optional[i
         hint = _SIGNAL_HINTS.get(number)
         return (f"rank {rank} was killed by signal {number} ({_signal_name(number)}{': ' + hint if hint else ''}); "
                 f"the other ranks stopped when it disappeared (log: {log}/rank{rank}.log)")
+    silent = [rank for rank in range(world_size) if rank not in recorded]
+    if records and silent:  # every recorded error is a lost peer: the silent rank went first
+        return (f"rank {silent[0]} ended without an error of its own (killed by a signal? the out-of-memory killer "
+                f"or a kill -9); the other ranks stopped when it disappeared (log: {log}/rank{silent[0]}.log)")
     if records:
-        r = records[0]
-        return _from(r, log)
+        return _from(records[0], log)
     return None

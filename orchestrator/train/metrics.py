@@ -243,7 +243,7 @@ def run_summary(run_dir: Path, recipe: Optional[str]) -> str:
     lines += [f"  next           audiollm eval {run_dir}",
               f"                 audiollm convert megatron-to-hf --megatron {run_dir} --out {run_dir}_hf"]
     if recipe == "tiny_cpu":
-        lines.append(f"                 then fine-tune it on an unheard accent: docs/fine-tuning.md, \"Fine-tuning demo (CPU)\"")
+        lines.append("                 then fine-tune it on an unheard accent: docs/fine-tuning.md, \"Fine-tuning demo (CPU)\"")
     return "\n".join(lines)
 
 

@@ -136,3 +136,35 @@ def test_preempted_job_requeues_and_reproduces_every_loss(submitted, corpus, cap
     with capsys.disabled():
         print(f"\nmeasured: USR2 at step >= {SIGNAL_AFTER}, checkpoint of step {stopped_at}; "
               f"USR2 -> first step after requeue seen {resume_s:.1f} s")
+
+
+def test_a_rank_killed_in_a_slurm_job_is_named_with_its_signal(slurm_cluster, tmp_path):
+    """SIGKILL to rank 1 of a 2-task SLURM job (the launchers' minimal job): srun reports
+    the task in the job's log, and `audiollm train launcher.wait=true` ends on it instead
+    of rank 0's lost connection."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    from tests.distributed_run import REPO
+    from tests.launchers.helpers import rank_pids, tiny_overrides
+    from tests.slurm.runs import SLURM
+
+    argv = [*tiny_overrides(tmp_path, "run.name=killed", iters=40), *SLURM, "launcher.gpus_per_node=2",
+            "launcher.wait=true"]
+    env = {**os.environ, "PYTHONPATH": str(REPO), "AUDIOLLM_MINIMAL_STEP_DELAY_S": "0.25"}
+    proc = subprocess.Popen([sys.executable, "-m", "orchestrator.cli", "train", *argv], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, env=env, cwd=REPO)
+    run_dir = tmp_path / "tiny_cpu" / "killed"
+    try:
+        wait_for_step(run_dir, 2, timeout=JOB_TIMEOUT)
+        os.kill(rank_pids(run_dir, 1)[0], signal.SIGKILL)
+        out = proc.communicate(timeout=JOB_TIMEOUT)[0]
+    finally:
+        proc.kill()
+    (job_id,) = launches(run_dir)[0]["job_ids"]
+    assert proc.returncode == 1, out
+    assert out.strip().splitlines()[-1] == (
+        f"job {job_id} failed: rank 1 was killed by signal 9 (SIGKILL: the out-of-memory killer or a kill -9); the "
+        f"other ranks stopped when it disappeared (log: {run_dir}/logs/rank1.log)"), out[-3000:]
