@@ -218,7 +218,8 @@ def _duration(seconds: float) -> str:
 def run_summary(run_dir: Path, recipe: Optional[str]) -> str:
     """The console's last lines after a finished run: where it is, the final and best
     evaluation of each metric the run measured (the whole run, restarts included), the
-    loss curve, the wall time since `audiollm train` submitted it, and what to run next."""
+    loss curve, the wall time since the run was submitted (a resumed run: since its last
+    submission), and what to run next."""
     from launchers.rundir import last_launch, read_metrics
 
     run_dir = Path(run_dir)
@@ -226,7 +227,7 @@ def run_summary(run_dir: Path, recipe: Optional[str]) -> str:
     last_step = rows[-1]["step"] if rows else 0
     launch = last_launch(run_dir) or {}
     since = launch.get("submitted_at")
-    took = f" in {_duration(time.time() - since)} since `audiollm train` started it" if since else ""
+    took = f" in {_duration(time.time() - since)} since it was submitted" if since else ""
     lines = [f"run finished: {last_step} steps{took}", f"  run directory  {run_dir}"]
     for key, label, scale, unit, lower in _SUMMARY_METRICS:
         evaluated = [(r["step"], r[key]) for r in rows if isinstance(r.get(key), (int, float))]
@@ -387,7 +388,7 @@ def plot_loss_curve(run_dir: Path) -> Optional[Path]:
     ax.set_xlabel("step")
     ax.set_ylabel("loss (log scale)")
     ax.set_title(Path(run_dir).name)
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=7, ncol=2, loc="lower left")  # below the falling curves
     ax.grid(alpha=0.3)
     for ax, metric in zip(axes[0][1:], panels):
         _, _, unit, name = GENERATION_METRICS[metric]
