@@ -130,3 +130,9 @@ def resolve_model_checkpoint(path: str) -> Tuple[Optional[str], Optional[str]]:
                           f"[--whisper WHISPER_DIR], and point at the output")
     return None, (f"{path} is not a checkpoint: expected a directory written by `audiollm convert hf-to-megatron`, "
                   f"a training checkpoint (RUN/checkpoints/step_N) or a run directory")
+
+
+def set_aside_dirs(run_dir: Path) -> list:
+    """Checkpoints an earlier resume found damaged (checkpoints/step_N.damaged)."""
+    root = Path(run_dir) / "checkpoints"
+    return sorted(root.glob("step_*.damaged")) if root.is_dir() else []

@@ -42,7 +42,7 @@ import torch
 import torch.distributed as dist
 
 from orchestrator.checkpoint_dirs import (MANIFEST, checkpoint_files, file_record, is_dist_checkpoint, manifest_problem,
-                                         read_manifest, step_dirs)
+                                         read_manifest, set_aside_dirs, step_dirs)
 from orchestrator.convert.dist_format import use_in_process_results_queue
 
 log = logging.getLogger(__name__)
@@ -244,7 +244,7 @@ def resumable_checkpoint(run_dir) -> Optional[Path]:
     """Collective: the newest complete checkpoint of the run, or None when it has none.
     Damaged ones newer than it are renamed step_N.damaged (rank 0 warns, naming the file
     and what is wrong) and `latest` is pointed at it; raises NoCompleteCheckpoint when
-    every checkpoint is damaged."""
+    every checkpoint is damaged, now or at an earlier resume."""
     rank = dist.get_rank()
     candidates = step_dirs(run_dir)
     damaged = []
@@ -268,12 +268,15 @@ def resumable_checkpoint(run_dir) -> Optional[Path]:
             pointer_tmp.write_text(path.name + "\n")
             os.replace(pointer_tmp, checkpoints_dir(run_dir) / "latest")
     dist.barrier()
-    if damaged and path is None:
+    earlier = [p.name for p in reversed(set_aside_dirs(run_dir))  # newest first, as `damaged`
+               if p.name not in {f"{bad.name}.damaged" for bad, _ in damaged}]
+    if path is None and (damaged or earlier):  # every run of the same command says it again
+        found = [f"{bad.name}: {problem}" for bad, problem in damaged] + [f"{name} (set aside earlier)" for name in earlier]
         raise NoCompleteCheckpoint(
-            f"no complete checkpoint in {checkpoints_dir(run_dir)}: "
-            + "; ".join(f"{bad.name}: {problem}" for bad, problem in damaged)
-            + f" (set aside as *.damaged). Not starting over in silence: to train from the start, move "
-              f"{checkpoints_dir(run_dir)} away and run the same command again, or pass run.name=<new name>")
+            f"no complete checkpoint in {checkpoints_dir(run_dir)}: " + "; ".join(found)
+            + f". Damaged checkpoints are kept as step_N.damaged. Not starting over in silence: to train from the "
+              f"start, move {checkpoints_dir(run_dir)} away and run the same command again, or pass "
+              f"run.name=<new name>")
     return path
 
 

@@ -26,7 +26,7 @@ from typing import Callable, Optional
 import torch
 import torch.distributed as dist
 
-from orchestrator.checkpoint_dirs import step_dirs
+from orchestrator.checkpoint_dirs import set_aside_dirs, step_dirs
 from orchestrator.runtime.machine import Machine, decide
 from orchestrator.train import checkpoint as ckpt
 from orchestrator.train import lr_groups as lrg
@@ -178,7 +178,7 @@ class Trainer:
 
         path = self.plan.section("model").get("init_checkpoint")
         resumes = (self.plan.section("run").get("resume") or "auto") != "never"
-        if not path or (resumes and step_dirs(self.plan.run_dir)):
+        if not path or (resumes and (step_dirs(self.plan.run_dir) or set_aside_dirs(self.plan.run_dir))):
             return None
         return {"path": path, **load_init_checkpoint(path, chunks)}
 

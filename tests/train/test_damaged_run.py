@@ -101,6 +101,13 @@ def test_a_truncated_or_overwritten_checkpoint_is_set_aside_and_the_run_resumes_
     assert "Not starting over in silence" in last and last.endswith(f"(log: {run_dir}/logs/rank{failed[1]}.log)")
     assert not (run_dir / "checkpoints" / "step_000001").exists()  # nothing trained from scratch
     assert _losses(run_dir) == straight
+    # Run again: the damaged checkpoints are set aside by now, and it still refuses.
+    proc = audiollm_cli(["train", *overrides], cwd=run_dir)
+    last = proc.stdout.strip().splitlines()[-1]
+    assert proc.returncode == 1 and "no complete checkpoint" in last and \
+        "step_000006.damaged (set aside earlier); step_000003.damaged (set aside earlier). Damaged" in last, \
+        proc.stdout[-3000:]
+    assert _losses(run_dir) == straight
 
 
 
