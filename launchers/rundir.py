@@ -149,7 +149,8 @@ def damage(path: Path) -> str | None:
 
             yaml.safe_load(text)
             if path.name == "config.yaml" and not text.endswith(CONFIG_END):
-                return f"{path.name} is damaged ({len(text.encode())} bytes, cut short: its last line is not {CONFIG_END.strip()!r})"
+                return (f"{path.name} is damaged ({len(text.encode())} bytes, cut short: its last line is not "
+                        f"{CONFIG_END.strip()!r})")
         else:
             json.loads(text)
     except Exception as exc:  # noqa: BLE001 - json's and yaml's errors alike

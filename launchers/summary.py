@@ -132,11 +132,11 @@ def run_state(run_dir: Path, query_scheduler: bool = True) -> dict:
     elif scheduler == "ENDED" and state == "PREEMPTED":
         state = "STOPPED"  # a local run stopped with a checkpoint: run the same command to continue
     metrics = read_metrics(run_dir)
-    damaged = [d for d in (damage(run_dir / name) for name in ("state.json", "launch.json", "config.yaml", "plan.json"))
-               if d]
+    problems = {name: damage(run_dir / name) for name in ("state.json", "launch.json", "config.yaml", "plan.json")}
+    damaged = [problem for problem in problems.values() if problem]
     cfg_iters = None
     cfg_path = run_dir / "config.yaml"
-    if cfg_path.exists() and damage(cfg_path) is None:
+    if cfg_path.exists() and problems["config.yaml"] is None:
         import yaml
 
         cfg_iters = ((yaml.safe_load(cfg_path.read_text()) or {}).get("train") or {}).get("iters")
@@ -146,7 +146,7 @@ def run_state(run_dir: Path, query_scheduler: bool = True) -> dict:
     latest = (run_dir / "checkpoints" / "latest")
     checkpoint = latest.read_text().strip() if latest.is_file() else None
     checkpoint_step = int(checkpoint.split("_")[-1]) if checkpoint and checkpoint.split("_")[-1].isdigit() else None
-    if damage(run_dir / "state.json") and state == "DIED":
+    if problems["state.json"] and state == "DIED":
         # The job's own record is lost: its checkpoints still tell a finished run.
         state = "COMPLETED" if checkpoint_step is not None and checkpoint_step == cfg_iters else "UNKNOWN"
     last_step = metrics[-1]["step"] if metrics else None

@@ -230,9 +230,12 @@ class NoCompleteCheckpoint(RuntimeError):
 
 def _problem(path: Path) -> Optional[str]:
     """Collective: what is wrong with checkpoint `path`, the same answer on every rank."""
-    files, why = read_manifest(path)
+    # Rank 0 reads the manifest for all: every rank must take the same branch below.
+    read = [(read_manifest(path), is_dist_checkpoint(path)) if dist.get_rank() == 0 else None]
+    dist.broadcast_object_list(read, src=0)
+    (files, why), dist_format = read[0]
     if files is None:
-        if why == f"no {MANIFEST}" and is_dist_checkpoint(path):
+        if why == f"no {MANIFEST}" and dist_format:
             return None  # published before checkpoints carried a manifest: loaded unverified
         return why
     problems = [None] * dist.get_world_size()

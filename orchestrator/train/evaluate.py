@@ -75,7 +75,7 @@ def evaluate_run(run_dir: str | Path, checkpoint: Optional[str | Path] = None,
                                    else "the run has no other complete checkpoint"))
     plan = load_run_plan(run_dir)
     if plan.section("data").get("validation"):
-        plan.config["train"]["eval_generation"] = True  # what this command is for: WER whatever the run's setting
+        plan.config["train"]["eval_generation"] = True  # what this command is for, whatever the run's setting
     if "WORLD_SIZE" not in os.environ or int(os.environ["WORLD_SIZE"]) == 1:
         _single_process_env()
         plan = single_rank_plan(plan)
