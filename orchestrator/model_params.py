@@ -10,7 +10,7 @@ the Gemma2 layer (tests compare this list with the real model's named_parameters
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, is_dataclass
 from typing import Optional
 
 from orchestrator.megatron_args import padded_vocab_size
@@ -179,6 +179,8 @@ _INVENTORIES: dict[str, tuple[ParamSpec, ...]] = {}
 def parameter_inventory(model: ModelConfig, lora: LoraConfig, tp: int = 1) -> list[ParamSpec]:
     """All parameters of the AudioLLM (pipeline-parallel size 1 naming); built once per
     (model, lora, tp) in a process."""
+    if not (is_dataclass(model) and is_dataclass(lora)):  # duck-typed configs (scripts): not memoized
+        return encoder_params(model, lora) + adapter_params(model, lora) + decoder_params(model, lora, tp)
     key = json.dumps([asdict(model), asdict(lora), tp], sort_keys=True, default=str)
     if key not in _INVENTORIES:
         if len(_INVENTORIES) >= 64:  # a sweep of many models: keep memory bounded
