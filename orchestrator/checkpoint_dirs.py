@@ -75,12 +75,19 @@ def manifest_problem(path: Path, files: dict, check_sums: Iterable[str] = ()) ->
     return None
 
 
+def without_manifest(why: str, dist_format: bool) -> Optional[str]:
+    """The problem of a checkpoint whose manifest is unusable (`why`): none for one
+    published before checkpoints carried manifests (a dist_checkpointing directory,
+    loaded unverified)."""
+    return None if why == f"no {MANIFEST}" and dist_format else why
+
+
 def checkpoint_problem(path: Path) -> Optional[str]:
     """One process's whole check of one checkpoint (sizes and checksums); None when it is
-    complete, or when it predates manifests and is a dist_checkpointing directory."""
+    complete (or predates manifests: without_manifest)."""
     files, why = read_manifest(path)
     if files is None:
-        return None if why == f"no {MANIFEST}" and is_dist_checkpoint(path) else why
+        return without_manifest(why, is_dist_checkpoint(path))
     return manifest_problem(path, files, sorted(files))
 
 

@@ -42,7 +42,7 @@ import torch
 import torch.distributed as dist
 
 from orchestrator.checkpoint_dirs import (MANIFEST, checkpoint_files, file_record, is_dist_checkpoint, manifest_problem,
-                                         read_manifest, set_aside_dirs, step_dirs)
+                                         read_manifest, set_aside_dirs, step_dirs, without_manifest)
 from orchestrator.convert.dist_format import use_in_process_results_queue
 
 log = logging.getLogger(__name__)
@@ -235,9 +235,7 @@ def _problem(path: Path) -> Optional[str]:
     dist.broadcast_object_list(read, src=0)
     (files, why), dist_format = read[0]
     if files is None:
-        if why == f"no {MANIFEST}" and dist_format:
-            return None  # published before checkpoints carried a manifest: loaded unverified
-        return why
+        return without_manifest(why, dist_format)
     problems = [None] * dist.get_world_size()
     dist.all_gather_object(problems, manifest_problem(path, files, _my_share(sorted(files))))
     return next((p for p in problems if p), None)
