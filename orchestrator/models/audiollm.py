@@ -134,6 +134,7 @@ class AudioLLM(MegatronModule):
 def build_audiollm(model_cfg, parallel_cfg, pre_process: bool = True, post_process: bool = True,
                    audio_token_id: int = 0, params_dtype: torch.dtype = torch.float32, vp_stage=None,
                    encoder_pad_value: float = 0.0, core_attention=None, encoder_lora: bool = False,
+                   on_gpu: Optional[bool] = None, attention: Optional[str] = None,
                    **config_overrides) -> AudioLLM:
     """Build this rank's AudioLLM chunk from the `model` and `parallel` config sections.
     Call after `init_distributed` (megatron's parallel state must exist). The encoder
@@ -141,11 +142,15 @@ def build_audiollm(model_cfg, parallel_cfg, pre_process: bool = True, post_proce
     is `model.attention` on this machine (orchestrator.kernels: auto is flex on CUDA);
     `core_attention` (a class) replaces it for the tests' known-mistake controls only.
     `encoder_lora`: LoRA will adapt the encoder (lora.encoder), which then trains in fp32
-    under model.encoder.precision=auto."""
+    under model.encoder.precision=auto. `on_gpu`: built for a GPU (this machine's
+    answer unless given; the full-size probe builds for a GPU on CPU); `attention`: the
+    kernel decided for it (orchestrator.runtime.machine.decide; model.attention on
+    `on_gpu` unless given)."""
     from orchestrator.kernels import attention_kernel, encoder_precision
 
     dec = model_cfg.decoder
-    on_gpu = torch.cuda.is_available()
+    has_cuda = torch.cuda.is_available()
+    on_gpu = has_cuda if on_gpu is None else on_gpu
     config_overrides.setdefault("init_method_std", float(getattr(dec, "init_method_std", 0.02)))
     config = gemma2_transformer_config(
         dec, tp=parallel_cfg.tp, pp=parallel_cfg.pp, sp=bool(getattr(parallel_cfg, "sp", False)),
@@ -155,7 +160,7 @@ def build_audiollm(model_cfg, parallel_cfg, pre_process: bool = True, post_proce
     language_model = Gemma2Model(config, dec.vocab_size, dec.max_position_embeddings, pre_process=pre_process,
                                  post_process=post_process, backend=model_cfg.backend, rope_theta=dec.rope_theta,
                                  vp_stage=vp_stage, tie_embeddings=dec.tie_embeddings,
-                                 attention=attention_kernel(getattr(model_cfg, "attention", "auto"), on_gpu),
+                                 attention=attention or attention_kernel(getattr(model_cfg, "attention", "auto"), on_gpu),
                                  core_attention=core_attention)
     if dec.freeze:
         language_model.requires_grad_(False)
@@ -169,7 +174,7 @@ def build_audiollm(model_cfg, parallel_cfg, pre_process: bool = True, post_proce
                                model_cfg.adapter.frame_stack, model_cfg.adapter.dropout, ctc_vocab).float()
         if model_cfg.adapter.freeze:
             adapter.requires_grad_(False)
-        if on_gpu:
+        if on_gpu and has_cuda:
             encoder.cuda()
             adapter.cuda()
     from orchestrator.models.spec_augment import build_spec_augment

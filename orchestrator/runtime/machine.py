@@ -53,6 +53,7 @@ class MachineCannotRunPlan(RuntimeError):
 
 @dataclass(frozen=True)
 class Decisions:
+    cuda: bool  # the model is built for a GPU (bf16 where planned, the GPU's kernels and encoder precision)
     attention: str  # "reference" | "flex"
     gradient_accumulation_fusion: bool
     lines: tuple  # what was decided and why, one line each
@@ -86,4 +87,4 @@ def decide(model: dict, machine: Machine) -> Decisions:
         f"attention: {attention} (model.attention={choice}, {'CUDA' if machine.cuda else 'CPU'})",
         f"gradient-accumulation fusion: {'on' if fusion else 'off'} ({fusion_why})",
     )
-    return Decisions(attention=attention, gradient_accumulation_fusion=fusion, lines=lines)
+    return Decisions(cuda=machine.cuda, attention=attention, gradient_accumulation_fusion=fusion, lines=lines)

@@ -87,13 +87,14 @@ class AudioLLMProvider:
         # TransformerConfig checks for the local spec quiet.
         return dict(layernorm_zero_centered_gamma=False, window_size=None, bias_activation_fusion=False)
 
-    def build(self, config, pre_process: bool, post_process: bool, vp_stage: Optional[int]):
+    def build(self, config, pre_process: bool, post_process: bool, vp_stage: Optional[int], decisions=None):
         from orchestrator.models.audiollm import build_audiollm
 
         shared = {name: getattr(config, name) for name in _SHARED_CONFIG_FIELDS}
+        target = {} if decisions is None else {"on_gpu": decisions.cuda, "attention": decisions.attention}
         return build_audiollm(self.model_cfg, self.parallel_cfg, pre_process, post_process,
                               audio_token_id=self.audio_token_id, params_dtype=config.params_dtype,
-                              vp_stage=vp_stage, encoder_lora=self.encoder_lora, **shared)
+                              vp_stage=vp_stage, encoder_lora=self.encoder_lora, **target, **shared)
 
     def forward(self, model: torch.nn.Module, batch: dict) -> torch.Tensor:
         inner = _unwrapped(model)

@@ -22,8 +22,11 @@ class ModelProvider(Protocol):
     def transformer_fields(self) -> dict:
         """Model-specific TransformerConfig fields (added to those from the plan)."""
 
-    def build(self, config, pre_process: bool, post_process: bool, vp_stage: Optional[int]) -> torch.nn.Module:
-        """One model chunk for this pipeline stage (virtual stage `vp_stage`)."""
+    def build(self, config, pre_process: bool, post_process: bool, vp_stage: Optional[int],
+              decisions) -> torch.nn.Module:
+        """One model chunk for this pipeline stage (virtual stage `vp_stage`), for the
+        machine `decisions` describe (orchestrator.runtime.machine.Decisions: GPU or CPU,
+        attention kernel)."""
 
     def forward(self, model: torch.nn.Module, batch: dict) -> torch.Tensor:
         """On the last pipeline stage the per-token loss [b, s]; elsewhere the stage output."""

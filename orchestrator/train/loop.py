@@ -77,9 +77,12 @@ def freeze_model_parts(chunks, model_cfg: dict) -> None:
 
 
 class Trainer:
-    def __init__(self, plan: RunPlan, components: Components, device: str, training: bool = True):
+    def __init__(self, plan: RunPlan, components: Components, device: str, training: bool = True,
+                 machine: Optional[Machine] = None):
         """training=False (evaluation): the same model chunks (LoRA included, so a
-        checkpoint's names match), no DDP, optimizer or scheduler."""
+        checkpoint's names match), no DDP, optimizer or scheduler. `machine`: what the
+        model is built for, this machine unless given (the full-size probe, which runs on
+        CPU, builds for the plan's GPU: orchestrator/probe/)."""
         from megatron.core import parallel_state as ps
         from megatron.core.distributed import DistributedDataParallel, finalize_model_grads
         from megatron.core.optimizer import get_megatron_optimizer
@@ -93,9 +96,8 @@ class Trainer:
         self.train_iters = plan.train_iters
         self.seed = int(train_cfg.get("seed", 1234))
         provider = components.provider
-        on_gpu = device == "cuda"
-
-        self.decisions = decide(plan.section("model"), Machine.probe())
+        self.decisions = decide(plan.section("model"), machine or Machine.probe())
+        on_gpu = self.decisions.cuda
         if self.rank == 0:
             log.info("decided on this machine:\n  %s", "\n  ".join(self.decisions.lines))
         self.config = mcfg.transformer_config(plan, on_gpu, provider.transformer_fields(),
@@ -141,7 +143,7 @@ class Trainer:
         self.optimizer = get_megatron_optimizer(ocfg, self.chunks, config_overrides=lrg.optimizer_overrides(ocfg, overrides))
         self.scheduler = mcfg.lr_scheduler(plan, self.optimizer)
         self.count_flops = self._flop_counter(provider, chunks)
-        self.peak_flops, peak_source = peak_flops(torch.cuda.get_device_name() if on_gpu else None,
+        self.peak_flops, peak_source = peak_flops(torch.cuda.get_device_name() if device == "cuda" else None,
                                                   plan.section("launcher").get("gpu_type"))
         if self.rank == 0 and self.peak_flops:
             log.info("MFU against %.1f TFLOP/s per GPU, the dense bf16 peak of %s", self.peak_flops / 1e12, peak_source)
@@ -160,7 +162,7 @@ class Trainer:
         for vp_stage in (range(vpp) if vpp else [None]):
             pre = ps.is_pipeline_first_stage(ignore_virtual=False, vp_stage=vp_stage)
             post = ps.is_pipeline_last_stage(ignore_virtual=False, vp_stage=vp_stage)
-            model = provider.build(self.config, pre, post, vp_stage)
+            model = provider.build(self.config, pre, post, vp_stage, self.decisions)
             if self.device == "cuda":
                 model.cuda(torch.cuda.current_device())
             # A provider whose model keeps its own mixed precision opts out of the cast.

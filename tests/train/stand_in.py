@@ -78,7 +78,7 @@ class StandInProvider:
                     activation_func=partial(F.gelu, approximate="tanh"), bias_activation_fusion=False,
                     layernorm_zero_centered_gamma=False, window_size=None)
 
-    def build(self, config, pre_process, post_process, vp_stage):
+    def build(self, config, pre_process, post_process, vp_stage, decisions=None):
         self.config = config  # the loop's config, for flop_counter
         return StandInGPT(config, self.vocab_size, self.seq_length, pre_process, post_process, vp_stage)
 

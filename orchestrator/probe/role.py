@@ -1,0 +1,178 @@
+"""One rank role of a plan, probed: `python -m orchestrator.probe.role PLAN_JSON STAGE OUT_JSON`.
+
+PLAN_JSON: the resolved plan, as the job reads it from its run directory (plan.json). In this process, with no CUDA
+and no real storage for the model: a fake process group of the plan's world at the rank
+of pipeline stage STAGE (tp, cp and dp index 0; fake_world says why one rank stands for
+its peers), the job's own Trainer built for the plan's machine (its GPU: bf16, the
+planned kernels) under FakeTensorMode -- model chunks, LoRA, freezes, lr groups, DDP,
+megatron's optimizer -- and two steps of megatron's pipeline schedule on micro-batches
+of the plan's shapes, made by the job's collate. The second step is measured: by then
+the optimizer's state exists, as at every later step. OUT_JSON: parameters and peak
+memory by category (live_memory), what stood in for what (stand_ins), timings.
+
+Micro-batches per step: the plan's, capped where more would not change the peak: 1F1B
+holds at most `pp - stage` micro-batches at once (Narayanan et al. 2021), so
+min(M, pp) reaches every stage's peak; interleaved schedules get min(M, 2 x pp).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import resource
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+AUDIO_TOKEN_ID = 7  # any id below the vocabulary: the probe has no tokenizer, and values do not matter
+
+
+def probe_microbatches(num_microbatches: int, pp: int, vpp) -> int:
+    return min(num_microbatches, 2 * pp if vpp else pp)
+
+
+def synthetic_microbatch(cfg) -> dict:
+    """A micro-batch of the plan's shapes through the job's collate: micro_batch_size rows
+    of data.seq_length tokens, each packed with as many samples as it holds clips of
+    data.max_audio_seconds (estimate.clips_per_row), every sample one clip's placeholders
+    and trained text."""
+    from orchestrator.data.packing import Example, collate
+    from orchestrator.data.prompts import Tokenized
+    from orchestrator.estimate import clips_per_row
+    from orchestrator.validate import audio_tokens_per_clip
+
+    data, model = cfg.data, cfg.model
+    seconds = min(data.max_audio_seconds, model.encoder.max_source_positions / 50)
+    placeholders = audio_tokens_per_clip(seconds, model)
+    clips = clips_per_row(cfg)
+    length = data.seq_length // clips
+    ctc = float(model.adapter.ctc_weight) > 0
+    rows = []
+    for row in range(cfg.optim.micro_batch_size):
+        samples = []
+        for k in range(clips):
+            tokens = np.full(length, 11, dtype=np.int64)
+            tokens[1:1 + placeholders] = AUDIO_TOKEN_ID
+            loss_mask = np.zeros(length, dtype=np.float32)
+            loss_mask[1 + placeholders:] = 1.0
+            tokenized = Tokenized(tokens, np.full(length, 12, dtype=np.int64), loss_mask, [placeholders],
+                                  answer_start=1 + placeholders, ctc=ctc)
+            samples.append(Example(position=row * clips + k, dataset_id=0, tokenized=tokenized))
+        rows.append(samples)
+    window = 2 * model.encoder.max_source_positions
+    mel = min(math.ceil(seconds * 100), window)
+
+    def features(examples):
+        count = sum(len(ex.tokenized.audio_tokens) for ex in examples)
+        return torch.zeros(count, model.encoder.num_mel_bins, window), torch.full((count,), mel, dtype=torch.long)
+
+    return collate(rows, data.seq_length, 0, ["probe"], AUDIO_TOKEN_ID, features_fn=features, packed=data.packing)
+
+
+class RepeatedBatches:
+    """BatchSource: the same micro-batch again and again."""
+
+    dataset_names = ["probe"]
+
+    def __init__(self, batch: dict):
+        self.batch = batch
+
+    def next_microbatch(self) -> dict:
+        return self.batch
+
+    def state_dict(self) -> dict:
+        return {}
+
+    def load_state_dict(self, state: dict) -> None:
+        pass
+
+    def sample_counts(self) -> dict:
+        return {}
+
+
+def _probe_plan(plan_json: Path):
+    """The plan, as the probe runs it: no init checkpoint (the weights are fake), the
+    step's micro-batches capped (probe_microbatches)."""
+    from orchestrator.train.run_plan import RunPlan
+
+    plan = RunPlan(run_dir=plan_json.parent, plan=json.loads(plan_json.read_text()))
+    plan.plan["config"]["model"]["init_checkpoint"] = None
+    plan.plan["num_microbatches"] = probe_microbatches(plan.num_microbatches, plan.pp, plan.vpp)
+    return plan
+
+
+def _target_machine(plan):
+    """The machine the plan is for: its GPU (TransformerEngine where the plan's backend
+    wants it; no apex) or a CPU."""
+    from orchestrator.runtime.machine import Machine
+
+    gpu = plan.section("launcher").get("accelerator", "gpu") == "gpu"
+    return Machine(cuda=gpu, transformer_engine=gpu and plan.section("model").get("backend") == "te",
+                   apex_gradient_fusion=False)
+
+
+def probe_role(plan_json: Path, stage: int) -> dict:
+    started = time.perf_counter()
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from orchestrator.probe import stand_ins
+    from orchestrator.probe.fake_world import init_fake_world, rank_of_stage
+    from orchestrator.probe.host_tensors import RealOnRealInputs
+    from orchestrator.probe.live_memory import LiveMemory
+    from orchestrator.probe.trainer import ProbeTrainer
+    from orchestrator.train.audiollm_provider import AudioLLMProvider, audiollm_config
+    from orchestrator.train.loop import Components
+
+    plan = _probe_plan(plan_json)
+    cfg = audiollm_config(plan)
+    order = plan.section("parallel").get("rank_order", "tp-cp-ep-dp-pp")
+    rank = rank_of_stage(stage, plan.tp, plan.cp, plan.dp, order)
+    seed = int(cfg.train.seed)
+    init_fake_world(rank, int(plan.plan["world_size"]), plan.tp, plan.pp, plan.cp,
+                    plan.vpp if plan.pp > 1 else None, order, seed)
+    machine = _target_machine(plan)
+    stand_in_lines = (stand_ins.install(cfg.model.backend) if machine.cuda else []) + stand_ins.skip_value_reads() + stand_ins.fake_module_casts()
+    provider = AudioLLMProvider(cfg.model, cfg.parallel, audio_token_id=AUDIO_TOKEN_ID,
+                                lora_rank=int(cfg.lora.rank), encoder_lora=int(cfg.lora.rank) > 0 and cfg.lora.encoder,
+                                seed=seed)
+    batch = synthetic_microbatch(cfg)
+    components = Components(provider=provider, train_source=RepeatedBatches(batch))
+    memory = LiveMemory()
+    timings = {}
+    with FakeTensorMode(allow_non_fake_inputs=True), memory, RealOnRealInputs(memory):
+        t = time.perf_counter()
+        trainer = ProbeTrainer(plan, components, "cpu", machine=machine)
+        timings["build_s"] = time.perf_counter() - t
+        memory.sort_setup(trainer.weights(), trainer.grad_buffers())
+        for step in (1, 2):
+            if step == 2:
+                memory.reset_peak()
+            t = time.perf_counter()
+            trainer.probe_step(memory)
+            timings[f"step{step}_s"] = time.perf_counter() - t
+        measured = memory.snapshot()
+    params = trainer.parameter_counts()
+    return {
+        "stage": stage, "rank": rank, "world_size": int(plan.plan["world_size"]),
+        "microbatches_per_step": plan.num_microbatches, "decisions": list(trainer.decisions.lines),
+        "stand_ins": stand_in_lines, "parameters": params, "memory": measured,
+        "timings": {**timings, "total_s": time.perf_counter() - started},
+        "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+    }
+
+
+def main(argv=None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if len(argv) != 3:
+        print("usage: python -m orchestrator.probe.role PLAN_JSON STAGE OUT_JSON", file=sys.stderr)
+        return 2
+    result = probe_role(Path(argv[0]), int(argv[1]))
+    Path(argv[2]).write_text(json.dumps(result, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

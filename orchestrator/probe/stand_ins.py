@@ -1,0 +1,118 @@
+"""What cannot run on fake tensors in a CPU process, and what stands in for it.
+
+Each stand-in keeps the memory profile of what it replaces, the tensors it saves for
+the backward and the tensors it returns, and computes nothing (fake tensors have no
+values). `install(backend)` puts them in place and returns one line per stand-in, which
+the probe prints.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import torch
+
+
+class _FlexKernel(torch.autograd.Function):
+    """torch's flex_attention, compiled (a Triton kernel on CUDA): saves q, k, v, the
+    output and the fp32 log-sum-exp [b, heads, s_q]; its backward returns dq, dk, dv."""
+
+    @staticmethod
+    def forward(ctx, query, key, value):
+        out = torch.empty_like(query)
+        lse = torch.empty(query.shape[:-1], dtype=torch.float32, device=query.device)
+        ctx.save_for_backward(query, key, value, out, lse)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        query, key, value, _, _ = ctx.saved_tensors
+        return torch.empty_like(query), torch.empty_like(key), torch.empty_like(value)
+
+
+def flex_attention_stand_in(query, key, value, score_mod=None, block_mask=None, scale=None, enable_gqa=False):
+    return _FlexKernel.apply(query, key, value)
+
+
+class _FusedRMSNorm(torch.autograd.Function):
+    """A fused zero-centred RMSNorm (TransformerEngine's, or the local backend's compiled
+    one): saves its input and the fp32 reciprocal RMS [.., 1]; returns x's dtype."""
+
+    @staticmethod
+    def forward(ctx, x, weight):
+        rstd = torch.empty(x.shape[:-1] + (1,), dtype=torch.float32, device=x.device)
+        ctx.save_for_backward(x, weight, rstd)
+        return torch.empty_like(x)
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        x, weight, _ = ctx.saved_tensors
+        return torch.empty_like(x), torch.empty_like(weight) if ctx.needs_input_grad[1] else None
+
+
+def fused_rms_norm_stand_in(x, weight, eps):
+    return _FusedRMSNorm.apply(x, weight)
+
+
+def install(backend: str) -> list[str]:
+    """Put the stand-ins in place for a model built for a GPU with `backend`; returns what
+    stands in for what."""
+    from orchestrator.models import attention, gemma2_spec, norms
+
+    lines = []
+    attention.FlexSoftcapAttention._attention_kernel = lambda self, device: flex_attention_stand_in
+    attention.FlexSoftcapAttention._block_mask = lambda self, *args, **kwargs: None
+    lines.append("attention flex: a stand-in saving q, k, v, output and fp32 log-sum-exp (the compiled kernel's "
+                 "profile; its block mask, about s^2/128^2 int32, is not counted)")
+    norms.zero_centered_rms_norm = fused_rms_norm_stand_in
+    lines.append("RMSNorm: a fused stand-in saving its input and the fp32 reciprocal RMS (compiled or "
+                 "TransformerEngine's kernel)")
+    if backend == "te":
+        local = gemma2_spec._modules("local")
+        gemma2_spec._modules = lambda name: local
+        lines.append("TransformerEngine linears: megatron's own tensor-parallel linears (the same saved inputs)")
+    return lines
+
+
+def _apply_rebuilding_parameters(self, fn, recurse=True):
+    """nn.Module._apply (dtype and device casts) for fake parameters: fake tensors carry the
+    fake mode's weak references, so torch's in-place swap of each parameter refuses them;
+    this makes a new Parameter of the cast tensor (with the old one's attributes, such as
+    megatron's `tensor_model_parallel`) -- at build time nothing holds the old one yet."""
+    if recurse:
+        for child in self.children():
+            child._apply(fn)
+    for key, param in self._parameters.items():
+        if param is not None:
+            with torch.no_grad():
+                cast = torch.nn.Parameter(fn(param), param.requires_grad)
+            cast.__dict__.update(param.__dict__)
+            self._parameters[key] = cast
+    for key, buffer in self._buffers.items():
+        if buffer is not None:
+            self._buffers[key] = fn(buffer)
+    return self
+
+
+def fake_module_casts() -> list[str]:
+    torch.nn.Module._apply = _apply_rebuilding_parameters
+    return ["module dtype casts: new parameters instead of in-place swaps (fake tensors refuse the swap)"]
+
+
+def skip_value_reads() -> list[str]:
+    """What reads tensor values on the step's way, which fake tensors do not have,
+    replaced; returns what was replaced."""
+    import megatron.core.optimizer.optimizer as megatron_optimizer
+    from megatron.core.tensor_parallel import random as megatron_random
+
+    # megatron's RNG tracker compares the CPU generator's state before and after a fork
+    # (`.item()` on the comparison). Nothing in a fake step draws numbers that matter.
+    @contextlib.contextmanager
+    def fork(self, name="model-parallel-rng"):
+        yield
+
+    megatron_random.CudaRNGStatesTracker.fork = fork
+    # The gradient norm (for clipping and the log) sums per-tensor norms read as values; it
+    # allocates one scalar per parameter tensor.
+    megatron_optimizer.get_grad_norm_fp32 = lambda *args, **kwargs: 0.0
+    return ["megatron's RNG-tracker fork: no state check", "gradient norm: 0 (not computed)"]

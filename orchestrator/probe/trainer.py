@@ -1,0 +1,98 @@
+"""The job's Trainer, stepped on fake tensors: everything the job builds (chunks, LoRA,
+freezes, lr groups, DDP, megatron's optimizer) and megatron's pipeline schedule, minus
+what reads tensor values, which fake tensors do not have (the NaN check of the loss,
+the step's metrics)."""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+
+from orchestrator.train.loop import Trainer
+
+
+@contextlib.contextmanager
+def _no_gloo_optimizer():
+    """megatron's optimizer asks for the gloo copies of the data-parallel groups by
+    default; a fake world has none (fake_world)."""
+    import megatron.core.optimizer as optimizer
+
+    original = optimizer.get_megatron_optimizer
+    optimizer.get_megatron_optimizer = functools.partial(original, use_gloo_process_groups=False)
+    try:
+        yield
+    finally:
+        optimizer.get_megatron_optimizer = original
+
+
+def component_of(name: str) -> str:
+    """The plan's component of a parameter name (orchestrator.model_params.ParamSpec)."""
+    if name.startswith("encoder."):
+        return "encoder"
+    if name.startswith("adapter."):
+        return "adapter"
+    if name.startswith(("language_model.embedding.", "language_model.output_layer.")):
+        return "embedding"
+    return "decoder"
+
+
+class ProbeTrainer(Trainer):
+    def __init__(self, *args, **kwargs):
+        with _no_gloo_optimizer():
+            super().__init__(*args, **kwargs)
+        for chunk in self.chunks:  # the gradients' NaN check reads their values
+            chunk.ddp_config.check_for_nan_in_grad = False
+        self.memory = None
+
+    def weights(self) -> list:
+        return [p for chunk in self.chunks for p in chunk.parameters()]
+
+    def grad_buffers(self) -> list:
+        return [buffer.grad_data for chunk in self.chunks
+                for buffer in list(chunk.buffers) + list(chunk.expert_parallel_buffers)]
+
+    def parameter_counts(self) -> dict:
+        by_component: dict[str, int] = {}
+        total = trainable = 0
+        for chunk in self.unwrapped:
+            for name, param in chunk.named_parameters():
+                while name.startswith("module."):
+                    name = name[len("module."):]
+                total += param.numel()
+                trainable += param.numel() if param.requires_grad else 0
+                by_component[component_of(name)] = by_component.get(component_of(name), 0) + param.numel()
+        return {"total": total, "trainable": trainable, "by_component": by_component}
+
+    def _forward_step(self, data_iterator, model):
+        self.memory.phase = "forward"
+        try:
+            return super()._forward_step(data_iterator, model)
+        finally:
+            self.memory.phase = "backward"
+
+    def _finalize_with_loss_check(self, model, num_tokens=None, **kwargs):
+        # The loss statistics and the token count hold values (megatron divides the gradients
+        # by the count where it is positive, in place): neither changes what memory holds.
+        self._local_stats = []
+        return self._finalize(model, None, **kwargs)
+
+    def probe_step(self, memory) -> None:
+        """train_step's work: zeroed gradient buffers, the schedule over the plan's
+        micro-batches, the optimizer step."""
+        self.memory = memory
+        self.stats_for_batch = self.stats
+        microbatches = [self.components.train_source.next_microbatch() for _ in range(self.plan.num_microbatches)]
+        for chunk in self.chunks:
+            chunk.train()
+            chunk.zero_grad_buffer()
+        for chunk in self.unwrapped:
+            # HF's Whisper encoder draws its layerdrop in training mode (a value); the job's
+            # has every dropout and the layerdrop at 0 (speech.whisper_encoder_config), so
+            # in evaluation mode it computes and keeps the same.
+            if getattr(chunk, "encoder", None) is not None:
+                chunk.encoder.eval()
+        self.optimizer.zero_grad()
+        self._run_schedule(microbatches, forward_only=False)
+        memory.phase = "optimizer"
+        self.optimizer.step()
+        memory.phase = "idle"
