@@ -47,6 +47,9 @@ def _plan_parser() -> argparse.ArgumentParser:
     parser.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. +recipe=gemma2_whisper_tp4pp2 parallel.tp=2")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of the summary")
     parser.add_argument("--params", action="store_true", help="also list every parameter name and shape")
+    parser.add_argument("--probe", action="store_true",
+                        help="also build and step each pipeline stage at full size on fake tensors (one CPU process "
+                             "per stage, no GPU, under a minute) and set its memory beside the estimate")
     return parser
 
 
@@ -90,6 +93,14 @@ def plan_main(argv: Sequence[str]) -> int:
                 print("  - " + problem)
         if check.skipped:
             print(f"\ncluster check skipped: {check.skipped}")
+    if args.probe:
+        from orchestrator.probe_report import ProbeFailed, render as render_probe, run_probe
+
+        try:
+            print("\n" + render_probe(plan.to_dict(), run_probe(plan.to_dict())), flush=True)
+        except ProbeFailed as exc:
+            print(f"\n{exc}", file=sys.stderr)
+            return 1
     if plan.errors:
         print(f"\n{len(plan.errors)} configuration error(s): the plan above is what would run once they are fixed; "
               f"`audiollm train` refuses it until then:\n" + "\n".join(f"  {e}" for e in plan.errors), file=sys.stderr)

@@ -68,7 +68,7 @@ class StageParams:
     by_component: dict[str, int] = field(default_factory=dict)
     trainable: int = 0
     frozen: int = 0
-    fp32: int = 0  # parameters kept in fp32 (the encoder, unless it runs in bf16)
+    fp32: int = 0  # parameters kept in fp32 (the adapter; the encoder, unless it runs in bf16)
 
     @property
     def total(self) -> int:
@@ -109,8 +109,9 @@ def stage_params(inventory: list[ParamSpec], model: ModelConfig, parallel: Paral
                  encoder_fp32: bool = True) -> list[StageParams]:
     """Per-rank parameter counts for each pipeline stage. The encoder, adapter and word
     embeddings live on the first stage; the final norm (and, when embeddings are tied and
-    pp > 1, megatron's copy of the embedding as output layer) on the last. `encoder_fp32`:
-    the encoder's weights are fp32 (kernels.encoder_precision), else in the compute dtype."""
+    pp > 1, megatron's copy of the embedding as output layer) on the last. The adapter's
+    weights are fp32 (models.audiollm.build_audiollm); `encoder_fp32`: the encoder's are
+    too (kernels.encoder_precision), else in the compute dtype."""
     pp, tp = parallel.pp, parallel.tp
     stages = [StageParams(stage=s) for s in range(pp)]
 
@@ -121,7 +122,7 @@ def stage_params(inventory: list[ParamSpec], model: ModelConfig, parallel: Paral
             stage.trainable += n
         else:
             stage.frozen += n
-        if spec.component == "encoder" and encoder_fp32:
+        if spec.component == "adapter" or (spec.component == "encoder" and encoder_fp32):
             stage.fp32 += n
 
     for spec in inventory:
@@ -178,6 +179,13 @@ def clips_per_row(cfg: AudioLLMConfig) -> int:
 
 
 def memory_per_gpu(cfg: AudioLLMConfig, stages: list[StageParams], dp: int, num_microbatches: int) -> MemoryEstimate:
+    """The estimate of the pipeline stage that needs the most memory per GPU."""
+    return max(memory_by_stage(cfg, stages, dp, num_microbatches), key=lambda estimate: estimate.total_gib)
+
+
+def memory_by_stage(cfg: AudioLLMConfig, stages: list[StageParams], dp: int,
+                    num_microbatches: int) -> list[MemoryEstimate]:
+    """Memory per GPU of each pipeline stage's ranks."""
     parallel, model, optim = cfg.parallel, cfg.model, cfg.optim
     device = DEVICES["cpu"] if cfg.launcher.accelerator == "cpu" else DEVICES[cfg.launcher.gpu_type]
     low_precision = cfg.launcher.accelerator == "gpu"
@@ -201,7 +209,7 @@ def memory_per_gpu(cfg: AudioLLMConfig, stages: list[StageParams], dp: int, num_
     in_flight = min(pp, num_microbatches)
     if parallel.vpp:
         in_flight *= 1 + (pp - 1) / (pp * parallel.vpp)
-    best = None
+    estimates = []
     for stage in stages:
         weights = (stage.total - stage.fp32) * weight_bytes + stage.fp32 * 4
         grads = stage.trainable * 4
@@ -228,9 +236,8 @@ def memory_per_gpu(cfg: AudioLLMConfig, stages: list[StageParams], dp: int, num_
             device_gib=device.memory_gib,
             stage=stage.stage,
         )
-        if best is None or estimate.total_gib > best.total_gib:
-            best = estimate
-    return best
+        estimates.append(estimate)
+    return estimates
 
 
 def planned_step_items(cfg: AudioLLMConfig) -> dict:

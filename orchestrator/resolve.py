@@ -159,7 +159,8 @@ def resolve(cfg: DictConfig | AudioLLMConfig, purpose: str = "plan", keep_errors
     inventory = est.inventory_for(obj)
     stages = est.stage_params(inventory, obj.model, p, encoder_fp32=encoder_precision_of(obj) == "fp32")
     num_microbatches = optim.global_batch_size // (optim.micro_batch_size * dp)
-    memory = est.memory_per_gpu(obj, stages, dp, num_microbatches)
+    by_stage = est.memory_by_stage(obj, stages, dp, num_microbatches)
+    memory = max(by_stage, key=lambda estimate: estimate.total_gib)
     memory_at_cp1 = None
     if p.cp > 1:
         without_cp = copy.deepcopy(obj)
@@ -188,7 +189,7 @@ def resolve(cfg: DictConfig | AudioLLMConfig, purpose: str = "plan", keep_errors
             "total": est.parameter_totals(inventory),
             "per_rank_by_stage": [asdict(s) | {"total": s.total} for s in stages],
         },
-        memory=asdict(memory) | {"fits": memory.fits},
+        memory=asdict(memory) | {"fits": memory.fits, "by_stage": [asdict(m) | {"fits": m.fits} for m in by_stage]},
         memory_at_cp1=memory_at_cp1,
         flops=asdict(flops),
         warnings=[str(f) for f in findings],

@@ -32,8 +32,11 @@ class LiveMemory(TorchDispatchMode):
     def __init__(self):
         super().__init__()
         self.phase = "setup"
-        self._storages: dict[int, list] = {}  # id(storage) -> [weakref, category, bytes]
+        self.where = ""  # the module running now (forward), for the activations' breakdown
+        self._storages: dict[int, list] = {}  # id(storage) -> [weakref, category, bytes, where]
         self.live: dict[str, int] = defaultdict(int)
+        self.live_where: dict[str, int] = defaultdict(int)  # activations by module
+        self.where_at_peak: dict[str, int] = {}
         self.total = 0
         self.peak = 0
         self.at_peak: dict[str, int] = {}
@@ -55,17 +58,23 @@ class LiveMemory(TorchDispatchMode):
         if key in self._storages:
             return
         size = storage.nbytes()
-        self._storages[key] = [weakref.ref(storage, lambda _ref, key=key: self._freed(key)), category, size]
+        where = self.where if category == "activations" else ""
+        self._storages[key] = [weakref.ref(storage, lambda _ref, key=key: self._freed(key)), category, size, where]
         self.live[category] += size
+        if where:
+            self.live_where[where] += size
         self.total += size
         if self.total > self.peak:
             self.peak = self.total
             self.at_peak = dict(self.live)
+            self.where_at_peak = dict(self.live_where)
 
     def _freed(self, key: int) -> None:
         entry = self._storages.pop(key, None)
         if entry is not None:
             self.live[entry[1]] -= entry[2]
+            if entry[3]:
+                self.live_where[entry[3]] -= entry[2]
             self.total -= entry[2]
 
     # ---- set-up ---------------------------------------------------------------------------
@@ -90,8 +99,12 @@ class LiveMemory(TorchDispatchMode):
     def reset_peak(self) -> None:
         self.peak = self.total
         self.at_peak = dict(self.live)
+        self.where_at_peak = dict(self.live_where)
 
     def snapshot(self) -> dict:
-        """Bytes by category now and at the peak since the last reset."""
+        """Bytes by category now and at the peak since the last reset, and the activations
+        at the peak by the module whose forward made them."""
         return {"peak": self.peak, "peak_by_category": {c: self.at_peak.get(c, 0) for c in CATEGORIES},
-                "now_by_category": {c: self.live.get(c, 0) for c in CATEGORIES}}
+                "now_by_category": {c: self.live.get(c, 0) for c in CATEGORIES},
+                "peak_activations_by_module": {k: v for k, v in sorted(self.where_at_peak.items(),
+                                                                       key=lambda kv: -kv[1]) if v}}

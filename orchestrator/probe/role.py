@@ -147,6 +147,7 @@ def probe_role(plan_json: Path, stage: int) -> dict:
         trainer = ProbeTrainer(plan, components, "cpu", machine=machine)
         timings["build_s"] = time.perf_counter() - t
         memory.sort_setup(trainer.weights(), trainer.grad_buffers())
+        trainer.track_modules(memory)
         for step in (1, 2):
             if step == 2:
                 memory.reset_peak()

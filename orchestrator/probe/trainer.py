@@ -63,12 +63,35 @@ class ProbeTrainer(Trainer):
                 by_component[component_of(name)] = by_component.get(component_of(name), 0) + param.numel()
         return {"total": total, "trainable": trainable, "by_component": by_component}
 
+    def track_modules(self, memory, depth: int = 3) -> None:
+        """Tells `memory` which module's forward runs: the first `depth` parts of its name
+        (language_model.decoder.layers, encoder.layers, adapter, ...)."""
+        from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook
+
+        names = {}
+        for chunk in self.unwrapped:
+            for name, module in chunk.named_modules():
+                names[id(module)] = ".".join(name.split(".")[:depth]) or "(chunk)"
+        stack = []
+
+        def enter(module, args):
+            if id(module) in names:
+                stack.append(memory.where)
+                memory.where = names[id(module)]
+
+        def leave(module, args, output):
+            if id(module) in names:
+                memory.where = stack.pop()
+
+        register_module_forward_pre_hook(enter)
+        register_module_forward_hook(leave)
+
     def _forward_step(self, data_iterator, model):
-        self.memory.phase = "forward"
+        self.memory.phase, self.memory.where = "forward", "(data and inputs)"
         try:
             return super()._forward_step(data_iterator, model)
         finally:
-            self.memory.phase = "backward"
+            self.memory.phase, self.memory.where = "backward", ""
 
     def _finalize_with_loss_check(self, model, num_tokens=None, **kwargs):
         # The loss statistics and the token count hold values (megatron divides the gradients

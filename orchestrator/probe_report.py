@@ -1,0 +1,138 @@
+"""`audiollm plan ... --probe`: the plan's memory and parameters beside a measurement.
+
+Submit side: no torch here. Each pipeline stage is probed in a process of its own
+(`python -m orchestrator.probe.role`, orchestrator/probe/), at most as many at once as
+this machine has cores; this module starts them, reads their JSON and sets it beside the
+plan's estimate (orchestrator/estimate.py), category by category.
+
+The comparison: weights, grads and optimizer state as such; the plan's activations
+(everything a step keeps for the backward, its recompute, logits and loss) against the
+probe's activations plus temporaries at its peak. Neither side counts the plan's margin
+(MEMORY_MARGIN, FIXED_OVERHEAD_GIB: allocator and CUDA context); "fits" adds it to the
+probe's peak as the plan adds it to its estimate.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from orchestrator.estimate import FIXED_OVERHEAD_GIB, GIB, MEMORY_MARGIN
+
+CATEGORIES = ("weights", "grads", "optimizer", "activations")
+
+
+class ProbeFailed(RuntimeError):
+    pass
+
+
+def run_probe(plan: dict, stages=None, workers: int | None = None) -> list[dict]:
+    """Probe every pipeline stage of `plan` (Plan.to_dict()), or those in `stages`; the
+    roles' results in stage order."""
+    stages = list(range(int(plan["pp"]))) if stages is None else list(stages)
+    workers = max(1, min(len(stages), workers or os.cpu_count() or 1))
+    with tempfile.TemporaryDirectory(prefix="audiollm-probe-") as tmp:
+        plan_json = Path(tmp) / "plan.json"
+        plan_json.write_text(json.dumps(plan))
+        pending, running, results = list(stages), {}, {}
+        while pending or running:
+            while pending and len(running) < workers:
+                stage = pending.pop(0)
+                log = open(Path(tmp) / f"stage{stage}.log", "w")
+                command = [sys.executable, "-m", "orchestrator.probe.role", str(plan_json), str(stage),
+                           str(Path(tmp) / f"stage{stage}.json")]
+                running[stage] = (subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT), log)
+            for stage, (process, log) in list(running.items()):
+                if process.poll() is None:
+                    continue
+                log.close()
+                del running[stage]
+                if process.returncode != 0:
+                    for other, _ in running.values():
+                        other.kill()
+                    tail = (Path(tmp) / f"stage{stage}.log").read_text().strip().splitlines()[-15:]
+                    raise ProbeFailed(f"the probe of pipeline stage {stage} failed (exit {process.returncode}):\n  "
+                                      + "\n  ".join(tail))
+                results[stage] = json.loads((Path(tmp) / f"stage{stage}.json").read_text())
+            time.sleep(0.05)
+    return [results[s] for s in stages]
+
+
+@dataclass
+class StageComparison:
+    stage: int
+    planned: dict  # category -> GiB, and "total"
+    probed: dict
+    params_planned: dict  # total, trainable
+    params_probed: dict
+    fits: bool  # the probe's peak with the plan's margin on the plan's device
+    total_with_margin_gib: float
+    device_gib: float
+
+    def difference(self, category: str) -> float:
+        """(plan - probe) / probe."""
+        probed = self.probed[category]
+        return (self.planned[category] - probed) / probed if probed else float("inf") if self.planned[category] else 0.0
+
+    @property
+    def largest(self) -> str:
+        return max(CATEGORIES, key=lambda c: self.probed[c])
+
+
+def compare(plan: dict, results: list[dict]) -> list[StageComparison]:
+    """Each probed stage beside the plan's estimate of it."""
+    low_precision = plan["config"]["launcher"]["accelerator"] == "gpu"
+    out = []
+    for result in results:
+        stage = result["stage"]
+        estimate = plan["memory"]["by_stage"][stage]
+        params = plan["parameters"]["per_rank_by_stage"][stage]
+        planned = {c: estimate[f"{c}_gib"] for c in CATEGORIES}
+        peak = result["memory"]["peak_by_category"]
+        probed = {"weights": peak["weights"], "grads": peak["grads"], "optimizer": peak["optimizer"],
+                  "activations": peak["activations"] + peak["temporaries"]}
+        probed = {c: v / GIB for c, v in probed.items()}
+        planned["total"], probed["total"] = sum(planned.values()), sum(probed.values())
+        with_margin = probed["total"] * (1 + MEMORY_MARGIN) + (FIXED_OVERHEAD_GIB if low_precision else 0.0)
+        device = estimate["device_gib"] if estimate["device_gib"] is not None else float("inf")
+        out.append(StageComparison(
+            stage=stage, planned=planned, probed=probed,
+            params_planned={"total": params["total"], "trainable": params["trainable"]},
+            params_probed={"total": result["parameters"]["total"], "trainable": result["parameters"]["trainable"]},
+            fits=with_margin <= device, total_with_margin_gib=with_margin, device_gib=device))
+    return out
+
+
+def render(plan: dict, results: list[dict]) -> str:
+    lines = [f"probe         one training step per pipeline stage at full size on fake tensors, in one CPU process "
+             f"each (orchestrator/probe/)"]
+    for comparison, result in zip(compare(plan, results), results):
+        pp, pr = comparison.params_planned, comparison.params_probed
+        same = "equal" if pp == pr else "DIFFER"
+        timings = result["timings"]
+        lines += [
+            f"  stage {comparison.stage} (rank {result['rank']} of {result['world_size']}, "
+            f"{result['microbatches_per_step']} micro-batches a step): {timings['total_s']:.1f} s, "
+            f"peak RSS {result['peak_rss_mib']:.0f} MiB",
+            f"    parameters   plan {pp['total']:,} ({pp['trainable']:,} trainable), probe {pr['total']:,} "
+            f"({pr['trainable']:,} trainable): {same}",
+            f"    memory GiB   {'plan':>8} {'probe':>8} {'plan-probe':>11}",
+        ]
+        for category in CATEGORIES + ("total",):
+            diff = comparison.difference(category)
+            lines.append(f"    {category:<12} {comparison.planned[category]:8.2f} {comparison.probed[category]:8.2f} "
+                         f"{diff:+10.1%}")
+        verdict = "fits" if comparison.fits else f"DOES NOT FIT (largest: {comparison.largest})"
+        lines.append(f"    probe + margin {comparison.total_with_margin_gib:.1f} GiB of "
+                     f"{comparison.device_gib:.1f} GiB: {verdict}")
+    stand_ins = results[0]["stand_ins"] if results else []
+    if stand_ins:
+        lines.append("  stand-ins (what cannot run on fake tensors on a CPU):")
+        lines += [f"    - {line}" for line in stand_ins]
+    return "\n".join(lines)
