@@ -32,7 +32,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from orchestrator.kernels import LOSS_CHUNK_ELEMENTS, LOSS_CHUNK_FP32_COPIES, attention_kernel
+from orchestrator.kernels import LOSS_CHUNK_ELEMENTS, LOSS_CHUNK_FP32_COPIES, attention_kernel, encoder_precision
 from orchestrator.megatron_args import padded_vocab_size
 from orchestrator.model_params import ParamSpec, encoder_frame_count, parameter_inventory
 from orchestrator.schema import AudioLLMConfig, ModelConfig, ParallelConfig
@@ -69,6 +69,7 @@ class StageParams:
     trainable: int = 0
     frozen: int = 0
     fp32: int = 0  # parameters kept in fp32 (the adapter; the encoder, unless it runs in bf16)
+    fp32_trainable: int = 0
 
     @property
     def total(self) -> int:
@@ -124,6 +125,7 @@ def stage_params(inventory: list[ParamSpec], model: ModelConfig, parallel: Paral
             stage.frozen += n
         if spec.component == "adapter" or (spec.component == "encoder" and encoder_fp32):
             stage.fp32 += n
+            stage.fp32_trainable += n if spec.trainable else 0
 
     for spec in inventory:
         if spec.layer is not None:
@@ -167,15 +169,54 @@ def encoder_activation_bytes(model: ModelConfig, clips: int) -> float:
     return per_layer * enc.num_layers
 
 
-def clips_per_row(cfg: AudioLLMConfig) -> int:
-    """Most audio clips a packed row can hold: each clip takes at least its audio tokens.
-    Under context parallelism, the most one rank encodes: the clips inside its two chunks
-    and up to one more at each of their four ends (a clip straddling a chunk boundary is
-    encoded by both ranks)."""
+def adapter_activation_bytes(model: ModelConfig, clips: int, frames: int, encoder_bytes: int,
+                             encoder_trains: bool) -> tuple[float, float]:
+    """(kept for the backward, transient) bytes of the adapter (models.speech.AudioAdapter)
+    for `clips` clips of `frames` encoder frames. Its learned mix of the encoder's layer
+    outputs keeps every one of them in fp32 for the mix weights' gradient: fp32 copies of
+    a bf16 encoder's, or the fp32 encoder's own (kept anyway when the encoder trains).
+    Then four fp32 tensors of the clips' size: the norm's, the first linear's, the
+    activation's and the second linear's inputs. A bf16 encoder's outputs of one micro-batch
+    are alive beside their fp32 copies while the mix runs. Nothing is kept for a frozen
+    adapter."""
+    if model.adapter.freeze:
+        return 0.0, 0.0
+    states = model.encoder.num_layers
+    elements = clips * frames * model.encoder.d_model
+    mix = 0 if encoder_trains else states * elements * 4
+    transient = states * elements * encoder_bytes if encoder_bytes != 4 else 0.0
+    return mix + 4 * elements * 4, transient
+
+
+def loss_peak_bytes(logits: float, dtype_bytes: int) -> float:
+    """Bytes of the final softcap and cross entropy (Gemma2Model.softcapped_loss) at their
+    peak, for `logits` logits of the rank. Unchunked (at most LOSS_CHUNK_ELEMENTS): the
+    capped fp32 logits and the softmax kept, then the fp32 gradient. Chunked: the output
+    layer's logits (in the compute dtype) kept whole for the checkpointed chunks; in the
+    backward either one chunk's recomputed fp32 work (three copies) beside the logits'
+    gradient, or the gradient's accumulation over chunks, whose slices autograd widens to
+    the whole logits (three copies of them), whichever is larger. As measured by the
+    full-size probe (orchestrator/probe/)."""
+    if logits <= LOSS_CHUNK_ELEMENTS:
+        return 3 * logits * 4
+    whole = logits * dtype_bytes
+    return whole + max(whole + LOSS_CHUNK_FP32_COPIES * LOSS_CHUNK_ELEMENTS * 4, 3 * whole)
+
+
+def clips_in_a_row(cfg: AudioLLMConfig) -> int:
+    """Most audio clips a packed row can hold: each clip takes at least its audio tokens."""
     tokens = audio_tokens_per_clip(min(cfg.data.max_audio_seconds, cfg.model.encoder.max_source_positions / 50), cfg.model)
-    whole_row = max(1, cfg.data.seq_length // max(tokens, 1))
+    return max(1, cfg.data.seq_length // max(tokens, 1))
+
+
+def clips_per_row(cfg: AudioLLMConfig) -> int:
+    """Most audio clips one rank encodes for a row: all of them, or under context
+    parallelism the clips inside its two chunks and one more at each chunk end that is
+    not the row's end nor shared with its other chunk (a clip straddling a chunk boundary
+    is encoded by both ranks): two at CP=2, four for the middle ranks beyond."""
+    whole_row = clips_in_a_row(cfg)
     cp = cfg.parallel.cp
-    return whole_row if cp == 1 else min(whole_row, math.ceil(whole_row / cp) + 4)
+    return whole_row if cp == 1 else min(whole_row, math.ceil(whole_row / cp) + (2 if cp == 2 else 4))
 
 
 def memory_per_gpu(cfg: AudioLLMConfig, stages: list[StageParams], dp: int, num_microbatches: int) -> MemoryEstimate:
@@ -197,7 +238,7 @@ def memory_by_stage(cfg: AudioLLMConfig, stages: list[StageParams], dp: int,
                                                attention_kernel(model.attention, on_gpu=low_precision))
     rc = parallel.recompute
     if rc.granularity == "full":
-        input_only = 2 * cfg.data.seq_length / parallel.cp * optim.micro_batch_size * model.decoder.hidden_size
+        input_only = weight_bytes * cfg.data.seq_length / parallel.cp * optim.micro_batch_size * model.decoder.hidden_size
         input_only /= parallel.tp if parallel.sp else 1
         chunk = rc.num_layers if rc.method == "uniform" else layers_per_stage
         checkpointed = layers_per_stage if rc.method == "uniform" else min(rc.num_layers, layers_per_stage)
@@ -209,21 +250,29 @@ def memory_by_stage(cfg: AudioLLMConfig, stages: list[StageParams], dp: int,
     in_flight = min(pp, num_microbatches)
     if parallel.vpp:
         in_flight *= 1 + (pp - 1) / (pp * parallel.vpp)
+    encoder_trains = not model.encoder.freeze or (cfg.lora.rank > 0 and cfg.lora.encoder)
+    encoder_bytes = 4 if encoder_precision(model.encoder.precision, low_precision, encoder_trains) == "fp32" else 2
+    clips = clips_per_row(cfg) * optim.micro_batch_size
+    frames = encoder_frame_count(_mel_frames(cfg))
+    adapter_kept, adapter_transient = adapter_activation_bytes(model, clips, frames, encoder_bytes, encoder_trains)
+    first_stage = adapter_kept + (encoder_activation_bytes(model, clips) if encoder_trains else 0.0)
     estimates = []
     for stage in stages:
         weights = (stage.total - stage.fp32) * weight_bytes + stage.fp32 * 4
         grads = stage.trainable * 4
-        master = 4 if low_precision else 0
-        optimizer = stage.trainable * (8 + master) / shard
-        activations = per_microbatch * (in_flight if stage.stage == 0 else max(1, in_flight - stage.stage)) + transient
-        if stage.stage == 0 and not (model.encoder.freeze and not cfg.lora.encoder):
-            activations += encoder_activation_bytes(model, clips_per_row(cfg) * optim.micro_batch_size)
+        # fp32 main weights for the optimizer where the weights themselves are not fp32
+        master = 4 * (stage.trainable - stage.fp32_trainable) if low_precision else 0
+        optimizer = (stage.trainable * 8 + master) / shard
+        held = in_flight if stage.stage == 0 else max(1, in_flight - stage.stage)
+        activations = (per_microbatch + (first_stage if stage.stage == 0 else 0.0)) * held
+        peaks = [transient]  # what one part of the step adds at its own moment
+        if stage.stage == 0:
+            peaks.append(adapter_transient)
         if stage.stage == pp - 1:
-            # The output layer's logits and their [b, s] copy in the compute dtype, and the
-            # fp32 work of one chunk of the softcapped loss (Gemma2Model.softcapped_loss).
             vocab_shard = stages[0].by_component.get("embedding", 0) / max(model.decoder.hidden_size, 1)
             logits = cfg.data.seq_length / parallel.cp * optim.micro_batch_size * vocab_shard
-            activations += 2 * logits * weight_bytes + LOSS_CHUNK_FP32_COPIES * min(logits, LOSS_CHUNK_ELEMENTS) * 4
+            peaks.append(loss_peak_bytes(logits, weight_bytes))
+        activations += max(peaks)
         subtotal = (weights + grads + optimizer + activations) / GIB
         total = subtotal * (1 + MEMORY_MARGIN) + (FIXED_OVERHEAD_GIB if low_precision else 0.0)
         estimate = MemoryEstimate(
@@ -240,6 +289,15 @@ def memory_by_stage(cfg: AudioLLMConfig, stages: list[StageParams], dp: int,
     return estimates
 
 
+def _mel_frames(cfg: AudioLLMConfig) -> int:
+    """Mel frames the encoder runs over per clip: the clip's own (model.encoder.mask_padding)
+    or the whole window."""
+    full_window = 2 * cfg.model.encoder.max_source_positions
+    if not cfg.model.encoder.mask_padding:
+        return full_window
+    return min(math.ceil(cfg.data.max_audio_seconds * 100), full_window)
+
+
 def planned_step_items(cfg: AudioLLMConfig) -> dict:
     """What a planned step holds, in orchestrator.step_flops' terms: every row full
     (one document of data.seq_length tokens) and as many clips of data.max_audio_seconds
@@ -248,8 +306,7 @@ def planned_step_items(cfg: AudioLLMConfig) -> dict:
     model, rows, seq = cfg.model, cfg.optim.global_batch_size, cfg.data.seq_length
     window = model.decoder.sliding_window or None
     clips = clips_per_row(cfg) * rows
-    full_window = 2 * model.encoder.max_source_positions
-    mel = min(math.ceil(cfg.data.max_audio_seconds * 100), full_window) if model.encoder.mask_padding else full_window
+    mel = _mel_frames(cfg)
     frames = encoder_frame_count(mel)
     seconds = min(cfg.data.max_audio_seconds, model.encoder.max_source_positions / 50)
     return {"token": rows * seq, "pair_full": rows * causal_pairs(seq), "pair_window": rows * causal_pairs(seq, window),

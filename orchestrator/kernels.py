@@ -44,7 +44,7 @@ def encoder_precision(choice: str, on_gpu: bool, trainable: bool) -> str:
 # Logits per chunk of the final softcap + cross entropy (Gemma2Model.softcapped_loss):
 # 2^27 fp32 values, 512 MiB per fp32 copy.
 LOSS_CHUNK_ELEMENTS = 2**27
-# fp32 tensors of one chunk alive at the peak of that loss: the upcast logits, the capped
-# ones, megatron's vocab-parallel cross entropy's shifted logits, their exp and its
-# softmax saved for the backward.
-LOSS_CHUNK_FP32_COPIES = 5
+# fp32 tensors of one chunk alive at the peak of its recomputed backward: the capped
+# logits, megatron's vocab-parallel cross entropy's softmax (computed in place of its
+# input) and the gradient (measured by the full-size probe, orchestrator/probe/).
+LOSS_CHUNK_FP32_COPIES = 3

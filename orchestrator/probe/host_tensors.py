@@ -1,11 +1,14 @@
-"""Host tensors stay real: an operator whose tensor inputs are all real runs for real.
+"""Host tensors stay real: an operator whose tensor inputs are all real runs for real, and
+so does a random draw from an explicit generator.
 
 The job reads values from its micro-batches on the host (placeholder counts, clip rows,
 CTC targets, document masks) before and while the model runs. The micro-batches are
 real, so those reads work, as long as FakeTensorMode does not turn the batch's tensors
 into fake ones at the first operator: this mode, entered inside it, runs such operators
-outside every mode. Factory calls (no tensor input) and anything touching a fake tensor
-stay fake, so the model's tensors never get real storage. The real results are still
+outside every mode. The job draws its augmentation (SpecAugment masks, adapter dropout)
+on the host from each clip's own generator, and reads the draws. Other factory calls (no
+tensor input) and anything touching a fake tensor stay fake, so the model's tensors
+never get real storage. The real results are still
 counted by the memory measurement.
 """
 
@@ -24,8 +27,10 @@ class RealOnRealInputs(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        tensors = [t for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
-        if tensors and not any(isinstance(t, FakeTensor) for t in tensors):
+        leaves = tree_leaves((args, kwargs))
+        tensors = [t for t in leaves if isinstance(t, torch.Tensor)]
+        host_draw = any(isinstance(leaf, torch.Generator) for leaf in leaves)
+        if (tensors or host_draw) and not any(isinstance(t, FakeTensor) for t in tensors):
             with _disable_current_modes():
                 out = func(*args, **kwargs)
             self.memory.count(out)

@@ -37,23 +37,23 @@ def probe_microbatches(num_microbatches: int, pp: int, vpp) -> int:
 def synthetic_microbatch(cfg) -> dict:
     """A micro-batch of the plan's shapes through the job's collate: micro_batch_size rows
     of data.seq_length tokens, each packed with as many samples as it holds clips of
-    data.max_audio_seconds (estimate.clips_per_row), every sample one clip's placeholders
+    data.max_audio_seconds (estimate.clips_in_a_row), every sample one clip's placeholders
     and trained text."""
     from orchestrator.data.packing import Example, collate
     from orchestrator.data.prompts import Tokenized
-    from orchestrator.estimate import clips_per_row
+    from orchestrator.estimate import clips_in_a_row
     from orchestrator.validate import audio_tokens_per_clip
 
     data, model = cfg.data, cfg.model
     seconds = min(data.max_audio_seconds, model.encoder.max_source_positions / 50)
     placeholders = audio_tokens_per_clip(seconds, model)
-    clips = clips_per_row(cfg)
-    length = data.seq_length // clips
+    clips = clips_in_a_row(cfg)
     ctc = float(model.adapter.ctc_weight) > 0
     rows = []
     for row in range(cfg.optim.micro_batch_size):
         samples = []
-        for k in range(clips):
+        for k in range(clips):  # the row's tokens shared out, the first samples one longer where they do not divide
+            length = data.seq_length // clips + (k < data.seq_length % clips)
             tokens = np.full(length, 11, dtype=np.int64)
             tokens[1:1 + placeholders] = AUDIO_TOKEN_ID
             loss_mask = np.zeros(length, dtype=np.float32)
@@ -123,7 +123,7 @@ def probe_role(plan_json: Path, stage: int) -> dict:
     from orchestrator.probe.host_tensors import RealOnRealInputs
     from orchestrator.probe.live_memory import LiveMemory
     from orchestrator.probe.trainer import ProbeTrainer
-    from orchestrator.train.audiollm_provider import AudioLLMProvider, audiollm_config
+    from orchestrator.train.audiollm_provider import AudioLLMProvider, audiollm_config, for_context_parallel
     from orchestrator.train.loop import Components
 
     plan = _probe_plan(plan_json)
@@ -134,17 +134,19 @@ def probe_role(plan_json: Path, stage: int) -> dict:
     init_fake_world(rank, int(plan.plan["world_size"]), plan.tp, plan.pp, plan.cp,
                     plan.vpp if plan.pp > 1 else None, order, seed)
     machine = _target_machine(plan)
-    stand_in_lines = (stand_ins.install(cfg.model.backend) if machine.cuda else []) + stand_ins.skip_value_reads() + stand_ins.fake_module_casts()
+    stand_in_lines = (stand_ins.install(cfg.model.backend) if machine.cuda else []) + stand_ins.skip_value_reads() + stand_ins.fake_tensor_limits()
     provider = AudioLLMProvider(cfg.model, cfg.parallel, audio_token_id=AUDIO_TOKEN_ID,
                                 lora_rank=int(cfg.lora.rank), encoder_lora=int(cfg.lora.rank) > 0 and cfg.lora.encoder,
                                 seed=seed)
     batch = synthetic_microbatch(cfg)
-    components = Components(provider=provider, train_source=RepeatedBatches(batch))
+    components = Components(provider=provider, train_source=for_context_parallel(RepeatedBatches(batch), cfg.parallel))
     memory = LiveMemory()
     timings = {}
-    with FakeTensorMode(allow_non_fake_inputs=True), memory, RealOnRealInputs(memory):
+    fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
+    with fake_mode, memory, RealOnRealInputs(memory):
         t = time.perf_counter()
         trainer = ProbeTrainer(plan, components, "cpu", machine=machine)
+        trainer.fake_forward(fake_mode)
         timings["build_s"] = time.perf_counter() - t
         memory.sort_setup(trainer.weights(), trainer.grad_buffers())
         trainer.track_modules(memory)

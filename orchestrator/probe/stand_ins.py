@@ -74,6 +74,31 @@ def install(backend: str) -> list[str]:
     return lines
 
 
+class _CTCLoss(torch.autograd.Function):
+    """torch's CTC loss: saves the log-probabilities [T, clips, classes] and the fp32
+    forward variables [clips, T, 2 x target length + 1]; returns one loss per clip."""
+
+    @staticmethod
+    def forward(ctx, log_probs, longest_target: int):
+        frames, clips = log_probs.shape[0], log_probs.shape[1]
+        alpha = torch.empty(clips, frames, 2 * longest_target + 1, dtype=torch.float32, device=log_probs.device)
+        ctx.save_for_backward(log_probs, alpha)
+        return torch.empty(clips, dtype=log_probs.dtype, device=log_probs.device)
+
+    @staticmethod
+    def backward(ctx, grad):
+        log_probs, _ = ctx.saved_tensors
+        return torch.empty_like(log_probs), None
+
+
+def ctc_loss_stand_in(log_probs, targets, input_lengths, target_lengths, blank=0, reduction="mean",
+                      zero_infinity=False):
+    """The shape of torch's CTC loss's result depends on the targets' lengths (values): the
+    stand-in takes the longest as the mean length, targets / clips."""
+    longest = -(-targets.numel() // max(1, log_probs.shape[1]))
+    return _CTCLoss.apply(log_probs, longest)
+
+
 def _apply_rebuilding_parameters(self, fn, recurse=True):
     """nn.Module._apply (dtype and device casts) for fake parameters: fake tensors carry the
     fake mode's weak references, so torch's in-place swap of each parameter refuses them;
@@ -94,9 +119,13 @@ def _apply_rebuilding_parameters(self, fn, recurse=True):
     return self
 
 
-def fake_module_casts() -> list[str]:
+def fake_tensor_limits() -> list[str]:
+    """Stand-ins for what fake tensors cannot do whatever the machine planned."""
     torch.nn.Module._apply = _apply_rebuilding_parameters
-    return ["module dtype casts: new parameters instead of in-place swaps (fake tensors refuse the swap)"]
+    torch.nn.functional.ctc_loss = ctc_loss_stand_in
+    return ["module dtype casts: new parameters instead of in-place swaps (fake tensors refuse the swap)",
+            "CTC loss: a stand-in saving the log-probabilities and fp32 forward variables (its output shape "
+            "depends on values)"]
 
 
 def skip_value_reads() -> list[str]:

@@ -86,10 +86,24 @@ class ProbeTrainer(Trainer):
         register_module_forward_pre_hook(enter)
         register_module_forward_hook(leave)
 
+    def fake_forward(self, fake_mode) -> None:
+        """The model chunks' forward runs under `fake_mode`; the provider's work around it
+        (placeholder checks, context-parallel frame routing, CTC targets: host tensors made
+        and read on the host) runs for real (_forward_step)."""
+        for chunk in self.chunks:
+            def forward(*args, _forward=chunk.forward, **kwargs):
+                with fake_mode:
+                    return _forward(*args, **kwargs)
+
+            chunk.forward = forward
+
     def _forward_step(self, data_iterator, model):
+        from torch._subclasses.fake_tensor import unset_fake_temporarily
+
         self.memory.phase, self.memory.where = "forward", "(data and inputs)"
         try:
-            return super()._forward_step(data_iterator, model)
+            with unset_fake_temporarily():
+                return super()._forward_step(data_iterator, model)
         finally:
             self.memory.phase, self.memory.where = "backward", ""
 
@@ -104,7 +118,10 @@ class ProbeTrainer(Trainer):
         micro-batches, the optimizer step."""
         self.memory = memory
         self.stats_for_batch = self.stats
-        microbatches = [self.components.train_source.next_microbatch() for _ in range(self.plan.num_microbatches)]
+        from torch.utils._python_dispatch import _disable_current_modes
+
+        with _disable_current_modes():  # the data side works on the host, on real tensors
+            microbatches = [self.components.train_source.next_microbatch() for _ in range(self.plan.num_microbatches)]
         for chunk in self.chunks:
             chunk.train()
             chunk.zero_grad_buffer()

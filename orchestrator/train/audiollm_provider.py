@@ -374,6 +374,15 @@ class ContextParallelBatches:
         return self.source.sample_counts()
 
 
+def for_context_parallel(source, parallel_cfg):
+    """`source` as this rank reads it: its context-parallel share under parallel.cp > 1."""
+    if parallel_cfg.cp == 1:
+        return source
+    from megatron.core import parallel_state as ps
+
+    return ContextParallelBatches(source, parallel_cfg, ps.get_context_parallel_rank())
+
+
 def build_audiollm_components(plan, dp_rank: int, dp_size: int):
     """Components for an AudioLLM plan: the provider, the train loader of this DP rank and
     (when data.validation lists datasets) the validation source."""
@@ -394,10 +403,6 @@ def build_audiollm_components(plan, dp_rank: int, dp_size: int):
             from orchestrator.train.generation_eval import GenerationEvaluation
 
             generation = GenerationEvaluation(loaders, cfg.data.tokenizer, cfg.train, cfg.parallel)
-    if cfg.parallel.cp > 1:
-        from megatron.core import parallel_state as ps
-
-        cp_rank = ps.get_context_parallel_rank()
-        train_source = ContextParallelBatches(train_source, cfg.parallel, cp_rank)
-        val = ContextParallelBatches(val, cfg.parallel, cp_rank) if val is not None else None
+    train_source = for_context_parallel(train_source, cfg.parallel)
+    val = for_context_parallel(val, cfg.parallel) if val is not None else None
     return Components(provider=provider, train_source=train_source, val_source=val, generation_eval=generation)
