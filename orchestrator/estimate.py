@@ -140,33 +140,47 @@ def stage_params(inventory: list[ParamSpec], model: ModelConfig, parallel: Paral
 
 
 def decoder_layer_activation_bytes(model: ModelConfig, parallel: ParallelConfig, seq: int, mbs: int, dtype_bytes: int,
-                                   attention: str) -> float:
+                                   attention: str, fused_norms: bool = True) -> float:
     """Bytes saved for backward by one Gemma2 decoder layer for one micro-batch, with the
-    `attention` kernel ("reference" or "flex", orchestrator.kernels). Under
-    context parallelism a rank holds seq / cp tokens, but its attention keeps the whole
-    row's keys and values (gathered over the CP group) and scores its queries against
-    all of them (orchestrator.models.attention)."""
+    `attention` kernel ("reference" or "flex", orchestrator.kernels); `fused_norms`: the
+    norms are one kernel each (GPUs: compiled or TransformerEngine's) rather than eager
+    PyTorch (CPUs). Under context parallelism a rank holds seq / cp tokens, but its
+    attention keeps the whole row's keys and values (gathered over the CP group) and
+    scores its queries against all of them (orchestrator.models.attention). The counts
+    per term are those the full-size probe measures (orchestrator/probe/)."""
     dec = model.decoder
     t, s, b, h = parallel.tp, seq / parallel.cp, mbs, dec.hidden_size
     sp_div = t if parallel.sp else 1
-    stream = 6 * s * b * h * dtype_bytes / sp_div  # inputs of 4 norms, of QKV and of fc1
+    # The residual stream [s, b, h]: the inputs of the 4 norms and the normed inputs of QKV
+    # and fc1; an eager norm also keeps its normalised input before the (1 + w) scale.
+    stream = (6 if fused_norms else 8) * s * b * h * dtype_bytes / sp_div
     q = dec.num_attention_heads * dec.kv_channels
     kv = 2 * dec.num_query_groups * dec.kv_channels
-    attention_bytes = (2 * q * s + kv * seq) * b * dtype_bytes / t  # Q, the row's K and V, the core-attention output
     if attention == "reference":
-        attention_bytes += 3 * dec.num_attention_heads * s * seq * b * 4 / t  # fp32 scores, softcapped, probs
+        # QKV's output, the rotated Q and K, the heads' layout and the context; fp32 scores
+        # (masked) and probabilities [b, heads, s, row]
+        attention_bytes = (4 * q * s + 2 * kv * seq) * b * dtype_bytes / t
+        attention_bytes += 2 * dec.num_attention_heads * s * seq * b * 4 / t
     else:
-        attention_bytes += 2 * dec.num_attention_heads * s * b * 4 / t  # softmax statistics only
-    mlp = (2 * dec.ffn_hidden_size + dec.ffn_hidden_size) * s * b * dtype_bytes / t  # fc1 out, GeGLU out
+        # QKV's output, the rotated Q and K, the kernel's Q, K, V and output; its fp32
+        # log-sum-exp [b, heads, s]
+        attention_bytes = (3 * q * s + 2.5 * kv * seq) * b * dtype_bytes / t
+        attention_bytes += dec.num_attention_heads * s * b * 4 / t
+    # fc1's output [gate; up] (2 f), GeGLU's activation, its tanh-GELU work and its product
+    mlp = 5 * dec.ffn_hidden_size * s * b * dtype_bytes / t
     return stream + attention_bytes + mlp
 
 
-def encoder_activation_bytes(model: ModelConfig, clips: int) -> float:
-    """Bytes saved for backward by the trainable fp32 Whisper encoder for `clips` clips."""
+def encoder_activation_bytes(model: ModelConfig, clips: int, frames: int) -> float:
+    """Bytes saved for backward by the trainable fp32 Whisper encoder (HF's eager attention)
+    for `clips` clips of `frames` positions: per layer 8 [frames, d] tensors (norm inputs,
+    Q, K, V, context, projections), 2 [frames, ffn] and the attention probabilities; then
+    the log-mel input and the two convolutions' inputs and outputs."""
     enc = model.encoder
-    s, d, f, a = enc.max_source_positions, enc.d_model, enc.ffn_dim, enc.num_heads
-    per_layer = (6 * s * d + 2 * s * f + 2 * a * s * s) * 4 * clips  # eager attention keeps probs
-    return per_layer * enc.num_layers
+    s, d, f, a = frames, enc.d_model, enc.ffn_dim, enc.num_heads
+    per_layer = (8 * s * d + 2 * s * f + a * s * s) * 4 * clips
+    front = (enc.num_mel_bins * 2 * s + 2 * d * 2 * s + d * s) * 4 * clips
+    return per_layer * enc.num_layers + front
 
 
 def adapter_activation_bytes(model: ModelConfig, clips: int, frames: int, encoder_bytes: int,
@@ -177,15 +191,20 @@ def adapter_activation_bytes(model: ModelConfig, clips: int, frames: int, encode
     a bf16 encoder's, or the fp32 encoder's own (kept anyway when the encoder trains).
     Then four fp32 tensors of the clips' size: the norm's, the first linear's, the
     activation's and the second linear's inputs. A bf16 encoder's outputs of one micro-batch
-    are alive beside their fp32 copies while the mix runs. Nothing is kept for a frozen
-    adapter."""
+    are alive beside their fp32 copies while the mix runs. With the auxiliary CTC loss
+    (model.adapter.ctc_weight), its head's fp32 log-probabilities over the vocabulary and
+    their padded copy. Nothing is kept for a frozen adapter."""
     if model.adapter.freeze:
         return 0.0, 0.0
     states = model.encoder.num_layers
     elements = clips * frames * model.encoder.d_model
     mix = 0 if encoder_trains else states * elements * 4
     transient = states * elements * encoder_bytes if encoder_bytes != 4 else 0.0
-    return mix + 4 * elements * 4, transient
+    ctc = 0.0
+    if float(model.adapter.ctc_weight) > 0:  # the CTC head's log-probabilities, and their padded copy
+        tokens = clips * (frames // model.adapter.frame_stack)
+        ctc = 2 * tokens * (model.decoder.vocab_size + 1) * 4
+    return mix + 4 * elements * 4 + ctc, transient
 
 
 def loss_peak_bytes(logits: float, dtype_bytes: int) -> float:
@@ -235,7 +254,8 @@ def memory_by_stage(cfg: AudioLLMConfig, stages: list[StageParams], dp: int,
     pp = parallel.pp
     layers_per_stage = model.decoder.num_layers // pp
     layer_act = decoder_layer_activation_bytes(model, parallel, cfg.data.seq_length, optim.micro_batch_size, weight_bytes,
-                                               attention_kernel(model.attention, on_gpu=low_precision))
+                                               attention_kernel(model.attention, on_gpu=low_precision),
+                                               fused_norms=low_precision)
     rc = parallel.recompute
     if rc.granularity == "full":
         input_only = weight_bytes * cfg.data.seq_length / parallel.cp * optim.micro_batch_size * model.decoder.hidden_size
@@ -255,7 +275,7 @@ def memory_by_stage(cfg: AudioLLMConfig, stages: list[StageParams], dp: int,
     clips = clips_per_row(cfg) * optim.micro_batch_size
     frames = encoder_frame_count(_mel_frames(cfg))
     adapter_kept, adapter_transient = adapter_activation_bytes(model, clips, frames, encoder_bytes, encoder_trains)
-    first_stage = adapter_kept + (encoder_activation_bytes(model, clips) if encoder_trains else 0.0)
+    first_stage = adapter_kept + (encoder_activation_bytes(model, clips, frames) if encoder_trains else 0.0)
     estimates = []
     for stage in stages:
         weights = (stage.total - stage.fp32) * weight_bytes + stage.fp32 * 4
