@@ -22,6 +22,12 @@ def _groups(groups: list[list[int]]) -> str:
     return shown + more
 
 
+def largest_term(memory: dict) -> str:
+    """The largest of an estimate's weights, grads, optimizer and activations, with its size."""
+    name = max(("weights", "grads", "optimizer", "activations"), key=lambda k: memory[f"{k}_gib"])
+    return f"{name} {memory[f'{name}_gib']:.1f} GiB"
+
+
 def render(plan: Plan, with_params: bool = False) -> str:
     cfg = plan.config
     launcher, parallel, optim = cfg["launcher"], cfg["parallel"], cfg["optim"]
@@ -52,7 +58,7 @@ def render(plan: Plan, with_params: bool = False) -> str:
             f"{_count(stage['frozen'])} frozen)"
         )
     device = "unbounded (CPU)" if math.isinf(mem["device_gib"]) else f"{mem['device_gib']:.1f} GiB"
-    verdict = "fits" if mem["fits"] else "DOES NOT FIT"
+    verdict = "fits" if mem["fits"] else f"DOES NOT FIT (largest: {largest_term(mem)})"
     lines.append(
         f"memory/GPU    {mem['total_gib']:.1f} GiB on stage {mem['stage']} = weights {mem['weights_gib']:.1f} + grads "
         f"{mem['grads_gib']:.1f} + optimizer {mem['optimizer_gib']:.1f} + activations {mem['activations_gib']:.1f} + "

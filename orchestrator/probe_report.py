@@ -1,6 +1,7 @@
 """`audiollm plan ... --probe`: the plan's memory and parameters beside a measurement.
 
-Submit side: no torch here. Each pipeline stage is probed in a process of its own
+Submit side: no torch here. Each rank role (pipeline stage, and context-parallel rank
+where there are several) is probed in a process of its own
 (`python -m orchestrator.probe.role`, orchestrator/probe/), at most as many at once as
 this machine has cores; this module starts them, reads their JSON and sets it beside the
 plan's estimate (orchestrator/estimate.py), category by category.
@@ -32,36 +33,53 @@ class ProbeFailed(RuntimeError):
     pass
 
 
-def run_probe(plan: dict, stages=None, workers: int | None = None) -> list[dict]:
-    """Probe every pipeline stage of `plan` (Plan.to_dict()), or those in `stages`; the
-    roles' results in stage order."""
-    stages = list(range(int(plan["pp"]))) if stages is None else list(stages)
-    workers = max(1, min(len(stages), workers or os.cpu_count() or 1))
+def probe_roles(plan: dict) -> list[tuple[int, int]]:
+    """(pipeline stage, context-parallel rank) of every role (orchestrator/probe/fake_world.py
+    says which ranks stand for which)."""
+    return [(stage, cp_rank) for stage in range(int(plan["pp"])) for cp_rank in range(int(plan["cp"]))]
+
+
+def _failure(log: Path) -> str:
+    """A failed role's log, shortened to the project's own frames and the error."""
+    lines = log.read_text().strip().splitlines()
+    ours = [line for line in lines if "/orchestrator/" in line and "File " in line][-6:]
+    return "\n  ".join(ours + lines[-1:])
+
+
+def run_probe(plan: dict, roles=None, workers: int | None = None) -> list[dict]:
+    """Probe every role of `plan` (Plan.to_dict()), or those in `roles`, each in a process
+    of its own, at most `workers` (this machine's cores) at once; their results in order."""
+    roles = probe_roles(plan) if roles is None else list(roles)
+    workers = max(1, min(len(roles), workers or os.cpu_count() or 1))
     with tempfile.TemporaryDirectory(prefix="audiollm-probe-") as tmp:
         plan_json = Path(tmp) / "plan.json"
         plan_json.write_text(json.dumps(plan))
-        pending, running, results = list(stages), {}, {}
-        while pending or running:
-            while pending and len(running) < workers:
-                stage = pending.pop(0)
-                log = open(Path(tmp) / f"stage{stage}.log", "w")
-                command = [sys.executable, "-m", "orchestrator.probe.role", str(plan_json), str(stage),
-                           str(Path(tmp) / f"stage{stage}.json")]
-                running[stage] = (subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT), log)
-            for stage, (process, log) in list(running.items()):
-                if process.poll() is None:
-                    continue
+        pending, running, results = list(roles), {}, {}
+        try:
+            while pending or running:
+                while pending and len(running) < workers:
+                    stage, cp_rank = role = pending.pop(0)
+                    name = f"stage{stage}_cp{cp_rank}"
+                    log = open(Path(tmp) / f"{name}.log", "w")
+                    command = [sys.executable, "-m", "orchestrator.probe.role", str(plan_json), str(stage),
+                               str(cp_rank), str(Path(tmp) / f"{name}.json")]
+                    running[role] = (subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT), log, name)
+                for role, (process, log, name) in list(running.items()):
+                    if process.poll() is None:
+                        continue
+                    log.close()
+                    del running[role]
+                    if process.returncode != 0:
+                        raise ProbeFailed(f"the probe of pipeline stage {role[0]}, context-parallel rank {role[1]} "
+                                          f"failed (exit {process.returncode}):\n  {_failure(Path(tmp) / f'{name}.log')}")
+                    results[role] = json.loads((Path(tmp) / f"{name}.json").read_text())
+                time.sleep(0.05)
+        finally:
+            for process, log, _ in running.values():
+                process.kill()
+                process.wait()
                 log.close()
-                del running[stage]
-                if process.returncode != 0:
-                    for other, _ in running.values():
-                        other.kill()
-                    tail = (Path(tmp) / f"stage{stage}.log").read_text().strip().splitlines()[-15:]
-                    raise ProbeFailed(f"the probe of pipeline stage {stage} failed (exit {process.returncode}):\n  "
-                                      + "\n  ".join(tail))
-                results[stage] = json.loads((Path(tmp) / f"stage{stage}.json").read_text())
-            time.sleep(0.05)
-    return [results[s] for s in stages]
+    return [results[role] for role in roles]
 
 
 @dataclass
@@ -85,11 +103,22 @@ class StageComparison:
         return max(CATEGORIES, key=lambda c: self.probed[c])
 
 
+def stage_results(results: list[dict]) -> list[dict]:
+    """Per pipeline stage, the probed role with the highest peak (the plan estimates the
+    stage's most loaded rank), in stage order."""
+    worst: dict[int, dict] = {}
+    for result in results:
+        stage = result["stage"]
+        if stage not in worst or result["memory"]["peak"] > worst[stage]["memory"]["peak"]:
+            worst[stage] = result
+    return [worst[stage] for stage in sorted(worst)]
+
+
 def compare(plan: dict, results: list[dict]) -> list[StageComparison]:
-    """Each probed stage beside the plan's estimate of it."""
+    """Each probed stage (its most loaded role) beside the plan's estimate of it."""
     low_precision = plan["config"]["launcher"]["accelerator"] == "gpu"
     out = []
-    for result in results:
+    for result in stage_results(results):
         stage = result["stage"]
         estimate = plan["memory"]["by_stage"][stage]
         params = plan["parameters"]["per_rank_by_stage"][stage]
@@ -110,14 +139,15 @@ def compare(plan: dict, results: list[dict]) -> list[StageComparison]:
 
 
 def render(plan: dict, results: list[dict]) -> str:
-    lines = [f"probe         one training step per pipeline stage at full size on fake tensors, in one CPU process "
-             f"each (orchestrator/probe/)"]
-    for comparison, result in zip(compare(plan, results), results):
+    lines = [f"probe         one training step per pipeline stage (and context-parallel rank) at full size on fake "
+             f"tensors, in one CPU process each (orchestrator/probe/)"]
+    for comparison, result in zip(compare(plan, results), stage_results(results)):
         pp, pr = comparison.params_planned, comparison.params_probed
         same = "equal" if pp == pr else "DIFFER"
         timings = result["timings"]
         lines += [
-            f"  stage {comparison.stage} (rank {result['rank']} of {result['world_size']}, "
+            f"  stage {comparison.stage} (rank {result['rank']} of {result['world_size']}"
+            f"{', the most loaded of ' + str(plan['cp']) + ' CP ranks' if int(plan['cp']) > 1 else ''}, "
             f"{result['microbatches_per_step']} micro-batches a step): {timings['total_s']:.1f} s, "
             f"peak RSS {result['peak_rss_mib']:.0f} MiB",
             f"    parameters   plan {pp['total']:,} ({pp['trainable']:,} trainable), probe {pr['total']:,} "
@@ -128,7 +158,8 @@ def render(plan: dict, results: list[dict]) -> str:
             diff = comparison.difference(category)
             lines.append(f"    {category:<12} {comparison.planned[category]:8.2f} {comparison.probed[category]:8.2f} "
                          f"{diff:+10.1%}")
-        verdict = "fits" if comparison.fits else f"DOES NOT FIT (largest: {comparison.largest})"
+        verdict = "fits" if comparison.fits else \
+            f"DOES NOT FIT (largest: {comparison.largest} {comparison.probed[comparison.largest]:.1f} GiB)"
         lines.append(f"    probe + margin {comparison.total_with_margin_gib:.1f} GiB of "
                      f"{comparison.device_gib:.1f} GiB: {verdict}")
     stand_ins = results[0]["stand_ins"] if results else []

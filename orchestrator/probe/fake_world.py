@@ -2,10 +2,11 @@
 parallel state on it: every collective completes at once without touching data, so a
 single CPU process builds and steps the model exactly as that rank would.
 
-Peers are taken as symmetric: ranks that differ only in their tensor-, context- or
-data-parallel index hold tensors of the same shapes (megatron shards evenly, the vocabulary
-is padded to a multiple of TP, the micro-batch shapes are the plan's), so one rank per
-pipeline stage stands for all of them. What a collective would have returned from the
+Peers are taken as symmetric: ranks that differ only in their tensor- or data-parallel
+index hold tensors of the same shapes (megatron shards evenly, the vocabulary is padded to
+a multiple of TP, the micro-batch shapes are the plan's), so one rank stands for all of
+them. Context-parallel ranks are not: each holds two chunks of a row and encodes the clips
+whose placeholders fall in them, so every CP rank of a stage is a role of its own. What a collective would have returned from the
 others, this rank's own object stands in for (`all_gather_object`, `broadcast_object_list`).
 """
 
@@ -14,17 +15,17 @@ from __future__ import annotations
 import torch.distributed as dist
 
 
-def rank_of_stage(stage: int, tp: int, cp: int, dp: int, order: str) -> int:
-    """The global rank of (tp 0, cp 0, dp 0, pipeline stage `stage`) under megatron's rank
-    `order` (orchestrator/topology.py): the stride of the pipeline dimension is the
-    product of the sizes before it in the order."""
+def rank_of(stage: int, cp_rank: int, tp: int, cp: int, dp: int, order: str) -> int:
+    """The global rank of (tp 0, context-parallel rank `cp_rank`, dp 0, pipeline stage
+    `stage`) under megatron's rank `order` (orchestrator/topology.py): a mixed-radix number
+    whose digits are the parallel ranks, fastest-varying first."""
     sizes = {"tp": tp, "cp": cp, "ep": 1, "dp": dp, "pp": None}
-    stride = 1
+    digits = {"tp": 0, "cp": cp_rank, "ep": 0, "dp": 0, "pp": stage}
+    rank, stride = 0, 1
     for name in order.split("-"):
-        if name == "pp":
-            return stage * stride
-        stride *= sizes[name]
-    raise ValueError(f"rank order {order!r} has no pp")
+        rank += digits[name] * stride
+        stride *= sizes[name] or 1
+    return rank
 
 
 def init_fake_world(rank: int, world_size: int, tp: int, pp: int, cp: int, vpp, order: str, seed: int) -> None:

@@ -1,9 +1,10 @@
-"""One rank role of a plan, probed: `python -m orchestrator.probe.role PLAN_JSON STAGE OUT_JSON`.
+"""One rank role of a plan, probed:
+`python -m orchestrator.probe.role PLAN_JSON STAGE CP_RANK OUT_JSON`.
 
 PLAN_JSON: the resolved plan, as the job reads it from its run directory (plan.json). In this process, with no CUDA
 and no real storage for the model: a fake process group of the plan's world at the rank
-of pipeline stage STAGE (tp, cp and dp index 0; fake_world says why one rank stands for
-its peers), the job's own Trainer built for the plan's machine (its GPU: bf16, the
+of pipeline stage STAGE and context-parallel rank CP_RANK (tp and dp index 0; fake_world
+says why one rank stands for its peers), the job's own Trainer built for the plan's machine (its GPU: bf16, the
 planned kernels) under FakeTensorMode -- model chunks, LoRA, freezes, lr groups, DDP,
 megatron's optimizer -- and two steps of megatron's pipeline schedule on micro-batches
 of the plan's shapes, made by the job's collate. The second step is measured: by then
@@ -114,12 +115,12 @@ def _target_machine(plan):
                    apex_gradient_fusion=False)
 
 
-def probe_role(plan_json: Path, stage: int) -> dict:
+def probe_role(plan_json: Path, stage: int, cp_rank: int = 0) -> dict:
     started = time.perf_counter()
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     from orchestrator.probe import stand_ins
-    from orchestrator.probe.fake_world import init_fake_world, rank_of_stage
+    from orchestrator.probe.fake_world import init_fake_world, rank_of
     from orchestrator.probe.host_tensors import RealOnRealInputs
     from orchestrator.probe.live_memory import LiveMemory
     from orchestrator.probe.trainer import ProbeTrainer
@@ -129,7 +130,7 @@ def probe_role(plan_json: Path, stage: int) -> dict:
     plan = _probe_plan(plan_json)
     cfg = audiollm_config(plan)
     order = plan.section("parallel").get("rank_order", "tp-cp-ep-dp-pp")
-    rank = rank_of_stage(stage, plan.tp, plan.cp, plan.dp, order)
+    rank = rank_of(stage, cp_rank, plan.tp, plan.cp, plan.dp, order)
     seed = int(cfg.train.seed)
     init_fake_world(rank, int(plan.plan["world_size"]), plan.tp, plan.pp, plan.cp,
                     plan.vpp if plan.pp > 1 else None, order, seed)
@@ -159,7 +160,7 @@ def probe_role(plan_json: Path, stage: int) -> dict:
         measured = memory.snapshot()
     params = trainer.parameter_counts()
     return {
-        "stage": stage, "rank": rank, "world_size": int(plan.plan["world_size"]),
+        "stage": stage, "cp_rank": cp_rank, "rank": rank, "world_size": int(plan.plan["world_size"]),
         "microbatches_per_step": plan.num_microbatches, "decisions": list(trainer.decisions.lines),
         "stand_ins": stand_in_lines, "parameters": params, "memory": measured,
         "timings": {**timings, "total_s": time.perf_counter() - started},
@@ -169,11 +170,11 @@ def probe_role(plan_json: Path, stage: int) -> dict:
 
 def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    if len(argv) != 3:
-        print("usage: python -m orchestrator.probe.role PLAN_JSON STAGE OUT_JSON", file=sys.stderr)
+    if len(argv) != 4:
+        print("usage: python -m orchestrator.probe.role PLAN_JSON STAGE CP_RANK OUT_JSON", file=sys.stderr)
         return 2
-    result = probe_role(Path(argv[0]), int(argv[1]))
-    Path(argv[2]).write_text(json.dumps(result, indent=1))
+    result = probe_role(Path(argv[0]), int(argv[1]), int(argv[2]))
+    Path(argv[3]).write_text(json.dumps(result, indent=1))
     return 0
 
 
