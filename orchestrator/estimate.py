@@ -156,15 +156,17 @@ def decoder_layer_activation_bytes(model: ModelConfig, parallel: ParallelConfig,
     stream = (6 if fused_norms else 8) * s * b * h * dtype_bytes / sp_div
     q = dec.num_attention_heads * dec.kv_channels
     kv = 2 * dec.num_query_groups * dec.kv_channels
+    # K and V of the whole row (gathered over the CP group), as the kernel keeps them
+    row_kv = kv * seq * b * dtype_bytes / t
     if attention == "reference":
-        # QKV's output, the rotated Q and K, the heads' layout and the context; fp32 scores
+        # QKV's output, the rotated Q, the heads' layout and the context; fp32 scores
         # (masked) and probabilities [b, heads, s, row]
-        attention_bytes = (4 * q * s + 2 * kv * seq) * b * dtype_bytes / t
+        attention_bytes = (4 * q + kv) * s * b * dtype_bytes / t + row_kv
         attention_bytes += 2 * dec.num_attention_heads * s * seq * b * 4 / t
     else:
-        # QKV's output, the rotated Q and K, the kernel's Q, K, V and output; its fp32
+        # QKV's output, the rotated Q and K, the kernel's Q and output; its fp32
         # log-sum-exp [b, heads, s]
-        attention_bytes = (3 * q * s + 2.5 * kv * seq) * b * dtype_bytes / t
+        attention_bytes = (3 * q + 1.5 * kv) * s * b * dtype_bytes / t + row_kv
         attention_bytes += dec.num_attention_heads * s * b * 4 / t
     # fc1's output [gate; up] (2 f), GeGLU's activation, its tanh-GELU work and its product
     mlp = 5 * dec.ffn_hidden_size * s * b * dtype_bytes / t

@@ -1,6 +1,6 @@
 """The planning side (compose, validate, resolve, the estimates: orchestrator's top-level
 modules and its schema) imports nothing from the job side (orchestrator/train, models,
-data, eval, runtime, convert): FLOP arithmetic and task presets are planning knowledge
+data, eval, runtime, convert, probe): FLOP arithmetic and task presets are planning knowledge
 that the job imports, not the other way round. Every import counts, those inside
 functions too. orchestrator/cli.py is the command router: it starts job-side commands
 (eval, convert, data) and is left out."""
@@ -9,7 +9,7 @@ import ast
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
-JOB_SIDE = ("train", "models", "data", "eval", "runtime", "convert")
+JOB_SIDE = ("train", "models", "data", "eval", "runtime", "convert", "probe")
 ROUTERS = {"cli.py"}
 
 

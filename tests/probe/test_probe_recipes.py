@@ -1,0 +1,81 @@
+"""The full-size probe on every recipe at its real layout (orchestrator/probe/, `audiollm
+plan --probe`): the job's own Trainer builds and steps each rank role on fake tensors in a
+CPU process of its own. Its parameter counts equal the plan's exactly, and the plan's
+memory estimate is within 10 % of its measurement in every category, on every stage. A
+process never holds the model's real size. Time on 2 cores: about 20 s per full-size
+recipe (its roles in parallel), 7 s for a tiny one."""
+
+import os
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+from orchestrator.compose import compose
+from orchestrator.probe_report import CATEGORIES, compare, render, run_probe, stage_results
+from orchestrator.resolve import resolve
+
+REPO = Path(__file__).resolve().parents[2]
+RECIPES = sorted(p.stem for p in (REPO / "recipes").glob("*.yaml"))
+TOLERANCE = 0.10  # the issue's bound; the figures in docs/memory.md are mostly within 5 %
+
+
+def _plan(*overrides):
+    # keep_errors: the full-size recipes' pretrained checkpoint is not here, and the probe
+    # needs no weights (its tensors have no values)
+    return resolve(compose(list(overrides)), purpose="plan", keep_errors=True).to_dict()
+
+
+@pytest.fixture(scope="module")
+def probed():
+    """Every recipe's plan and probe results; the recipes' probes share this machine's cores."""
+    plans = {recipe: _plan(f"+recipe={recipe}") for recipe in RECIPES}
+    with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
+        results = dict(zip(plans, pool.map(lambda plan: run_probe(plan, workers=1), plans.values())))
+    return {recipe: (plans[recipe], results[recipe]) for recipe in RECIPES}
+
+
+def test_the_recipes_are_all_probed():
+    assert {"gemma2_whisper_tp4pp2", "gemma2_whisper_8k_cp2", "gemma2_whisper_tp1", "tiny_cpu"} <= set(RECIPES)
+
+
+@pytest.mark.parametrize("recipe", RECIPES)
+def test_the_plan_agrees_with_the_probe(probed, recipe):
+    plan, results = probed[recipe]
+    assert len(results) == plan["pp"] * plan["cp"]  # every stage and context-parallel rank
+    comparisons = compare(plan, results)
+    assert [c.stage for c in comparisons] == list(range(plan["pp"]))
+    for comparison in comparisons:
+        assert comparison.params_probed == comparison.params_planned, comparison.stage
+        off = {category: f"{comparison.difference(category):+.1%}" for category in CATEGORIES
+               if abs(comparison.difference(category)) > TOLERANCE}
+        assert not off, f"{recipe} stage {comparison.stage}: plan vs probe {off}\n{render(plan, results)}"
+        assert comparison.fits == plan["memory"]["by_stage"][comparison.stage]["fits"]
+
+
+@pytest.mark.parametrize("recipe", [r for r in RECIPES if r.startswith("gemma2")])
+def test_a_full_size_probe_never_holds_the_model(probed, recipe):
+    """Each role's process peaks far below what its step holds (fake tensors have no
+    storage; the real host tensors are the micro-batches), and says what stood in for the
+    GPU's kernels."""
+    plan, results = probed[recipe]
+    for result in results:
+        assert result["memory"]["peak_by_category"]["weights"] > 2 * 2**30  # full size: GiBs of weights per rank
+        assert result["peak_rss_mib"] * 2**20 < result["memory"]["peak"] / 8
+        assert any(line.startswith("attention flex") for line in result["stand_ins"])
+        assert "attention: flex (model.attention=auto, CUDA)" in result["decisions"]
+
+
+def test_a_recipe_changed_so_it_cannot_fit_is_refused_by_both_naming_the_largest_term():
+    """Micro batch 4 at 8192 tokens without recompute: the plan and the probe both say it
+    does not fit on an H100, and both name the activations."""
+    from orchestrator.plan_report import largest_term
+
+    plan = _plan("+recipe=gemma2_whisper_8k_cp2", "optim.micro_batch_size=4", "optim.global_batch_size=16",
+                 "parallel.recompute.granularity=null", "parallel.recompute.method=null",
+                 "parallel.recompute.num_layers=null")
+    assert not plan["fits"] and largest_term(plan["memory"]).startswith("activations")
+    results = run_probe(plan)
+    (comparison,) = compare(plan, results)
+    assert not comparison.fits and comparison.largest == "activations"
+    assert "DOES NOT FIT (largest: activations" in render(plan, results)
