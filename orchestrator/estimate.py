@@ -366,7 +366,20 @@ def flops_per_step(cfg: AudioLLMConfig, inventory: list[ParamSpec], world: int) 
 
 
 def inventory_for(cfg: AudioLLMConfig) -> list[ParamSpec]:
-    return parameter_inventory(cfg.model, cfg.lora, cfg.parallel.tp)
+    """The parameters as the job trains them: the model and LoRA config's, then every
+    trainable parameter whose first matching lora.lr_groups entry has lr_scale 0 frozen
+    (orchestrator/train/lr_groups.py)."""
+    from dataclasses import replace
+    from fnmatch import fnmatchcase
+
+    def frozen_by_group(name: str) -> bool:
+        for group in cfg.lora.lr_groups:
+            if any(fnmatchcase(name, pattern) for pattern in group.patterns):
+                return group.lr_scale == 0
+        return False
+
+    return [replace(spec, trainable=False) if spec.trainable and frozen_by_group(spec.name) else spec
+            for spec in parameter_inventory(cfg.model, cfg.lora, cfg.parallel.tp)]
 
 
 def parameter_totals(inventory: list[ParamSpec]) -> dict[str, dict[str, int]]:

@@ -26,7 +26,7 @@ class ParamSpec:
     shape: tuple[int, ...]  # full shape, before tensor-parallel sharding
     component: str  # encoder | adapter | decoder | embedding
     tp_split_dim: Optional[int]  # dimension split over TP ranks; None = replicated
-    trainable: bool  # under the model and LoRA config (lr_scale 0 may freeze more)
+    trainable: bool  # under the model and LoRA config (lr_scale 0 may freeze more: estimate.inventory_for)
     layer: Optional[int] = None  # decoder layer index (global), for pipeline placement
 
     @property
@@ -67,7 +67,10 @@ def encoder_params(model: ModelConfig, lora: LoraConfig) -> list[ParamSpec]:
     enc = model.encoder
     d, f = enc.d_model, enc.ffn_dim
     adapted = lora.rank > 0 and lora.encoder
-    base_trainable = not enc.freeze and not adapted
+    # LoRA freezes the weights of the linears it adapts (orchestrator/train/lora.py); the
+    # rest trains unless the encoder is frozen.
+    base_trainable = not enc.freeze
+    linear_trainable = base_trainable and not adapted
     c = "encoder"
     specs = _linear("encoder.conv1", d, enc.num_mel_bins * 3, c, base_trainable)
     specs[0] = ParamSpec("encoder.conv1.weight", (d, enc.num_mel_bins, 3), c, None, base_trainable)
@@ -88,11 +91,11 @@ def encoder_params(model: ModelConfig, lora: LoraConfig) -> list[ParamSpec]:
         p = f"encoder.layers.{i}"
         for name in ("self_attn.k_proj", "self_attn.v_proj", "self_attn.q_proj", "self_attn.out_proj"):
             out_dim, in_dim, bias = shapes[name]
-            specs += _linear(f"{p}.{name}", out_dim, in_dim, c, base_trainable, bias=bias)
+            specs += _linear(f"{p}.{name}", out_dim, in_dim, c, linear_trainable, bias=bias)
         specs += _norm(f"{p}.self_attn_layer_norm", d, c, base_trainable)
         for name in ("fc1", "fc2"):
             out_dim, in_dim, bias = shapes[name]
-            specs += _linear(f"{p}.{name}", out_dim, in_dim, c, base_trainable, bias=bias)
+            specs += _linear(f"{p}.{name}", out_dim, in_dim, c, linear_trainable, bias=bias)
         specs += _norm(f"{p}.final_layer_norm", d, c, base_trainable)
         if adapted:
             for name in ENCODER_LORA_TARGETS:
@@ -105,14 +108,14 @@ def encoder_params(model: ModelConfig, lora: LoraConfig) -> list[ParamSpec]:
 def adapter_params(model: ModelConfig, lora: LoraConfig) -> list[ParamSpec]:
     d, k, hidden = model.encoder.d_model, model.adapter.frame_stack, model.decoder.hidden_size
     adapted = lora.rank > 0 and lora.adapter
-    trainable = not model.adapter.freeze and not adapted
+    trainable = not model.adapter.freeze
     c = "adapter"
     # One mixing weight per encoder layer output: entries 1..N of HF's hidden_states
     # (the embedding entry 0 is left out; see orchestrator/models/speech.py).
     specs = [ParamSpec("adapter.layer_weights", (model.encoder.num_layers,), c, None, trainable)]
     specs += _norm("adapter.norm", d, c, trainable)
-    specs += _linear("adapter.linear_1", k * d, k * d, c, trainable)
-    specs += _linear("adapter.linear_2", hidden, k * d, c, trainable)
+    specs += _linear("adapter.linear_1", k * d, k * d, c, trainable and not adapted)
+    specs += _linear("adapter.linear_2", hidden, k * d, c, trainable and not adapted)
     if model.adapter.ctc_weight > 0:  # the auxiliary CTC head: vocabulary + blank (never LoRA-adapted)
         specs += _linear("adapter.ctc_head", model.decoder.vocab_size + 1, hidden, c, not model.adapter.freeze)
     if adapted:
@@ -125,7 +128,7 @@ def decoder_params(model: ModelConfig, lora: LoraConfig, tp: int = 1) -> list[Pa
     dec = model.decoder
     h, kv = dec.hidden_size, dec.kv_channels
     qkv_out = (dec.num_attention_heads + 2 * dec.num_query_groups) * kv
-    base_trainable = not dec.freeze and lora.rank == 0
+    base_trainable = not dec.freeze  # LoRA freezes only the linears it adapts
     vocab = padded_vocab_size(dec.vocab_size, tp)
     specs = [ParamSpec("language_model.embedding.word_embeddings.weight", (vocab, h), "embedding", 0, base_trainable)]
     linears = {
@@ -151,8 +154,10 @@ def decoder_params(model: ModelConfig, lora: LoraConfig, tp: int = 1) -> list[Pa
                 specs += _norm(f"{p}.{name}", h, "decoder", base_trainable, bias=False, layer=i)
                 continue
             out_dim, in_dim, split = linears[name]
-            specs += _linear(f"{p}.{name}", out_dim, in_dim, "decoder", base_trainable, bias=False, split=split, layer=i)
-            if lora.rank > 0 and target in lora.targets:
+            adapted = lora.rank > 0 and target in lora.targets
+            specs += _linear(f"{p}.{name}", out_dim, in_dim, "decoder", base_trainable and not adapted, bias=False,
+                             split=split, layer=i)
+            if adapted:
                 specs += _lora(f"{p}.{name}", out_dim, in_dim, lora.rank, "decoder", split, layer=i)
     specs += _norm("language_model.decoder.final_layernorm", h, "decoder", base_trainable, bias=False)
     if not dec.tie_embeddings:
