@@ -79,3 +79,18 @@ def test_a_recipe_changed_so_it_cannot_fit_is_refused_by_both_naming_the_largest
     (comparison,) = compare(plan, results)
     assert not comparison.fits and comparison.largest == "activations"
     assert "DOES NOT FIT (largest: activations" in render(plan, results)
+
+
+def test_under_lora_the_plan_trains_what_the_job_trains():
+    """LoRA freezes the linears it adapts, nothing else: with no lr group at 0 for the rest of
+    the decoder, its norms and embeddings train, and the plan counts them so."""
+    plan = _plan("+recipe=tiny_cpu", "lora=decoder_r16", "model.init_checkpoint=null",
+                 "lora.lr_groups=[{name: lora, patterns: ['*lora_*'], lr_scale: 1.0}, "
+                 "{name: encoder, patterns: ['encoder.*'], lr_scale: 0.0}, {name: rest, patterns: ['*'], lr_scale: 0.5}]")
+    (comparison,) = compare(plan, run_probe(plan))
+    assert comparison.params_probed == comparison.params_planned
+    # decoder_r16's own groups stop the rest of the decoder (lr_scale 0): the difference is
+    # the tied embedding (512 x 128) and the norms (4 per layer, 4 layers, and the final one)
+    stopped = _plan("+recipe=tiny_cpu", "lora=decoder_r16", "model.init_checkpoint=null")
+    trainable = [p["parameters"]["per_rank_by_stage"][0]["trainable"] for p in (plan, stopped)]
+    assert trainable[0] - trainable[1] == 512 * 128 + (4 * 4 + 1) * 128
