@@ -189,24 +189,24 @@ def adapter_activation_bytes(model: ModelConfig, clips: int, frames: int, encode
                              encoder_trains: bool) -> tuple[float, float]:
     """(kept for the backward, transient) bytes of the adapter (models.speech.AudioAdapter)
     for `clips` clips of `frames` encoder frames. Its learned mix of the encoder's layer
-    outputs keeps every one of them in fp32 for the mix weights' gradient: fp32 copies of
-    a bf16 encoder's, or the fp32 encoder's own (kept anyway when the encoder trains).
-    Then four fp32 tensors of the clips' size: the norm's, the first linear's, the
-    activation's and the second linear's inputs. A bf16 encoder's outputs of one micro-batch
-    are alive beside their fp32 copies while the mix runs. With the auxiliary CTC loss
-    (model.adapter.ctc_weight), its head's fp32 log-probabilities over the vocabulary and
-    their padded copy. Nothing is kept for a frozen adapter."""
+    outputs keeps every one of them, as the encoder made them, for the mix weights'
+    gradient (kept anyway when the encoder trains), and while it sums or reads one it holds
+    an fp32 copy and a product. Then five fp32 tensors of the clips' size (as the full-size
+    probe counts them): the mix, the frames stacked for the first linear, its output, the
+    activation's output and what the second linear reads. With the auxiliary
+    CTC loss (model.adapter.ctc_weight), its head's fp32 log-probabilities over the
+    vocabulary and their padded copy. Nothing is kept for a frozen adapter."""
     if model.adapter.freeze:
         return 0.0, 0.0
     states = model.encoder.num_layers
     elements = clips * frames * model.encoder.d_model
-    mix = 0 if encoder_trains else states * elements * 4
-    transient = states * elements * encoder_bytes if encoder_bytes != 4 else 0.0
+    mix = 0 if encoder_trains else states * elements * encoder_bytes
+    transient = 2 * elements * 4
     ctc = 0.0
     if float(model.adapter.ctc_weight) > 0:  # the CTC head's log-probabilities, and their padded copy
         tokens = clips * (frames // model.adapter.frame_stack)
         ctc = 2 * tokens * (model.decoder.vocab_size + 1) * 4
-    return mix + 4 * elements * 4 + ctc, transient
+    return mix + 5 * elements * 4 + ctc, transient
 
 
 def loss_peak_bytes(logits: float, dtype_bytes: int) -> float:

@@ -18,6 +18,7 @@ min(M, pp) reaches every stage's peak; interleaved schedules get min(M, 2 x pp).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import resource
@@ -115,7 +116,9 @@ def _target_machine(plan):
                    apex_gradient_fusion=False)
 
 
-def probe_role(plan_json: Path, stage: int, cp_rank: int = 0) -> dict:
+def probe_role(plan_json: Path, stage: int, cp_rank: int = 0, fake: bool = True) -> dict:
+    """`fake=False` runs the same step on real tensors (a small model on this CPU: the
+    tests' check that the fake step counts what a real one holds)."""
     started = time.perf_counter()
     from torch._subclasses.fake_tensor import FakeTensorMode
 
@@ -143,11 +146,12 @@ def probe_role(plan_json: Path, stage: int, cp_rank: int = 0) -> dict:
     components = Components(provider=provider, train_source=for_context_parallel(RepeatedBatches(batch), cfg.parallel))
     memory = LiveMemory()
     timings = {}
-    fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
+    fake_mode = FakeTensorMode(allow_non_fake_inputs=True) if fake else contextlib.nullcontext()
     with fake_mode, memory, RealOnRealInputs(memory):
         t = time.perf_counter()
         trainer = ProbeTrainer(plan, components, "cpu", machine=machine)
-        trainer.fake_forward(fake_mode)
+        if fake:
+            trainer.fake_forward(fake_mode)
         timings["build_s"] = time.perf_counter() - t
         memory.sort_setup(trainer.weights(), trainer.grad_buffers())
         trainer.track_modules(memory)
@@ -170,10 +174,12 @@ def probe_role(plan_json: Path, stage: int, cp_rank: int = 0) -> dict:
 
 def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    real = "--real" in argv
+    argv = [a for a in argv if a != "--real"]
     if len(argv) != 4:
-        print("usage: python -m orchestrator.probe.role PLAN_JSON STAGE CP_RANK OUT_JSON", file=sys.stderr)
+        print("usage: python -m orchestrator.probe.role PLAN_JSON STAGE CP_RANK OUT_JSON [--real]", file=sys.stderr)
         return 2
-    result = probe_role(Path(argv[0]), int(argv[1]), int(argv[2]))
+    result = probe_role(Path(argv[0]), int(argv[1]), int(argv[2]), fake=not real)
     Path(argv[3]).write_text(json.dumps(result, indent=1))
     return 0
 

@@ -94,3 +94,19 @@ def test_under_lora_the_plan_trains_what_the_job_trains():
     stopped = _plan("+recipe=tiny_cpu", "lora=decoder_r16", "model.init_checkpoint=null")
     trainable = [p["parameters"]["per_rank_by_stage"][0]["trainable"] for p in (plan, stopped)]
     assert trainable[0] - trainable[1] == 512 * 128 + (4 * 4 + 1) * 128
+
+
+def test_the_fake_step_counts_what_the_same_step_holds_on_real_tensors(probed, tmp_path):
+    """tiny_cpu's step on real tensors (it fits this CPU), measured the same way: the same
+    bytes at the peak, category by category, as the fake step the probe runs."""
+    import json
+    import subprocess
+    import sys
+
+    plan, (fake,) = probed["tiny_cpu"]
+    (tmp_path / "plan.json").write_text(json.dumps(plan))
+    subprocess.run([sys.executable, "-m", "orchestrator.probe.role", str(tmp_path / "plan.json"), "0", "0",
+                    str(tmp_path / "real.json"), "--real"], check=True, capture_output=True, timeout=300)
+    real = json.loads((tmp_path / "real.json").read_text())
+    assert real["memory"]["peak_by_category"] == fake["memory"]["peak_by_category"]
+    assert real["memory"]["peak"] == fake["memory"]["peak"] > 0
