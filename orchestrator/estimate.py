@@ -12,8 +12,10 @@ All formulas are closed-form, with their sources:
   the norm/residual tensors by TP, context parallel divides the sequence; flash/fused
   attention (model.attention flex) keeps no s x s tensor, the reference attention keeps
   three (scores, softcapped scores, probabilities). Full recompute keeps each layer's input only, plus
-  one recompute chunk's full activations. 1F1B keeps min(pp, micro-batches) micro-batches
-  in flight on the first stage (Narayanan et al. 2021), x(1 + (pp-1)/(pp*vpp)) interleaved.
+  one recompute chunk's full activations. The micro-batches a stage holds at once follow
+  megatron's schedule, simulated step by step (1F1B: min(pp - stage, micro-batches),
+  Narayanan et al. 2021; interleaved: per model chunk). The terms per tensor are those the
+  full-size probe measures (orchestrator/probe/, docs/memory.md).
 - Model FLOPs: the job's own count (orchestrator/step_flops.py, which states its
   conventions) applied to a planned step of full rows: 2 x matmul parameters per token
   forward (decoder, encoder per position, adapter and CTC head per audio token) plus
@@ -240,6 +242,67 @@ def clips_per_row(cfg: AudioLLMConfig) -> int:
     return whole_row if cp == 1 else min(whole_row, math.ceil(whole_row / cp) + (2 if cp == 2 else 4))
 
 
+def _schedule(pp: int, vpp: int | None, microbatches: int, stage: int):
+    """megatron's order of forwards and backwards on pipeline stage `stage` (its
+    pipeline_parallel/schedules.py): 1F1B, or with `vpp` model chunks the interleaved
+    schedule in groups of `pp` micro-batches. Yields ("F" or "B", model chunk)."""
+    chunks = vpp or 1
+    total = microbatches * chunks
+    if vpp:
+        table = []  # the model chunk of each virtual micro-batch, forward order
+        for first in range(0, microbatches, pp):
+            last = microbatches if first + pp >= microbatches else first + pp
+            table += [chunk for chunk in range(chunks) for _ in range(first, last)]
+        warmup = (pp - stage - 1) * 2 + (chunks - 1) * pp
+    else:
+        table = [0] * total
+        warmup = pp - stage - 1
+    warmup = min(warmup, total)
+    for k in range(warmup):
+        yield "F", table[k]
+    for k in range(total - warmup):
+        yield "F", table[warmup + k]
+        yield "B", chunks - 1 - table[k]
+    for k in range(total - warmup, total):
+        yield "B", chunks - 1 - table[k]
+
+
+def in_flight(pp: int, vpp: int | None, microbatches: int, stage: int) -> tuple[int, list[int]]:
+    """(most micro-batch chunks held at once, most held of each model chunk) on a stage."""
+    held = [0] * (vpp or 1)
+    most, most_each = 0, [0] * (vpp or 1)
+    for step, chunk in _schedule(pp, vpp, microbatches, stage):
+        held[chunk] += 1 if step == "F" else -1
+        most = max(most, sum(held))
+        most_each = [max(a, b) for a, b in zip(most_each, held)]
+    return most, most_each
+
+
+def peak_held_bytes(pp: int, vpp: int | None, microbatches: int, stage: int, chunk_bytes: list[float]) -> float:
+    """The most a stage's forwards keep at once: each model chunk's bytes per micro-batch
+    times the micro-batches it holds, at the schedule's worst moment."""
+    held = [0] * len(chunk_bytes)
+    most = 0.0
+    for step, chunk in _schedule(pp, vpp, microbatches, stage):
+        held[chunk] += 1 if step == "F" else -1
+        most = max(most, sum(n * b for n, b in zip(held, chunk_bytes)))
+    return most
+
+
+def probe_microbatches(pp: int, vpp: int | None, microbatches: int) -> int:
+    """The fewest micro-batches per step (a multiple of pp under interleaving) with which
+    every stage holds as much, chunk by chunk, as with `microbatches`: what the full-size
+    probe runs (orchestrator/probe/)."""
+    if pp == 1:
+        return 1
+    wanted = [in_flight(pp, vpp, microbatches, stage) for stage in range(pp)]
+    step = pp if vpp else 1
+    for count in range(step, microbatches, step):
+        if [in_flight(pp, vpp, count, stage) for stage in range(pp)] == wanted:
+            return count
+    return microbatches
+
+
 def memory_per_gpu(cfg: AudioLLMConfig, stages: list[StageParams], dp: int, num_microbatches: int) -> MemoryEstimate:
     """The estimate of the pipeline stage that needs the most memory per GPU."""
     return max(memory_by_stage(cfg, stages, dp, num_microbatches), key=lambda estimate: estimate.total_gib)
@@ -269,9 +332,7 @@ def memory_by_stage(cfg: AudioLLMConfig, stages: list[StageParams], dp: int,
     else:
         per_microbatch = layers_per_stage * layer_act
         transient = 0.0
-    in_flight = min(pp, num_microbatches)
-    if parallel.vpp:
-        in_flight *= 1 + (pp - 1) / (pp * parallel.vpp)
+    vpp = parallel.vpp if pp > 1 else None
     encoder_trains = not model.encoder.freeze or (cfg.lora.rank > 0 and cfg.lora.encoder)
     encoder_bytes = 4 if encoder_precision(model.encoder.precision, low_precision, encoder_trains) == "fp32" else 2
     clips = clips_per_row(cfg) * optim.micro_batch_size
@@ -285,8 +346,12 @@ def memory_by_stage(cfg: AudioLLMConfig, stages: list[StageParams], dp: int,
         # fp32 main weights for the optimizer where the weights themselves are not fp32
         master = 4 * (stage.trainable - stage.fp32_trainable) if low_precision else 0
         optimizer = (stage.trainable * 8 + master) / shard
-        held = in_flight if stage.stage == 0 else max(1, in_flight - stage.stage)
-        activations = (per_microbatch + (first_stage if stage.stage == 0 else 0.0)) * held
+        # each model chunk holds its share of the stage's layers; the first stage's first
+        # chunk also the encoder side
+        chunk_bytes = [per_microbatch / (vpp or 1)] * (vpp or 1)
+        if stage.stage == 0:
+            chunk_bytes[0] += first_stage
+        activations = peak_held_bytes(pp, vpp, num_microbatches, stage.stage, chunk_bytes)
         peaks = [transient]  # what one part of the step adds at its own moment
         if stage.stage == 0:
             peaks.append(adapter_transient)

@@ -11,9 +11,9 @@ of the plan's shapes, made by the job's collate. The second step is measured: by
 the optimizer's state exists, as at every later step. OUT_JSON: parameters and peak
 memory by category (live_memory), what stood in for what (stand_ins), timings.
 
-Micro-batches per step: the plan's, capped where more would not change the peak: 1F1B
-holds at most `pp - stage` micro-batches at once (Narayanan et al. 2021), so
-min(M, pp) reaches every stage's peak; interleaved schedules get min(M, 2 x pp).
+Micro-batches per step: the fewest with which every stage holds as many at once, model
+chunk by model chunk, as with the plan's (estimate.probe_microbatches, from megatron's
+schedule: 1F1B holds at most `pp - stage`).
 """
 
 from __future__ import annotations
@@ -30,10 +30,6 @@ import numpy as np
 import torch
 
 AUDIO_TOKEN_ID = 7  # any id below the vocabulary: the probe has no tokenizer, and values do not matter
-
-
-def probe_microbatches(num_microbatches: int, pp: int, vpp) -> int:
-    return min(num_microbatches, 2 * pp if vpp else pp)
 
 
 def synthetic_microbatch(cfg) -> dict:
@@ -98,11 +94,13 @@ class RepeatedBatches:
 def _probe_plan(plan_json: Path):
     """The plan, as the probe runs it: no init checkpoint (the weights are fake), the
     step's micro-batches capped (probe_microbatches)."""
+    from orchestrator.estimate import probe_microbatches
     from orchestrator.train.run_plan import RunPlan
 
     plan = RunPlan(run_dir=plan_json.parent, plan=json.loads(plan_json.read_text()))
     plan.plan["config"]["model"]["init_checkpoint"] = None
-    plan.plan["num_microbatches"] = probe_microbatches(plan.num_microbatches, plan.pp, plan.vpp)
+    plan.plan["num_microbatches"] = probe_microbatches(plan.pp, plan.vpp if plan.pp > 1 else None,
+                                                       plan.num_microbatches)
     return plan
 
 

@@ -26,20 +26,27 @@ def _plan(*overrides):
     return resolve(compose(list(overrides)), purpose="plan", keep_errors=True).to_dict()
 
 
+# Layouts no recipe uses, probed beside them: virtual pipeline stages (megatron's
+# interleaved schedule, whose first chunk holds the encoder side).
+VARIANTS = {"tp4pp2_interleaved": ["+recipe=gemma2_whisper_tp4pp2", "parallel.vpp=3"]}
+
+
 @pytest.fixture(scope="module")
 def probed():
-    """Every recipe's plan and probe results; the recipes' probes share this machine's cores."""
+    """Every recipe's (and variant's) plan and probe results; their probes share this
+    machine's cores."""
     plans = {recipe: _plan(f"+recipe={recipe}") for recipe in RECIPES}
+    plans.update({name: _plan(*overrides) for name, overrides in VARIANTS.items()})
     with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
         results = dict(zip(plans, pool.map(lambda plan: run_probe(plan, workers=1), plans.values())))
-    return {recipe: (plans[recipe], results[recipe]) for recipe in RECIPES}
+    return {name: (plans[name], results[name]) for name in plans}
 
 
 def test_the_recipes_are_all_probed():
     assert {"gemma2_whisper_tp4pp2", "gemma2_whisper_8k_cp2", "gemma2_whisper_tp1", "tiny_cpu"} <= set(RECIPES)
 
 
-@pytest.mark.parametrize("recipe", RECIPES)
+@pytest.mark.parametrize("recipe", RECIPES + list(VARIANTS))
 def test_the_plan_agrees_with_the_probe(probed, recipe):
     plan, results = probed[recipe]
     assert len(results) == plan["pp"] * plan["cp"]  # every stage and context-parallel rank
@@ -110,3 +117,22 @@ def test_the_fake_step_counts_what_the_same_step_holds_on_real_tensors(probed, t
     real = json.loads((tmp_path / "real.json").read_text())
     assert real["memory"]["peak_by_category"] == fake["memory"]["peak_by_category"]
     assert real["memory"]["peak"] == fake["memory"]["peak"] > 0
+
+
+@pytest.mark.parametrize("pp, vpp", [(2, None), (4, None), (2, 3), (4, 2), (8, 4)])
+def test_the_planned_schedule_holds_what_megatron_warms_up(pp, vpp):
+    """The micro-batches a stage holds at once (estimate.in_flight, megatron's order of
+    forwards and backwards simulated): its warmup forwards plus the first steady one,
+    pp - stage under 1F1B, 2 (pp - stage - 1) + (vpp - 1) pp + 1 model-chunk forwards
+    interleaved; never more than the step has. The probe's fewer micro-batches hold as many."""
+    from orchestrator.estimate import in_flight, probe_microbatches
+
+    for microbatches in (pp, 2 * pp, 4 * pp):
+        for stage in range(pp):
+            held, _ = in_flight(pp, vpp, microbatches, stage)
+            expected = pp - stage if vpp is None else 2 * (pp - stage - 1) + (vpp - 1) * pp + 1
+            assert held == min(expected, microbatches * (vpp or 1)), (microbatches, stage)
+        fewer = probe_microbatches(pp, vpp, microbatches)
+        assert fewer <= microbatches
+        assert [in_flight(pp, vpp, fewer, s) for s in range(pp)] == [in_flight(pp, vpp, microbatches, s)
+                                                                      for s in range(pp)]
