@@ -6,8 +6,11 @@ Peers are taken as symmetric: ranks that differ only in their tensor- or data-pa
 index hold tensors of the same shapes (megatron shards evenly, the vocabulary is padded to
 a multiple of TP, the micro-batch shapes are the plan's), so one rank stands for all of
 them. Context-parallel ranks are not: each holds two chunks of a row and encodes the clips
-whose placeholders fall in them, so every CP rank of a stage is a role of its own. What a collective would have returned from the
-others, this rank's own object stands in for (`all_gather_object`, `broadcast_object_list`).
+whose placeholders fall in them, so every CP rank of a stage is a role of its own.
+
+What an object collective would have returned from the others, this rank's own object
+stands in for (`all_gather_object`, `broadcast_object_list`); megatron's coalesced
+gradient collectives are issued one by one (torch has no fake kernel for coalescing).
 """
 
 from __future__ import annotations

@@ -136,10 +136,9 @@ def probe_role(plan_json: Path, stage: int, cp_rank: int = 0, fake: bool = True)
     init_fake_world(rank, int(plan.plan["world_size"]), plan.tp, plan.pp, plan.cp,
                     plan.vpp if plan.pp > 1 else None, order, seed)
     machine = _target_machine(plan)
-    stand_in_lines = (stand_ins.install(cfg.model.backend) if machine.cuda else []) + stand_ins.skip_value_reads() + stand_ins.fake_tensor_limits()
-    provider = AudioLLMProvider(cfg.model, cfg.parallel, audio_token_id=AUDIO_TOKEN_ID,
-                                lora_rank=int(cfg.lora.rank), encoder_lora=int(cfg.lora.rank) > 0 and cfg.lora.encoder,
-                                seed=seed)
+    stand_in_lines = stand_ins.install(cfg.model.backend) if machine.cuda else []
+    stand_in_lines += stand_ins.skip_value_reads() + stand_ins.fake_tensor_limits()
+    provider = AudioLLMProvider.with_ids(cfg, AUDIO_TOKEN_ID)
     batch = synthetic_microbatch(cfg)
     components = Components(provider=provider, train_source=for_context_parallel(RepeatedBatches(batch), cfg.parallel))
     memory = LiveMemory()

@@ -77,9 +77,15 @@ class AudioLLMProvider:
         from orchestrator.data.tokenizer_build import load_tokenizer
 
         tokenizer = load_tokenizer(cfg.data.tokenizer, audio_token=cfg.data.audio_token)
-        return cls(cfg.model, cfg.parallel, audio_token_id=int(tokenizer.convert_tokens_to_ids(cfg.data.audio_token)),
-                   special_ids=tokenizer.all_special_ids, lora_rank=int(cfg.lora.rank),
-                   encoder_lora=int(cfg.lora.rank) > 0 and bool(cfg.lora.encoder), seed=int(cfg.train.seed))
+        return cls.with_ids(cfg, int(tokenizer.convert_tokens_to_ids(cfg.data.audio_token)), tokenizer.all_special_ids)
+
+    @classmethod
+    def with_ids(cls, cfg, audio_token_id: int, special_ids=()) -> "AudioLLMProvider":
+        """The config's model and layout with these token ids (the full-size probe has no
+        tokenizer: its ids need only be inside the vocabulary)."""
+        return cls(cfg.model, cfg.parallel, audio_token_id=audio_token_id, special_ids=special_ids,
+                   lora_rank=int(cfg.lora.rank), encoder_lora=int(cfg.lora.rank) > 0 and bool(cfg.lora.encoder),
+                   seed=int(cfg.train.seed))
 
     def transformer_fields(self) -> dict:
         # The loop's config serves DDP and the pipeline schedule only; the model's layers
