@@ -32,7 +32,8 @@ buffers and allocator fragmentation.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from fnmatch import fnmatchcase
 
 from orchestrator.kernels import LOSS_CHUNK_ELEMENTS, LOSS_CHUNK_FP32_COPIES, attention_kernel, encoder_precision
 from orchestrator.megatron_args import padded_vocab_size
@@ -267,12 +268,18 @@ def _schedule(pp: int, vpp: int | None, microbatches: int, stage: int):
         yield "B", chunks - 1 - table[k]
 
 
-def in_flight(pp: int, vpp: int | None, microbatches: int, stage: int) -> tuple[int, list[int]]:
-    """(most micro-batch chunks held at once, most held of each model chunk) on a stage."""
+def _held(pp: int, vpp: int | None, microbatches: int, stage: int):
+    """The micro-batches each model chunk of a stage holds, after every step of its schedule."""
     held = [0] * (vpp or 1)
-    most, most_each = 0, [0] * (vpp or 1)
     for step, chunk in _schedule(pp, vpp, microbatches, stage):
         held[chunk] += 1 if step == "F" else -1
+        yield held
+
+
+def in_flight(pp: int, vpp: int | None, microbatches: int, stage: int) -> tuple[int, list[int]]:
+    """(most micro-batch chunks held at once, most held of each model chunk) on a stage."""
+    most, most_each = 0, [0] * (vpp or 1)
+    for held in _held(pp, vpp, microbatches, stage):
         most = max(most, sum(held))
         most_each = [max(a, b) for a, b in zip(most_each, held)]
     return most, most_each
@@ -281,12 +288,7 @@ def in_flight(pp: int, vpp: int | None, microbatches: int, stage: int) -> tuple[
 def peak_held_bytes(pp: int, vpp: int | None, microbatches: int, stage: int, chunk_bytes: list[float]) -> float:
     """The most a stage's forwards keep at once: each model chunk's bytes per micro-batch
     times the micro-batches it holds, at the schedule's worst moment."""
-    held = [0] * len(chunk_bytes)
-    most = 0.0
-    for step, chunk in _schedule(pp, vpp, microbatches, stage):
-        held[chunk] += 1 if step == "F" else -1
-        most = max(most, sum(n * b for n, b in zip(held, chunk_bytes)))
-    return most
+    return max(sum(n * b for n, b in zip(held, chunk_bytes)) for held in _held(pp, vpp, microbatches, stage))
 
 
 def probe_microbatches(pp: int, vpp: int | None, microbatches: int) -> int:
@@ -434,8 +436,6 @@ def inventory_for(cfg: AudioLLMConfig) -> list[ParamSpec]:
     """The parameters as the job trains them: the model and LoRA config's, then every
     trainable parameter whose first matching lora.lr_groups entry has lr_scale 0 frozen
     (orchestrator/train/lr_groups.py)."""
-    from dataclasses import replace
-    from fnmatch import fnmatchcase
 
     def frozen_by_group(name: str) -> bool:
         for group in cfg.lora.lr_groups:

@@ -28,18 +28,21 @@ class RankLayout:
         return {"tp": self.tp, "cp": self.cp, "dp": self.dp, "pp": self.pp}
 
 
+def global_rank(coords: dict[str, int], sizes: dict[str, int], order: str = RANK_ORDERS[0]) -> int:
+    """The global rank of the parallel ranks `coords` (tp, cp, ep, dp, pp; ep 0) for the
+    group `sizes`: the mixed-radix number of `order`, fastest-varying digit first."""
+    rank, stride = 0, 1
+    for dim in order.split("-"):
+        rank += coords.get(dim, 0) * stride
+        stride *= sizes.get(dim, 1)
+    return rank
+
+
 def rank_layout(tp: int, cp: int, dp: int, pp: int, order: str = RANK_ORDERS[0]) -> RankLayout:
     if order not in RANK_ORDERS:
         raise ValueError(f"rank order {order!r} is not one of {RANK_ORDERS}")
     sizes = {"tp": tp, "cp": cp, "ep": 1, "dp": dp, "pp": pp}
     dims = order.split("-")
-
-    def global_rank(coords: dict[str, int]) -> int:
-        rank, stride = 0, 1
-        for dim in dims:
-            rank += coords[dim] * stride
-            stride *= sizes[dim]
-        return rank
 
     def groups(varying: str) -> list[list[int]]:
         fixed_dims = [d for d in dims if d != varying]
@@ -48,7 +51,7 @@ def rank_layout(tp: int, cp: int, dp: int, pp: int, order: str = RANK_ORDERS[0])
         # groups come out sorted by their smallest rank, as megatron lists them.
         for fixed in product(*(range(sizes[d]) for d in reversed(fixed_dims))):
             coords = dict(zip(reversed(fixed_dims), fixed))
-            out.append([global_rank({**coords, varying: i}) for i in range(sizes[varying])])
+            out.append([global_rank({**coords, varying: i}, sizes, order) for i in range(sizes[varying])])
         return sorted(out)
 
     return RankLayout(tp=groups("tp"), cp=groups("cp"), dp=groups("dp"), pp=groups("pp"))

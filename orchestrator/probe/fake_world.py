@@ -18,17 +18,12 @@ from __future__ import annotations
 import torch.distributed as dist
 
 
-def rank_of(stage: int, cp_rank: int, tp: int, cp: int, dp: int, order: str) -> int:
+def rank_of(stage: int, cp_rank: int, tp: int, cp: int, dp: int, pp: int, order: str) -> int:
     """The global rank of (tp 0, context-parallel rank `cp_rank`, dp 0, pipeline stage
-    `stage`) under megatron's rank `order` (orchestrator/topology.py): a mixed-radix number
-    whose digits are the parallel ranks, fastest-varying first."""
-    sizes = {"tp": tp, "cp": cp, "ep": 1, "dp": dp, "pp": None}
-    digits = {"tp": 0, "cp": cp_rank, "ep": 0, "dp": 0, "pp": stage}
-    rank, stride = 0, 1
-    for name in order.split("-"):
-        rank += digits[name] * stride
-        stride *= sizes[name] or 1
-    return rank
+    `stage`) under megatron's rank `order` (orchestrator/topology.py)."""
+    from orchestrator.topology import global_rank
+
+    return global_rank({"cp": cp_rank, "pp": stage}, {"tp": tp, "cp": cp, "dp": dp, "pp": pp}, order)
 
 
 def init_fake_world(rank: int, world_size: int, tp: int, pp: int, cp: int, vpp, order: str, seed: int) -> None:

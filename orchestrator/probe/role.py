@@ -131,7 +131,7 @@ def probe_role(plan_json: Path, stage: int, cp_rank: int = 0, fake: bool = True)
     plan = _probe_plan(plan_json)
     cfg = audiollm_config(plan)
     order = plan.section("parallel").get("rank_order", "tp-cp-ep-dp-pp")
-    rank = rank_of(stage, cp_rank, plan.tp, plan.cp, plan.dp, order)
+    rank = rank_of(stage, cp_rank, plan.tp, plan.cp, plan.dp, plan.pp, order)
     seed = int(cfg.train.seed)
     init_fake_world(rank, int(plan.plan["world_size"]), plan.tp, plan.pp, plan.cp,
                     plan.vpp if plan.pp > 1 else None, order, seed)

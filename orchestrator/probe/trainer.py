@@ -60,7 +60,8 @@ class ProbeTrainer(Trainer):
                     name = name[len("module."):]
                 total += param.numel()
                 trainable += param.numel() if param.requires_grad else 0
-                by_component[component_of(name)] = by_component.get(component_of(name), 0) + param.numel()
+                component = component_of(name)
+                by_component[component] = by_component.get(component, 0) + param.numel()
         return {"total": total, "trainable": trainable, "by_component": by_component}
 
     def track_modules(self, memory, depth: int = 3) -> None:
