@@ -70,6 +70,7 @@ PARITY_SEQ = 64
 #   yet catch any real mistake (a wrong norm offset, window or cap moves logits by > 1e-2).
 BOUNDS = {"bf16": dict(logits=0.1, loss=0.02, grad=0.05), "fp32": dict(logits=1e-4, loss=1e-5, grad=1e-4)}
 
+CHECKS = {"parity", "lora", "recompiles", "throughput", "encoder", "fp8"}
 MFU_GOAL = 0.45
 # whisper-large-v3's encoder in bf16 against fp32 (relative Frobenius norm of the last
 # hidden state): each bf16 rounding is off by up to 2^-9 ~ 2e-3 relative; 32 layers of
@@ -395,7 +396,38 @@ def packed_microbatch(obj, audio_token_id: int, seed: int, text_tokens: int = 60
             "audio_clip_rows": torch.zeros(n_samples, dtype=torch.long)}
 
 
-def check_throughput(table: Table, name: str, backend: str, attention: str, dry_run: bool):
+def profile_step(step, sync, out: Path):
+    """One more step under torch.profiler: the ops by their own device time and by their
+    own host time (which of the two bounds the step), and the trace, gzipped."""
+    import gzip
+    import shutil
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    out.mkdir(parents=True, exist_ok=True)
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
+    with profile(activities=activities, record_shapes=True) as prof:
+        step()
+        sync()
+    events = prof.key_averages()
+    for key in ("self_device_time_total", "self_cpu_time_total"):
+        if key == "self_device_time_total" and len(activities) == 1:
+            continue
+        (out / f"ops_by_{key}.txt").write_text(events.table(sort_by=key, row_limit=60, max_name_column_width=90))
+    by_shape = prof.key_averages(group_by_input_shape=True)
+    if len(activities) > 1:
+        (out / "ops_by_shape.txt").write_text(by_shape.table(sort_by="self_device_time_total", row_limit=60,
+                                                             max_name_column_width=70, max_shapes_column_width=90))
+    trace = out / "trace.json"
+    prof.export_chrome_trace(str(trace))
+    with trace.open("rb") as src, gzip.open(out / "trace.json.gz", "wb") as dst:
+        shutil.copyfileobj(src, dst)
+    trace.unlink()
+    print(f"profile of one step written to {out}", flush=True)
+
+
+def check_throughput(table: Table, name: str, backend: str, attention: str, dry_run: bool,
+                     profile_dir: Path | None = None):
     import torch
     from omegaconf import OmegaConf
     from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
@@ -448,11 +480,16 @@ def check_throughput(table: Table, name: str, backend: str, attention: str, dry_
         step_tokens = sum(c["tokens"] for c in counts)
 
         def step():
+            from torch.profiler import record_function
             ddp.zero_grad_buffer()
             optimizer.zero_grad()
             for x in inputs:
-                (ddp(**x).float().mean() / n_micro).backward()
-            optimizer.step()
+                with record_function("acceptance.forward"):
+                    loss = ddp(**x).float().mean() / n_micro
+                with record_function("acceptance.backward"):
+                    loss.backward()
+            with record_function("acceptance.optimizer"):
+                optimizer.step()
 
         sync = torch.cuda.synchronize if on_gpu else (lambda: None)
         warmup, timed = (1, 2) if dry_run else (2, 5)
@@ -464,6 +501,8 @@ def check_throughput(table: Table, name: str, backend: str, attention: str, dry_
             step()
         sync()
         step_s = (time.perf_counter() - t0) / timed
+        if profile_dir is not None:
+            profile_step(step, sync, profile_dir)
         tps = step_tokens / step_s
         clips = sum(int(b["audio_lengths"].numel()) for b in batches)
         table.add("throughput_tokens", label,
@@ -552,7 +591,19 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--dry-run", action="store_true", help="CPU-possible parts only, at tiny size")
     parser.add_argument("--json", type=Path, help="write the rows here")
+    parser.add_argument("--only", help="comma-separated checks to run (parity,lora,recompiles,throughput,"
+                                       "encoder,fp8); all by default")
+    parser.add_argument("--profile", type=Path, metavar="DIR",
+                        help="profile one more throughput step into DIR (op tables, gzipped trace)")
     args = parser.parse_args()
+    wanted = set(args.only.split(",")) if args.only else None
+    unknown = (wanted or set()) - CHECKS
+    if unknown:
+        parser.error(f"--only {args.only}: unknown {', '.join(sorted(unknown))}; checks are {', '.join(sorted(CHECKS))}")
+
+    def run(check: str) -> bool:
+        return wanted is None or check in wanted
+
     os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()))
     started = time.perf_counter()
 
@@ -568,12 +619,18 @@ def main() -> int:
     table = Table()
     reference = ("local+reference", "local", "reference")  # (label, model.backend, model.attention)
     if args.dry_run:
-        check_parity(table, *reference, "fp32", "cpu")
-        check_lora(table, *reference, "fp32", "cpu")
-        check_recompiles(table, "local+flex", "local", "flex", dry_run=True)
-        check_throughput(table, *reference, dry_run=True)  # flex_attention has no backward on CPU
-        check_encoder(table, dry_run=True)
-        check_fp8(table, dry_run=True)
+        if run("parity"):
+            check_parity(table, *reference, "fp32", "cpu")
+        if run("lora"):
+            check_lora(table, *reference, "fp32", "cpu")
+        if run("recompiles"):
+            check_recompiles(table, "local+flex", "local", "flex", dry_run=True)
+        if run("throughput"):  # flex_attention has no backward on CPU
+            check_throughput(table, *reference, dry_run=True, profile_dir=args.profile)
+        if run("encoder"):
+            check_encoder(table, dry_run=True)
+        if run("fp8"):
+            check_fp8(table, dry_run=True)
     else:
         if _has_te():
             flex = ("te+flex", "te", "flex")
@@ -581,13 +638,19 @@ def main() -> int:
             flex = ("local+flex (no TE)", "local", "flex")
             print("TransformerEngine is not installed: the fast rows run model.backend=local model.attention=flex",
                   flush=True)
-        check_parity(table, *flex, "bf16", "cuda")
-        check_parity(table, *reference, "bf16", "cuda")
-        check_lora(table, *flex, "bf16", "cuda")
-        check_recompiles(table, *flex, dry_run=False)
-        check_throughput(table, *flex, dry_run=False)
-        check_encoder(table, dry_run=False)
-        check_fp8(table, dry_run=False)
+        if run("parity"):
+            check_parity(table, *flex, "bf16", "cuda")
+            check_parity(table, *reference, "bf16", "cuda")
+        if run("lora"):
+            check_lora(table, *flex, "bf16", "cuda")
+        if run("recompiles"):
+            check_recompiles(table, *flex, dry_run=False)
+        if run("throughput"):
+            check_throughput(table, *flex, dry_run=False, profile_dir=args.profile)
+        if run("encoder"):
+            check_encoder(table, dry_run=False)
+        if run("fp8"):
+            check_fp8(table, dry_run=False)
 
     print()
     print(table.render())

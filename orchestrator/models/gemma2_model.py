@@ -38,6 +38,32 @@ def gelu_tanh(x: torch.Tensor) -> torch.Tensor:
     return F.gelu(x, approximate="tanh")
 
 
+class _LogitsGradAsOneMatrix(torch.autograd.Function):
+    """Identity on the output layer's logits [s, b, v]; its backward hands the output
+    layer the gradient laid out as one [s*b, v] matrix.
+
+    megatron's `_postprocess` returns the logits as `transpose(0, 1).contiguous()`, so
+    their gradient reaches the output layer as a transposed view (strides [v, s*v, 1]).
+    torch's matmul (2.11) multiplies such a [s, b, v] tensor by the [v, h] weight as a
+    batched matmul over s copies of the broadcast weight, with b rows each: measured on
+    an H200 at gemma2-2b (vocabulary 256000, s 2048, b 1), 470 ms a micro-batch, 77% of
+    the step. Laid out as [s*b, v] it is one matrix product (a copy only where b > 1)."""
+
+    @staticmethod
+    def forward(ctx, logits):
+        return logits.view_as(logits)
+
+    @staticmethod
+    def backward(ctx, grad):
+        s, b, v = grad.shape
+        return grad.reshape(s * b, v).view(s, b, v)
+
+
+def _logits_grad_as_one_matrix(module, args, output):
+    logits, bias = output
+    return _LogitsGradAsOneMatrix.apply(logits), bias
+
+
 @dataclass
 class Gemma2TransformerConfig(TransformerConfig):
     """TransformerConfig plus the Gemma2 fields megatron-core has no place for."""
@@ -128,6 +154,8 @@ class Gemma2Model(GPTModel):
         self.embedding_scale = _rounded(config.hidden_size**0.5, config.params_dtype)
         # Logits per chunk of the loss (softcapped_loss): 2^27 fp32 values = 512 MiB.
         self.loss_chunk_elements = LOSS_CHUNK_ELEMENTS
+        if post_process:
+            self.output_layer.register_forward_hook(_logits_grad_as_one_matrix)
 
     # -- input side (first pipeline stage) ---------------------------------------
     def embed_tokens(self, input_ids: torch.Tensor) -> torch.Tensor:

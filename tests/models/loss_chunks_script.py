@@ -36,6 +36,24 @@ def main():
         print(f"RESULT chunk {chunk_tokens}: loss equal, max grad diff {worst:.3e}")
         assert worst == 0.0
     print(f"RESULT loss mean {whole.mean():.4f}")
+
+    # The gradient the output layer's backward receives is one [s*b, v] matrix (the
+    # layout torch's matmul multiplies by the weight in one product), at micro-batch
+    # sizes 1 and 2, chunked or not; as megatron hands it on (a transposed view) torch
+    # 2.11 runs a batched matmul over s broadcast copies of the [v, h] weight.
+    layouts = []
+
+    def watch(module, args, out):  # before the model's own hook: on the linear's own output
+        out[0].register_hook(lambda g: layouts.append((tuple(g.shape), g.stride())))
+
+    model.output_layer.register_forward_hook(watch, prepend=True)
+    for rows in (1, 2):
+        for chunk_tokens in (5, 64):
+            model.loss_chunk_elements = chunk_tokens * rows * vocab
+            model(tokens[:rows], positions[:rows], None, labels=labels[:rows]).sum().backward()
+    for (s, b, v), stride in layouts:
+        assert stride[0] == stride[1] * b and stride[2] == 1, ((s, b, v), stride)
+    print(f"RESULT output layer gradient one matrix in {len(layouts)} of 4 backwards: {layouts}")
     shutdown()
 
 
