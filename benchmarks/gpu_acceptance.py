@@ -519,9 +519,13 @@ def check_throughput(table: Table, name: str, backend: str, attention: str, dry_
             else:
                 table.add("throughput_mfu", label, f"model {step_model / 1e12:.1f} TFLOP/step", "-",
                           f"n/a (no peak: {source})")
+            # The allocator's tensors against the plan's tensors (its total less the margin for
+            # the CUDA context, NCCL and fragmentation, which max_memory_allocated does not see).
             measured = torch.cuda.max_memory_allocated() / 2**30
-            estimate = plan.memory["total_gib"]
-            table.add("peak_memory", label, f"{measured:.1f} GiB max allocated vs plan {estimate:.1f} GiB",
+            estimate, margin = plan.memory["total_gib"], plan.memory["overhead_gib"]
+            tensors = estimate - margin
+            table.add("peak_memory", label, f"{measured:.1f} GiB max allocated vs plan {tensors:.1f} GiB of tensors "
+                      f"({measured / tensors - 1:+.0%}; {estimate:.1f} GiB with its margin)",
                       "<= plan estimate", _ok(measured <= estimate))
         else:
             table.add("throughput_mfu", label, f"model {step_model / 1e9:.2f} GFLOP/step",
