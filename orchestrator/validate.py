@@ -247,6 +247,30 @@ def check_batch(parallel: ParallelConfig, launcher: LauncherConfig, optim: Optim
         )
 
 
+def check_canonical_nodes(parallel: ParallelConfig, launcher: LauncherConfig, data: DataConfig,
+                          optim: OptimConfig) -> Iterator[Finding]:
+    nodes = data.canonical_nodes
+    if nodes is None:
+        return
+    world, mp = world_size(launcher), model_parallel_size(parallel)
+    if nodes < 1 or world < 1 or mp < 1 or world % mp:
+        yield from _positive("canonical_nodes", **{"data.canonical_nodes": nodes})
+        return
+    dp = world // mp
+    if nodes % dp:
+        sizes = [d for d in range(1, nodes + 1) if nodes % d == 0]
+        yield _error("canonical_nodes",
+                     f"data.canonical_nodes ({nodes}) is not a multiple of the data-parallel size ({dp}): each "
+                     f"data-parallel rank reads a whole number of canonical nodes; use a multiple of {dp}, or "
+                     f"a data-parallel size among {sizes}")
+    elif optim.micro_batch_size > 0 and optim.global_batch_size % (optim.micro_batch_size * nodes):
+        yield _warning("canonical_nodes",
+                       f"optim.global_batch_size ({optim.global_batch_size}) is not a multiple of "
+                       f"optim.micro_batch_size ({optim.micro_batch_size}) x data.canonical_nodes ({nodes}): "
+                       f"a run continued at another data-parallel size reads every sample once, but its steps "
+                       f"group the micro-batches differently from a run at the first size")
+
+
 def check_recompute(parallel: ParallelConfig, model: ModelConfig) -> Iterator[Finding]:
     rc = parallel.recompute
     yield from _one_of("recompute", "parallel.recompute.granularity", rc.granularity, (None, "full", "selective"))
@@ -685,6 +709,7 @@ def validate(cfg: AudioLLMConfig, purpose: str = "plan") -> list[Finding]:
         lambda: check_sequence_parallel(p),
         lambda: check_context_parallel(p, cfg.data),
         lambda: check_batch(p, l, cfg.optim),
+        lambda: check_canonical_nodes(p, l, cfg.data, cfg.optim),
         lambda: check_recompute(p, m),
         lambda: check_distributed_optimizer(p, l),
         lambda: check_decoder(m),

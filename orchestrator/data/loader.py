@@ -357,34 +357,46 @@ class TrainLoader:
     ORDER = "mosaic-canonical-node-per-dp-rank"  # saved with the state: what a position means
 
     def __init__(self, data_cfg, encoder_cfg, adapter_cfg, micro_batch_size: int, dp_rank: int, dp_size: int,
-                 seed: int, tokenizer_path: Optional[str] = None):
+                 seed: int, tokenizer_path: Optional[str] = None, shared: Optional["TrainLoader"] = None,
+                 num_workers: Optional[int] = None):
+        """`shared`: another canonical node's loader of the same process (RankLoader), whose
+        opened mixture, tokenizer, reader and feature cache this one uses; `num_workers`:
+        this loader's share of data.num_workers (default: all of them)."""
         if not 0 <= dp_rank < dp_size:
             raise ValueError(f"dp_rank ({dp_rank}) must be in [0, dp_size ({dp_size}))")
         if data_cfg.num_workers < 0:
             raise ValueError(f"data.num_workers={data_cfg.num_workers}; use 0 (decode in the training process) "
                              f"or more")
         self.cfg, self.mbs, self.dp_rank, self.dp_size, self.seed = data_cfg, micro_batch_size, dp_rank, dp_size, seed
-        self.num_workers = int(data_cfg.num_workers)
-        self.datasets = sources.resolve_entries(data_cfg.train)
-        if not self.datasets:
-            raise ValueError("data.train lists no datasets")
-        self.processor = SampleProcessor(data_cfg, encoder_cfg, adapter_cfg, _tokenizer(data_cfg, tokenizer_path),
-                                         self.datasets, "train")
-        remote.check_remote_datasets(self.datasets)  # one error for every unreadable one, before mosaic
+        self.num_workers = int(data_cfg.num_workers if num_workers is None else num_workers)
+        self._owns_mixture = shared is None
+        if shared is None:
+            self.datasets = sources.resolve_entries(data_cfg.train)
+            if not self.datasets:
+                raise ValueError("data.train lists no datasets")
+            self.processor = SampleProcessor(data_cfg, encoder_cfg, adapter_cfg, _tokenizer(data_cfg, tokenizer_path),
+                                             self.datasets, "train")
+            remote.check_remote_datasets(self.datasets)  # one error for every unreadable one, before mosaic
+            self.mixture = sources.open_mixture(self.datasets, seed=seed, shuffle=data_cfg.shuffle,
+                                                cache_root=sources.process_cache_root(data_cfg.cache_dir),
+                                                canonical_nodes=dp_size, cache_limit=data_cfg.cache_limit,
+                                                download_retry=data_cfg.download_retry)
+            check_columns(self.mixture, self.processor.formats, self.datasets, "train")
+            self.cache = FeatureCache(data_cfg.feature_cache_mb) if data_cfg.feature_cache_mb > 0 else None
+        else:
+            if (shared.dp_size, shared.seed) != (dp_size, seed):
+                raise ValueError(f"a loader shares the mixture of one with the same canonical nodes and seed: "
+                                 f"{(dp_size, seed)} vs {(shared.dp_size, shared.seed)}")
+            self.datasets, self.processor, self.mixture, self.cache = (shared.datasets, shared.processor,
+                                                                       shared.mixture, shared.cache)
         self.names = sources.stream_names(self.datasets)
-        self.mixture = sources.open_mixture(self.datasets, seed=seed, shuffle=data_cfg.shuffle,
-                                            cache_root=sources.process_cache_root(data_cfg.cache_dir),
-                                            canonical_nodes=dp_size, cache_limit=data_cfg.cache_limit,
-                                            download_retry=data_cfg.download_retry)
         self.epoch_size = int(self.mixture.epoch_size)
         self.order = sources.RankOrder(self.mixture, dp_rank, dp_size)
-        check_columns(self.mixture, self.processor.formats, self.datasets, "train")
         self.locator = sources.SampleLocator(self.mixture, self.datasets)
         self.reader = SampleReader(self.mixture, self.processor)
         self.packer = Packer(data_cfg.seq_length, micro_batch_size, data_cfg.packing_buffer, data_cfg.packing)
         self.bad = BadSamples(data_cfg.on_bad_sample, data_cfg.max_bad_fraction)
         self.truncated: Counter = Counter()  # conversations cut to fit, per dataset
-        self.cache = FeatureCache(data_cfg.feature_cache_mb) if data_cfg.feature_cache_mb > 0 else None
         self.next_position = 0  # the rank's position of the next sample to hand to the packer
         self._skip_below = 0  # after a resume: positions below this were emitted unless pending
         self._pending_resume: set = set()
@@ -422,7 +434,8 @@ class TrainLoader:
         """Stop the workers and give back the mixture's shared memory; the loader is
         done (its state_dict still resumes a new one)."""
         self._stop_workers()
-        sources.close_mixture(self.mixture)
+        if self._owns_mixture:
+            sources.close_mixture(self.mixture)
 
     def _fill(self) -> None:
         unusable = 0
@@ -481,7 +494,7 @@ class TrainLoader:
             raise ValueError("the data loader state does not match this run (" + "; ".join(mismatched) +
                              "); resume with the same datasets, seed and data-parallel size (a state saved "
                              "before the sample order was per rank has no 'order' and cannot be resumed)")
-        self.close()
+        self._stop_workers()
         self.packer.buffer = []
         self._pending_resume = {int(p) for p in state["pending"]}
         self._skip_below = self.next_position = int(state["next_position"])
@@ -515,6 +528,125 @@ def check_columns(mixture, formats: Sequence[tasks.DatasetFormat], datasets: Seq
     if problems:
         raise ValueError(f"data.{split}: " + "; ".join(problems) + ". Name the dataset's columns in its entry "
                          "(audio_field, text_field, instruction_field, turns_field)")
+
+
+class RankLoader:
+    """The training micro-batches of one data-parallel rank, at any data-parallel size
+    that divides the run's number of canonical nodes.
+
+    The run's sample order has C canonical nodes, fixed at its first start
+    (`data.canonical_nodes`; by default the data-parallel size then) and kept in every
+    checkpoint. Canonical node c is one TrainLoader (mosaic's partition over C nodes,
+    its own packer and position), so its stream of micro-batches depends on nothing but
+    the datasets, the seed, C and c. At data-parallel size D (a divisor of C), rank r
+    holds the nodes c with c % D == r and hands out the next micro-batch of the node
+    that has handed out the fewest (the lowest-numbered of those): no sample is read
+    twice or skipped across a change of size, and where the global batch is a multiple
+    of micro_batch_size x C, the micro-batches of a step are the same set at every such D
+    (only their reduction order changes). At D = C each rank is exactly one node (the
+    order of earlier versions)."""
+
+    ORDER = "canonical-nodes"
+
+    def __init__(self, data_cfg, encoder_cfg, adapter_cfg, micro_batch_size: int, dp_rank: int, dp_size: int,
+                 seed: int, canonical_nodes: Optional[int] = None, tokenizer_path: Optional[str] = None):
+        if not 0 <= dp_rank < dp_size:
+            raise ValueError(f"dp_rank ({dp_rank}) must be in [0, dp_size ({dp_size}))")
+        self._args = (data_cfg, encoder_cfg, adapter_cfg, micro_batch_size)
+        self.seed, self.tokenizer_path = seed, tokenizer_path
+        self.dp_rank, self.dp_size = dp_rank, dp_size
+        self.configured_nodes = canonical_nodes
+        self.canonical_nodes = int(canonical_nodes or dp_size)
+        check_canonical_nodes(self.canonical_nodes, dp_size)
+        self.nodes: Dict[int, TrainLoader] = {}  # opened on first use or by load_state_dict
+        self.names = sources.stream_names(sources.resolve_entries(data_cfg.train))
+
+    @property
+    def owned(self) -> List[int]:
+        return list(range(self.dp_rank, self.canonical_nodes, self.dp_size))
+
+    def _open(self) -> None:
+        data_cfg, encoder_cfg, adapter_cfg, mbs = self._args
+        owned = self.owned
+        # The rank's worker processes are shared among its nodes (at least one each).
+        workers = int(data_cfg.num_workers)
+        share = max(1, workers // len(owned)) if workers else 0
+        first = None
+        for c in owned:
+            self.nodes[c] = TrainLoader(data_cfg, encoder_cfg, adapter_cfg, mbs, c, self.canonical_nodes, self.seed,
+                                        self.tokenizer_path, shared=first, num_workers=share)
+            first = first or self.nodes[c]
+
+    def __iter__(self) -> "RankLoader":
+        return self
+
+    def __next__(self) -> Dict[str, Any]:
+        if not self.nodes:
+            self._open()
+        node = min(self.nodes.values(), key=lambda n: (n.micro_batches, n.dp_rank))
+        return next(node)
+
+    def close(self) -> None:
+        for node in reversed(list(self.nodes.values())):  # the mixture's owner last
+            node.close()
+
+    def state_dict(self) -> Dict[str, Any]:
+        if not self.nodes:
+            self._open()
+        return {"order": self.ORDER, "canonical_nodes": self.canonical_nodes,
+                "nodes": [self.nodes[c].state_dict() for c in self.owned]}
+
+    def load_state_dict(self, state: Dict[str, Any]) -> None:
+        """`state`: this rank's own saved state, or the states of several ranks merged by
+        `merge_rank_states` (a run continued at another size); a state saved before the
+        order had canonical nodes is the one node of its rank."""
+        nodes = state["nodes"] if state.get("order") == self.ORDER else [state]
+        saved = {int(n["dp_rank"]): n for n in nodes}
+        total = int(state.get("canonical_nodes") or nodes[0]["dp_size"])
+        if self.configured_nodes is not None and self.configured_nodes != total:
+            raise ValueError(f"data.canonical_nodes={self.configured_nodes}, but this run's sample order was "
+                             f"fixed at {total} canonical nodes at its first start; unset data.canonical_nodes or "
+                             f"set it to {total}")
+        check_canonical_nodes(total, self.dp_size, continued=True)
+        missing = [c for c in range(self.dp_rank, total, self.dp_size) if c not in saved]
+        if missing:
+            raise ValueError(f"the checkpoint's data state has no position for canonical node(s) {missing} of "
+                             f"{total} (it holds {sorted(saved)}): its rank_state files are incomplete")
+        if total != self.canonical_nodes or not self.nodes:
+            self.close()
+            self.nodes, self.canonical_nodes = {}, total
+            self._open()
+        for c in self.owned:
+            self.nodes[c].load_state_dict(saved[c])
+
+    def bad_samples(self) -> Dict[str, int]:
+        return dict(sum((Counter(n.bad_samples()) for n in self.nodes.values()), Counter()))
+
+    def sample_counts(self) -> Dict[str, int]:
+        return dict(sum((Counter(n.sample_counts()) for n in self.nodes.values()), Counter()))
+
+
+def check_canonical_nodes(canonical_nodes: int, dp_size: int, continued: bool = False) -> None:
+    if canonical_nodes < 1 or canonical_nodes % dp_size:
+        sizes = [d for d in range(1, canonical_nodes + 1) if canonical_nodes % d == 0]
+        fixed = "was fixed at its first start" if continued else "is data.canonical_nodes"
+        raise ValueError(f"data-parallel size {dp_size} does not divide the run's {canonical_nodes} canonical nodes "
+                         f"(its sample order {fixed}); data-parallel sizes that continue it: "
+                         f"{', '.join(map(str, sizes))}")
+
+
+def merge_rank_states(states: Sequence[Dict[str, Any]]) -> Dict[str, Any]:
+    """The data states of every rank of a checkpoint as one state holding every canonical
+    node's position, for a run continued at another data-parallel size. Ranks of one
+    data-parallel group (TP, PP, CP peers) hold the same nodes in the same state."""
+    nodes: Dict[int, Dict[str, Any]] = {}
+    total = None
+    for state in states:
+        own = state["nodes"] if state.get("order") == RankLoader.ORDER else [state]
+        total = state.get("canonical_nodes") or own[0]["dp_size"]
+        for node in own:
+            nodes.setdefault(int(node["dp_rank"]), node)
+    return {"order": RankLoader.ORDER, "canonical_nodes": total, "nodes": [nodes[c] for c in sorted(nodes)]}
 
 
 def build_train_loader(data_cfg, encoder_cfg, adapter_cfg, micro_batch_size: int, dp_rank: int = 0,

@@ -101,3 +101,8 @@ class DataConfig:
     # and tokenize ahead of the step; 0: all of it in the training process, between steps.
     num_workers: int = 0
     seed: int = 17
+    # Mosaic canonical nodes of the training order: the run can continue at any
+    # data-parallel size that divides this number, reading on from every node's own
+    # position. Fixed at the run's first start and kept in its checkpoints. None: the
+    # data-parallel size at the first start (e.g. 12 continues at 1, 2, 3, 4, 6 and 12).
+    canonical_nodes: Optional[int] = None

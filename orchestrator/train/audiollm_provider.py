@@ -297,6 +297,11 @@ class LoaderBatches:
     def load_state_dict(self, state: dict) -> None:
         self.loader.load_state_dict(state)
 
+    def merge_states(self, states: list) -> dict:
+        from orchestrator.data.loader import merge_rank_states
+
+        return merge_rank_states(states)
+
     def sample_counts(self) -> dict:
         return self.loader.sample_counts()
 
@@ -376,6 +381,9 @@ class ContextParallelBatches:
     def load_state_dict(self, state: dict) -> None:
         self.source.load_state_dict(state)
 
+    def merge_states(self, states: list) -> dict:
+        return self.source.merge_states(states)
+
     def sample_counts(self) -> dict:
         return self.source.sample_counts()
 
@@ -392,13 +400,14 @@ def for_context_parallel(source, parallel_cfg):
 def build_audiollm_components(plan, dp_rank: int, dp_size: int):
     """Components for an AudioLLM plan: the provider, the train loader of this DP rank and
     (when data.validation lists datasets) the validation source."""
-    from orchestrator.data.loader import build_train_loader, build_validation_loaders
+    from orchestrator.data.loader import RankLoader, build_validation_loaders
     from orchestrator.train.loop import Components
 
     cfg = audiollm_config(plan)
     mbs = plan.micro_batch_size
     provider = AudioLLMProvider.from_config(cfg)
-    train = build_train_loader(cfg.data, cfg.model.encoder, cfg.model.adapter, mbs, dp_rank, dp_size, cfg.data.seed)
+    train = RankLoader(cfg.data, cfg.model.encoder, cfg.model.adapter, mbs, dp_rank, dp_size, cfg.data.seed,
+                       cfg.data.canonical_nodes)
     train_source = LoaderBatches(train)
     val = generation = None
     if cfg.data.validation:

@@ -50,6 +50,25 @@ log = logging.getLogger(__name__)
 # megatron-core 0.16.1: the default fully_sharded_model_space layout fails on load
 # ("ShardedTensor.flattened_range is not supported"); dp_reshardable works.
 _SHARDING_METADATA = {"distrib_optim_sharding_type": "dp_reshardable"}
+def saved_optimizer_format(path: Path) -> Optional[str]:
+    """The distributed optimizer's layout in the checkpoint at `path` (None: no
+    distributed optimizer state): dp_reshardable for every checkpoint this project
+    writes. (megatron-core 0.16.1's fully_reshardable layout, which reshards over TP and PP
+    too, does not load into torch's AdamW, the optimizer without apex or
+    TransformerEngine: its per-parameter 'step' has no source.)"""
+    from megatron.core import dist_checkpointing
+
+    def find(node):
+        if isinstance(node, dict):
+            if "param_state_sharding_type" in node:
+                return node["param_state_sharding_type"]
+            for value in node.values():
+                found = find(value)
+                if found:
+                    return found
+        return None
+
+    return find(dist_checkpointing.load_common_state_dict(str(path)).get("optimizer"))
 
 
 def checkpoints_dir(run_dir: str | Path) -> Path:
@@ -186,8 +205,8 @@ def _save(root: Path, name: str, step: int, chunks: Sequence, optimizer, schedul
     if rank == 0:
         rank_dir.mkdir(exist_ok=True)
     dist.barrier()
-    torch.save({"rng": _rng_state(), "data": batch_source.state_dict(), "world_size": dist.get_world_size()},
-               rank_dir / f"rank_{rank:05d}.pt")
+    torch.save({"rng": _rng_state(), "data": batch_source.state_dict(), "world_size": dist.get_world_size(),
+                "layout": parallel_layout()}, rank_dir / f"rank_{rank:05d}.pt")
     dist.barrier()
     _write_manifest(tmp)
     if rank == 0:
@@ -292,10 +311,25 @@ def _prime_distributed_optimizer(chunks: Sequence, optimizer) -> None:
 
 
 def load_checkpoint(path: Path, chunks: Sequence, optimizer, scheduler, batch_source) -> dict:
-    """Restore everything save_checkpoint wrote. Returns {'step', 'wandb_run_id'}."""
+    """Restore everything save_checkpoint wrote, also into a job at another parallel
+    layout (weights and optimizer state resharded by dist_checkpointing, the data state
+    merged from every rank's). Returns {'step', 'wandb_run_id'}."""
     from megatron.core import dist_checkpointing
 
-    if getattr(optimizer.config, "use_distributed_optimizer", False):
+    rank_dir = path / "rank_state"
+    own = rank_dir / f"rank_{dist.get_rank():05d}.pt"
+    state = torch.load(own, weights_only=False) if own.exists() else None
+    saved_layout = (state or torch.load(rank_dir / "rank_00000.pt", weights_only=False)).get("layout")
+    layout = parallel_layout()
+    # Files written before the layout was recorded: the world size stands for it.
+    same_layout = state is not None and state["world_size"] == dist.get_world_size() and \
+        (saved_layout or layout) == layout
+    distributed = getattr(optimizer.config, "use_distributed_optimizer", False)
+    saved_format = saved_optimizer_format(path) if distributed else None
+    problem = optimizer_reshard_problem(saved_format, saved_layout, layout)
+    if problem:
+        raise ValueError(f"{path}: {problem}")
+    if distributed:
         _prime_distributed_optimizer(chunks, optimizer)
     model_sd = _model_sharded_state_dict(chunks)
     request = dict(model_sd)
@@ -307,17 +341,52 @@ def load_checkpoint(path: Path, chunks: Sequence, optimizer, scheduler, batch_so
     with torch.no_grad():
         optimizer.load_state_dict(loaded["optimizer"])
     scheduler.load_state_dict(loaded["scheduler"])
-    rank = dist.get_rank()
-    own = path / "rank_state" / f"rank_{rank:05d}.pt"
-    state = torch.load(own, weights_only=False) if own.exists() else {"world_size": None}
-    if state["world_size"] == dist.get_world_size():
+    if same_layout:
         _set_rng_state(state["rng"])
+        data = state["data"]
     else:
-        log.warning("checkpoint was written by %d ranks, this job has %d: RNG states start fresh",
-                    state["world_size"], dist.get_world_size())
-        state = torch.load(path / "rank_state" / "rank_00000.pt", weights_only=False)
-    batch_source.load_state_dict(state["data"])
+        data = _merged_data_state(path, batch_source)
+        if dist.get_rank() == 0:
+            log.warning("continuing at another size: the checkpoint was written at %s, this job is %s; every rank "
+                        "reads on from its canonical nodes' positions, and RNG states start fresh",
+                        _layout_text(saved_layout), _layout_text(layout))
+    batch_source.load_state_dict(data)
     return {"step": int(loaded["step"]), "wandb_run_id": loaded.get("wandb_run_id")}
+
+
+def optimizer_reshard_problem(saved_format: Optional[str], saved: Optional[dict], now: dict) -> Optional[str]:
+    """Why a checkpoint's optimizer state cannot load at the layout `now`, or None."""
+    if saved_format != "dp_reshardable" or not saved or all(saved[k] == now[k] for k in ("tp", "pp", "cp")):
+        return None
+    return (f"its distributed-optimizer state was saved at {_layout_text(saved)} in megatron's dp_reshardable layout, "
+            f"which loads at another data-parallel size only, and this job is {_layout_text(now)}. Continue it at "
+            f"TP {saved['tp']} PP {saved['pp']} CP {saved['cp']} with any data-parallel size that divides the run's "
+            f"canonical nodes; runs without parallel.distributed_optimizer also continue at another TP, PP or CP")
+
+
+def parallel_layout() -> dict:
+    """This job's parallel sizes, kept with each rank's state: a rank's RNG and data state
+    are its own again only under the same layout."""
+    from megatron.core import parallel_state as ps
+
+    return {"tp": ps.get_tensor_model_parallel_world_size(), "pp": ps.get_pipeline_model_parallel_world_size(),
+            "cp": ps.get_context_parallel_world_size(), "dp": ps.get_data_parallel_world_size()}
+
+
+def _layout_text(layout: Optional[dict]) -> str:
+    return " ".join(f"{k.upper()} {v}" for k, v in layout.items()) if layout else "a layout not recorded"
+
+
+def _merged_data_state(path: Path, batch_source) -> dict:
+    """Every rank's data state of the checkpoint at `path` as one (`merge_states` of the
+    batch source; read once, by rank 0, and broadcast): each rank of a job at another
+    layout takes its own share from it."""
+    merged = [None]
+    if dist.get_rank() == 0:
+        files = sorted((path / "rank_state").glob("rank_*.pt"))
+        merged[0] = batch_source.merge_states([torch.load(f, weights_only=False)["data"] for f in files])
+    dist.broadcast_object_list(merged, src=0)
+    return merged[0]
 
 
 def load_model_weights(path: Path, chunks: Sequence, strict: bool = True) -> None:

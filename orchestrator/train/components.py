@@ -46,6 +46,10 @@ class BatchSource(Protocol):
 
     def load_state_dict(self, state: dict) -> None: ...
 
+    def merge_states(self, states: list) -> dict:
+        """The saved states of every rank of a checkpoint as one state that
+        load_state_dict takes on any rank of a job at another parallel layout."""
+
     def sample_counts(self) -> dict:
         """Counters of the samples read so far, as metric names (e.g. skipped bad
         samples per dataset); {} when there is nothing to count."""

@@ -6,7 +6,8 @@ from collections import Counter
 import pytest
 import torch
 
-from orchestrator.data.loader import BadSampleError, build_train_loader, build_validation_loaders
+from orchestrator.data.loader import (BadSampleError, RankLoader, build_train_loader, build_validation_loaders,
+                                      merge_rank_states)
 from orchestrator.data.sources import resolve_entries
 from orchestrator.schema.data import DatasetEntry
 
@@ -408,3 +409,54 @@ def test_skipping_stops_when_a_dataset_is_mostly_bad_and_names_it(tmp_path, toke
     resumed = build_train_loader(cfg, encoder_cfg, adapter_cfg, 2, seed=0)
     resumed.load_state_dict(state)
     assert resumed.bad.read == loader.bad.read and resumed.bad.counts == loader.bad.counts
+
+
+def _key(batch):
+    return tuple(batch["tokens"].flatten().tolist()), float(batch["audio_features"].double().sum())
+
+
+def test_a_run_continues_at_another_data_parallel_size_with_the_same_steps(three_datasets, tokenizer_dir,
+                                                                           encoder_cfg, adapter_cfg):
+    """Four canonical nodes; a global batch of 4 micro-batches. Three steps each at DP 4,
+    2, 1 and 4 again, each phase resumed from the merged states of the one before (as a
+    checkpoint's rank files are merged): every step reads the same micro-batches as a
+    straight DP-4 run (so no sample is lost or read twice), and DP 3 is refused with the
+    sizes that continue the run."""
+    cfg = data_config(_entries(three_datasets), tokenizer=str(tokenizer_dir), packing=False, packing_buffer=4)
+
+    def ranks(dp, nodes=4):
+        return [RankLoader(cfg, encoder_cfg, adapter_cfg, 1, r, dp, seed=1, canonical_nodes=nodes) for r in range(dp)]
+
+    def step(loaders):
+        per_rank = 4 // len(loaders)
+        return sorted(_key(next(loader)) for loader in loaders for _ in range(per_rank))
+
+    straight = ranks(4)
+    expected = [step(straight) for _ in range(12)]
+    # At DP = canonical nodes each rank is exactly its node: the order of a plain loader.
+    plain = build_train_loader(cfg, encoder_cfg, adapter_cfg, micro_batch_size=1, dp_rank=2, dp_size=4, seed=1)
+    again = RankLoader(cfg, encoder_cfg, adapter_cfg, 1, 2, 4, seed=1)
+    assert [_key(next(plain)) for _ in range(5)] == [_key(next(again)) for _ in range(5)]
+    for loader in [*straight, plain, again]:
+        loader.close()
+
+    got, states = [], None
+    for dp in (4, 2, 1, 4):
+        loaders = ranks(dp)
+        if states is not None:
+            merged = merge_rank_states(states)
+            for loader in loaders:
+                loader.load_state_dict(merged)
+        got += [step(loaders) for _ in range(3)]
+        states = [loader.state_dict() for loader in loaders]
+        for loader in loaders:
+            loader.close()
+    assert got == expected
+
+    three = RankLoader(cfg, encoder_cfg, adapter_cfg, 1, 0, 3, seed=1)
+    with pytest.raises(ValueError, match="data-parallel size 3 does not divide the run's 4 canonical nodes.*"
+                                         "sizes that continue it: 1, 2, 4"):
+        three.load_state_dict(merge_rank_states(states))
+    with pytest.raises(ValueError, match="data.canonical_nodes=8, but this run's sample order was fixed at 4"):
+        RankLoader(cfg, encoder_cfg, adapter_cfg, 1, 0, 4, seed=1, canonical_nodes=8).load_state_dict(
+            merge_rank_states(states))

@@ -196,6 +196,9 @@ class SyntheticBatches:
         self.consumed_samples = int(state["consumed_samples"])
         self._microbatch_in_step = 0
 
+    def merge_states(self, states: list) -> dict:
+        return states[0]  # consumed_samples counts every data-parallel rank's samples
+
     def sample_counts(self) -> dict:
         return {}  # synthetic rows: nothing is skipped or truncated
 
