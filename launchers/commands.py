@@ -37,6 +37,8 @@ class PreparedRun:
     plan: dict
     run_dir: Path
     resumes: bool = False
+    # How the layout differs from the latest checkpoint's (checkpoint_dirs.layout_change).
+    continuation: str | None = None
 
     @property
     def launcher(self) -> dict:
@@ -80,7 +82,23 @@ def prepare(overrides: Sequence[str], run_dir: Path | None = None) -> tuple[Prep
         resumes = rd.check_resume(run_dir, container["run"]["resume"])
     except rd.RunDirError as exc:
         return None, [str(exc)]
-    return PreparedRun(list(overrides), cfg, container, plan, run_dir, resumes), []
+    continuation, problems = continuation_of(run_dir, plan) if resumes else (None, [])
+    if problems:
+        return None, problems
+    return PreparedRun(list(overrides), cfg, container, plan, run_dir, resumes, continuation), []
+
+
+def continuation_of(run_dir: Path, plan: dict) -> tuple[str | None, list[str]]:
+    """How this plan continues the run directory's latest checkpoint at another parallel
+    layout (None: the same layout, or a checkpoint that did not record its own), and why
+    it cannot, each naming the checkpoint."""
+    from orchestrator.checkpoint_dirs import layout_change, saved_layout
+
+    name, saved = saved_layout(run_dir)
+    if saved is None:
+        return None, []
+    line, problems = layout_change(saved, plan)
+    return (f"{name} {line}" if line else None), [f"{run_dir / 'checkpoints' / name}: {p}" for p in problems]
 
 
 def _config_yaml(run: PreparedRun) -> str:
@@ -104,7 +122,8 @@ def dry_run_text(run: PreparedRun, array_size: int | None = None) -> str:
 
     launcher = run.launcher
     parts = [
-        f"# dry run: nothing written, nothing submitted\n# run directory: {run.run_dir}",
+        f"# dry run: nothing written, nothing submitted\n# run directory: {run.run_dir}"
+        + (f"\n# {run.continuation}" if run.continuation else ""),
         "# composed config (config.yaml)\n" + _config_yaml(run),
         # The plan's copy of the config is left out: it is printed just above.
         "# plan (plan.json)\n" + json.dumps({k: v for k, v in run.plan.items() if k != "config"}, indent=2, default=str),
@@ -394,6 +413,8 @@ def train(overrides: Sequence[str], multirun: bool = False) -> int:
                        f"directory"], header="not submitted")
         return EXIT_INVALID
     verb = "resuming" if run.resumes else "starting"
+    if run.continuation:
+        print(run.continuation)
     if launcher["kind"] == "slurm":
         print(f"{verb} run {run.run_dir}\nsubmitted SLURM job {job.job_id} "
               f"({launcher['nodes']} node(s) x {launcher['gpus_per_node']} tasks)\n{_follow_hint(run.run_dir)}")

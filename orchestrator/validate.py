@@ -247,6 +247,24 @@ def check_batch(parallel: ParallelConfig, launcher: LauncherConfig, optim: Optim
         )
 
 
+def canonical_nodes_problem(nodes: int, dp: int, fixed: bool, configured: int | None = None) -> str | None:
+    """Why data-parallel size `dp` cannot read a training order of `nodes` canonical nodes
+    (fixed: by the run's first start, where data.canonical_nodes, `configured`, must
+    agree; else set by data.canonical_nodes), or None."""
+    if fixed and configured is not None and configured != nodes:
+        return (f"data.canonical_nodes={configured}, but this run's sample order was fixed at {nodes} canonical nodes "
+                f"at its first start; unset data.canonical_nodes or set it to {nodes}")
+    if nodes >= 1 and dp >= 1 and nodes % dp == 0:
+        return None
+    sizes = [d for d in range(1, nodes + 1) if nodes % d == 0]
+    if fixed:
+        return (f"data-parallel size {dp} does not divide the run's {nodes} canonical nodes (its sample order was "
+                f"fixed at its first start); data-parallel sizes that continue it: {', '.join(map(str, sizes))}")
+    return (f"data.canonical_nodes ({nodes}) is not a multiple of the data-parallel size ({dp}): each data-parallel "
+            f"rank reads a whole number of canonical nodes; use a multiple of {dp}, or a data-parallel size among "
+            f"{sizes}")
+
+
 def check_canonical_nodes(parallel: ParallelConfig, launcher: LauncherConfig, data: DataConfig,
                           optim: OptimConfig) -> Iterator[Finding]:
     nodes = data.canonical_nodes
@@ -256,13 +274,9 @@ def check_canonical_nodes(parallel: ParallelConfig, launcher: LauncherConfig, da
     if nodes < 1 or world < 1 or mp < 1 or world % mp:
         yield from _positive("canonical_nodes", **{"data.canonical_nodes": nodes})
         return
-    dp = world // mp
-    if nodes % dp:
-        sizes = [d for d in range(1, nodes + 1) if nodes % d == 0]
-        yield _error("canonical_nodes",
-                     f"data.canonical_nodes ({nodes}) is not a multiple of the data-parallel size ({dp}): each "
-                     f"data-parallel rank reads a whole number of canonical nodes; use a multiple of {dp}, or "
-                     f"a data-parallel size among {sizes}")
+    problem = canonical_nodes_problem(nodes, world // mp, fixed=False)
+    if problem:
+        yield _error("canonical_nodes", problem)
     elif optim.micro_batch_size > 0 and optim.global_batch_size % (optim.micro_batch_size * nodes):
         yield _warning("canonical_nodes",
                        f"optim.global_batch_size ({optim.global_batch_size}) is not a multiple of "

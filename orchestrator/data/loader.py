@@ -557,7 +557,7 @@ class RankLoader:
         self.dp_rank, self.dp_size = dp_rank, dp_size
         self.configured_nodes = canonical_nodes
         self.canonical_nodes = int(canonical_nodes or dp_size)
-        check_canonical_nodes(self.canonical_nodes, dp_size)
+        check_canonical_nodes(self.canonical_nodes, dp_size, fixed=False)
         self.nodes: Dict[int, TrainLoader] = {}  # opened on first use or by load_state_dict
         self.names = sources.stream_names(sources.resolve_entries(data_cfg.train))
 
@@ -603,11 +603,7 @@ class RankLoader:
         nodes = state["nodes"] if state.get("order") == self.ORDER else [state]
         saved = {int(n["dp_rank"]): n for n in nodes}
         total = int(state.get("canonical_nodes") or nodes[0]["dp_size"])
-        if self.configured_nodes is not None and self.configured_nodes != total:
-            raise ValueError(f"data.canonical_nodes={self.configured_nodes}, but this run's sample order was "
-                             f"fixed at {total} canonical nodes at its first start; unset data.canonical_nodes or "
-                             f"set it to {total}")
-        check_canonical_nodes(total, self.dp_size, continued=True)
+        check_canonical_nodes(total, self.dp_size, configured=self.configured_nodes)
         missing = [c for c in range(self.dp_rank, total, self.dp_size) if c not in saved]
         if missing:
             raise ValueError(f"the checkpoint's data state has no position for canonical node(s) {missing} of "
@@ -626,13 +622,13 @@ class RankLoader:
         return dict(sum((Counter(n.sample_counts()) for n in self.nodes.values()), Counter()))
 
 
-def check_canonical_nodes(canonical_nodes: int, dp_size: int, continued: bool = False) -> None:
-    if canonical_nodes < 1 or canonical_nodes % dp_size:
-        sizes = [d for d in range(1, canonical_nodes + 1) if canonical_nodes % d == 0]
-        fixed = "was fixed at its first start" if continued else "is data.canonical_nodes"
-        raise ValueError(f"data-parallel size {dp_size} does not divide the run's {canonical_nodes} canonical nodes "
-                         f"(its sample order {fixed}); data-parallel sizes that continue it: "
-                         f"{', '.join(map(str, sizes))}")
+def check_canonical_nodes(canonical_nodes: int, dp_size: int, fixed: bool = True,
+                          configured: Optional[int] = None) -> None:
+    from orchestrator.validate import canonical_nodes_problem
+
+    problem = canonical_nodes_problem(canonical_nodes, dp_size, fixed, configured)
+    if problem:
+        raise ValueError(problem)
 
 
 def merge_rank_states(states: Sequence[Dict[str, Any]]) -> Dict[str, Any]:

@@ -41,7 +41,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from orchestrator.checkpoint_dirs import (MANIFEST, checkpoint_files, file_record, is_dist_checkpoint, manifest_problem,
+from orchestrator.checkpoint_dirs import (LAYOUT, MANIFEST, checkpoint_files, file_record, is_dist_checkpoint, manifest_problem,
                                          read_manifest, set_aside_dirs, step_dirs, without_manifest)
 from orchestrator.convert.dist_format import use_in_process_results_queue
 
@@ -205,8 +205,15 @@ def _save(root: Path, name: str, step: int, chunks: Sequence, optimizer, schedul
     if rank == 0:
         rank_dir.mkdir(exist_ok=True)
     dist.barrier()
-    torch.save({"rng": _rng_state(), "data": batch_source.state_dict(), "world_size": dist.get_world_size(),
-                "layout": parallel_layout()}, rank_dir / f"rank_{rank:05d}.pt")
+    data, layout = batch_source.state_dict(), parallel_layout()
+    torch.save({"rng": _rng_state(), "data": data, "world_size": dist.get_world_size(), "layout": layout},
+               rank_dir / f"rank_{rank:05d}.pt")
+    if rank == 0:  # what the planning side reads to show (or refuse) a change of size
+        distributed = getattr(optimizer.config, "use_distributed_optimizer", False)
+        (tmp / LAYOUT).write_text(json.dumps({**layout, "world_size": dist.get_world_size(),
+                                              "canonical_nodes": data.get("canonical_nodes"),
+                                              "optimizer": _SHARDING_METADATA["distrib_optim_sharding_type"]
+                                              if distributed else None}) + "\n")
     dist.barrier()
     _write_manifest(tmp)
     if rank == 0:

@@ -457,6 +457,6 @@ def test_a_run_continues_at_another_data_parallel_size_with_the_same_steps(three
     with pytest.raises(ValueError, match="data-parallel size 3 does not divide the run's 4 canonical nodes.*"
                                          "sizes that continue it: 1, 2, 4"):
         three.load_state_dict(merge_rank_states(states))
-    with pytest.raises(ValueError, match="data.canonical_nodes=8, but this run's sample order was fixed at 4"):
+    with pytest.raises(ValueError, match="data.canonical_nodes=8, but this run.s sample order was fixed at 4"):
         RankLoader(cfg, encoder_cfg, adapter_cfg, 1, 0, 4, seed=1, canonical_nodes=8).load_state_dict(
             merge_rank_states(states))

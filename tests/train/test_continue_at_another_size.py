@@ -7,11 +7,13 @@ is lost or read twice, and the losses agree to fp32 reduction order."""
 
 from __future__ import annotations
 
+import json
 from collections import Counter
 from pathlib import Path
 
 import pytest
 
+from launchers.commands import continuation_of
 from tests.train.audiollm_runs import make_corpus, write_audiollm_run_dir
 from tests.train.jobs import launch, metrics, result
 
@@ -38,13 +40,20 @@ def test_a_run_continues_at_another_data_parallel_and_tensor_parallel_size(tmp_p
 
     (tmp_path / "reads_continued").mkdir()
     env = {"TEST_CONSUMED_DIR": str(tmp_path / "reads_continued")}
-    outputs = []
+    outputs, told = [], []
     for end, tp, dp in ((PHASE, 1, 2), (2 * PHASE, 2, 1), (ITERS, 1, 2)):
         _plan(continued_dir, corpus, tp=tp, dp=dp)
+        # What `audiollm train` prints before it submits (the checkpoint's layout.json).
+        told.append(continuation_of(continued_dir, json.loads((continued_dir / "plan.json").read_text())))
         args = ("kill", str(continued_dir), str(end)) if end < ITERS else ("train", str(continued_dir))
         outputs.append(launch("job_script.py", tp * dp, *args, log_dir=tmp_path, env=env,
                               expect_rc=17 if end < ITERS else 0))
     assert "continuing at another size" in outputs[1] and "continuing at another size" in outputs[2]
+    assert told == [(None, []),
+                    ("step_000004 continues at another size: TP 1 PP 1 CP 1 DP 2 -> TP 2 PP 1 CP 1 DP 1; each "
+                     "data-parallel rank reads 2 of its 2 canonical nodes", []),
+                    ("step_000008 continues at another size: TP 2 PP 1 CP 1 DP 1 -> TP 1 PP 1 CP 1 DP 2; each "
+                     "data-parallel rank reads 1 of its 2 canonical nodes", [])]
     rows = metrics(continued_dir)
     assert [m["step"] for m in rows] == list(range(1, ITERS + 1))
     continued = [m["loss"] for m in rows]
@@ -63,6 +72,7 @@ def test_a_run_continues_at_another_data_parallel_and_tensor_parallel_size(tmp_p
 
 
 def test_a_distributed_optimizer_checkpoint_continues_at_another_data_parallel_size_only():
+    from orchestrator.checkpoint_dirs import layout_change
     from orchestrator.train.checkpoint import optimizer_reshard_problem
 
     saved = {"tp": 1, "pp": 2, "cp": 1, "dp": 4}
@@ -71,6 +81,23 @@ def test_a_distributed_optimizer_checkpoint_continues_at_another_data_parallel_s
     problem = optimizer_reshard_problem("dp_reshardable", saved, {**saved, "tp": 2, "dp": 2})
     assert "saved at TP 1 PP 2 CP 1 DP 4" in problem and "this job is TP 2 PP 2 CP 1 DP 2" in problem
     assert "Continue it at TP 1 PP 2 CP 1 with any data-parallel size" in problem
+
+    # Refused before submission (the planning side reads the checkpoint's layout.json).
+    def plan(nodes=None, **sizes):
+        return {**saved, **sizes, "config": {"data": {"canonical_nodes": nodes}}}
+
+    written = {**saved, "canonical_nodes": 4, "optimizer": "dp_reshardable"}
+    assert layout_change(written, plan()) == (None, [])
+    line, problems = layout_change(written, plan(tp=2, dp=2))
+    assert line == "continues at another size: TP 1 PP 2 CP 1 DP 4 -> TP 2 PP 2 CP 1 DP 2"
+    assert problems == ["the checkpoint's distributed-optimizer state (megatron's dp_reshardable layout) loads at "
+                        "another data-parallel size only: keep TP 1 PP 2 CP 1 (runs without "
+                        "parallel.distributed_optimizer also change TP, PP and CP)"]
+    _, problems = layout_change({**written, "optimizer": None}, plan(dp=3))
+    assert problems == ["data-parallel size 3 does not divide the run's 4 canonical nodes (its sample order was "
+                        "fixed at its first start); data-parallel sizes that continue it: 1, 2, 4"]
+    _, problems = layout_change(written, plan(nodes=8, dp=2))
+    assert problems and "data.canonical_nodes=8, but this run's sample order was fixed at 4" in problems[0]
 
 
 def test_canonical_nodes_must_be_a_multiple_of_the_data_parallel_size():
