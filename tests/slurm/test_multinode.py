@@ -179,6 +179,62 @@ def test_a_dead_node_is_replaced_and_the_job_resumes_with_the_same_losses(tp2_re
               f"(resumed from step {resumed[-1]})")
 
 
+RECORDING_ENTRY = "launcher.entry=tests.train.consumed.main"  # the job's entry, logging the samples it trains on
+
+
+def _not_active(run_dir) -> bool:
+    try:
+        commands.ensure_not_active(run_dir)
+    except commands.RunActive:
+        return False
+    return True
+
+
+def test_a_two_node_run_continues_on_one_node_and_back_reading_every_sample_once(nodes_env, corpus, root, capsys):
+    """Data parallel on two nodes (one rank each), cancelled after step 6; continued on one
+    node at TP 2 (DP 1: its one data-parallel rank reads both canonical nodes), cancelled
+    after step 14; continued on two nodes again to the end. Against the same DP-2 run
+    straight on this machine: every step trains on the same samples (so none of the
+    epoch is lost or read twice), the steps before the first change bit for bit, the rest
+    within fp32 reduction order (tests/train/test_continue_at_another_size.py says why 1e-3)."""
+    straight_dir, run_dir = root / "tiny_cpu" / "dp2_straight", root / "tiny_cpu" / "dp2_elastic"
+    said = []
+    for nodes, layout, stop_after in ((2, [], 6), (1, ["launcher.gpus_per_node=2", "parallel.tp=2"], 14),
+                                      (2, [], None)):
+        capsys.readouterr()
+        assert commands.train(_on_nodes(root, corpus, "dp2_elastic", [f"launcher.nodes={nodes}"], RECORDING_ENTRY,
+                                        *layout)) == 0
+        said.append(capsys.readouterr().out)
+        if stop_after is None:
+            break
+        if not (straight_dir / "plan.json").exists():  # the reference, beside the first phase
+            local = [o for o in _on_one_machine(root, corpus, "dp2_straight", ["launcher.nodes=2"])
+                     if o != "launcher.wait=true"]
+            assert commands.train([*local, "launcher.wait=false", RECORDING_ENTRY]) == 0
+        wait_for_step(run_dir, stop_after, timeout=JOB_TIMEOUT)
+        assert commands.cancel(run_dir) == 0
+        wait_until(lambda: _not_active(run_dir), JOB_TIMEOUT, "the cancelled job to end", [run_dir])
+    assert wait_for_end(run_dir, timeout=JOB_TIMEOUT)["state"] == "COMPLETED"
+    assert wait_for_end(straight_dir, timeout=JOB_TIMEOUT)["state"] == "COMPLETED"
+    assert "continues at another size: TP 1 PP 1 CP 1 DP 2 -> TP 2 PP 1 CP 1 DP 1" in said[1], said[1]
+    assert "continues at another size: TP 2 PP 1 CP 1 DP 1 -> TP 1 PP 1 CP 1 DP 2" in said[2], said[2]
+    log = (run_dir / "logs" / "rank0.log").read_text()
+    resumed = [int(step) for step in re.findall(r"resumed from \S+ at step (\d+)", log)]
+    assert len(resumed) == 2 and resumed[0] >= 6 and resumed[1] >= 14, log[-3000:]
+    assert log.count("continuing at another size") == 2
+    from tests.train.consumed import consumed
+
+    assert consumed(run_dir / "consumed") == consumed(straight_dir / "consumed")
+    straight, continued = losses(straight_dir), losses(run_dir)
+    assert sorted(continued) == sorted(straight) == list(range(1, ITERS + 1))
+    assert [continued[s] for s in range(1, resumed[0] + 1)] == [straight[s] for s in range(1, resumed[0] + 1)]
+    worst = max(abs(continued[s] / straight[s] - 1) for s in straight)
+    assert worst <= 1e-3, (continued, straight)
+    with capsys.disabled():
+        print(f"\nmeasured: DP 2 on 2 nodes -> TP 2 on 1 node (from step {resumed[0]}) -> DP 2 on 2 nodes (from step "
+              f"{resumed[1]}): the same samples; losses within {worst:.1e} relative of the straight run")
+
+
 def _hosts_of_attempt(run_dir, attempt: int) -> list[str]:
     """Hosts of the ranks started by the given attempt (each attempt logs its ranks anew)."""
     hosts = []

@@ -26,6 +26,8 @@ def main() -> int:
     from tests.train import stand_in
 
     if os.environ.get("TEST_CONSUMED_DIR"):
+        from tests.train.consumed import record_consumed
+
         record_consumed(os.environ["TEST_CONSUMED_DIR"])
 
     plan = load_run_plan(run_dir)
@@ -92,26 +94,6 @@ def main() -> int:
         print("RESULT " + json.dumps(result), flush=True)
     shutdown()
     return 0
-
-
-def record_consumed(directory: str) -> None:
-    """Append the id of every sample the MDS loader hands to a micro-batch (after packing:
-    what the step trains on, not the look-ahead) to DIRECTORY/consumed_<rank>_<pid>, on
-    one rank of each data-parallel rank's group (its tensor-parallel peers read the same)."""
-    from megatron.core import parallel_state as ps
-
-    from orchestrator.data import loader
-
-    path = os.path.join(directory, f"consumed_{os.environ['RANK']}_{os.getpid()}")
-    collate = loader.collate
-
-    def recording(rows, *args, **kwargs):
-        if ps.get_tensor_model_parallel_rank() == 0:
-            with open(path, "a") as f:
-                f.write("".join(f"{ex.sample_id}\n" for row in rows for ex in row))
-        return collate(rows, *args, **kwargs)
-
-    loader.collate = recording
 
 
 if __name__ == "__main__":

@@ -8,20 +8,16 @@ is lost or read twice, and the losses agree to fp32 reduction order."""
 from __future__ import annotations
 
 import json
-from collections import Counter
 from pathlib import Path
 
 import pytest
 
 from launchers.commands import continuation_of
 from tests.train.audiollm_runs import make_corpus, write_audiollm_run_dir
+from tests.train.consumed import consumed
 from tests.train.jobs import launch, metrics, result
 
 ITERS, PHASE = 12, 4
-
-
-def _consumed(directory: Path) -> Counter:
-    return Counter(int(line) for f in directory.glob("consumed_*") for line in f.read_text().split())
 
 
 def _plan(run_dir: Path, corpus: Path, tp: int, dp: int) -> None:
@@ -59,7 +55,7 @@ def test_a_run_continues_at_another_data_parallel_and_tensor_parallel_size(tmp_p
     continued = [m["loss"] for m in rows]
     # The same samples, step for step (the kills came after a checkpoint, so nothing is
     # consumed twice by a replayed step): the multiset of the whole run is the straight one's.
-    assert _consumed(tmp_path / "reads_continued") == _consumed(tmp_path / "reads_straight")
+    assert consumed(tmp_path / "reads_continued") == consumed(tmp_path / "reads_straight")
     assert continued[:PHASE] == straight[:PHASE]  # the same layout: bit for bit
     print("step, straight, continued:", list(zip(range(1, ITERS + 1), straight, continued)))
     # After the change only the order of fp32 sums differs (TP splits the matmuls, DP 1
