@@ -30,6 +30,9 @@ class TrainConfig:
     eval_generation_batches: int = 0  # batches of optim.micro_batch_size per validation dataset; 0: all
     eval_generation_max_new_tokens: int = 48
     save_interval: int = 0  # 0: save only at the end and on preemption
+    # Also save once this many minutes of wall-clock time have passed since the last save
+    # (rank 0's clock; the SLURM recipes set 30): what a lost node costs. 0: off.
+    save_interval_minutes: float = 0
     keep_last: int = 2  # checkpoints kept
     seed: int = 1234
 

@@ -35,6 +35,7 @@ from orchestrator.train.lora import apply_lora
 from orchestrator.train.metrics import (LossStats, MetricsWriter, eval_line, memory_gib, peak_flops, plot_loss_curve,
                                         progress_line, run_summary, throughput)
 from orchestrator.train.run_plan import RunPlan
+from orchestrator.train.save_clock import SaveClock
 from orchestrator.step_flops import parameter_pattern
 
 log = logging.getLogger(__name__)
@@ -371,6 +372,7 @@ class Trainer:
             writer = MetricsWriter(self.plan.run_dir, self.plan.section("logger"), self.plan.section("run"),
                                    self.run_id, self.step, config_for_wandb={**self.plan.config, "plan": layout})
         save_interval = int(self.train_cfg.get("save_interval", 0))
+        clock = SaveClock(self.train_cfg.get("save_interval_minutes", 0), self.rank)
         eval_interval = int(self.train_cfg.get("eval_interval", 0))
         log_interval = max(int(self.train_cfg.get("log_interval", 1)), 1)
         history = []
@@ -395,9 +397,10 @@ class Trainer:
                     evaluated = eval_line(self.step, metrics)
                     if evaluated:
                         print(evaluated, flush=True)
-                saved = (save_interval and self.step % save_interval == 0) or last
+                saved = clock.due() or (save_interval and self.step % save_interval == 0) or last
                 if saved:
                     self.save()
+                    clock.saved()
                 for callback in self.callbacks:
                     callback(self, self.step)
                 # The launcher's stop request (preemption, time limit, cancel): a

@@ -177,12 +177,16 @@ def test_pp2_1f1b_with_full_recompute_trains(tmp_path):
 def test_interleaved_pp2_vpp2_stop_request_and_exact_resume(tmp_path):
     """PP=2 with two virtual stages per rank (interleaved 1F1B). The launcher's stop
     request (SIGTERM on one rank) at step 4 checkpoints and stops every rank after
-    step 4; the next attempt resumes and reproduces an uninterrupted run exactly."""
+    step 4; the next attempt resumes and reproduces an uninterrupted run exactly (which
+    saved after every step on the wall clock)."""
     common = dict(pp=2, vpp=2, num_layers=4, iters=8, num_microbatches=4, lr=3e-3, warmup=0)
-    straight = write_run_dir(tmp_path / "straight", **common)
+    # The straight run also saves on a wall-clock interval short enough to be due after
+    # every step (train.save_interval_minutes): the last two steps are kept.
+    straight = write_run_dir(tmp_path / "straight", save_interval_minutes=1e-9, **common)
     stopped = write_run_dir(tmp_path / "stopped", **common)
     losses = result(launch("job_script.py", 2, "train", str(straight), log_dir=tmp_path))["losses"]
     print("pp2 vpp2 losses:", losses)
+    assert sorted(p.name for p in (straight / "checkpoints").glob("step_*")) == ["step_000007", "step_000008"]
     assert sum(losses[-3:]) / 3 < sum(losses[:3]) / 3 - 0.05, losses
     assert result(launch("job_script.py", 2, "stop", str(stopped), "4", log_dir=tmp_path))["losses"] == losses[:4]
     assert (stopped / "checkpoints" / "latest").read_text().strip() == "step_000004"
