@@ -558,8 +558,9 @@ class RankLoader:
         self.configured_nodes = canonical_nodes
         self.canonical_nodes = int(canonical_nodes or dp_size)
         check_canonical_nodes(self.canonical_nodes, dp_size, fixed=False)
-        self.nodes: Dict[int, TrainLoader] = {}  # opened on first use or by load_state_dict
-        self.names = sources.stream_names(sources.resolve_entries(data_cfg.train))
+        self.nodes: Dict[int, TrainLoader] = {}
+        self._open()  # again by load_state_dict where the run's order has other canonical nodes
+        self.names = self.nodes[self.owned[0]].names
 
     @property
     def owned(self) -> List[int]:
@@ -581,8 +582,6 @@ class RankLoader:
         return self
 
     def __next__(self) -> Dict[str, Any]:
-        if not self.nodes:
-            self._open()
         node = min(self.nodes.values(), key=lambda n: (n.micro_batches, n.dp_rank))
         return next(node)
 
@@ -591,8 +590,6 @@ class RankLoader:
             node.close()
 
     def state_dict(self) -> Dict[str, Any]:
-        if not self.nodes:
-            self._open()
         return {"order": self.ORDER, "canonical_nodes": self.canonical_nodes,
                 "nodes": [self.nodes[c].state_dict() for c in self.owned]}
 
@@ -608,15 +605,12 @@ class RankLoader:
         if missing:
             raise ValueError(f"the checkpoint's data state has no position for canonical node(s) {missing} of "
                              f"{total} (it holds {sorted(saved)}): its rank_state files are incomplete")
-        if total != self.canonical_nodes or not self.nodes:
+        if total != self.canonical_nodes:
             self.close()
             self.nodes, self.canonical_nodes = {}, total
             self._open()
         for c in self.owned:
             self.nodes[c].load_state_dict(saved[c])
-
-    def bad_samples(self) -> Dict[str, int]:
-        return dict(sum((Counter(n.bad_samples()) for n in self.nodes.values()), Counter()))
 
     def sample_counts(self) -> Dict[str, int]:
         return dict(sum((Counter(n.sample_counts()) for n in self.nodes.values()), Counter()))
