@@ -277,11 +277,22 @@ class MetricsWriter:
             # Wall-clock time of the row, for timings across restarts (submit -> first step, ...).
             f.write(json.dumps({"step": step, "time": round(time.time(), 3), **metrics}) + "\n")
         if self.wandb is not None:
-            self.wandb.log(metrics, step=step)
+            self._to_wandb(lambda: self.wandb.log(metrics, step=step), f"step {step}")
 
     def finish(self, exit_code: int = 0) -> None:
         if self.wandb is not None:
-            self.wandb.finish(exit_code=exit_code)
+            self._to_wandb(lambda: self.wandb.finish(exit_code=exit_code), "the run's end")
+            self.wandb = None
+
+    def _to_wandb(self, call, what: str) -> None:
+        """W&B is a copy of metrics.jsonl: where its service is gone (a job's processes all
+        get SLURM's SIGTERM on `scancel`, wandb's service too), the run goes on to its
+        checkpoint without it."""
+        try:
+            call()
+        except Exception as exc:  # noqa: BLE001 - any failure of the side channel
+            log.warning("W&B stopped at %s (%s: %s); metrics.jsonl has every row, and the next attempt logs to the "
+                        "same W&B run", what, type(exc).__name__, exc)
             self.wandb = None
 
 

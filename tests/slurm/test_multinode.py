@@ -180,6 +180,9 @@ def test_a_dead_node_is_replaced_and_the_job_resumes_with_the_same_losses(tp2_re
 
 
 RECORDING_ENTRY = "launcher.entry=tests.train.consumed.main"  # the job's entry, logging the samples it trains on
+# The auxiliary CTC loss amplifies the reduction-order differences between TP 2 and DP 2
+# about tenfold in one step (9e-5 against 7e-6 relative): the bounds below are set without it.
+NO_CTC = "model.adapter.ctc_weight=0"
 
 
 def _not_active(run_dir) -> bool:
@@ -196,24 +199,30 @@ def test_a_two_node_run_continues_on_one_node_and_back_reading_every_sample_once
     after step 14; continued on two nodes again to the end. Against the same DP-2 run
     straight on this machine: every step trains on the same samples (so none of the
     epoch is lost or read twice), the steps before the first change bit for bit, the rest
-    within fp32 reduction order (tests/train/test_continue_at_another_size.py says why 1e-3)."""
+    within fp32 reduction order."""
     straight_dir, run_dir = root / "tiny_cpu" / "dp2_straight", root / "tiny_cpu" / "dp2_elastic"
     said = []
     for nodes, layout, stop_after in ((2, [], 6), (1, ["launcher.gpus_per_node=2", "parallel.tp=2"], 14),
                                       (2, [], None)):
         capsys.readouterr()
         assert commands.train(_on_nodes(root, corpus, "dp2_elastic", [f"launcher.nodes={nodes}"], RECORDING_ENTRY,
-                                        *layout)) == 0
+                                        NO_CTC, *layout)) == 0
         said.append(capsys.readouterr().out)
+        launch = len(said) - 1  # the state.json of an earlier attempt says nothing of this one
+        wait_until(lambda: (read_json(run_dir / "state.json") or {}).get("launch") == launch, JOB_TIMEOUT,
+                   f"launch {launch} to start", [run_dir])
         if stop_after is None:
             break
         if not (straight_dir / "plan.json").exists():  # the reference, beside the first phase
-            local = [o for o in _on_one_machine(root, corpus, "dp2_straight", ["launcher.nodes=2"])
+            local = [o for o in _on_one_machine(root, corpus, "dp2_straight", ["launcher.nodes=2", NO_CTC])
                      if o != "launcher.wait=true"]
             assert commands.train([*local, "launcher.wait=false", RECORDING_ENTRY]) == 0
         wait_for_step(run_dir, stop_after, timeout=JOB_TIMEOUT)
         assert commands.cancel(run_dir) == 0
         wait_until(lambda: _not_active(run_dir), JOB_TIMEOUT, "the cancelled job to end", [run_dir])
+        # Stopped at a step boundary with a checkpoint (W&B's service, which SLURM's SIGTERM
+        # also ends, must not turn that into a failure).
+        assert read_json(run_dir / "state.json")["state"] == "PREEMPTED", read_json(run_dir / "state.json")
     assert wait_for_end(run_dir, timeout=JOB_TIMEOUT)["state"] == "COMPLETED"
     assert wait_for_end(straight_dir, timeout=JOB_TIMEOUT)["state"] == "COMPLETED"
     assert "continues at another size: TP 1 PP 1 CP 1 DP 2 -> TP 2 PP 1 CP 1 DP 1" in said[1], said[1]
@@ -228,11 +237,21 @@ def test_a_two_node_run_continues_on_one_node_and_back_reading_every_sample_once
     straight, continued = losses(straight_dir), losses(run_dir)
     assert sorted(continued) == sorted(straight) == list(range(1, ITERS + 1))
     assert [continued[s] for s in range(1, resumed[0] + 1)] == [straight[s] for s in range(1, resumed[0] + 1)]
-    worst = max(abs(continued[s] / straight[s] - 1) for s in straight)
-    assert worst <= 1e-3, (continued, straight)
+    rel = {s: abs(continued[s] / straight[s] - 1) for s in straight}
+    # After the first change only the order of fp32 sums differs (TP splits the matmuls,
+    # DP 1 accumulates both micro-batches where DP 2 all-reduces them), in the first step's
+    # loss (the weights carried over) and the second's (the Adam moments carried over):
+    # 7e-5 relative at most, measured here. Weights or Adam moments lost in the reshard
+    # move those two steps by 1e-2 or more: 3e-4 tells them apart. Adam, whose step does
+    # not shrink with the gradient, then grows the differences (2e-4 by the end here):
+    # 1e-2 for the run as a whole. (A lost or repeated sample is caught exactly, above.)
+    first_change = max(rel[resumed[0] + 1], rel[resumed[0] + 2])
+    assert first_change <= 3e-4, rel
+    assert max(rel.values()) <= 1e-2, rel
     with capsys.disabled():
         print(f"\nmeasured: DP 2 on 2 nodes -> TP 2 on 1 node (from step {resumed[0]}) -> DP 2 on 2 nodes (from step "
-              f"{resumed[1]}): the same samples; losses within {worst:.1e} relative of the straight run")
+              f"{resumed[1]}): the same samples; the two steps after the first change within {first_change:.1e}, "
+              f"the run within {max(rel.values()):.1e} relative of the straight run")
 
 
 def _hosts_of_attempt(run_dir, attempt: int) -> list[str]:

@@ -25,10 +25,6 @@ def main() -> int:
     entry.setup_logging(int(os.environ["RANK"]))
     from tests.train import stand_in
 
-    if os.environ.get("TEST_CONSUMED_DIR"):
-        from tests.train.consumed import record_consumed
-
-        record_consumed(os.environ["TEST_CONSUMED_DIR"])
 
     plan = load_run_plan(run_dir)
     factory = None  # from the plan's model: the AudioLLM's (entry's default) or the stand-in's

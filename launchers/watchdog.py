@@ -1,0 +1,163 @@
+"""No silent hang: a thread in every rank that notices when training stops progressing.
+
+A rank frozen (SIGSTOP, a hung driver) or stuck leaves its peers waiting inside a
+collective, and SLURM sees healthy nodes; without this the job would wait for the
+process group's own timeout (600 s) and then fail with nobody named.
+
+Every rank's watchdog thread writes RUN/heartbeats/rank<N>.json every BEAT_S seconds:
+`alive` (when the thread last ran: a frozen or dead process stops writing), and the
+training loop's last progress (`step`, `phase`, `progress_at`, from runtime.progress).
+A rank whose own progress has stalled past the bound decides that the job hangs:
+
+1. it writes every one of its threads' stacks into its log (faulthandler);
+2. it reads every rank's heartbeat and names the ranks that stopped: those whose
+   heartbeat went stale (frozen or dead), else those furthest behind;
+3. the lowest-numbered live rank that detected it records the cause (state.json and
+   logs/failure_rank<N>.json) and, on SLURM, requeues the job (`scontrol requeue`,
+   counted as a requeue): the next attempt resumes from the latest checkpoint. Off
+   SLURM it ends the job (frozen processes of this host are killed), and the same
+   command resumes it.
+
+The bound, per phase of the loop: `train.hang_timeout` seconds when set (> 0); otherwise
+max(HANG_FLOOR_S, 5 x the slowest step seen). Before the first step (model build,
+compilation, the first data) and while a checkpoint is written, STARTUP_S.
+"""
+
+from __future__ import annotations
+
+import faulthandler
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Callable, Optional
+
+from launchers import runtime
+
+BEAT_S = 2.0
+HANG_FLOOR_S = 120.0
+STARTUP_S = 1800.0
+STEP_MULTIPLE = 5
+STALE_BEATS = 4  # a heartbeat this many beats old: the process no longer runs
+
+
+def heartbeat_path(run_dir: Path, rank: int) -> Path:
+    return Path(run_dir) / "heartbeats" / f"rank{rank}.json"
+
+
+def hang_bound(phase: str, slowest_step: Optional[float], configured: float) -> float:
+    """Seconds without progress after which the job is declared hung."""
+    if phase in ("start", "save") or slowest_step is None:
+        return max(STARTUP_S, configured)
+    if configured > 0:
+        return configured
+    return max(HANG_FLOOR_S, STEP_MULTIPLE * slowest_step)
+
+
+def stopped_ranks(beats: dict, now: float) -> tuple[list, list]:
+    """(ranks whose heartbeat went stale: frozen or dead; live ranks furthest behind)."""
+    stale = sorted(r for r, b in beats.items() if now - b["alive"] > STALE_BEATS * BEAT_S)
+    live = {r: b for r, b in beats.items() if r not in stale}
+    if not live:
+        return stale, []
+    lowest = min(b["step"] for b in live.values())
+    oldest = min(b["progress_at"] for b in live.values() if b["step"] == lowest)
+    behind = sorted(r for r, b in live.items() if b["step"] == lowest and b["progress_at"] == oldest)
+    return stale, behind
+
+
+class Watchdog:
+    def __init__(self, run_dir: Path, rank: int, world_size: int, job_id: str, on_slurm: bool,
+                 hang_timeout: float, on_hang: Callable[[str], None]):
+        self.run_dir, self.rank, self.world_size = Path(run_dir), rank, world_size
+        self.job_id, self.on_slurm, self.hang_timeout = job_id, on_slurm, float(hang_timeout or 0)
+        self.on_hang = on_hang  # records the cause and requeues or ends the job
+        self.started = time.time()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="audiollm-watchdog", daemon=True)
+
+    def start(self) -> "Watchdog":
+        heartbeat_path(self.run_dir, self.rank).parent.mkdir(parents=True, exist_ok=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def _beat(self, now: float, progress: dict) -> None:
+        path = heartbeat_path(self.run_dir, self.rank)
+        tmp = path.with_name(f".{path.name}.tmp")
+        try:
+            tmp.write_text(json.dumps({"rank": self.rank, "host": socket.gethostname(), "pid": os.getpid(),
+                                       "alive": now, **progress}))
+            os.replace(tmp, path)
+        except OSError:
+            pass  # a full disk: the job's own error is the one to report
+
+    def _beats(self) -> dict:
+        beats = {}
+        for rank in range(self.world_size):
+            try:
+                beats[rank] = json.loads(heartbeat_path(self.run_dir, rank).read_text())
+            except (OSError, ValueError):
+                continue
+        return beats
+
+    def _run(self) -> None:
+        while not self._stop.wait(BEAT_S):
+            now = time.time()
+            progress = runtime.progress_state(self.started)
+            self._beat(now, progress)
+            bound = hang_bound(progress["phase"], progress["slowest_step_s"], self.hang_timeout)
+            stalled = now - progress["progress_at"]
+            if stalled > bound:
+                self._declare(progress, stalled, bound)
+                return
+
+    def _declare(self, progress: dict, stalled: float, bound: float) -> None:
+        log = sys.stderr
+        print(f"[watchdog] rank {self.rank}: no progress for {stalled:.0f} s (bound {bound:.0f} s) in "
+              f"{progress['phase']} after step {progress['step']}; this rank's threads:", file=log, flush=True)
+        try:
+            faulthandler.dump_traceback(file=log, all_threads=True)
+        except (OSError, ValueError, AttributeError):  # a log without a file descriptor
+            pass
+        time.sleep(STALE_BEATS * BEAT_S + 1)  # let a frozen rank's heartbeat go stale
+        now = time.time()
+        beats = self._beats()
+        stale, behind = stopped_ranks(beats, now)
+        named = [f"rank {r} (pid {beats[r]['pid']} on {beats[r]['host']}): no heartbeat for "
+                 f"{now - beats[r]['alive']:.0f} s, frozen or dead, at step {beats[r]['step']} "
+                 f"({beats[r]['phase']})" for r in stale]
+        if not stale:
+            named = [f"rank {r} (pid {beats[r]['pid']} on {beats[r]['host']}) furthest behind: step "
+                     f"{beats[r]['step']} ({beats[r]['phase']}), last progress {now - beats[r]['progress_at']:.0f} s "
+                     f"ago" for r in behind]
+        cause = (f"hang: no progress for {stalled:.0f} s after step {progress['step']} (bound {bound:.0f} s); "
+                 + "; ".join(named or ["no rank named (no heartbeats)"]))
+        print(f"[watchdog] rank {self.rank}: {cause}", file=log, flush=True)
+        live = [r for r in range(self.world_size) if r not in stale]
+        if live and self.rank == min(live):
+            self.on_hang(cause)
+            if not self.on_slurm:  # SLURM's requeue ends every task; here, end the frozen ones of this host
+                for r in stale:
+                    if beats[r]["host"] == socket.gethostname():
+                        _kill(int(beats[r]["pid"]))
+        if not self.on_slurm:
+            os._exit(1)
+
+
+def _kill(pid: int) -> None:
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except OSError:
+        pass
+
+
+def requeue_slurm_job(job_id: str) -> None:
+    subprocess.run(["scontrol", "requeue", job_id], check=False, timeout=60)
