@@ -34,7 +34,7 @@ import warnings
 from pathlib import Path
 from typing import Any, Callable
 
-from launchers import failures, runtime
+from launchers import failures, runtime, watchdog
 from launchers.rundir import read_json, write_json
 
 # submitit.local.local.LOCAL_REQUEUE_RETURN_CODE: the local controller restarts the tasks.
@@ -89,6 +89,12 @@ def _warnings_to_log(log):
     def show(message, category, filename, lineno, file=None, line=None):
         log.write(warnings.formatwarning(message, category, filename, lineno, line))
     return show
+
+
+def _hang_timeout(run_dir: Path) -> float:
+    """train.hang_timeout of the run's plan (0: derived from the step times)."""
+    plan = read_json(run_dir / "plan.json", default={}) or {}
+    return float(((plan.get("config") or {}).get("train") or {}).get("hang_timeout") or 0)
 
 
 def _update_state(run_dir: Path, **fields: Any) -> None:
@@ -175,10 +181,15 @@ class RankJob:
             _update_state(
                 run_path, state="RUNNING", launch=launch_index, attempt=attempt,
                 requeues=int(state.get("requeues", 0)), job_id=env.job_id, error=None,
+                requeue_causes=state.get("requeue_causes") or {},  # this launch's only
             )
 
         runtime.reset()
         runtime.install_handlers()
+        requeues = int(state.get("requeues", 0))
+        dog = watchdog.Watchdog(run_path, rank, dist_env.world_size, _hang_timeout(run_path),
+                                lambda cause: self._hung(run_path, env, rank, on_slurm, requeues, attempt,
+                                                         cause)).start()
         try:
             if self.accelerator == "gpu":
                 _require_cuda(env.hostname, dist_env.local_rank)
@@ -190,6 +201,7 @@ class RankJob:
                 _refresh_sweep_summary(run_path)
             raise
         finally:
+            dog.stop()
             _destroy_process_group()
             sys.stdout.flush()
             sys.stderr.flush()
@@ -201,6 +213,23 @@ class RankJob:
             return {"rank": rank, "result": result}
         # The count read at start: rank 0 rewrites state.json while the others decide.
         return self._requeue(run_path, env, rank, on_slurm, int(state.get("requeues", 0)))
+
+    def _hung(self, run_path: Path, env, rank: int, on_slurm: bool, requeues: int, attempt: int, cause: str) -> bool:
+        """The watchdog's verdict (launchers/watchdog.py), on the rank that acts on it: on
+        SLURM the job is requeued (counted, with its cause) and resumes from its latest
+        checkpoint; elsewhere, or past launcher.max_requeues, it ends FAILED, and the same
+        command resumes it. True when requeued."""
+        if on_slurm and requeues < self.max_requeues:
+            causes = (read_json(run_path / "state.json", default={}) or {}).get("requeue_causes") or {}
+            _update_state(run_path, state="PREEMPTED", requeues=requeues + 1, signal="hang", stopped_at=time.time(),
+                          requeue_causes={**causes, str(attempt): cause})
+            print(f"[launcher {time.strftime('%H:%M:%S')}] {cause}; requeuing job {env.job_id}", flush=True)
+            subprocess.run(["scontrol", "requeue", env.job_id], check=False, timeout=60)
+            return True
+        failures.record(run_path, rank, env.job_id, RuntimeError(cause))
+        _update_state(run_path, state="FAILED", error=cause)
+        _refresh_sweep_summary(run_path)
+        return False
 
     def _requeue(self, run_path: Path, env, rank: int, on_slurm: bool, requeues: int) -> dict:
         signame = runtime.stop_signal() or "SIGTERM"

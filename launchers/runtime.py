@@ -76,6 +76,33 @@ def reset() -> None:
     """Forget any stop request (a new attempt in the same process, tests)."""
     global _requested, _agreed, _agreed_signal
     _requested, _agreed, _agreed_signal = None, False, None
+    _progress.update(step=0, phase="start", progress_at=None, slowest_step_s=None)
+
+
+# The training loop's progress, read by the watchdog thread (launchers/watchdog.py).
+_progress: dict = {"step": 0, "phase": "start", "progress_at": None, "slowest_step_s": None}
+
+
+def progress(step: int, phase: str = "train") -> None:
+    """The loop calls this after every step (phase "train"), and before what may take
+    longer than a step: "eval" (per batch) and "save". A step's time is measured only
+    between two "train" calls, so evaluations and saves never count as slow steps."""
+    import time
+
+    now = time.time()
+    if phase == "train" and _progress["phase"] == "train" and _progress["progress_at"] is not None \
+            and step > _progress["step"]:
+        took = (now - _progress["progress_at"]) / (step - _progress["step"])
+        _progress["slowest_step_s"] = max(_progress["slowest_step_s"] or 0.0, took)
+    _progress.update(step=step, phase=phase, progress_at=now)
+
+
+def progress_state(started: float) -> dict:
+    """A copy of the loop's progress; before its first report, progress_at is `started`."""
+    state = dict(_progress)
+    if state["progress_at"] is None:
+        state["progress_at"] = started
+    return state
 
 
 def wandb_run_id(run_dir: str | os.PathLike) -> str:

@@ -141,8 +141,11 @@ def run_state(run_dir: Path, query_scheduler: bool = True) -> dict:
 
         cfg_iters = ((yaml.safe_load(cfg_path.read_text()) or {}).get("train") or {}).get("iters")
     # Attempts that ended without finishing (sacct lists one row per attempt; the last is the current one).
-    history = [{**a, "cause": _ATTEMPT_ENDS.get(a["state"], a["state"].lower()), "step": _step_at(metrics, a["end"])}
-               for a in attempts[:-1]]
+    # The job's own word where it requeued itself (a hang, launchers/watchdog.py), else SLURM's.
+    own = job_state.get("requeue_causes") or {}
+    history = [{**a, "cause": own.get(str(k)) or _ATTEMPT_ENDS.get(a["state"], a["state"].lower()),
+                "step": _step_at(metrics, a["end"])}
+               for k, a in enumerate(attempts[:-1], start=1)]
     latest = (run_dir / "checkpoints" / "latest")
     checkpoint = latest.read_text().strip() if latest.is_file() else None
     checkpoint_step = int(checkpoint.split("_")[-1]) if checkpoint and checkpoint.split("_")[-1].isdigit() else None

@@ -19,8 +19,9 @@ A rank whose own progress has stalled past the bound decides that the job hangs:
    command resumes it.
 
 The bound, per phase of the loop: `train.hang_timeout` seconds when set (> 0); otherwise
-max(HANG_FLOOR_S, 5 x the slowest step seen). Before the first step (model build,
-compilation, the first data) and while a checkpoint is written, STARTUP_S.
+max(HANG_FLOOR_S, 5 x the slowest step seen). Before the first step is timed (model
+build, compilation, the first data), during evaluation and while a checkpoint is
+written, STARTUP_S.
 """
 
 from __future__ import annotations
@@ -30,7 +31,6 @@ import json
 import os
 import signal
 import socket
-import subprocess
 import sys
 import threading
 import time
@@ -39,11 +39,12 @@ from typing import Callable, Optional
 
 from launchers import runtime
 
-BEAT_S = 2.0
+BEAT_S = 5.0
 HANG_FLOOR_S = 120.0
 STARTUP_S = 1800.0
 STEP_MULTIPLE = 5
 STALE_BEATS = 4  # a heartbeat this many beats old: the process no longer runs
+REQUEUE_GRACE_S = 120.0
 
 
 def heartbeat_path(run_dir: Path, rank: int) -> Path:
@@ -52,7 +53,7 @@ def heartbeat_path(run_dir: Path, rank: int) -> Path:
 
 def hang_bound(phase: str, slowest_step: Optional[float], configured: float) -> float:
     """Seconds without progress after which the job is declared hung."""
-    if phase in ("start", "save") or slowest_step is None:
+    if phase != "train" or slowest_step is None:
         return max(STARTUP_S, configured)
     if configured > 0:
         return configured
@@ -72,11 +73,12 @@ def stopped_ranks(beats: dict, now: float) -> tuple[list, list]:
 
 
 class Watchdog:
-    def __init__(self, run_dir: Path, rank: int, world_size: int, job_id: str, on_slurm: bool,
-                 hang_timeout: float, on_hang: Callable[[str], None]):
+    def __init__(self, run_dir: Path, rank: int, world_size: int, hang_timeout: float,
+                 on_hang: Callable[[str], bool]):
         self.run_dir, self.rank, self.world_size = Path(run_dir), rank, world_size
-        self.job_id, self.on_slurm, self.hang_timeout = job_id, on_slurm, float(hang_timeout or 0)
-        self.on_hang = on_hang  # records the cause and requeues or ends the job
+        self.hang_timeout = float(hang_timeout or 0)
+        # Records the cause and requeues (True: SLURM ends every task) or ends the job.
+        self.on_hang = on_hang
         self.started = time.time()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="audiollm-watchdog", daemon=True)
@@ -123,17 +125,23 @@ class Watchdog:
         log = sys.stderr
         print(f"[watchdog] rank {self.rank}: no progress for {stalled:.0f} s (bound {bound:.0f} s) in "
               f"{progress['phase']} after step {progress['step']}; this rank's threads:", file=log, flush=True)
-        try:
-            faulthandler.dump_traceback(file=log, all_threads=True)
+        try:  # into the rank's own log file (faulthandler writes to a file descriptor)
+            faulthandler.dump_traceback(file=getattr(log, "log", log), all_threads=True)
         except (OSError, ValueError, AttributeError):  # a log without a file descriptor
             pass
-        time.sleep(STALE_BEATS * BEAT_S + 1)  # let a frozen rank's heartbeat go stale
+        # Let a frozen rank's heartbeat go stale, beating meanwhile (this rank is alive): a
+        # rank that stopped when this one last progressed beat last a beat before that.
+        deadline = time.time() + max(0.0, STALE_BEATS * BEAT_S + 1 - (stalled - BEAT_S))
+        while time.time() < deadline:
+            self._beat(time.time(), runtime.progress_state(self.started))
+            time.sleep(min(BEAT_S, max(deadline - time.time(), 0)))
         now = time.time()
         beats = self._beats()
+        beats[self.rank] = {**beats.get(self.rank, {}), "alive": now, **runtime.progress_state(self.started)}
         stale, behind = stopped_ranks(beats, now)
         named = [f"rank {r} (pid {beats[r]['pid']} on {beats[r]['host']}): no heartbeat for "
-                 f"{now - beats[r]['alive']:.0f} s, frozen or dead, at step {beats[r]['step']} "
-                 f"({beats[r]['phase']})" for r in stale]
+                 f"{now - beats[r]['alive']:.0f} s, frozen or dead (its last: step {beats[r]['step']}, "
+                 f"{beats[r]['phase']})" for r in stale]
         if not stale:
             named = [f"rank {r} (pid {beats[r]['pid']} on {beats[r]['host']}) furthest behind: step "
                      f"{beats[r]['step']} ({beats[r]['phase']}), last progress {now - beats[r]['progress_at']:.0f} s "
@@ -142,14 +150,18 @@ class Watchdog:
                  + "; ".join(named or ["no rank named (no heartbeats)"]))
         print(f"[watchdog] rank {self.rank}: {cause}", file=log, flush=True)
         live = [r for r in range(self.world_size) if r not in stale]
+        requeued = False
         if live and self.rank == min(live):
-            self.on_hang(cause)
-            if not self.on_slurm:  # SLURM's requeue ends every task; here, end the frozen ones of this host
+            requeued = self.on_hang(cause)
+            if not requeued:  # end the frozen processes of this host (SLURM's requeue ends them all)
                 for r in stale:
                     if beats[r]["host"] == socket.gethostname():
                         _kill(int(beats[r]["pid"]))
-        if not self.on_slurm:
-            os._exit(1)
+        elif live:
+            requeued = None  # the acting rank decides; SLURM ends this task if it requeues
+        if requeued is not False:
+            time.sleep(REQUEUE_GRACE_S)  # normally killed by SLURM's requeue long before
+        os._exit(1)
 
 
 def _kill(pid: int) -> None:
@@ -159,5 +171,3 @@ def _kill(pid: int) -> None:
         pass
 
 
-def requeue_slurm_job(job_id: str) -> None:
-    subprocess.run(["scontrol", "requeue", job_id], check=False, timeout=60)

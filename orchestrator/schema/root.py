@@ -34,6 +34,11 @@ class TrainConfig:
     # (rank 0's clock; the SLURM recipes set 30): what a lost node costs. 0: off.
     save_interval_minutes: float = 0
     keep_last: int = 2  # checkpoints kept
+    # Seconds a rank may go without progress before the job is declared hung, its stacks
+    # logged, the stopped rank named and the job requeued on SLURM (launchers/watchdog.py).
+    # 0: max(120 s, 5 x the slowest step seen); 30 minutes before the first steps are
+    # timed, during evaluation and while saving.
+    hang_timeout: float = 0
     seed: int = 1234
 
 

@@ -154,6 +154,7 @@ class Trainer:
         from launchers import runtime
 
         self.should_stop = runtime.should_stop  # collective; see launchers/runtime.py
+        self.progress = runtime.progress  # read by the watchdog thread (launchers/watchdog.py)
 
     # ---- construction -------------------------------------------------------------
     def _build_chunks(self, provider):
@@ -318,6 +319,13 @@ class Trainer:
         source = self.components.val_source
         if source is None:
             return {}
+        self.progress(self.step, "eval")
+        try:
+            return self._evaluate(source)
+        finally:
+            self.progress(self.step, "train")
+
+    def _evaluate(self, source) -> dict:
         source.load_state_dict(self._val_initial_state)
         self.stats_for_batch = self.val_stats
         for chunk in self.chunks:
@@ -358,8 +366,13 @@ class Trainer:
         return info["wandb_run_id"]
 
     def save(self) -> Path:
-        return ckpt.save_checkpoint(self.plan.run_dir, self.step, self.chunks, self.optimizer, self.scheduler,
-                                    self.components.train_source, self.run_id, int(self.train_cfg.get("keep_last", 2)))
+        self.progress(self.step, "save")
+        try:
+            return ckpt.save_checkpoint(self.plan.run_dir, self.step, self.chunks, self.optimizer, self.scheduler,
+                                        self.components.train_source, self.run_id,
+                                        int(self.train_cfg.get("keep_last", 2)))
+        finally:
+            self.progress(self.step, "train")
 
     def run(self) -> list:
         """Train to train_iters; returns the per-step metrics (rank 0; others get [])."""
@@ -386,6 +399,7 @@ class Trainer:
                     print(eval_line(0, metrics), flush=True)  # metrics hold the validation loss
             while self.step < self.train_iters:
                 metrics = self.train_step()
+                self.progress(self.step, "train")
                 last = self.step == self.train_iters
                 if (eval_interval and self.step % eval_interval == 0) or last:
                     metrics.update(self.evaluate())

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -22,7 +23,7 @@ import pytest
 from launchers import commands
 from launchers.rundir import read_json, read_metrics
 from tests.distributed_run import REPO
-from tests.launchers.helpers import launches, losses, wait_for_end, wait_for_step, wait_until
+from tests.launchers.helpers import launches, losses, rank_pids, wait_for_end, wait_for_step, wait_until
 from tests.slurm.runs import JOB_TIMEOUT, preempt_and_wait_for_resume, restarted_or_ended, slurm_run, wandb_runs
 from tests.train.audiollm_runs import make_corpus, train_overrides
 
@@ -252,6 +253,48 @@ def test_a_two_node_run_continues_on_one_node_and_back_reading_every_sample_once
         print(f"\nmeasured: DP 2 on 2 nodes -> TP 2 on 1 node (from step {resumed[0]}) -> DP 2 on 2 nodes (from step "
               f"{resumed[1]}): the same samples; the two steps after the first change within {first_change:.1e}, "
               f"the run within {max(rel.values()):.1e} relative of the straight run")
+
+
+HANG_TIMEOUT = 15  # train.hang_timeout, seconds
+
+
+def test_a_frozen_rank_is_named_and_the_job_requeued_and_resumed_exactly(tp2_reference, nodes_env, corpus, root,
+                                                                      capsys):
+    """One rank of a running 2-node job is frozen (SIGSTOP: its own threads stop too; its
+    node stays healthy, so SLURM sees nothing). The other rank's watchdog finds no
+    progress for train.hang_timeout, logs its stacks, names the frozen rank, and requeues
+    the job, which resumes from its last periodic checkpoint to the uninterrupted run's
+    losses; `audiollm status` tells the requeue with its cause."""
+    ref_dir = tp2_reference[0]
+    assert commands.train(_on_nodes(root, corpus, "tp2_frozen_rank", TP2_ACROSS_NODES,
+                                    f"train.save_interval={SAVE_INTERVAL}", f"train.hang_timeout={HANG_TIMEOUT}")) == 0
+    run_dir = root / "tiny_cpu" / "tp2_frozen_rank"
+    wait_for_step(run_dir, SAVE_INTERVAL + 1, timeout=JOB_TIMEOUT)
+    pid = rank_pids(run_dir, 1)[-1]
+    os.kill(pid, signal.SIGSTOP)
+    frozen_at = time.time()
+    wait_until(lambda: (read_json(run_dir / "state.json") or {}).get("requeue_causes"), JOB_TIMEOUT,
+               "the hang to be detected", [run_dir])
+    detected = time.time() - frozen_at
+    state = wait_until(lambda: restarted_or_ended(run_dir), JOB_TIMEOUT, "the job requeued after the hang", [run_dir])
+    assert state.get("attempt") == 2, state
+    wait_for_step(run_dir, max(m["step"] for m in read_metrics(run_dir)) + 1, timeout=JOB_TIMEOUT)
+    first_step_after = time.time() - frozen_at
+    assert wait_for_end(run_dir, timeout=JOB_TIMEOUT)["state"] == "COMPLETED"
+    assert losses(run_dir) == losses(ref_dir)
+    log = (run_dir / "logs" / "rank0.log").read_text()
+    assert "[watchdog] rank 0: no progress for" in log and "(most recent call first):" in log  # its stacks
+    (cause,) = state["requeue_causes"].values()
+    assert re.search(rf"rank 1 \(pid {pid} on aunode\d\): no heartbeat for \d+ s, frozen or dead", cause), cause
+    assert "rank 0" not in cause.partition(";")[2], cause  # only the frozen rank is named
+    assert cause.startswith("hang: no progress for") and f"(bound {HANG_TIMEOUT} s)" in cause, cause
+    capsys.readouterr()
+    assert commands.status(run_dir) == 0
+    story = capsys.readouterr().out
+    assert "requeues  1" in story and "attempt 1 on" in story and "hang: no progress" in story, story
+    with capsys.disabled():
+        print(f"\nmeasured: rank 1 frozen (SIGSTOP) -> hang detected and the job requeued {detected:.1f} s later, "
+              f"first step after the requeue {first_step_after:.1f} s (train.hang_timeout {HANG_TIMEOUT} s)")
 
 
 def _hosts_of_attempt(run_dir, attempt: int) -> list[str]:

@@ -1,0 +1,43 @@
+"""The watchdog's rules (launchers/watchdog.py): the bound without progress, and which
+ranks a hang names. The whole path (a rank frozen with SIGSTOP in a two-node SLURM job,
+detected, the job requeued and resumed exactly) is
+tests/slurm/test_multinode.py::test_a_frozen_rank_is_named_and_the_job_requeued_and_resumed_exactly."""
+
+from launchers import runtime
+from launchers.watchdog import BEAT_S, HANG_FLOOR_S, STALE_BEATS, STARTUP_S, hang_bound, stopped_ranks
+
+
+def test_the_bound_is_five_slowest_steps_with_a_floor_and_longer_before_steps_are_timed():
+    assert hang_bound("start", None, 0) == STARTUP_S
+    assert hang_bound("train", None, 0) == STARTUP_S  # one step done: none timed yet
+    assert hang_bound("train", 3.0, 0) == HANG_FLOOR_S
+    assert hang_bound("train", 60.0, 0) == 300.0
+    assert hang_bound("train", 60.0, 45) == 45  # train.hang_timeout
+    assert hang_bound("save", 60.0, 45) == STARTUP_S and hang_bound("eval", 1.0, 0) == STARTUP_S
+
+
+def test_step_times_count_only_between_steps():
+    runtime.reset()
+    runtime.progress(1)
+    first = runtime.progress_state(0)["progress_at"]
+    runtime.progress(1, "eval")
+    runtime.progress(1, "train")  # back from an evaluation: not a step
+    assert runtime.progress_state(0)["slowest_step_s"] is None
+    runtime.progress(2)
+    state = runtime.progress_state(0)
+    assert state["step"] == 2 and 0 <= state["slowest_step_s"] <= state["progress_at"] - first
+    runtime.reset()
+    assert runtime.progress_state(7.0) == {"step": 0, "phase": "start", "progress_at": 7.0, "slowest_step_s": None}
+
+
+def test_a_rank_without_heartbeat_is_named_frozen_else_the_one_furthest_behind():
+    now = 1000.0
+    fresh, old = now - BEAT_S, now - (STALE_BEATS + 1) * BEAT_S
+
+    def beat(alive, step, progress_at):
+        return {"alive": alive, "step": step, "progress_at": progress_at}
+
+    beats = {0: beat(fresh, 7, 900.0), 1: beat(old, 7, 890.0), 2: beat(fresh, 7, 900.0)}
+    assert stopped_ranks(beats, now) == ([1], [0, 2])
+    beats = {0: beat(fresh, 7, 900.0), 1: beat(fresh, 6, 800.0), 2: beat(fresh, 7, 900.0)}
+    assert stopped_ranks(beats, now) == ([], [1])
