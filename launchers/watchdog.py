@@ -117,11 +117,12 @@ class Watchdog:
             self._beat(now, progress)
             bound = hang_bound(progress["phase"], progress["slowest_step_s"], self.hang_timeout)
             stalled = now - progress["progress_at"]
-            if stalled > bound:
-                self._declare(progress, stalled, bound)
+            if stalled > bound and self._declare(progress, stalled, bound):
                 return
 
-    def _declare(self, progress: dict, stalled: float, bound: float) -> None:
+    def _declare(self, progress: dict, stalled: float, bound: float) -> bool:
+        """False where progress came back while waiting (a whole job suspended and
+        resumed, Ctrl-Z then fg): no hang. Otherwise it does not return."""
         log = sys.stderr
         print(f"[watchdog] rank {self.rank}: no progress for {stalled:.0f} s (bound {bound:.0f} s) in "
               f"{progress['phase']} after step {progress['step']}; this rank's threads:", file=log, flush=True)
@@ -131,10 +132,13 @@ class Watchdog:
             pass
         # Let a frozen rank's heartbeat go stale, beating meanwhile (this rank is alive): a
         # rank that stopped when this one last progressed beat last a beat before that.
-        deadline = time.time() + max(0.0, STALE_BEATS * BEAT_S + 1 - (stalled - BEAT_S))
+        deadline = time.time() + max(2 * BEAT_S, STALE_BEATS * BEAT_S + 1 - (stalled - BEAT_S))
         while time.time() < deadline:
             self._beat(time.time(), runtime.progress_state(self.started))
             time.sleep(min(BEAT_S, max(deadline - time.time(), 0)))
+        if runtime.progress_state(self.started)["progress_at"] > progress["progress_at"]:
+            print(f"[watchdog] rank {self.rank}: progress resumed; not a hang", file=log, flush=True)
+            return False
         now = time.time()
         beats = self._beats()
         beats[self.rank] = {**beats.get(self.rank, {}), "alive": now, **runtime.progress_state(self.started)}
