@@ -84,9 +84,10 @@ _progress: dict = {"step": 0, "phase": "start", "progress_at": None, "slowest_st
 
 
 def progress(step: int, phase: str = "train") -> None:
-    """The loop calls this after every step (phase "train"), and before what may take
-    longer than a step: "eval" (per batch) and "save". A step's time is measured only
-    between two "train" calls, so evaluations and saves never count as slow steps."""
+    """The loop calls this after every step (phase "train"), before what may take longer
+    than a step ("eval", "save") and after it ("train" again, same step). A step's time
+    is measured only between two "train" calls of consecutive steps, so evaluations and
+    saves never count as slow steps."""
     import time
 
     now = time.time()
