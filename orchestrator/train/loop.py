@@ -118,6 +118,9 @@ class Trainer:
         self.last_stats: Optional[torch.Tensor] = None
         self.step = 0
         self._val_initial_state = components.val_source.state_dict() if components.val_source else None
+        from launchers import runtime
+
+        self.progress = runtime.progress  # read by the watchdog thread (launchers/watchdog.py)
         if not training:
             self.chunks = chunks
             return
@@ -151,10 +154,7 @@ class Trainer:
         elif self.rank == 0:
             log.info("no MFU: %s", peak_source)
         self.callbacks: list = []  # called as cb(trainer, step) after each step (and its checkpoint)
-        from launchers import runtime
-
         self.should_stop = runtime.should_stop  # collective; see launchers/runtime.py
-        self.progress = runtime.progress  # read by the watchdog thread (launchers/watchdog.py)
 
     # ---- construction -------------------------------------------------------------
     def _build_chunks(self, provider):
