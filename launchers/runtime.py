@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 import uuid
 from pathlib import Path
 
@@ -88,8 +89,6 @@ def progress(step: int, phase: str = "train") -> None:
     than a step ("eval", "save") and after it ("train" again, same step). A step's time
     is measured only between two "train" calls of consecutive steps, so evaluations and
     saves never count as slow steps."""
-    import time
-
     now = time.time()
     if phase == "train" and _progress["phase"] == "train" and _progress["progress_at"] is not None \
             and step > _progress["step"]:

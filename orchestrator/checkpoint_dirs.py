@@ -155,11 +155,20 @@ def saved_layout(run_dir: Path) -> Tuple[Optional[str], Optional[dict]]:
     if not pointer.is_file():
         return None, None
     name = pointer.read_text().strip()
-    path = pointer.parent / name / LAYOUT
+    return name, saved_layout_of(pointer.parent / name)
+
+
+def layout_text(layout: Optional[dict]) -> str:
+    """"TP 1 PP 2 CP 1 DP 4" of a parallel layout (LAYOUT's sizes)."""
+    return " ".join(f"{k.upper()} {v}" for k, v in layout.items()) if layout else "a layout not recorded"
+
+
+def saved_layout_of(path: Path) -> Optional[dict]:
+    """LAYOUT of the checkpoint at `path`; None for one saved before layouts were recorded."""
     try:
-        return name, json.loads(path.read_text())
+        return json.loads((Path(path) / LAYOUT).read_text())
     except (OSError, ValueError):
-        return name, None
+        return None
 
 
 def layout_change(saved: dict, plan: dict) -> Tuple[Optional[str], list]:
@@ -171,7 +180,6 @@ def layout_change(saved: dict, plan: dict) -> Tuple[Optional[str], list]:
     before = {k: saved.get(k) for k in now}
     if before == now:
         return None, []
-    text = lambda layout: " ".join(f"{k.upper()} {v}" for k, v in layout.items())  # noqa: E731
     errors = []
     nodes = saved.get("canonical_nodes")
     configured = plan["config"]["data"].get("canonical_nodes")
@@ -185,4 +193,4 @@ def layout_change(saved: dict, plan: dict) -> Tuple[Optional[str], list]:
                       f"(runs without parallel.distributed_optimizer also change TP, PP and CP)")
     share = f"; each data-parallel rank reads {nodes // now['dp']} of its {nodes} canonical nodes" \
         if nodes and not errors else ""
-    return f"continues at another size: {text(before)} -> {text(now)}{share}", errors
+    return f"continues at another size: {layout_text(before)} -> {layout_text(now)}{share}", errors

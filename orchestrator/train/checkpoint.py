@@ -41,8 +41,9 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from orchestrator.checkpoint_dirs import (LAYOUT, MANIFEST, checkpoint_files, file_record, is_dist_checkpoint, manifest_problem,
-                                         read_manifest, set_aside_dirs, step_dirs, without_manifest)
+from orchestrator.checkpoint_dirs import (LAYOUT, MANIFEST, checkpoint_files, file_record, is_dist_checkpoint,
+                                         layout_text, manifest_problem, read_manifest, saved_layout_of, set_aside_dirs,
+                                         step_dirs, without_manifest)
 from orchestrator.convert.dist_format import use_in_process_results_queue
 
 log = logging.getLogger(__name__)
@@ -50,25 +51,6 @@ log = logging.getLogger(__name__)
 # megatron-core 0.16.1: the default fully_sharded_model_space layout fails on load
 # ("ShardedTensor.flattened_range is not supported"); dp_reshardable works.
 _SHARDING_METADATA = {"distrib_optim_sharding_type": "dp_reshardable"}
-def saved_optimizer_format(path: Path) -> Optional[str]:
-    """The distributed optimizer's layout in the checkpoint at `path` (None: no
-    distributed optimizer state): dp_reshardable for every checkpoint this project
-    writes. (megatron-core 0.16.1's fully_reshardable layout, which reshards over TP and PP
-    too, does not load into torch's AdamW, the optimizer without apex or
-    TransformerEngine: its per-parameter 'step' has no source.)"""
-    from megatron.core import dist_checkpointing
-
-    def find(node):
-        if isinstance(node, dict):
-            if "param_state_sharding_type" in node:
-                return node["param_state_sharding_type"]
-            for value in node.values():
-                found = find(value)
-                if found:
-                    return found
-        return None
-
-    return find(dist_checkpointing.load_common_state_dict(str(path)).get("optimizer"))
 
 
 def checkpoints_dir(run_dir: str | Path) -> Path:
@@ -332,7 +314,10 @@ def load_checkpoint(path: Path, chunks: Sequence, optimizer, scheduler, batch_so
     same_layout = state is not None and state["world_size"] == dist.get_world_size() and \
         (saved_layout or layout) == layout
     distributed = getattr(optimizer.config, "use_distributed_optimizer", False)
-    saved_format = saved_optimizer_format(path) if distributed else None
+    # The distributed optimizer's layout (dp_reshardable for every checkpoint this project
+    # writes: megatron-core 0.16.1's fully_reshardable layout, which reshards over TP and PP
+    # too, does not load into torch's AdamW, whose per-parameter 'step' it has no source for).
+    saved_format = (saved_layout_of(path) or {}).get("optimizer") if distributed else None
     problem = optimizer_reshard_problem(saved_format, saved_layout, layout)
     if problem:
         raise ValueError(f"{path}: {problem}")
@@ -356,7 +341,7 @@ def load_checkpoint(path: Path, chunks: Sequence, optimizer, scheduler, batch_so
         if dist.get_rank() == 0:
             log.warning("continuing at another size: the checkpoint was written at %s, this job is %s; every rank "
                         "reads on from its canonical nodes' positions, and RNG states start fresh",
-                        _layout_text(saved_layout), _layout_text(layout))
+                        layout_text(saved_layout), layout_text(layout))
     batch_source.load_state_dict(data)
     return {"step": int(loaded["step"]), "wandb_run_id": loaded.get("wandb_run_id")}
 
@@ -365,8 +350,8 @@ def optimizer_reshard_problem(saved_format: Optional[str], saved: Optional[dict]
     """Why a checkpoint's optimizer state cannot load at the layout `now`, or None."""
     if saved_format != "dp_reshardable" or not saved or all(saved[k] == now[k] for k in ("tp", "pp", "cp")):
         return None
-    return (f"its distributed-optimizer state was saved at {_layout_text(saved)} in megatron's dp_reshardable layout, "
-            f"which loads at another data-parallel size only, and this job is {_layout_text(now)}. Continue it at "
+    return (f"its distributed-optimizer state was saved at {layout_text(saved)} in megatron's dp_reshardable layout, "
+            f"which loads at another data-parallel size only, and this job is {layout_text(now)}. Continue it at "
             f"TP {saved['tp']} PP {saved['pp']} CP {saved['cp']} with any data-parallel size that divides the run's "
             f"canonical nodes; runs without parallel.distributed_optimizer also continue at another TP, PP or CP")
 
@@ -378,10 +363,6 @@ def parallel_layout() -> dict:
 
     return {"tp": ps.get_tensor_model_parallel_world_size(), "pp": ps.get_pipeline_model_parallel_world_size(),
             "cp": ps.get_context_parallel_world_size(), "dp": ps.get_data_parallel_world_size()}
-
-
-def _layout_text(layout: Optional[dict]) -> str:
-    return " ".join(f"{k.upper()} {v}" for k, v in layout.items()) if layout else "a layout not recorded"
 
 
 def _merged_data_state(path: Path, batch_source) -> dict:
