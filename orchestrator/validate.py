@@ -564,8 +564,8 @@ def check_train(train: TrainConfig, run: RunConfig) -> Iterator[Finding]:
     yield from _positive(
         "train", **{"train.iters": train.iters, "train.log_interval": train.log_interval, "train.keep_last": train.keep_last}
     )
-    for key in ("eval_interval", "save_interval", "save_interval_minutes", "hang_timeout", "eval_iters",
-                "eval_generation_batches"):
+    for key in ("eval_interval", "save_interval", "save_interval_minutes", "hang_timeout", "straggler_threshold",
+                "eval_iters", "eval_generation_batches"):
         if getattr(train, key) < 0:
             yield _error("train", f"train.{key}={getattr(train, key)} must be >= 0")
     if train.eval_generation and train.eval_generation_max_new_tokens < 1:

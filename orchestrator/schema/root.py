@@ -39,6 +39,10 @@ class TrainConfig:
     # 0: max(120 s, 5 x the slowest step seen); 30 minutes before the first steps are
     # timed, during evaluation and while saving.
     hang_timeout: float = 0
+    # Every log interval a rank whose own time per step (data wait, forward/backward,
+    # optimizer: not its waits for others) is this fraction above the median of all ranks
+    # is named on the console and in metrics.jsonl (`stragglers`).
+    straggler_threshold: float = 0.2
     seed: int = 1234
 
 

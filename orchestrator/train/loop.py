@@ -36,6 +36,7 @@ from orchestrator.train.metrics import (LossStats, MetricsWriter, eval_line, mem
                                         progress_line, run_summary, throughput)
 from orchestrator.train.run_plan import RunPlan
 from orchestrator.train.save_clock import SaveClock
+from orchestrator.train.stragglers import StepTimer, straggler_line, stragglers
 from orchestrator.step_flops import parameter_pattern
 
 log = logging.getLogger(__name__)
@@ -155,6 +156,7 @@ class Trainer:
             log.info("no MFU: %s", peak_source)
         self.callbacks: list = []  # called as cb(trainer, step) after each step (and its checkpoint)
         self.should_stop = runtime.should_stop  # collective; see launchers/runtime.py
+        self.timer = StepTimer()  # this rank's step parts, for the straggler report
 
     # ---- construction -------------------------------------------------------------
     def _build_chunks(self, provider):
@@ -257,6 +259,7 @@ class Trainer:
     def _finalize_with_loss_check(self, model, num_tokens=None, **kwargs):
         """Runs at the end of forward-backward, before gradients are reduced and long
         before the optimizer step: a NaN/Inf loss stops the run here on every rank."""
+        self.timer.lap("compute")  # this rank's forward/backward ends; the step's collectives begin
         stats = self._reduce_stats(self.stats)
         self.last_stats = stats
         if not (math.isfinite(float(stats[0])) and math.isfinite(float(stats[1]))):
@@ -284,21 +287,26 @@ class Trainer:
         source = self.components.train_source
         self.stats_for_batch = self.stats
         start = time.perf_counter()
+        self.timer.start()
         microbatches = [source.next_microbatch() for _ in range(self.plan.num_microbatches)]
         # The step waits for its data here (reading and decoding when data.num_workers=0,
         # only packing and collation when workers prepare samples ahead).
         data_wait = time.perf_counter() - start
+        self.timer.lap("data_wait")
         for chunk in self.chunks:
             chunk.train()
             chunk.zero_grad_buffer()
         self.optimizer.zero_grad()
         lrs = lrg.group_learning_rates(self.optimizer, self.group_scales)  # the rates this step uses
         self._run_schedule(microbatches, forward_only=False)
+        self.timer.lap("sync")
         _, grad_norm, _ = self.optimizer.step()
         self.scheduler.step(increment=1)
         self.step += 1
         if self.device == "cuda":
             torch.cuda.synchronize()
+        self.timer.lap("optimizer")
+        self.timer.step_done()
         elapsed = time.perf_counter() - start
         metrics = self.stats.summary(self.last_stats)
         if grad_norm is not None:
@@ -365,6 +373,19 @@ class Trainer:
             log.info("resumed from %s at step %d", latest, self.step)
         return info["wandb_run_id"]
 
+    def _straggler_report(self, first_step: int) -> dict:
+        """Gather every rank's step parts since the last report; on rank 0, name the ranks
+        slower than the median by more than train.straggler_threshold (console and metrics)."""
+        per_rank = self.timer.gather(self.rank, self.world_size)
+        if per_rank is None:
+            return {}
+        slow = stragglers(per_rank, float(self.train_cfg.get("straggler_threshold", 0.2)))
+        if not slow:
+            return {}
+        print(straggler_line(first_step, self.step, slow), flush=True)
+        return {"stragglers": [s["rank"] for s in slow],
+                **{f"straggler/rank{s['rank']}_over_median": s["over"] for s in slow}}
+
     def save(self) -> Path:
         self.progress(self.step, "save")
         try:
@@ -401,6 +422,8 @@ class Trainer:
                 metrics = self.train_step()
                 self.progress(self.step, "train")
                 last = self.step == self.train_iters
+                if self.step % log_interval == 0 or last:  # collective: every rank, the same steps
+                    metrics.update(self._straggler_report(self.step - self.timer.steps + 1))
                 if (eval_interval and self.step % eval_interval == 0) or last:
                     metrics.update(self.evaluate())
                 if writer is not None:

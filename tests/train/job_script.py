@@ -3,6 +3,7 @@
   kill RUN_DIR STEP                     train, then exit the process hard after STEP's checkpoint
   stop RUN_DIR STEP                     rank 0 gets SIGTERM's stop request at STEP (as from the launcher)
   poison RUN_DIR SAMPLE                 synthetic sample SAMPLE has a NaN loss mask
+  slow RUN_DIR RANK                     RANK's forward takes 0.15 s longer per micro-batch
   eval RUN_DIR CKPT_RUN_DIR             load CKPT_RUN_DIR's latest model weights into this
                                         (maybe differently parallel) plan; print val loss
 Prints `RESULT <json>` on rank 0."""
@@ -44,6 +45,19 @@ def main() -> int:
                 os._exit(17)  # a real crash: no clean-up, no atexit
 
         trainer.callbacks.append(kill)
+    if mode == "slow":  # rank SLOW_RANK spends 0.15 s more in every micro-batch's forward
+        import time
+
+        slow_rank = int(sys.argv[3])
+        forward = trainer._forward_step
+
+        def slow_forward(*args, **kwargs):
+            if dist.get_rank() == slow_rank:
+                time.sleep(0.15)
+            return forward(*args, **kwargs)
+
+        trainer._forward_step = slow_forward
+        mode = "train"
     if mode == "stop":
         stop_step = int(sys.argv[3])
 
