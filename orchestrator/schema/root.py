@@ -34,6 +34,12 @@ class TrainConfig:
     # (rank 0's clock; the SLURM recipes set 30): what a lost node costs. 0: off.
     save_interval_minutes: float = 0
     keep_last: int = 2  # checkpoints kept
+    # Write checkpoints in the background: a save stalls the step only for the save plan
+    # and the copy of the tensors to host; a forked process writes the files and the
+    # checkpoint is published (`latest`) once every rank's are written. Off by default (a
+    # small run's saves take a moment; the fork costs host memory up to the rank's
+    # shard of weights and optimizer state); the SLURM recipes turn it on.
+    async_save: bool = False
     # Seconds a rank may go without progress before the job is declared hung, its stacks
     # logged, the stopped rank named and the job requeued on SLURM (launchers/watchdog.py).
     # 0: max(120 s, 5 x the slowest step seen); 30 minutes before the first steps are

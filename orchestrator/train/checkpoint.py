@@ -28,12 +28,16 @@ RNG states and the BatchSource state.
 
 from __future__ import annotations
 
-import logging
-import os
 import errno
 import json
+import logging
+import os
+import pickle
 import random
 import shutil
+import time
+from contextlib import contextmanager
+from functools import partial
 from pathlib import Path
 from typing import Optional, Sequence
 
@@ -139,36 +143,55 @@ def is_disk_full(exc: BaseException, path: Path) -> bool:
 
 
 def save_checkpoint(run_dir, step: int, chunks: Sequence, optimizer, scheduler, batch_source,
-                    wandb_run_id: Optional[str], keep_last: int) -> Path:
-    """Collective. A full disk removes the partial save (so the run directory's other
+                    wandb_run_id: Optional[str], keep_last: int, background: Optional["BackgroundSaves"] = None) -> Path:
+    """Collective. Without `background` the checkpoint is written and published before
+    this returns; with it, only what is needed for a consistent copy happens here (the
+    save plan, the common and per-rank state, the copy of the tensors to host) and a
+    forked process writes the tensors while training goes on: `background.finish`
+    publishes it. A full disk removes the partial save (so the run directory's other
     files can still be written) and raises DiskFull naming the path, the step and the
     checkpoint a rerun resumes from."""
     root = checkpoints_dir(run_dir)
     name = f"step_{step:06d}"
-    tmp = root / f".tmp-{name}"
+    with _disk_full_explained(root, name, keep_last):
+        if background is not None:
+            background.finish(blocking=True)  # one save in flight at a time
+        tmp, state = _begin(root, name, step, chunks, optimizer, scheduler, wandb_run_id)
+        if background is None:
+            dist_checkpointing_save(state, tmp)
+            _write_rank_files(tmp, optimizer, batch_source)
+            _publish(root, name, keep_last, written={})
+        else:
+            request = dist_checkpointing_save(state, tmp, in_background=True)
+            _write_rank_files(tmp, optimizer, batch_source)
+            background.schedule(request, root, name, keep_last)
+    return root / name
+
+
+@contextmanager
+def _disk_full_explained(root: Path, name: str, keep_last: int):
     try:
-        return _save(root, name, step, chunks, optimizer, scheduler, batch_source, wandb_run_id, keep_last)
+        yield
     except BaseException as exc:  # torch's CheckpointException is a BaseException
-        if isinstance(exc, (KeyboardInterrupt, SystemExit)) or not is_disk_full(exc, root):
+        if isinstance(exc, (KeyboardInterrupt, SystemExit, DiskFull)) or not is_disk_full(exc, root):
             raise
-        shutil.rmtree(tmp, ignore_errors=True)
+        shutil.rmtree(root / f".tmp-{name}", ignore_errors=True)
+        shutil.rmtree(root / f".tmp-{name}.written", ignore_errors=True)
         pointer = root / "latest"
         latest = pointer.read_text().strip() if pointer.is_file() else None
-        raise DiskFull(f"disk full at {root} while saving step {step}; latest is "
+        raise DiskFull(f"disk full at {root} while saving step {int(name.split('_')[1])}; latest is "
                        + (f"{latest}, which a rerun of the same command resumes from" if latest else
                           "none (no checkpoint was completed)")
                        + f". The partial save was removed; free space there (or lower train.keep_last, now "
                          f"{keep_last}) and run the same command again") from exc
 
 
-def _save(root: Path, name: str, step: int, chunks: Sequence, optimizer, scheduler, batch_source,
-          wandb_run_id: Optional[str], keep_last: int) -> Path:
-    from megatron.core import dist_checkpointing
-
+def _begin(root: Path, name: str, step: int, chunks: Sequence, optimizer, scheduler,
+           wandb_run_id: Optional[str]) -> tuple:
+    """Collective: the empty temporary directory and the sharded state to write into it."""
     use_in_process_results_queue()
     final, tmp = root / name, root / f".tmp-{name}"
-    rank = dist.get_rank()
-    if rank == 0:
+    if dist.get_rank() == 0:
         root.mkdir(parents=True, exist_ok=True)
         for stale in root.glob(".tmp-*"):  # a save that crashed earlier
             shutil.rmtree(stale, ignore_errors=True)
@@ -182,7 +205,21 @@ def _save(root: Path, name: str, step: int, chunks: Sequence, optimizer, schedul
     state["scheduler"] = scheduler.state_dict()
     state["step"] = step
     state["wandb_run_id"] = wandb_run_id
-    dist_checkpointing.save(state, str(tmp))
+    return tmp, state
+
+
+def dist_checkpointing_save(state: dict, tmp: Path, in_background: bool = False):
+    """megatron's dist_checkpointing.save; in the background it returns the AsyncRequest
+    whose function writes the tensors (the save plan, agreed by every rank, is made here)."""
+    from megatron.core import dist_checkpointing
+
+    return dist_checkpointing.save(state, str(tmp), async_sharded_save=in_background)
+
+
+def _write_rank_files(tmp: Path, optimizer, batch_source) -> None:
+    """Collective: this rank's RNG and data state, and (rank 0) the layout the planning
+    side reads to show (or refuse) a change of size."""
+    rank = dist.get_rank()
     rank_dir = tmp / "rank_state"
     if rank == 0:
         rank_dir.mkdir(exist_ok=True)
@@ -190,22 +227,104 @@ def _save(root: Path, name: str, step: int, chunks: Sequence, optimizer, schedul
     data, layout = batch_source.state_dict(), parallel_layout()
     torch.save({"rng": _rng_state(), "data": data, "world_size": dist.get_world_size(), "layout": layout},
                rank_dir / f"rank_{rank:05d}.pt")
-    if rank == 0:  # what the planning side reads to show (or refuse) a change of size
+    if rank == 0:
         distributed = getattr(optimizer.config, "use_distributed_optimizer", False)
         (tmp / LAYOUT).write_text(json.dumps({**layout, "world_size": dist.get_world_size(),
                                               "canonical_nodes": data.get("canonical_nodes"),
                                               "optimizer": _SHARDING_METADATA["distrib_optim_sharding_type"]
                                               if distributed else None}) + "\n")
+
+
+def _publish(root: Path, name: str, keep_last: int, written: dict) -> None:
+    """Collective, once every file is written: the manifest (`written`: records of this
+    rank's files checksummed already), then rank 0 renames the directory and points
+    `latest` at it."""
+    tmp = root / f".tmp-{name}"
     dist.barrier()
-    _write_manifest(tmp)
-    if rank == 0:
-        os.replace(tmp, final)
+    _write_manifest(tmp, written)
+    if dist.get_rank() == 0:
+        os.replace(tmp, root / name)
         pointer_tmp = root / "latest.tmp"
         pointer_tmp.write_text(name + "\n")
         os.replace(pointer_tmp, root / "latest")
+        shutil.rmtree(root / f".tmp-{name}.written", ignore_errors=True)
         _prune(root, keep_last)
     dist.barrier()
-    return final
+
+
+class BackgroundSaves:
+    """Checkpoints written while training goes on (train.async_save). The save plan, the
+    copy of the tensors to host and the small per-rank files happen at the save; a forked
+    process (megatron's TemporalAsyncCaller: the fork is the copy on a CPU machine, a D2H
+    copy precedes it on a GPU one) writes the tensor files and checksums them; `finish`,
+    called by every rank after every step, publishes a save once every rank's writer is
+    done. Until then `latest` names the previous checkpoint, so a crash at any moment
+    still leaves it naming a complete one."""
+
+    def __init__(self):
+        from megatron.core.dist_checkpointing.strategies.async_utils import AsyncCallsQueue
+
+        self.calls = AsyncCallsQueue(persistent=False)
+        self.published: list = []  # (name, seconds from the save to its publication), for the loop to report
+        self._saving: tuple = ()  # (root, name, keep_last) of the save in flight
+
+    def pending(self) -> bool:
+        return self.calls.get_num_unfinalized_calls() > 0
+
+    def schedule(self, request, root: Path, name: str, keep_last: int) -> None:
+        results_dir = root / f".tmp-{name}.written"  # each rank's writer leaves its results here
+        self._saving = (root, name, keep_last)
+        rank = dist.get_rank()
+        if rank == 0:
+            results_dir.mkdir()
+        dist.barrier()
+        written: dict = {}
+        started = time.perf_counter()
+
+        def collect():  # before megatron's finalization, which reads the writer's results
+            if request.async_fn is None:  # nothing of the sharded state on this rank
+                return
+            path = results_dir / f"rank_{rank:05d}.pkl"
+            try:
+                results, records = pickle.loads(path.read_bytes())
+            except (OSError, pickle.UnpicklingError, EOFError) as exc:
+                results, records = RuntimeError(f"rank {rank}'s checkpoint writer left no results ({exc})"), {}
+            request.async_fn_args[2].put(results)
+            written.update(records)
+
+        def publish():
+            _publish(root, name, keep_last, written)
+            self.published.append((name, time.perf_counter() - started))
+
+        if request.async_fn is not None:
+            request = request._replace(async_fn=partial(_write_in_background, request.async_fn, results_dir))
+        self.calls.schedule_async_request(request._replace(finalize_fns=[collect, *request.finalize_fns, publish]))
+
+    def finish(self, blocking: bool = False) -> None:
+        """Collective: publish the saves whose files every rank has written (all of them,
+        waiting, with `blocking`)."""
+        if self.pending():
+            with _disk_full_explained(*self._saving):
+                self.calls.maybe_finalize_async_calls(blocking=blocking)
+
+
+def _write_in_background(write, results_dir: Path, rank: int, buckets, results_queue) -> None:
+    """In the forked writer: megatron's write, then its results and the size and CRC-32 of
+    each file written (for the manifest), left in a file for the training process."""
+    write(rank, buckets, results_queue)
+    results = results_queue.get_nowait()  # this process's copy of the in-process queue
+    records = {} if isinstance(results, BaseException) else {key: file_record(Path(path))
+                                                              for path, key, _ in buckets}
+    try:
+        payload = pickle.dumps((results, records))
+    except Exception as exc:  # noqa: BLE001 - an exception that does not pickle still fails the save
+        payload = pickle.dumps((RuntimeError(f"checkpoint writer of rank {rank} failed: {exc!r}"), {}))
+    tmp = results_dir / f"rank_{rank:05d}.pkl.tmp"
+    with open(tmp, "wb") as handle:
+        handle.write(payload)
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(tmp, results_dir / f"rank_{rank:05d}.pkl")
 
 
 def _prune(root: Path, keep_last: int) -> None:
@@ -219,16 +338,20 @@ def _my_share(names: Sequence[str]) -> list:
     return [name for i, name in enumerate(names) if i % world == rank]
 
 
-def _write_manifest(tmp: Path) -> None:
-    """Collective: every rank checksums its share of the saved files; rank 0 writes the
+def _write_manifest(tmp: Path, written: dict) -> None:
+    """Collective: every rank checksums its share of the saved files not in `written` (the
+    records of the files this rank's background writer checksummed); rank 0 writes the
     manifest (before the directory is published)."""
+    known = [None] * dist.get_world_size()
+    dist.all_gather_object(known, written)
+    files = {k: v for part in known for k, v in part.items()}
     names = [checkpoint_files(tmp) if dist.get_rank() == 0 else None]
     dist.broadcast_object_list(names, src=0)
-    mine = {name: file_record(tmp / name) for name in _my_share(names[0])}
+    mine = {name: file_record(tmp / name) for name in _my_share([n for n in names[0] if n not in files])}
     gathered = [None] * dist.get_world_size()
     dist.all_gather_object(gathered, mine)
     if dist.get_rank() == 0:
-        files = {k: v for part in gathered for k, v in part.items()}
+        files.update({k: v for part in gathered for k, v in part.items()})
         (tmp / MANIFEST).write_text(json.dumps({"format": 1, "files": files}, sort_keys=True) + "\n")
 
 
@@ -289,6 +412,24 @@ def resumable_checkpoint(run_dir) -> Optional[Path]:
     return path
 
 
+def _restore_adam_steps(optimizer) -> None:
+    """megatron-core 0.16.1's dp_reshardable load copies the loading template's
+    per-parameter Adam 'step' (the priming step's 1) over the loaded one, so a resumed
+    run's bias correction restarted and its losses drifted from the second step after the
+    resume. Each parameter group's 'step' is loaded right: set every parameter's from it
+    (a tensor of its own each: the load left one shared by all)."""
+    for chained in getattr(optimizer, "chained_optimizers", [optimizer]):
+        inner = chained.optimizer
+        for group in inner.param_groups:
+            if group.get("step") is None:
+                continue
+            for param in group["params"]:
+                state = inner.state.get(param)
+                if state and "step" in state:
+                    state["step"] = torch.tensor(float(group["step"]), dtype=state["step"].dtype,
+                                                 device=state["step"].device)
+
+
 def _prime_distributed_optimizer(chunks: Sequence, optimizer) -> None:
     """megatron's DistributedOptimizer builds its loading state dict only once Adam
     has state ('step'); take one step with zero gradients (everything it changes is
@@ -332,6 +473,8 @@ def load_checkpoint(path: Path, chunks: Sequence, optimizer, scheduler, batch_so
     # fp32 distributed optimizer: main params are views of requires-grad model params.
     with torch.no_grad():
         optimizer.load_state_dict(loaded["optimizer"])
+    if distributed:
+        _restore_adam_steps(optimizer)
     scheduler.load_state_dict(loaded["scheduler"])
     if same_layout:
         _set_rng_state(state["rng"])

@@ -157,6 +157,9 @@ class Trainer:
         self.callbacks: list = []  # called as cb(trainer, step) after each step (and its checkpoint)
         self.should_stop = runtime.should_stop  # collective; see launchers/runtime.py
         self.timer = StepTimer()  # this rank's step parts, for the straggler report
+        # train.async_save: checkpoint files written by a forked process while training goes on
+        self.background = ckpt.BackgroundSaves() if self.train_cfg.get("async_save") else None
+        self.checkpoint_metrics: dict = {}  # the last save's stall (and write), for the next metrics row
 
     # ---- construction -------------------------------------------------------------
     def _build_chunks(self, provider):
@@ -387,13 +390,43 @@ class Trainer:
                 **{f"straggler/rank{s['rank']}_over_median": s["over"] for s in slow}}
 
     def save(self) -> Path:
+        """Collective: a checkpoint of this step, published before this returns, or with
+        train.async_save written in the background and published by finish_saves."""
         self.progress(self.step, "save")
+        start = time.perf_counter()
         try:
-            return ckpt.save_checkpoint(self.plan.run_dir, self.step, self.chunks, self.optimizer, self.scheduler,
+            path = ckpt.save_checkpoint(self.plan.run_dir, self.step, self.chunks, self.optimizer, self.scheduler,
                                         self.components.train_source, self.run_id,
-                                        int(self.train_cfg.get("keep_last", 2)))
+                                        int(self.train_cfg.get("keep_last", 2)), background=self.background)
         finally:
             self.progress(self.step, "train")
+        stall = time.perf_counter() - start
+        self.checkpoint_metrics["checkpoint/stall_s"] = stall
+        if self.rank == 0:
+            log.info("checkpoint %s: training stalled %.3f s%s", path.name, stall,
+                     ", its files are written in the background" if self.background else "")
+        self._report_published()  # the save before it, published first
+        return path
+
+    def finish_saves(self, wait: bool = False) -> None:
+        """Collective: publish the background saves every rank has written (all, with `wait`)."""
+        if self.background is None or not self.background.pending():
+            return
+        if wait:
+            self.progress(self.step, "save")
+        self.background.finish(blocking=wait)
+        if wait:
+            self.progress(self.step, "train")
+        self._report_published()
+
+    def _report_published(self) -> None:
+        if self.background is None:
+            return
+        for name, seconds in self.background.published:
+            self.checkpoint_metrics["checkpoint/background_write_s"] = seconds
+            if self.rank == 0:
+                log.info("checkpoint %s published, %.1f s after its save", name, seconds)
+        self.background.published.clear()
 
     def run(self) -> list:
         """Train to train_iters; returns the per-step metrics (rank 0; others get [])."""
@@ -421,6 +454,9 @@ class Trainer:
             while self.step < self.train_iters:
                 metrics = self.train_step()
                 self.progress(self.step, "train")
+                self.finish_saves()
+                metrics.update(self.checkpoint_metrics)
+                self.checkpoint_metrics = {}
                 last = self.step == self.train_iters
                 if self.step % log_interval == 0 or last:  # collective: every rank, the same steps
                     metrics.update(self._straggler_report(self.step - self.timer.steps + 1))
@@ -445,9 +481,11 @@ class Trainer:
                 if not last and self.should_stop():
                     if not saved:
                         self.save()
+                    self.finish_saves(wait=True)
                     if self.rank == 0:
                         log.info("stop requested: checkpoint of step %d written, exiting for requeue", self.step)
                     break
+            self.finish_saves(wait=True)
             exit_code = 0
         except OSError as exc:  # the run's own files (metrics.jsonl, the loss curve, W&B's)
             if not ckpt.is_disk_full(exc, self.plan.run_dir):
