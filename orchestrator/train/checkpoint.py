@@ -151,19 +151,21 @@ def save_checkpoint(run_dir, step: int, chunks: Sequence, optimizer, scheduler, 
     publishes it. A full disk removes the partial save (so the run directory's other
     files can still be written) and raises DiskFull naming the path, the step and the
     checkpoint a rerun resumes from."""
+    from megatron.core import dist_checkpointing
+
     root = checkpoints_dir(run_dir)
     name = f"step_{step:06d}"
     with _disk_full_explained(root, name, keep_last):
         if background is not None:
             background.finish(blocking=True)  # one save in flight at a time
         tmp, state = _begin(root, name, step, chunks, optimizer, scheduler, wandb_run_id)
+        # In the background megatron returns the request whose function writes the tensor
+        # files; the save plan (agreed by every rank) and the common state are done here.
+        request = dist_checkpointing.save(state, str(tmp), async_sharded_save=background is not None)
+        _write_rank_files(tmp, optimizer, batch_source)
         if background is None:
-            dist_checkpointing_save(state, tmp)
-            _write_rank_files(tmp, optimizer, batch_source)
             _publish(root, name, keep_last, written={})
         else:
-            request = dist_checkpointing_save(state, tmp, in_background=True)
-            _write_rank_files(tmp, optimizer, batch_source)
             background.schedule(request, root, name, keep_last)
     return root / name
 
@@ -206,14 +208,6 @@ def _begin(root: Path, name: str, step: int, chunks: Sequence, optimizer, schedu
     state["step"] = step
     state["wandb_run_id"] = wandb_run_id
     return tmp, state
-
-
-def dist_checkpointing_save(state: dict, tmp: Path, in_background: bool = False):
-    """megatron's dist_checkpointing.save; in the background it returns the AsyncRequest
-    whose function writes the tensors (the save plan, agreed by every rank, is made here)."""
-    from megatron.core import dist_checkpointing
-
-    return dist_checkpointing.save(state, str(tmp), async_sharded_save=in_background)
 
 
 def _write_rank_files(tmp: Path, optimizer, batch_source) -> None:

@@ -262,6 +262,8 @@ class Trainer:
     def _finalize_with_loss_check(self, model, num_tokens=None, **kwargs):
         """Runs at the end of forward-backward, before gradients are reduced and long
         before the optimizer step: a NaN/Inf loss stops the run here on every rank."""
+        if self.device == "cuda":  # what the GPU computed, not what the host had queued (and not
+            torch.cuda.current_stream().synchronize()  # the overlapped gradient reduction's wait)
         self.timer.lap("compute")  # this rank's forward/backward ends; the step's collectives begin
         stats = self._reduce_stats(self.stats)
         self.last_stats = stats

@@ -19,12 +19,14 @@ PARTS = ("data_wait", "compute", "optimizer", "sync")
 
 
 class StepTimer:
-    """This rank's step parts, summed over the steps since the last gather."""
+    """This rank's step parts, summed over the steps since the last gather (the process's
+    first step left out)."""
 
     def __init__(self):
         self.sums = dict.fromkeys(PARTS, 0.0)
         self.steps = 0
         self._mark = None
+        self._first = True  # this process's first step
 
     def start(self) -> None:
         self._mark = time.perf_counter()
@@ -36,6 +38,9 @@ class StepTimer:
         self._mark = now
 
     def step_done(self) -> None:
+        if self._first:  # one-time costs (allocation, compilation, caches) differ by rank: not counted
+            self.sums, self._first = dict.fromkeys(PARTS, 0.0), False
+            return
         self.steps += 1
 
     def gather(self, rank: int, world: int) -> Optional[List[dict]]:

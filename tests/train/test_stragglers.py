@@ -4,7 +4,7 @@ micro-batch's forward), named every log interval on the console and in metrics.j
 
 import pytest
 
-from orchestrator.train.stragglers import stragglers
+from orchestrator.train.stragglers import StepTimer, stragglers
 from tests.train.jobs import launch, metrics
 from tests.train.plans import write_run_dir
 
@@ -24,6 +24,15 @@ def test_a_rank_whose_own_time_is_over_the_median_by_the_threshold_is_named():
     assert stragglers([_parts(0.5, 0.5, 0.1, 0.0), _parts(0.01, 0.5, 0.1, 0.5)], 0.2)[0]["rank"] == 0  # data wait
 
 
+def test_the_first_step_of_a_process_is_not_timed():
+    timer = StepTimer()
+    for _ in range(3):
+        timer.start()
+        timer.lap("compute")
+        timer.step_done()
+    assert timer.steps == 2
+
+
 @pytest.mark.multiprocess
 def test_a_slowed_rank_is_named_every_log_interval(tmp_path):
     run_dir = write_run_dir(tmp_path / "slow", dp=2, iters=10, num_microbatches=2)
@@ -31,5 +40,6 @@ def test_a_slowed_rank_is_named_every_log_interval(tmp_path):
     rows = {m["step"]: m for m in metrics(run_dir)}
     assert rows[5]["stragglers"] == [1] and rows[10]["stragglers"] == [1], rows
     assert not any("stragglers" in rows[s] for s in rows if s % 5), rows  # reported at log steps only
-    assert "stragglers over steps 1-5: rank 1 " in output and "stragglers over steps 6-10: rank 1 " in output
-    assert "rank 0 " not in output.partition("stragglers over steps 1-5:")[2].splitlines()[0]
+    # (the process's first step, with its one-time costs, is left out)
+    assert "stragglers over steps 2-5: rank 1 " in output and "stragglers over steps 6-10: rank 1 " in output
+    assert "rank 0 " not in output.partition("stragglers over steps 2-5:")[2].splitlines()[0]
