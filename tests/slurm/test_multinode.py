@@ -34,6 +34,7 @@ ITERS = 24
 SIGNAL_AFTER = 2
 SAVE_INTERVAL = 4  # the node-death run resumes from its last periodic checkpoint
 TP2_ACROSS_NODES = ["launcher.nodes=2", "parallel.tp=2"]  # one rank per node
+ASYNC_SAVE = "train.async_save=true"  # as the SLURM recipes
 PP2_ACROSS_NODES = ["launcher.nodes=2", "parallel.pp=2", "model.adapter.ctc_weight=0"]  # CTC needs pp=1
 
 
@@ -108,7 +109,9 @@ def test_pipeline_stages_on_two_nodes_train_as_on_one_machine(nodes_env, corpus,
 def test_usr2_requeues_a_two_node_job_that_resumes_exactly_in_the_same_wandb_run(tp2_reference, nodes_env, corpus,
                                                                                 root, capsys):
     ref_dir = tp2_reference[0]
-    assert commands.train(_on_nodes(root, corpus, "tp2_usr2", TP2_ACROSS_NODES)) == 0
+    # Checkpoints written in the background (the SLURM recipes' setting): the save the
+    # stop request makes is published before the job exits for its requeue.
+    assert commands.train(_on_nodes(root, corpus, "tp2_usr2", TP2_ACROSS_NODES, ASYNC_SAVE)) == 0
     run_dir = root / "tiny_cpu" / "tp2_usr2"
     job_id = launches(run_dir)[0]["job_ids"][0]
     _, resume_s = preempt_and_wait_for_resume(run_dir, job_id, SIGNAL_AFTER)
@@ -303,7 +306,8 @@ def test_a_frozen_rank_is_named_and_the_job_requeued_and_resumed_exactly(tp2_ref
     losses; `audiollm status` tells the requeue with its cause."""
     ref_dir = tp2_reference[0]
     assert commands.train(_on_nodes(root, corpus, "tp2_frozen_rank", TP2_ACROSS_NODES,
-                                    f"train.save_interval={SAVE_INTERVAL}", f"train.hang_timeout={HANG_TIMEOUT}")) == 0
+                                    f"train.save_interval={SAVE_INTERVAL}", f"train.hang_timeout={HANG_TIMEOUT}",
+                                    ASYNC_SAVE)) == 0
     run_dir = root / "tiny_cpu" / "tp2_frozen_rank"
     wait_for_step(run_dir, SAVE_INTERVAL + 1, timeout=JOB_TIMEOUT)
     pid = rank_pids(run_dir, 1)[-1]
