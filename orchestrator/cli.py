@@ -79,8 +79,11 @@ def plan_main(argv: Sequence[str]) -> int:
 
     check = check_request(plan.config["launcher"])
     problems = check.problems  # None: not a SLURM launch, no SLURM here, or no answer in time (check.skipped)
+    continuation, layout_problems = _continuation(cfg, plan)
+    errors = [*plan.errors, *layout_problems]
     if args.json:
-        print(json.dumps({**plan.to_dict(), "cluster_problems": problems, "cluster_check_skipped": check.skipped},
+        print(json.dumps({**plan.to_dict(), "cluster_problems": problems, "cluster_check_skipped": check.skipped,
+                          "continuation": continuation, "continuation_problems": layout_problems},
                          allow_nan=False))
     else:
         from orchestrator.plan_report import render
@@ -93,6 +96,8 @@ def plan_main(argv: Sequence[str]) -> int:
                 print("  - " + problem)
         if check.skipped:
             print(f"\ncluster check skipped: {check.skipped}")
+        if continuation:
+            print(f"\nresumes its run directory: {continuation}")
     if args.probe:
         from orchestrator.probe_report import ProbeFailed, render as render_probe, run_probe
 
@@ -101,11 +106,26 @@ def plan_main(argv: Sequence[str]) -> int:
         except ProbeFailed as exc:
             print(f"\n{exc}", file=sys.stderr)
             return 1
-    if plan.errors:
-        print(f"\n{len(plan.errors)} configuration error(s): the plan above is what would run once they are fixed; "
-              f"`audiollm train` refuses it until then:\n" + "\n".join(f"  {e}" for e in plan.errors), file=sys.stderr)
+    if errors:
+        print(f"\n{len(errors)} configuration error(s): the plan above is what would run once they are fixed; "
+              f"`audiollm train` refuses it until then:\n" + "\n".join(f"  {e}" for e in errors), file=sys.stderr)
         return 2
     return 0
+
+
+def _continuation(cfg, plan) -> tuple:
+    """How this plan continues its run directory's latest checkpoint at another parallel
+    layout, and why it cannot: what `audiollm train` would say before submitting."""
+    from omegaconf import OmegaConf
+
+    from launchers import rundir
+    from launchers.commands import continuation_of
+
+    container = OmegaConf.to_container(cfg, resolve=True)
+    run_dir = rundir.run_dir_for(container).absolute()
+    if container["run"]["resume"] != "auto" or not rundir.has_checkpoint(run_dir):
+        return None, []
+    return continuation_of(run_dir, plan.to_dict())
 
 
 def _top_parser(commands: dict[str, str]) -> argparse.ArgumentParser:

@@ -51,3 +51,37 @@ def test_canonical_nodes_must_be_a_multiple_of_the_data_parallel_size():
     assert "a data-parallel size among [1, 2, 3, 6]" in error
     (warning,) = findings("data.canonical_nodes=8", "optim.micro_batch_size=1", "optim.global_batch_size=12")
     assert "not a multiple of optim.micro_batch_size" in warning
+
+
+def test_audiollm_plan_shows_the_change_of_size_of_the_run_it_would_resume_or_refuses_it(tmp_path, capsys):
+    """`audiollm plan` with the overrides of an existing run (its run.name) says how the
+    plan continues the run's latest checkpoint, as `audiollm train` does before it
+    submits, and lists a change that cannot load as an error (exit 2)."""
+    import json
+
+    from orchestrator.cli import plan_main
+
+    checkpoint = tmp_path / "tiny_cpu" / "elastic" / "checkpoints" / "step_000040"
+    checkpoint.mkdir(parents=True)
+    (checkpoint.parent / "latest").write_text("step_000040\n")
+
+    def saved(**layout):
+        (checkpoint / "layout.json").write_text(json.dumps({"tp": 1, "pp": 1, "cp": 1, "dp": 2, "world_size": 2,
+                                                             "canonical_nodes": 2, "optimizer": None, **layout}))
+
+    run = ["run.experiment=tiny_cpu", "run.name=elastic", f"run.output_root={tmp_path}", "optim.micro_batch_size=8"]
+    saved()
+    assert plan_main([*run, "launcher.gpus_per_node=1"]) == 0
+    out = capsys.readouterr().out
+    assert "resumes its run directory: step_000040 continues at another size: TP 1 PP 1 CP 1 DP 2 -> TP 1 PP 1 CP 1 " \
+           "DP 1" in out, out
+    assert plan_main([*run, "launcher.gpus_per_node=2"]) == 0  # the same layout: nothing to say
+    assert "resumes its run directory" not in capsys.readouterr().out
+    saved(optimizer="dp_reshardable")
+    assert plan_main([*run, "launcher.gpus_per_node=2", "parallel.tp=2"]) == 2
+    said = capsys.readouterr()
+    assert "TP 1 PP 1 CP 1 DP 2 -> TP 2 PP 1 CP 1 DP 1" in said.out
+    assert "step_000040: the checkpoint's distributed-optimizer state (megatron's dp_reshardable layout) loads at " \
+           "another data-parallel size only" in said.err, said.err
+    assert plan_main([*run, "launcher.gpus_per_node=3", "optim.global_batch_size=48"]) == 2
+    assert "data-parallel sizes that continue it: 1, 2" in capsys.readouterr().err
