@@ -100,6 +100,11 @@ class DataConfig:
     # Worker processes per training process that read, decode, resample, compute log-mel
     # and tokenize ahead of the step; 0: all of it in the training process, between steps.
     num_workers: int = 0
+    # One process of each model replica (the ranks that share a data-parallel rank: its
+    # tensor-, pipeline- and context-parallel peers) reads, decodes and computes features,
+    # and sends each micro-batch to the others. false: every rank reads its replica's
+    # micro-batches itself (the same batches, TP x PP x CP times the host's data work).
+    replica_reader: bool = True
     seed: int = 17
     # Mosaic canonical nodes of the training order: the run can continue at any
     # data-parallel size that divides this number, reading on from every node's own

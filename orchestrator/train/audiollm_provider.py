@@ -399,25 +399,37 @@ def for_context_parallel(source, parallel_cfg):
 
 def build_audiollm_components(plan, dp_rank: int, dp_size: int):
     """Components for an AudioLLM plan: the provider, the train loader of this DP rank and
-    (when data.validation lists datasets) the validation source."""
+    (when data.validation lists datasets) the validation source. With data.replica_reader
+    only one rank of each model replica builds the loaders and reads; the others receive
+    its micro-batches (orchestrator/train/replica_reader.py)."""
     from orchestrator.data.loader import RankLoader, build_validation_loaders
     from orchestrator.train.loop import Components
+    from orchestrator.train.replica_reader import ReplicaBatches, replica_group
 
     cfg = audiollm_config(plan)
     mbs = plan.micro_batch_size
     provider = AudioLLMProvider.from_config(cfg)
-    train = RankLoader(cfg.data, cfg.model.encoder, cfg.model.adapter, mbs, dp_rank, dp_size, cfg.data.seed,
-                       cfg.data.canonical_nodes)
-    train_source = LoaderBatches(train)
-    val = generation = None
+    replica = replica_group() if cfg.data.replica_reader else None
+    reads = replica is None or replica[2]
+    train_source = val = generation = loaders = None
+    if reads:
+        train = RankLoader(cfg.data, cfg.model.encoder, cfg.model.adapter, mbs, dp_rank, dp_size, cfg.data.seed,
+                           cfg.data.canonical_nodes)
+        train_source = LoaderBatches(train)
     if cfg.data.validation:
-        # One set of validation loaders (one open validation mixture) serves the loss and generation.
-        loaders = build_validation_loaders(cfg.data, cfg.model.encoder, cfg.model.adapter, mbs, dp_rank, dp_size)
-        val = ValidationBatches(loaders)
+        if reads:
+            # One set of validation loaders (one open validation mixture) serves the loss and generation.
+            loaders = build_validation_loaders(cfg.data, cfg.model.encoder, cfg.model.adapter, mbs, dp_rank, dp_size)
+            val = ValidationBatches(loaders)
         if cfg.train.eval_generation:
             from orchestrator.train.generation_eval import GenerationEvaluation
 
-            generation = GenerationEvaluation(loaders, cfg.data.tokenizer, cfg.train, cfg.parallel)
+            # (A replica of several ranks is model-parallel: generation is not scored in training there.)
+            generation = GenerationEvaluation(loaders or {}, cfg.data.tokenizer, cfg.train, cfg.parallel)
+    if replica is not None:
+        group, reader, _ = replica
+        train_source = ReplicaBatches(train_source, group, reader)
+        val = ReplicaBatches(val, group, reader) if cfg.data.validation else None
     train_source = for_context_parallel(train_source, cfg.parallel)
     val = for_context_parallel(val, cfg.parallel) if val is not None else None
     return Components(provider=provider, train_source=train_source, val_source=val, generation_eval=generation)

@@ -91,9 +91,12 @@ def test_audiollm_trains_at_tp2_and_pp2(corpus, tp2_straight, tmp_path):
 def test_audiollm_exact_resume_with_the_real_loader(corpus, tp2_straight, tmp_path):
     """TP=2: 6 steps, a hard process exit after step 6's checkpoint, 6 resumed steps
     give the straight run's loss at every step (model, optimizer, RNG and the MDS
-    loader's position and packer buffer all restored)."""
+    loader's position and packer buffer all restored). This run reads in a data worker
+    (data.num_workers=1), the straight one in the training process; in both one rank
+    reads and sends its TP peer the micro-batches (data.replica_reader)."""
     _, straight = tp2_straight
-    run_dir = write_audiollm_run_dir(tmp_path / "tp2_resumed", corpus, tp=2, iters=ITERS, save_interval=SAVE_AT)
+    run_dir = write_audiollm_run_dir(tmp_path / "tp2_resumed", corpus, tp=2, iters=ITERS, save_interval=SAVE_AT,
+                                     extra=["data.num_workers=1"])
     launch("job_script.py", 2, "kill", str(run_dir), str(SAVE_AT), log_dir=tmp_path, expect_rc=17)
     assert [m["step"] for m in metrics(run_dir)] == list(range(1, SAVE_AT + 1))
     resumed = result(launch("job_script.py", 2, "train", str(run_dir), log_dir=tmp_path))
