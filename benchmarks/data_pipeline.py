@@ -13,7 +13,10 @@ prompt tokenization and packing, and build_train_loader end to end with data.num
 = 0, 1 and 2 (per core = wall-clock samples/s over main process + workers, capped at the
 CPUs this process may use; also per CPU-second of main + workers, which other load on a
 shared machine hardly changes; a loader that refuses workers is reported 'not available').
-Last, the CPU cores one GPU needs to feed TOKENS_PER_GPU tokens/s from those rates.
+Last, the CPU cores one GPU needs to feed TOKENS_PER_GPU tokens/s from those rates, and for
+each GPU recipe's layout before and after data.replica_reader (one rank of each model
+replica reads; its peers receive: the host cost of pickling and unpickling a micro-batch
+is measured and added).
 The demo corpus (--data) is synthesized in a temp directory when it does not exist.
 --quick: few clips and short loader runs (about a minute on 2 cores; the full run takes
 about 3-4). Prints one table.
@@ -28,6 +31,7 @@ for _var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
 
 import argparse
 import io
+import pickle
 import sys
 import tempfile
 import time
@@ -36,6 +40,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+REPO = Path(__file__).resolve().parents[1]
 TOKENS_PER_GPU = 19_000  # decoder tokens/s one GPU trains (non-padding), for the cores-per-GPU rows
 FORMATS = (("wav", "WAV", "PCM_16"), ("flac", "FLAC", "PCM_16"), ("mp3", "MP3", "MPEG_LAYER_III"),
            ("ogg vorbis", "OGG", "VORBIS"), ("ogg opus", "OGG", "OPUS"))
@@ -264,6 +269,10 @@ def main(argv=None) -> int:
             st["per_core"][workers], st["per_cpu_s"][workers] = rate / cores, samples / cpu
             if workers == 0:
                 st["tokens_per_sample"], st["util_packed"] = used / samples, used / slots
+                # What sending a micro-batch to the replica's peers costs the host (data.replica_reader):
+                # the pickling on the reader and the unpickling on each peer, per sample.
+                t_send, _ = _timed(lambda: pickle.loads(pickle.dumps(b)), repeat)
+                st["send_s_per_sample"] = t_send / b["num_samples"]
             put(label, kind, f"{rate:.1f}")
             put(core_label, kind, f"{rate / cores:.1f}")
             put(cpu_label, kind, f"{samples / cpu:.1f}")
@@ -295,6 +304,9 @@ def main(argv=None) -> int:
                 f"{samples / (time.perf_counter() - start):.1f}")
 
     # CPU cores to feed one GPU, from the measured per-core rates.
+    from orchestrator.compose import compose
+
+    gpu_recipes = sorted(p.stem for p in (REPO / "recipes").glob("gemma2_*.yaml"))
     for kind, st in stats.items():
         put("mean clip length (s)", kind, f"{st['seconds']:.1f}")
         put("mean tokens per sample (non-padding)", kind, f"{st['tokens_per_sample']:.0f}")
@@ -307,6 +319,23 @@ def main(argv=None) -> int:
                 rate = rates.get(workers)
                 put(f"CPU cores per GPU ({basis} rate), num_workers={workers}", kind,
                     f"{need / rate:.2f}" if rate else "not available")
+        if kind != "30 s":
+            continue
+        # Per GPU recipe: before, every rank of a model replica (TP x PP x CP ranks) read the
+        # replica's micro-batches itself; with data.replica_reader one of them reads and the
+        # others receive (each GPU then also pays the unpickling of its micro-batches).
+        best = max(r for r in st["per_core"].values() if r)
+        put("sending a micro-batch to a peer (pickle + unpickle): ms per sample", kind,
+            f"{1000 * st['send_s_per_sample']:.2f}")
+        for recipe in gpu_recipes:
+            par = compose([f"+recipe={recipe}"]).parallel
+            replica = par.tp * par.pp * par.cp
+            before = need / best
+            after = before / replica + need * st["send_s_per_sample"]
+            put(f"cores per GPU, {recipe} (TP {par.tp} PP {par.pp} CP {par.cp}): every rank reads", kind,
+                f"{before:.2f}")
+            put(f"cores per GPU, {recipe}: one reader per replica of {replica}", kind,
+                f"{after:.2f} ({after / before:.2f}x)")
     tmp.cleanup()
 
     cols = list(kinds)

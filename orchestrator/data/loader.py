@@ -26,8 +26,8 @@ from __future__ import annotations
 import json
 import logging
 import weakref
-from collections import Counter
-from typing import Any, Dict, Iterator, List, Optional, Sequence
+from collections import Counter, deque
+from typing import Any, Deque, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
@@ -97,7 +97,12 @@ class SampleProcessor:
             raise AudioError(f"clip of {seconds:.2f} s exceeds data.max_audio_seconds ({self.cfg.max_audio_seconds}); "
                              f"set data.long_audio=chunk to split it, or raise data.max_audio_seconds")
         # Consecutive chunks of max_audio_seconds; their placeholder runs follow each other in the prompt.
-        return [audio[i:i + self.max_samples] for i in range(0, audio.shape[0], self.max_samples)]
+        chunks = [audio[i:i + self.max_samples] for i in range(0, audio.shape[0], self.max_samples)]
+        # A last chunk too short for one audio token (under frame_stack encoder frames: 0.1 s
+        # at frame_stack 5) has nothing the model could read: it is left out.
+        if len(chunks) > 1 and self._placeholders(chunks[-1:]) == [0]:
+            chunks.pop()
+        return chunks
 
     def _placeholders(self, clips: Sequence[np.ndarray]) -> List[int]:
         return [audio_placeholder_count(c.shape[0], self.max_source_positions, self.frame_stack, self.cfg.audio_tokens)
@@ -658,6 +663,7 @@ class ValidationSuite:
         self.cfg = data_cfg
         self.formats = [tasks.dataset_format(d.entry or {"name": d.name}, data_cfg, d.name) for d in self.datasets]
         self._mixture = None
+        self._pool = None  # the validation workers (data.num_workers), started on first use
 
     @property
     def mixture(self):
@@ -671,10 +677,49 @@ class ValidationSuite:
         return self._mixture
 
     def close(self) -> None:
-        """Give back the mixture's shared memory (opened again on next use)."""
+        """Stop the workers and give back the mixture's shared memory (opened again on next use)."""
+        if self._pool is not None:
+            self._pool.shutdown(cancel_futures=True)
+            self._pool = None
         if self._mixture is not None:
             sources.close_mixture(self._mixture)
             self._mixture = None
+
+    def read(self, k: int, processor: "SampleProcessor", tasks: Sequence[Tuple[int, int]],
+             lookahead: int) -> Iterator[Any]:
+        """Each task's (position, sample id) Example of dataset k, or _Bad, in task order.
+        With data.num_workers the samples are read, decoded and turned into log-mel by
+        worker processes (one pool for every validation dataset, kept for the run), at
+        most `lookahead` of this dataset's ahead; otherwise here, the features left to
+        collate as before."""
+        mixture = self.mixture  # opened before the workers fork: they read through it
+        if not self.cfg.num_workers:
+            for position, sample_id in tasks:
+                yield _validation_example(mixture, processor, k, position, sample_id, with_features=False)
+            return
+        if self._pool is None:
+            import concurrent.futures
+            import multiprocessing
+
+            _VALIDATION_READERS[id(self)] = (self, processor)  # what the forked workers find
+            self._pool = concurrent.futures.ProcessPoolExecutor(self.cfg.num_workers,
+                                                                mp_context=multiprocessing.get_context("fork"),
+                                                                initializer=_one_thread)
+        pending: Deque = deque()
+        tasks = iter(tasks)
+        while True:
+            while len(pending) < lookahead:
+                task = next(tasks, None)
+                if task is None:
+                    break
+                pending.append(self._pool.submit(_read_in_worker, id(self), k, *task))
+            if not pending:
+                return
+            result = pending.popleft().result()
+            if not isinstance(result, _Bad):
+                result.features = torch.from_numpy(result.features)
+                result.feature_lengths = torch.from_numpy(result.feature_lengths)
+            yield result
 
     def sample_ids(self, k: int) -> range:
         m = self.mixture
@@ -698,16 +743,15 @@ class ValidationSet:
         limit = self.cfg.validation_max_samples
         if limit is not None:
             ids = ids[:limit]
-        mixture = self.suite.mixture
         packer = Packer(self.cfg.seq_length, self.mbs, max(self.cfg.packing_buffer, self.mbs), self.cfg.packing)
-        for position in range(self.dp_rank, len(ids), self.dp_size):
-            sample_id = ids[position]
-            try:
-                packer.add(self.processor(mixture[sample_id], position, 0, format_index=self.k))
-            except (AudioError, ValueError) as err:
-                self.bad.handle(self.suite.locator(sample_id), str(err))
+        tasks = [(position, ids[position]) for position in range(self.dp_rank, len(ids), self.dp_size)]
+        lookahead = max(2 * self.cfg.num_workers, self.mbs)
+        for result in self.suite.read(self.k, self.processor, tasks, lookahead):
+            if isinstance(result, _Bad):
+                self.bad.handle(self.suite.locator(result.sample_id), result.reason)
                 continue
             self.bad.good(self.name)
+            packer.add(result)
             if packer.full():
                 yield self._batch(packer.pop_rows())
         while packer.buffer:
@@ -719,6 +763,37 @@ class ValidationSet:
                         features_fn=self.processor.features, packed=self.cfg.packing)
         batch["transcripts"] = [ex.tokenized.reference for row in rows for ex in row]
         return batch
+
+
+# Validation suites by id, for their forked workers (ValidationSuite.read).
+_VALIDATION_READERS: Dict[int, tuple] = {}
+
+
+def _validation_example(mixture, processor: "SampleProcessor", k: int, position: int, sample_id: int,
+                        with_features: bool):
+    """Validation sample `sample_id` of dataset k as an Example (its log-mel computed when
+    `with_features`, as numpy arrays to cross processes), or _Bad with the reason."""
+    try:
+        example = processor(mixture[sample_id], position, 0, format_index=k)
+    except (AudioError, ValueError) as err:
+        return _Bad(position, sample_id, str(err))
+    if with_features:
+        processor.features([example])
+        example.clips = []
+        example.features, example.feature_lengths = example.features.numpy(), example.feature_lengths.numpy()
+    return example
+
+
+def _one_thread() -> None:
+    """In a forked worker: one intra-op thread, as torch's DataLoader workers do (the
+    OpenMP pool inherited from the parent, whose threads did not survive the fork, would
+    otherwise hang the first parallel op)."""
+    torch.set_num_threads(1)
+
+
+def _read_in_worker(suite_id: int, k: int, position: int, sample_id: int):
+    suite, processor = _VALIDATION_READERS[suite_id]
+    return _validation_example(suite.mixture, processor, k, position, sample_id, with_features=True)
 
 
 def build_validation_loaders(data_cfg, encoder_cfg, adapter_cfg, micro_batch_size: int, dp_rank: int = 0,

@@ -213,17 +213,34 @@ class AudioAdapter(nn.Module):
         return self.linear_2(hidden * keep / (1 - p))
 
 
+# A clip's CTC target that says: this clip continues the sample of the clip before it (a
+# long recording cut into windows, data.long_audio=chunk), whose transcript is aligned
+# over the windows' audio tokens one after another.
+JOINS_PREVIOUS = "joins the previous clip"
+
+
 def ctc_losses(adapter: AudioAdapter, audio_tokens: torch.Tensor, tokens_per_clip: Sequence[int],
-               targets: Sequence[Optional[Sequence[int]]]) -> torch.Tensor:
-    """CTC loss of each clip with a target [clips with targets]: the adapter's CTC head
-    over the clip's audio tokens (`audio_tokens` [sum of tokens, hidden], clips in order)
+               targets: Sequence) -> torch.Tensor:
+    """CTC loss of each sample with a target [samples with targets]: the adapter's CTC head
+    over its clips' audio tokens (`audio_tokens` [sum of tokens, hidden], clips in order;
+    a sample's clips are its first and the JOINS_PREVIOUS ones after it, concatenated)
     against its transcript's token ids; a clip whose target is None (its sample is not
-    its transcript) is left out. A transcript longer than the clip's audio tokens cannot
-    be aligned and gives 0 (zero_infinity) rather than an infinite loss."""
+    its transcript) is left out. A transcript longer than its audio tokens cannot be
+    aligned and gives 0 (zero_infinity) rather than an infinite loss."""
     if adapter.ctc_head is None:
         raise ValueError("the adapter has no CTC head (model.adapter.ctc_weight is 0)")
     if len(targets) != len(tokens_per_clip):
         raise ValueError(f"{len(targets)} CTC targets for {len(tokens_per_clip)} audio clips")
+    samples: list = []  # [target, audio tokens] per sample, its clips' tokens summed
+    for i, (target, tokens) in enumerate(zip(targets, tokens_per_clip)):
+        if isinstance(target, str) and target == JOINS_PREVIOUS:
+            if not samples or samples[-1][0] is None:
+                raise ValueError(f"CTC target of clip {i} joins the previous clip, which has no target")
+            samples[-1][1] += int(tokens)
+        else:
+            samples.append([target, int(tokens)])
+    tokens_per_clip = [tokens for _, tokens in samples]
+    targets = [target for target, _ in samples]
     if any(t is None for t in targets):
         keep = [i for i, t in enumerate(targets) if t is not None]
         pieces = audio_tokens.split(list(tokens_per_clip))

@@ -53,7 +53,10 @@ class DataConfig:
     # metrics as truncated_samples).
     long_conversation: str = "refuse"
     max_audio_seconds: float = 30.0
-    long_audio: str = "refuse"  # refuse | chunk: clips longer than max_audio_seconds
+    # refuse | chunk: clips longer than max_audio_seconds. chunk cuts one into windows of
+    # max_audio_seconds, each encoded on its own; their audio tokens follow one another in
+    # the prompt, and the auxiliary CTC loss aligns the transcript over all of them.
+    long_audio: str = "refuse"
     # Audio tokens per clip: "clip" counts the clip's own mel frames (short clips make
     # fewer tokens; the adapter output is cut to that count), "window" always counts
     # the whole encoder window (Whisper style: 300 tokens per clip at 30 s).
@@ -99,6 +102,7 @@ class DataConfig:
     demo_corpus_accent: Optional[str] = None
     # Worker processes per training process that read, decode, resample, compute log-mel
     # and tokenize ahead of the step; 0: all of it in the training process, between steps.
+    # Validation gets as many more, started at the first evaluation and kept for the run.
     num_workers: int = 0
     # One process of each model replica (the ranks that share a data-parallel rank: its
     # tensor-, pipeline- and context-parallel peers) reads, decodes and computes features,

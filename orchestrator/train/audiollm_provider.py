@@ -25,6 +25,7 @@ from typing import Dict, List, Optional
 import torch
 
 from orchestrator.models.fusion import check_audio_placeholders, check_routed_frames
+from orchestrator.models.speech import JOINS_PREVIOUS
 
 # Fields of the loop's TransformerConfig (from the plan) that the AudioLLM's own config
 # must share: the pipeline schedule and DDP read the loop's config, the layers read the
@@ -118,9 +119,9 @@ class AudioLLMProvider:
         samples = []
         if self.ctc_weight > 0 and inner.training and "audio_features" in inputs:
             per_clip = ctc_samples(batch, self.special_ids)
-            samples = [(row, trained, int(trained.sum())) for row, trained, _ in filter(None, per_clip)]
+            samples = [(s[0], s[1], int(s[1].sum())) for s in per_clip if isinstance(s, tuple)]
             if samples:
-                inputs["ctc_targets"] = [s[2] if s is not None else None for s in per_clip]
+                inputs["ctc_targets"] = [s[2] if isinstance(s, tuple) else s for s in per_clip]
         output = model(**inputs)
         if samples:
             output, ctc = output
@@ -148,13 +149,15 @@ class AudioLLMProvider:
                 held = torch.zeros(full["tokens"].shape, dtype=torch.bool)
                 held[:, slots] = True
                 per_clip = ctc_samples(full, self.special_ids)
-                # A clip's CTC loss is spread over its sample's trained tokens: a rank that
-                # trains some of them needs the clip's CTC loss, hence its encoding.
-                trains_here = [k for k, s in enumerate(per_clip) if s is not None and bool((s[1] & held[s[0]]).any())]
+                # A sample's CTC loss is spread over its trained tokens: a rank that trains
+                # some of them needs that loss, hence the encoding of all the sample's clips.
+                trains_here = [k for first, members in ctc_clip_groups(per_clip)
+                               if bool((per_clip[first][1] & held[per_clip[first][0]]).any()) for k in members]
                 clips = torch.unique(torch.cat([clips, torch.tensor(trains_here, dtype=torch.long)]))
-                targets = [per_clip[k][2] if k in trains_here else None for k in clips.tolist()]
+                targets = [(per_clip[k][2] if isinstance(per_clip[k], tuple) else per_clip[k]) if k in trains_here
+                           else None for k in clips.tolist()]
                 samples = [(per_clip[k][0], per_clip[k][1][slots], int(per_clip[k][1].sum()))
-                           for k in clips.tolist() if k in trains_here]
+                           for k in clips.tolist() if k in trains_here and isinstance(per_clip[k], tuple)]
                 if samples:
                     inputs["ctc_targets"] = targets
             frames = frame_index_within(clips, batch["audio_frames"], full["audio_num_tokens"]) if clips.numel() else \
@@ -235,9 +238,10 @@ def model_inputs(batch: dict, width: int, device, with_audio: bool = True) -> di
 def ctc_samples(batch: dict, special_ids: set) -> list:
     """(row, trained positions [S] bool, transcript token ids) of each clip's sample, in
     clip order; None for a clip whose sample is not its transcript (audio_clip_ctc: a
-    dataset of another task, a conversation). A sample is a document of its row
-    (positions restart at 0 at each); its transcript is its trained labels without
-    special tokens (end of turn, eos)."""
+    dataset of another task, a conversation); JOINS_PREVIOUS for the later windows of a
+    recording cut into several (data.long_audio=chunk: one transcript over all of its
+    windows). A sample is a document of its row (positions restart at 0 at each); its
+    transcript is its trained labels without special tokens (end of turn, eos)."""
     tokens, labels = batch["tokens"], batch["labels"]
     trained = batch["loss_mask"] > 0
     documents = torch.cumsum(batch["position_ids"] == 0, dim=1)
@@ -247,22 +251,38 @@ def ctc_samples(batch: dict, special_ids: set) -> list:
     ctc = batch["audio_clip_ctc"].tolist() if "audio_clip_ctc" in batch else [True] * len(rows)
     placeholders = {r: (tokens[r] == audio_id).nonzero().flatten().tolist() for r in set(rows)}
     used = {r: 0 for r in placeholders}
-    samples, seen = [], set()
+    samples, seen, previous = [], set(), None
     for row, count, wanted in zip(rows, per_clip, ctc):
         first = placeholders[row][used[row]]
         used[row] += count
         if not wanted:
             samples.append(None)
+            previous = None
             continue
         document = int(documents[row, first])
+        if (row, document) == previous:  # the next window of the same recording
+            samples.append(JOINS_PREVIOUS)
+            continue
         if (row, document) in seen:
-            raise ValueError(f"row {row}: a sample with several audio clips; the auxiliary CTC loss "
-                             f"(model.adapter.ctc_weight) needs one clip per sample")
+            raise ValueError(f"row {row}: a sample whose audio clips are not one after another; the auxiliary CTC "
+                             f"loss (model.adapter.ctc_weight) aligns its transcript over its clips in order")
         seen.add((row, document))
+        previous = (row, document)
         positions = trained[row] & (documents[row] == document)
         targets = [int(t) for t in labels[row][positions].tolist() if int(t) not in special_ids]
         samples.append((row, positions, targets))
     return samples
+
+
+def ctc_clip_groups(per_clip: list) -> list:
+    """(first clip, all its clips) of each sample with a CTC target in ctc_samples' list."""
+    groups = []
+    for k, entry in enumerate(per_clip):
+        if isinstance(entry, tuple):
+            groups.append((k, [k]))
+        elif entry == JOINS_PREVIOUS:
+            groups[-1][1].append(k)
+    return groups
 
 
 def ctc_per_token(ctc: torch.Tensor, shares: list, shape: tuple, weight: float) -> torch.Tensor:

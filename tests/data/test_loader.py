@@ -245,6 +245,48 @@ def test_validation_sets_read_everything_in_order_once(three_datasets, tokenizer
     assert sum(b["num_samples"] for b in build_validation_loaders(cfg, encoder_cfg, adapter_cfg, 2)["val_beta"]) == 5
 
 
+def test_validation_read_by_workers_gives_the_same_batches_in_the_same_order(three_datasets, tokenizer_dir,
+                                                                              encoder_cfg, adapter_cfg):
+    """data.num_workers=2: the validation samples are read, decoded and turned into log-mel
+    by worker processes (one pool for every validation dataset), the batches bit for bit
+    those read in the training process, in the same order, with a bad sample told the same
+    way; interleaved datasets (as the round-robin evaluation draws them) too."""
+    import numpy as np
+
+    from orchestrator.data.audio import encode_flac
+
+    bad = write_mds(three_datasets.parent / "val_with_bad", tone_samples(6, seed=5)[:3] + [
+        {"audio": encode_flac(np.zeros(16000 * 7, np.float32), 16000), "text": "one"}] + tone_samples(6, seed=5)[3:])
+    validation = [DatasetEntry(name="val_beta", path=str(three_datasets / "beta")),
+                  DatasetEntry(name="val_bad", path=str(bad))]
+
+    def batches(workers):
+        cfg = data_config(_entries(three_datasets), tokenizer=str(tokenizer_dir), validation=validation,
+                          num_workers=workers, on_bad_sample="skip")
+        sets = build_validation_loaders(cfg, encoder_cfg, adapter_cfg, micro_batch_size=2)
+        readers = {name: iter(vset) for name, vset in sets.items()}
+        drawn = []
+        while readers:  # one batch of each in turn
+            for name in list(readers):
+                batch = next(readers[name], None)
+                if batch is None:
+                    del readers[name]
+                else:
+                    drawn.append((name, batch))
+        return drawn, {name: vset.bad.as_dict() for name, vset in sets.items()}
+
+    (own, own_bad), (workers, workers_bad) = batches(0), batches(2)
+    assert [name for name, _ in own] == [name for name, _ in workers] and len(own) >= 5
+    for (name, a), (_, b) in zip(own, workers):
+        assert sorted(a) == sorted(b), name
+        for key in a:
+            if isinstance(a[key], torch.Tensor):
+                assert a[key].dtype == b[key].dtype and torch.equal(a[key], b[key]), (name, key)
+            else:
+                assert a[key] == b[key], (name, key)
+    assert own_bad == workers_bad and own_bad["val_bad"] == {"val_bad": 1}
+
+
 def test_train_and_validation_batches_from_the_demo_config_shape(three_datasets, tokenizer_dir, encoder_cfg,
                                                                   adapter_cfg):
     cfg = data_config(_entries(three_datasets), tokenizer=str(tokenizer_dir), packing=False)
@@ -312,6 +354,47 @@ def test_long_audio_is_chunked_when_configured(tmp_path, tokenizer_dir, encoder_
     # 12 s in 5-s chunks: 5 + 5 + 2 s -> 50 + 50 + 20 placeholders, one run after another.
     assert batch["audio_num_tokens"].tolist() == [50, 50, 20]
     assert batch["audio_lengths"].tolist() == [500, 500, 200]
+    # 10.05 s: the last 0.05 s would make no audio token (under frame_stack 5 encoder frames): left out.
+    path = write_mds(tmp_path / "tail", [{"audio": encode_flac(np.full(16080 * 10, 0.1, np.float32), 16000),
+                                          "text": "one two"}])
+    cfg = data_config([DatasetEntry(name="tail", path=str(path))], tokenizer=str(tokenizer_dir), long_audio="chunk",
+                      packing=False, seq_length=256)
+    batch = next(build_train_loader(cfg, encoder_cfg, adapter_cfg, 1, seed=0))
+    assert batch["audio_num_tokens"].tolist() == [50, 50]
+
+
+def test_the_ctc_loss_of_a_chunked_recording_runs_over_all_its_windows(tmp_path, tokenizer_dir, tokenizer,
+                                                                        encoder_cfg, adapter_cfg):
+    """data.long_audio=chunk cuts a 12-s recording into 3 windows, one sample with one
+    transcript: its auxiliary CTC loss aligns the transcript over the windows' adapter
+    frames one after another (the later windows join the first), is finite, equals the
+    CTC of the concatenated frames, and its gradient reaches every window's frames."""
+    import numpy as np
+    import torch
+
+    from orchestrator.data.audio import encode_flac
+    from orchestrator.models.speech import JOINS_PREVIOUS, AudioAdapter, ctc_losses
+    from orchestrator.train.audiollm_provider import ctc_clip_groups, ctc_samples
+
+    path = write_mds(tmp_path / "long", [{"audio": encode_flac(np.full(16000 * 12, 0.1, np.float32), 16000),
+                                          "text": "one two three"}])
+    cfg = data_config([DatasetEntry(name="long", path=str(path))], tokenizer=str(tokenizer_dir), long_audio="chunk",
+                      packing=False, seq_length=256)
+    batch = next(build_train_loader(cfg, encoder_cfg, adapter_cfg, 1, seed=0))
+    per_clip = ctc_samples(batch, set(tokenizer.all_special_ids))
+    assert isinstance(per_clip[0], tuple) and per_clip[1:] == [JOINS_PREVIOUS, JOINS_PREVIOUS]
+    assert ctc_clip_groups(per_clip) == [(0, [0, 1, 2])]
+    transcript = per_clip[0][2]
+    assert tokenizer.decode(transcript).strip() == "one two three"
+
+    windows = batch["audio_num_tokens"].tolist()  # 50 + 50 + 20 adapter frames
+    adapter = AudioAdapter(num_states=2, d_model=8, hidden_size=16, frame_stack=5, ctc_vocab_size=len(tokenizer))
+    frames = torch.randn(sum(windows), 16, generator=torch.Generator().manual_seed(0), requires_grad=True)
+    loss = ctc_losses(adapter, frames, windows, [s[2] if isinstance(s, tuple) else s for s in per_clip])
+    assert loss.shape == (1,) and torch.isfinite(loss).all() and float(loss.detach()) > 0
+    assert torch.equal(loss, ctc_losses(adapter, frames, [sum(windows)], [transcript]))
+    loss.sum().backward()
+    assert all(float(g.abs().sum()) > 0 for g in frames.grad.split(windows))
 
 
 def test_corrupt_shard_names_the_shard(tmp_path, tokenizer_dir, encoder_cfg, adapter_cfg):
