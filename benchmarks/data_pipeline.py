@@ -331,7 +331,7 @@ def main(argv=None) -> int:
             par = compose([f"+recipe={recipe}"]).parallel
             replica = par.tp * par.pp * par.cp
             before = need / best
-            after = before / replica + need * st["send_s_per_sample"]
+            after = before / replica + (need * st["send_s_per_sample"] if replica > 1 else 0.0)
             put(f"cores per GPU, {recipe} (TP {par.tp} PP {par.pp} CP {par.cp}): every rank reads", kind,
                 f"{before:.2f}")
             put(f"cores per GPU, {recipe}: one reader per replica of {replica}", kind,
