@@ -32,6 +32,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from demo_corpus import demo_corpus  # benchmarks/demo_corpus.py
+
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -77,10 +79,7 @@ def main() -> None:
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
-        corpus = Path(os.environ.get("AUDIOLLM_DEMO_DATA", tmp / "demo"))
-        if not (corpus / "tokenizer").exists():
-            subprocess.run([sys.executable, "-m", "orchestrator.cli", "data", "demo", str(corpus),
-                            "--num-samples", "200"], cwd=REPO, check=True, capture_output=True)
+        corpus = demo_corpus(tmp, samples=200)
         results = {mode: _run(f"stall_{mode}", tmp / "runs", corpus, args, mode == "background")
                    for mode in ("synchronous", "background")}
     print(f"decoder hidden {args.hidden}, {args.layers} layers; a checkpoint every 2 steps of {args.iters}")

@@ -24,6 +24,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from demo_corpus import demo_corpus  # benchmarks/demo_corpus.py
+
 REPO = Path(__file__).resolve().parents[1]
 LAYOUTS = {"tp2": ["parallel.tp=2"], "cp2": ["parallel.cp=2", "data.seq_length=512"],
            "pp2": ["parallel.pp=2", "model.adapter.ctc_weight=0"]}
@@ -55,10 +57,7 @@ def main() -> None:
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
-        corpus = Path(os.environ.get("AUDIOLLM_DEMO_DATA", tmp / "demo"))
-        if not (corpus / "tokenizer").exists():
-            subprocess.run([sys.executable, "-m", "orchestrator.cli", "data", "demo", str(corpus),
-                            "--num-samples", "600"], cwd=REPO, check=True, capture_output=True)
+        corpus = demo_corpus(tmp, samples=600)
         rows = [(layout, on, _run(tmp / "runs", corpus, layout, on, args.iters))
                 for layout in args.layouts.split(",") for on in (False, True)]
     print(f"tiny_cpu, 2 processes, {args.iters} steps (median over steps 4-{args.iters})")
