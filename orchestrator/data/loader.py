@@ -707,19 +707,23 @@ class ValidationSuite:
                                                                 initializer=_one_thread)
         pending: Deque = deque()
         tasks = iter(tasks)
-        while True:
-            while len(pending) < lookahead:
-                task = next(tasks, None)
-                if task is None:
-                    break
-                pending.append(self._pool.submit(_read_in_worker, id(self), k, *task))
-            if not pending:
-                return
-            result = pending.popleft().result()
-            if not isinstance(result, _Bad):
-                result.features = torch.from_numpy(result.features)
-                result.feature_lengths = torch.from_numpy(result.feature_lengths)
-            yield result
+        try:
+            while True:
+                while len(pending) < lookahead:
+                    task = next(tasks, None)
+                    if task is None:
+                        break
+                    pending.append(self._pool.submit(_read_in_worker, id(self), k, *task))
+                if not pending:
+                    return
+                result = pending.popleft().result()
+                if not isinstance(result, _Bad):
+                    result.features = torch.from_numpy(result.features)
+                    result.feature_lengths = torch.from_numpy(result.feature_lengths)
+                yield result
+        finally:  # an evaluation that stops early (train.eval_iters) leaves no work queued
+            for future in pending:
+                future.cancel()
 
     def sample_ids(self, k: int) -> range:
         m = self.mixture
