@@ -205,7 +205,7 @@ def test_a_two_node_run_continues_on_one_node_and_back_reading_every_sample_once
     straight on this machine: every step trains on the same samples (so none of the
     epoch is lost or read twice), the steps before the first change bit for bit, the rest
     within fp32 reduction order. In the last phase rank 1, slowed by SIGSTOP/SIGCONT
-    cycles for a few steps, is named a straggler."""
+    cycles from its first steps to the end, is named a straggler."""
     straight_dir, run_dir = root / "tiny_cpu" / "dp2_straight", root / "tiny_cpu" / "dp2_elastic"
     said = []
     for nodes, layout, stop_after in ((2, [], 6), (1, ["launcher.gpus_per_node=2", "parallel.tp=2"], 14),
@@ -218,7 +218,7 @@ def test_a_two_node_run_continues_on_one_node_and_back_reading_every_sample_once
         wait_until(lambda: (read_json(run_dir / "state.json") or {}).get("launch") == launch, JOB_TIMEOUT,
                    f"launch {launch} to start", [run_dir])
         if stop_after is None:
-            slowed = _slowed_by_stop_and_continue(run_dir, 1, from_step=16, until_step=22)
+            slowed = _slowed_by_stop_and_continue(run_dir, 1, attempt=3)
             break
         if not (straight_dir / "plan.json").exists():  # the reference, beside the first phase
             local = [o for o in _on_one_machine(root, corpus, "dp2_straight", ["launcher.nodes=2", NO_CTC])
@@ -252,12 +252,15 @@ def test_a_two_node_run_continues_on_one_node_and_back_reading_every_sample_once
     # move those two steps by 1e-2 or more: 3e-4 tells them apart. Adam, whose step does
     # not shrink with the gradient, then grows the differences (2e-4 by the end here):
     # 1e-2 for the run as a whole. (A lost or repeated sample is caught exactly, above.)
-    # Rank 1, stopped most of the time from step 17 to 22, is named a straggler in the
-    # report of steps 17-20 (train.log_interval 4), alone. (Elsewhere a 20 % excess can
-    # come from this 2-core machine, shared by both nodes and the reference run.)
+    # Rank 1, stopped most of the time from about step 17 to the end, is named a straggler,
+    # alone, in each report (train.log_interval 4) of steps it was slowed in throughout.
+    # (Elsewhere a 20 % excess can come from this 2-core machine, shared by both nodes and
+    # the reference run.)
     rows = {m["step"]: m for m in read_metrics(run_dir)}
-    assert slowed[0] <= 17 and slowed[1] >= 20, slowed
-    assert rows[20].get("stragglers") == [1], [(s, rows[s].get("stragglers")) for s in sorted(rows)]
+    reports = [step for step in (20, 24) if step - 3 >= slowed[0] and step <= slowed[1]]
+    assert reports, slowed
+    assert all(rows[step].get("stragglers") == [1] for step in reports), \
+        (slowed, [(s, rows[s].get("stragglers")) for s in sorted(rows)])
     first_change = max(rel[resumed[0] + 1], rel[resumed[0] + 2])
     assert first_change <= 3e-4, rel
     assert max(rel.values()) <= 1e-2, rel
@@ -267,31 +270,35 @@ def test_a_two_node_run_continues_on_one_node_and_back_reading_every_sample_once
               f"the run within {max(rel.values()):.1e} relative of the straight run")
 
 
-def _slowed_by_stop_and_continue(run_dir, rank: int, from_step: int, until_step: int) -> tuple[int, int]:
-    """From `from_step` on, stop rank `rank` (SIGSTOP) for 0.3-0.7 s, let it run (SIGCONT)
-    for 0.05-0.15 s, and again, until `until_step` is logged: random durations, so the
-    stops land anywhere in its steps. Returns (the step in progress when the cycles
-    began, the last step logged during them)."""
+def _slowed_by_stop_and_continue(run_dir, rank: int, attempt: int) -> tuple[int, int]:
+    """Once the `attempt`-th start of the run has logged a step, stop its rank `rank`
+    (SIGSTOP) for 0.3-0.7 s, let it run (SIGCONT) for 0.05-0.15 s, and again, until its
+    process ends: random durations, so the stops land anywhere in its steps. Returns
+    (the first step slowed from its start, the last step logged)."""
     import random
 
     def last_step():
         return max(m["step"] for m in read_metrics(run_dir))
 
     draw = random.Random(0)
-    wait_for_step(run_dir, from_step, timeout=JOB_TIMEOUT)
-    pid = rank_pids(run_dir, rank)[-1]
-    first = last_step() + 1
+    wait_until(lambda: len(rank_pids(run_dir, rank)) >= attempt, JOB_TIMEOUT, f"start {attempt} of rank {rank}",
+               [run_dir])
+    pid = rank_pids(run_dir, rank)[attempt - 1]
+    wait_for_step(run_dir, last_step() + 1, timeout=JOB_TIMEOUT)  # (a resume starts past the logged steps)
+    begun = last_step()  # step begun + 1 may be under way: slowed only in part
     deadline = time.time() + JOB_TIMEOUT
     try:
-        while last_step() < until_step and time.time() < deadline:
+        while time.time() < deadline:
             os.kill(pid, signal.SIGSTOP)
             time.sleep(draw.uniform(0.3, 0.7))
             os.kill(pid, signal.SIGCONT)
             time.sleep(draw.uniform(0.05, 0.15))
+    except ProcessLookupError:  # the job ended
+        pass
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGCONT)
-    return first, last_step()
+    return begun + 2, last_step()
 
 
 HANG_TIMEOUT = 15  # train.hang_timeout, seconds
