@@ -1,7 +1,8 @@
 """Checkpoints written in the background (train.async_save, orchestrator/train/checkpoint.py
-BackgroundSaves): the same checkpoints as synchronous saves, published only once every
-rank's files are written, so a rank killed hard between a save and its publication
-leaves `latest` naming the previous, complete checkpoint, and the run resumes exactly."""
+BackgroundSaves): published only once every rank's files are written, with a manifest
+that verifies, so a rank killed hard between a save and its publication leaves `latest`
+naming the previous, complete checkpoint, from which the run resumes to the losses of a
+run that saved synchronously."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from tests.train.plans import write_run_dir
 
 
 @pytest.mark.multiprocess
-def test_background_saves_equal_synchronous_ones_and_a_kill_before_publication_resumes_exactly(tmp_path):
+def test_a_kill_before_a_background_save_is_published_resumes_from_the_one_before_exactly(tmp_path):
     # DP=2 with the distributed optimizer: each rank writes its own shard of the state.
     common = dict(dp=2, iters=8, save_interval=2, keep_last=10, distributed_optimizer=True, warmup=0)
     synchronous = write_run_dir(tmp_path / "sync", **common)
