@@ -681,6 +681,7 @@ class ValidationSuite:
         if self._pool is not None:
             self._pool.shutdown(cancel_futures=True)
             self._pool = None
+            _VALIDATION_READERS.pop(id(self), None)
         if self._mixture is not None:
             sources.close_mixture(self._mixture)
             self._mixture = None

@@ -274,6 +274,7 @@ def test_validation_read_by_workers_gives_the_same_batches_in_the_same_order(thr
                     del readers[name]
                 else:
                     drawn.append((name, batch))
+        next(iter(sets.values())).suite.close()  # stops the workers
         return drawn, {name: vset.bad.as_dict() for name, vset in sets.items()}
 
     (own, own_bad), (workers, workers_bad) = batches(0), batches(2)
