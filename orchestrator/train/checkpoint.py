@@ -154,8 +154,8 @@ def save_checkpoint(run_dir, step: int, chunks: Sequence, optimizer, scheduler, 
     from megatron.core import dist_checkpointing
 
     root = checkpoints_dir(run_dir)
-    name = f"step_{step:06d}"
-    with _disk_full_explained(root, name, keep_last):
+    name = _step_name(step)
+    with _disk_full_explained(root, step, keep_last):
         if background is not None:
             background.finish(blocking=True)  # one save in flight at a time
         tmp, state = _begin(root, name, step, chunks, optimizer, scheduler, wandb_run_id)
@@ -166,12 +166,17 @@ def save_checkpoint(run_dir, step: int, chunks: Sequence, optimizer, scheduler, 
         if background is None:
             _publish(root, name, keep_last, written={})
         else:
-            background.schedule(request, root, name, keep_last)
+            background.schedule(request, root, step, keep_last)
     return root / name
 
 
+def _step_name(step: int) -> str:
+    return f"step_{step:06d}"
+
+
 @contextmanager
-def _disk_full_explained(root: Path, name: str, keep_last: int):
+def _disk_full_explained(root: Path, step: int, keep_last: int):
+    name = _step_name(step)
     try:
         yield
     except BaseException as exc:  # torch's CheckpointException is a BaseException
@@ -181,7 +186,7 @@ def _disk_full_explained(root: Path, name: str, keep_last: int):
         shutil.rmtree(root / f".tmp-{name}.written", ignore_errors=True)
         pointer = root / "latest"
         latest = pointer.read_text().strip() if pointer.is_file() else None
-        raise DiskFull(f"disk full at {root} while saving step {int(name.split('_')[1])}; latest is "
+        raise DiskFull(f"disk full at {root} while saving step {step}; latest is "
                        + (f"{latest}, which a rerun of the same command resumes from" if latest else
                           "none (no checkpoint was completed)")
                        + f". The partial save was removed; free space there (or lower train.keep_last, now "
@@ -260,14 +265,15 @@ class BackgroundSaves:
 
         self.calls = AsyncCallsQueue(persistent=False)
         self.published: list = []  # (name, seconds from the save to its publication), for the loop to report
-        self._saving: tuple = ()  # (root, name, keep_last) of the save in flight
+        self._saving: tuple = ()  # (root, step, keep_last) of the save in flight
 
     def pending(self) -> bool:
         return self.calls.get_num_unfinalized_calls() > 0
 
-    def schedule(self, request, root: Path, name: str, keep_last: int) -> None:
+    def schedule(self, request, root: Path, step: int, keep_last: int) -> None:
+        name = _step_name(step)
         results_dir = root / f".tmp-{name}.written"  # each rank's writer leaves its results here
-        self._saving = (root, name, keep_last)
+        self._saving = (root, step, keep_last)
         rank = dist.get_rank()
         if rank == 0:
             results_dir.mkdir()
