@@ -148,6 +148,8 @@ class _Gemma2CoreAttentionBase(MegatronModule):
         sliding_window = getattr(config, "sliding_window", None)
         self.window = sliding_window if sliding_window and is_sliding_window_layer(layer_number) else None
         self.dropout_p = config.attention_dropout if attention_dropout is None else attention_dropout
+        # Set while decoding (orchestrator.models.kv_cache.decoding): attend through the cache.
+        self.kv_cache = None
 
     def forward(
         self,
@@ -161,6 +163,8 @@ class _Gemma2CoreAttentionBase(MegatronModule):
     ) -> Tensor:
         if attention_bias is not None:
             raise ValueError("Gemma2 attention takes no attention_bias")
+        if self.kv_cache is not None:
+            return self._attend_cached(query, key, value)
         packed = packed_seq_params is not None
         q_slots = None
         if self.cp_group is not None:
@@ -181,6 +185,34 @@ class _Gemma2CoreAttentionBase(MegatronModule):
         key, value = (tensor_parallel.gather_from_sequence_parallel_region(t, group=self.cp_group)
                       for t in (key, value))
         return key.index_select(0, order), value.index_select(0, order), slots
+
+    def _attend_cached(self, query: Tensor, key: Tensor, value: Tensor) -> Tensor:
+        """Decoding (orchestrator.models.kv_cache): RoPE at the step's positions, the
+        queries attend the cached and new keys (causal, window and padding by position),
+        the new keys and values are stored. Plain PyTorch whatever the kernel: one query
+        per row after the prefill, and the mask is per row. No context-parallel gather:
+        a context-parallel rank decodes whole rows with its full copy of the weights."""
+        step = self.kv_cache.step
+        query, key = step.rotate(query), step.rotate(key)
+        cache = self.kv_cache.layer(self.layer_number, self.window, key)
+        keys, values, key_positions = cache.with_new(key, value, step)  # [b, n, g, d], [b, n]
+        cache.store(key, value, step)
+        sq, b = query.shape[0], query.shape[1]
+        rep = self.heads_per_partition // self.groups_per_partition
+        if rep > 1:
+            keys, values = keys.repeat_interleave(rep, dim=2), values.repeat_interleave(rep, dim=2)
+        q = query.permute(1, 2, 0, 3)  # [b, np, sq, hn]
+        scores = torch.matmul(q, keys.permute(0, 2, 3, 1)).float() * self.softmax_scale  # [b, np, sq, n]
+        if self.softcap is not None:
+            scores = torch.tanh(scores / self.softcap) * self.softcap
+        q_pos, k_pos = step.positions[:, :, None], key_positions[:, None, :]
+        allowed = (k_pos >= 0) & (k_pos <= q_pos)
+        if self.window is not None:
+            allowed = allowed & (q_pos - k_pos < self.window)
+        scores = scores.masked_fill(~allowed[:, None], torch.finfo(scores.dtype).min)
+        probs = torch.softmax(scores, dim=-1).to(values.dtype)
+        context = torch.matmul(probs, values.permute(0, 2, 1, 3))  # [b, np, sq, hn]
+        return context.permute(2, 0, 1, 3).reshape(sq, b, self.hidden_per_partition)
 
     def _attend(self, query: Tensor, key: Tensor, value: Tensor, attention_mask: Optional[Tensor],
                 cu_seqlens: Optional[Tensor], q_slots: Optional[Tensor]) -> Tensor:

@@ -1,33 +1,56 @@
-"""Greedy decoding with the AudioLLM on one process (tp = pp = 1), batched over clips.
+"""Greedy decoding with the AudioLLM, batched over prompts, at the training layout.
 
     from orchestrator.models.generate import greedy_generate
     ids = greedy_generate(model, prompts, audio_features, audio_lengths, stop_ids=[eos, end_of_turn],
                           max_new_tokens=32, pad_id=pad)     # list of generated id lists
 
-Each prompt is a list of token ids holding its clips' audio placeholders (the data
-side's prompt: bos, user turn with <audio> x n, model turn opener). Prompts are
-right-padded into one [b, L] batch; with causal attention a row's logits at its last
-real position do not see the padding after it, so no attention mask is needed.
+`model` is this rank's AudioLLM chunk (the whole model at pipeline size 1). Every rank
+of a model replica -- its tensor- and pipeline-parallel peers -- calls it with the same
+arguments and gets the same tokens. Each prompt is a list of token ids holding its
+clips' audio placeholders (the data side's prompt: bos, user turn with <audio> x n,
+model turn opener). A row stops at the first of its stop ids (not included in the
+output; `stop_ids` is one list for all rows or one list per row) or after
+`max_new_tokens`; decoding ends when every row has stopped.
 
-No KV cache: every step re-runs the decoder over the whole (short) sequence. The
-encoder and adapter run once; the audio embeddings are scattered into the token
-embeddings again at every step. A row stops at the first stop id (not included in
-the output) or after `max_new_tokens`; decoding ends when every row has stopped.
+With the KV cache (`use_cache=True`, orchestrator.models.kv_cache): the encoder and
+adapter run once and the audio embeddings are fused once, in one prefill forward over
+the padded prompts (`padding_side` left or right: each row keeps its own positions, so
+the tokens do not depend on it); then one forward per new token, each attending to the
+cache. Layouts:
+- tensor parallel: each rank holds its heads' cache; the greedy token is the argmax
+  over the vocabulary shards (ties: the lowest id, as one argmax over the whole);
+- pipeline parallel: each stage passes the hidden states of the new columns to the
+  next one every step (point-to-point), and the last stage broadcasts the new tokens
+  to the pipeline;
+- sequence parallel: off while decoding (kv_cache.decoding);
+- context parallel: a context-parallel rank holds the whole model's weights of its
+  pipeline stage and decodes whole rows alone; the caller gives it its own prompts.
+Virtual pipeline chunks are not supported.
+
+Without the cache (`use_cache=False`, tp = pp = 1 only): every step re-runs the
+training forward over the whole right-padded sequence -- the slow reference that the
+cached path is tested against.
 """
 
 from __future__ import annotations
 
-from typing import List, Optional, Sequence
+from typing import List, Optional, Sequence, Union
 
 import torch
+import torch.distributed as dist
 
 from orchestrator.models.fusion import check_audio_placeholders, fuse_audio
+from orchestrator.models.kv_cache import KVCache, decoding
+
+StopIds = Union[Sequence[int], Sequence[Sequence[int]]]
+PADDING_SIDES = ("left", "right")
 
 
 @torch.no_grad()
 def greedy_generate(model, prompts: Sequence[Sequence[int]], audio_features: Optional[torch.Tensor],
-                    audio_lengths: Optional[Sequence[int]], stop_ids: Sequence[int], max_new_tokens: int = 32,
-                    pad_id: int = 0, audio_clip_rows: Optional[Sequence[int]] = None) -> List[List[int]]:
+                    audio_lengths: Optional[Sequence[int]], stop_ids: StopIds, max_new_tokens: int = 32,
+                    pad_id: int = 0, audio_clip_rows: Optional[Sequence[int]] = None, use_cache: bool = True,
+                    padding_side: str = "left") -> List[List[int]]:
     """Greedy continuation of each prompt. `audio_features` [clips, mel, frames] and
     `audio_lengths` belong to the placeholders of the prompts in order; `audio_clip_rows`
     gives each clip's prompt index (default: clip i belongs to prompt i)."""
@@ -35,40 +58,198 @@ def greedy_generate(model, prompts: Sequence[Sequence[int]], audio_features: Opt
         return []
     if max_new_tokens < 1:
         raise ValueError(f"max_new_tokens ({max_new_tokens}) must be >= 1")
-    if not stop_ids:
-        raise ValueError("stop_ids is empty: give the end-of-turn and/or eos token ids")
-    if not (model.pre_process and model.post_process):
-        raise ValueError("greedy_generate needs the whole model on one process (pipeline size 1)")
-    if model.config.tensor_model_parallel_size != 1:
-        raise ValueError(f"greedy_generate runs with tensor_model_parallel_size 1 "
-                         f"(got {model.config.tensor_model_parallel_size})")
+    if padding_side not in PADDING_SIDES:
+        raise ValueError(f"padding_side={padding_side!r} is not one of {PADDING_SIDES}")
+    if min(len(p) for p in prompts) < 1:
+        raise ValueError("every prompt needs at least one token")
+    config = model.language_model.config
+    if (config.virtual_pipeline_model_parallel_size or 1) > 1:
+        raise ValueError("greedy_generate does not run with virtual pipeline chunks (parallel.vpp)")
+    if not use_cache and not (model.pre_process and model.post_process and config.tensor_model_parallel_size == 1):
+        raise ValueError(f"decoding without the KV cache runs at tensor and pipeline size 1 (got tp "
+                         f"{config.tensor_model_parallel_size}, pp {config.pipeline_model_parallel_size}); "
+                         f"use_cache=True decodes at any layout")
+    stops = _stop_table(stop_ids, len(prompts))
     was_training = model.training
     model.eval()
     try:
-        return _decode(model, prompts, audio_features, audio_lengths, stop_ids, max_new_tokens, pad_id,
-                       audio_clip_rows)
+        run = _decode_cached if use_cache else _decode_uncached
+        return run(model, prompts, audio_features, audio_lengths, stops, max_new_tokens, int(pad_id),
+                   audio_clip_rows, padding_side)
     finally:
         model.train(was_training)
 
 
-def _decode(model, prompts, audio_features, audio_lengths, stop_ids, max_new_tokens, pad_id, audio_clip_rows):
+def _stop_table(stop_ids: StopIds, rows: int) -> torch.Tensor:
+    """[rows, n] stop ids (-1: none), from one list for all rows or one list per row."""
+    if not stop_ids:
+        raise ValueError("stop_ids is empty: give the end-of-turn and/or eos token ids")
+    per_row = [list(s) for s in stop_ids] if isinstance(stop_ids[0], (list, tuple)) else [list(stop_ids)] * rows
+    if len(per_row) != rows:
+        raise ValueError(f"{len(per_row)} lists of stop ids for {rows} prompts: give one list, or one per prompt")
+    if any(not s for s in per_row):
+        raise ValueError("a prompt has no stop ids: give each at least its end-of-turn or eos id")
+    width = max(len(s) for s in per_row)
+    return torch.tensor([[int(x) for x in s] + [-1] * (width - len(s)) for s in per_row], dtype=torch.long)
+
+
+def _device(model) -> torch.device:
+    return next(model.language_model.parameters()).device
+
+
+def _padded(prompts, pad_id: int, side: str):
+    """[b, L] ids, real-token mask, each column's position in its row, each row's last column."""
+    b, width = len(prompts), max(len(p) for p in prompts)
+    ids = torch.full((b, width), pad_id, dtype=torch.long)
+    real = torch.zeros((b, width), dtype=torch.bool)
+    positions = torch.zeros((b, width), dtype=torch.long)
+    last = torch.empty(b, dtype=torch.long)
+    for i, p in enumerate(prompts):
+        start = width - len(p) if side == "left" else 0
+        ids[i, start:start + len(p)] = torch.as_tensor(list(p), dtype=torch.long)
+        real[i, start:start + len(p)] = True
+        positions[i, start:start + len(p)] = torch.arange(len(p))
+        last[i] = start + len(p) - 1
+    return ids, real, positions, last
+
+
+def _prompt_audio(model, ids, audio_features, audio_lengths, audio_clip_rows, device):
+    """The adapter's output for the prompts' clips (first stage), after checking that the
+    placeholders of `ids` take whole clips in order; None without audio."""
+    if not model.pre_process:
+        return None
+    if audio_features is None:
+        check_audio_placeholders(ids, model.audio_token_id, [])  # placeholders without audio
+        return None
+    lengths = [int(n) for n in audio_lengths]
+    check_audio_placeholders(ids, model.audio_token_id, [model.adapter_tokens(n) for n in lengths], audio_clip_rows)
+    return model.audio_embeddings(audio_features.to(device), lengths)
+
+
+def vocab_argmax(logits: torch.Tensor) -> torch.Tensor:
+    """[b, vocab shard] logits -> [b] ids of the maximum over the whole (tensor-parallel)
+    vocabulary. Ties go to the lowest id, as one argmax over the unsplit vocabulary."""
+    from megatron.core import parallel_state as ps
+
+    index = logits.argmax(dim=-1)
+    tp = ps.get_tensor_model_parallel_world_size()
+    if tp == 1:
+        return index
+    values = logits.gather(-1, index[:, None])[:, 0]
+    index = index + ps.get_tensor_model_parallel_rank() * logits.shape[-1]
+    group = ps.get_tensor_model_parallel_group()
+    all_values, all_index = [torch.empty_like(values) for _ in range(tp)], [torch.empty_like(index) for _ in range(tp)]
+    dist.all_gather(all_values, values, group=group)
+    dist.all_gather(all_index, index, group=group)
+    best = torch.stack(all_values).argmax(dim=0)  # first maximum: the lowest rank holds the lowest ids
+    return torch.stack(all_index).gather(0, best[None])[0]
+
+
+class _Pipeline:
+    """Point-to-point hand-over of the new columns' hidden states between pipeline
+    stages, and the last stage's tokens to every stage."""
+
+    def __init__(self, model):
+        from megatron.core import parallel_state as ps
+
+        self.ps = ps
+        self.size = ps.get_pipeline_model_parallel_world_size()
+        self.dtype = model.language_model.config.pipeline_dtype or model.language_model.config.params_dtype
+        self.hidden = model.language_model.config.hidden_size
+
+    def receive(self, columns: int, rows: int, device) -> torch.Tensor:
+        buffer = torch.empty((columns, rows, self.hidden), dtype=self.dtype, device=device)
+        dist.recv(buffer, src=self.ps.get_pipeline_model_parallel_prev_rank())
+        return buffer
+
+    def send(self, hidden: torch.Tensor) -> None:
+        dist.send(hidden.to(self.dtype).contiguous(), dst=self.ps.get_pipeline_model_parallel_next_rank())
+
+    def share_tokens(self, tokens: torch.Tensor) -> torch.Tensor:
+        if self.size > 1:
+            dist.broadcast(tokens, src=self.ps.get_pipeline_model_parallel_last_rank(),
+                           group=self.ps.get_pipeline_model_parallel_group())
+        return tokens
+
+
+def _decode_cached(model, prompts, audio_features, audio_lengths, stops, max_new_tokens, pad_id, audio_clip_rows,
+                   padding_side):
     lm = model.language_model
-    device = lm.embedding.word_embeddings.weight.device
+    device = _device(model)
+    pipeline = _Pipeline(model)
+    b = len(prompts)
+    ids, real, positions, last = _padded(prompts, pad_id, padding_side)
+    audio = _prompt_audio(model, ids, audio_features, audio_lengths, audio_clip_rows, device)
+    lengths = torch.tensor([len(p) for p in prompts], dtype=torch.long, device=device)
+    ids, real, positions, last = (t.to(device) for t in (ids, real, positions, last))
+    stops = stops.to(device)
+    inv_freq = lm.rotary_pos_emb.inv_freq.to(device)
+    rows = torch.arange(b, device=device)
+    cache = KVCache(capacity=ids.shape[1] + max_new_tokens)
+
+    def forward(step_ids, step_positions, step_real, step_last, step_audio=None):
+        """One decoder forward of this stage over the new columns; the new tokens on every stage."""
+        cache.begin(step_positions, step_real, inv_freq)
+        columns = step_positions.shape[1]
+        if lm.pre_process:
+            embeddings = lm.embed_tokens(step_ids)
+            if step_audio is not None:
+                embeddings = fuse_audio(embeddings, step_ids, step_audio, model.audio_token_id)
+            hidden = lm.scale_embeddings(embeddings)  # [s, b, h]; no split: sequence parallel is off
+        else:
+            hidden = pipeline.receive(columns, b, device)
+            lm.set_input_tensor(hidden)
+        out = lm.decoder(hidden_states=hidden, attention_mask=None)
+        tokens = torch.empty(b, dtype=torch.long, device=device)
+        if lm.post_process:
+            tokens = _greedy_tokens(lm, out[step_last, rows])
+        else:
+            pipeline.send(out)
+        return pipeline.share_tokens(tokens)
+
+    out: List[List[int]] = [[] for _ in range(b)]
+    done = torch.zeros(b, dtype=torch.bool, device=device)
+    with decoding(lm, cache):
+        try:
+            nxt = forward(ids, positions, real, last, audio)
+            for step in range(max_new_tokens):
+                done = done | (nxt[:, None] == stops).any(dim=1)
+                for i in torch.nonzero(~done).flatten().tolist():
+                    out[i].append(int(nxt[i]))
+                if bool(done.all()) or step == max_new_tokens - 1:
+                    break
+                column = torch.where(done, torch.full_like(nxt, pad_id), nxt)[:, None]
+                nxt = forward(column, (lengths + step)[:, None], torch.ones_like(column, dtype=torch.bool),
+                              torch.zeros_like(lengths))
+        finally:
+            if not lm.pre_process:
+                lm.set_input_tensor(None)
+    return out
+
+
+def _greedy_tokens(lm, hidden: torch.Tensor) -> torch.Tensor:
+    """[b, h] final hidden states (after the last norm) -> [b] greedy ids through the
+    output layer and the final softcap (the last stage)."""
+    weight = lm.shared_embedding_or_output_weight() if lm.share_embeddings_and_output_weights else None
+    logits, _ = lm.output_layer(hidden[None], weight=weight)  # [1, b, vocab shard]
+    return vocab_argmax(lm.cap_logits(logits[0]))
+
+
+def _decode_uncached(model, prompts, audio_features, audio_lengths, stops, max_new_tokens, pad_id,
+                     audio_clip_rows, padding_side):
+    """Right-padded prompts; with causal attention a row's logits at its last real
+    position do not see the padding after it, so no attention mask is needed."""
+    lm = model.language_model
+    device = _device(model)
     b = len(prompts)
     lengths = torch.tensor([len(p) for p in prompts], dtype=torch.long)
-    if int(lengths.min()) < 1:
-        raise ValueError("every prompt needs at least one token")
     total = int(lengths.max()) + max_new_tokens
-    tokens = torch.full((b, total), int(pad_id), dtype=torch.long)
+    tokens = torch.full((b, total), pad_id, dtype=torch.long)
     for i, p in enumerate(prompts):
         tokens[i, :len(p)] = torch.as_tensor(list(p), dtype=torch.long)
+    audio = _prompt_audio(model, tokens, audio_features, audio_lengths, audio_clip_rows, device)
     tokens = tokens.to(device)
-    audio = per_clip = None
-    if audio_features is not None:
-        clip_lengths = [int(n) for n in audio_lengths]
-        audio = model.audio_embeddings(audio_features.to(device), clip_lengths)
-        per_clip = [model.adapter_tokens(n) for n in clip_lengths]
-    stop = torch.tensor(sorted(set(int(s) for s in stop_ids)), device=device)
+    stops = stops.to(device)
     done = torch.zeros(b, dtype=torch.bool, device=device)
     cur = lengths.clone().to(device)
     rows = torch.arange(b, device=device)
@@ -77,17 +258,15 @@ def _decode(model, prompts, audio_features, audio_lengths, stop_ids, max_new_tok
         width = int(cur.max())
         ids = tokens[:, :width]
         embeddings = lm.embed_tokens(ids)
-        check_audio_placeholders(ids, model.audio_token_id, per_clip if audio is not None else [],
-                                 audio_clip_rows if audio is not None else None)
         if audio is not None:
             embeddings = fuse_audio(embeddings, ids, audio, model.audio_token_id)
         positions = torch.arange(width, device=device).unsqueeze(0).expand(b, -1)
         logits = lm(ids, positions, None, decoder_input=lm.scale_embeddings(embeddings))  # [b, s, v]
         nxt = logits[rows, cur - 1].argmax(dim=-1)
-        finished = torch.isin(nxt, stop) | done
+        finished = (nxt[:, None] == stops).any(dim=1) | done
         for i in torch.nonzero(~finished).flatten().tolist():
             out[i].append(int(nxt[i]))
-        tokens[rows, cur] = torch.where(finished, torch.full_like(nxt, int(pad_id)), nxt)
+        tokens[rows, cur] = torch.where(finished, torch.full_like(nxt, pad_id), nxt)
         done = finished
         if bool(done.all()):
             break
