@@ -587,12 +587,11 @@ def check_eval_generation(train: TrainConfig, data: DataConfig, parallel: Parall
         yield _error("eval_generation", "train.eval_generation=true needs validation datasets to decode, but "
                                         "data.validation is empty; add datasets to data.validation or set "
                                         "train.eval_generation=false")
-    if parallel.tp * parallel.pp * parallel.cp > 1:
-        yield _warning("eval_generation", f"train.eval_generation=true: greedy decoding runs inside training only "
-                                          f"at parallel.tp=1, parallel.pp=1 and parallel.cp=1 (here tp={parallel.tp}, "
-                                          f"pp={parallel.pp}, cp={parallel.cp}), so training reports no generation "
-                                          f"metrics; score checkpoints with `audiollm eval RUN_DIR` (one process, any "
-                                          f"layout)")
+    if (parallel.vpp or 1) > 1:
+        yield _warning("eval_generation", f"train.eval_generation=true: greedy decoding inside training does not run "
+                                          f"with virtual pipeline chunks (parallel.vpp={parallel.vpp}), so training "
+                                          f"reports no generation metrics; score checkpoints with `audiollm eval "
+                                          f"RUN_DIR` (any layout: --tp, --pp)")
 
 
 def check_launcher(launcher: LauncherConfig) -> Iterator[Finding]:

@@ -13,8 +13,9 @@ by its loader's `metric` (orchestrator.eval.metrics; "wer" when it has none).
 
 from __future__ import annotations
 
+import itertools
 import time
-from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence
+from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 import torch
 
@@ -79,9 +80,12 @@ def prompts_from_batch(batch: Mapping[str, Any]) -> List[Dict[str, Any]]:
 
 
 def answer_batch(model, batch: Mapping[str, Any], tokenizer, stop_ids: Sequence[int],
-                 max_new_tokens: int = 48) -> List[str]:
-    """Greedy answers of every sample of a validation batch, in token order."""
-    samples = prompts_from_batch(batch)
+                 max_new_tokens: int = 48, share: Tuple[int, int] = (0, 1)) -> List[str]:
+    """Greedy answers of the samples of a validation batch, in token order: every
+    `share[1]`-th sample from sample `share[0]` on (all of them by default)."""
+    samples = prompts_from_batch(batch)[share[0]::share[1]]
+    if not samples:
+        return []
     clip_rows = [i for i, s in enumerate(samples) for _ in s["clips"]]
     order = [c for s in samples for c in s["clips"]]
     features = lengths = None
@@ -109,9 +113,12 @@ def default_stop_ids(tokenizer, response_suffix: str = "<end_of_turn>") -> List[
 
 def evaluate_generation(model, validation: Mapping[str, Iterable[Mapping[str, Any]]], tokenizer,
                         stop_ids: Optional[Sequence[int]] = None, max_new_tokens: int = 48,
-                        max_batches: Optional[int] = None, examples: int = 0) -> Dict[str, Dict[str, Any]]:
+                        max_batches: Optional[int] = None, examples: int = 0,
+                        share: Tuple[int, int] = (0, 1)) -> Dict[str, Dict[str, Any]]:
     """Each validation dataset scored by its loader's `metric` ("wer" without one), plus
     one pooled entry per metric in use over the datasets that use it (keys: POOLED).
+    `share` (index, count): this caller answers and scores every count-th sample of each
+    batch from the index-th on (context-parallel ranks split a batch's samples so).
 
     A dataset's entry: {"metric": name, <name>: score, <its statistics>, "seconds"},
     e.g. {"metric": "exact", "exact": 0.93, "correct": 186, "utterances": 200, ...}; with
@@ -127,11 +134,9 @@ def evaluate_generation(model, validation: Mapping[str, Iterable[Mapping[str, An
         started = time.perf_counter()
         refs: List[str] = []
         hyps: List[str] = []
-        for k, batch in enumerate(loader):
-            if max_batches is not None and k >= max_batches:
-                break
-            hyps += answer_batch(model, batch, tokenizer, stop_ids, max_new_tokens)
-            refs += list(batch["transcripts"])
+        for batch in itertools.islice(loader, max_batches):  # not one batch more: peers read in step
+            hyps += answer_batch(model, batch, tokenizer, stop_ids, max_new_tokens, share)
+            refs += list(batch["transcripts"])[share[0]::share[1]]
         metric = chosen[name]
         stats = metrics.statistics(metric, refs, hyps)
         entry: Dict[str, Any] = {"metric": metric, metric: metrics.score(metric, stats), **stats,

@@ -444,8 +444,7 @@ def build_audiollm_components(plan, dp_rank: int, dp_size: int):
         if cfg.train.eval_generation:
             from orchestrator.train.generation_eval import GenerationEvaluation
 
-            # (A replica of several ranks is model-parallel: generation is not scored in training there.)
-            generation = GenerationEvaluation(loaders or {}, cfg.data.tokenizer, cfg.train, cfg.parallel)
+            generation = GenerationEvaluation(loaders or {}, cfg.data.tokenizer, cfg.train, replica)
     if replica is not None:
         group, reader, _ = replica
         train_source = ReplicaBatches(train_source, group, reader)

@@ -1,14 +1,20 @@
 """Generation metrics during training and in `audiollm eval`: the loop's
 `generation_eval` hook (orchestrator.train.loop.Components).
 
-Each data-parallel rank greedy-decodes its own share of every validation dataset
-(the validation loaders shard by DP rank) with its unwrapped model chunk and scores it
-by the dataset's metric (orchestrator.eval.metrics: wer, exact, bleu); the metrics'
-statistics are summed over the data-parallel group, so every rank returns the same
-figures. Keys: `<metric>/<dataset>`, and for each metric in use `<metric>/all` (pooled
-over its datasets) and `<metric>/utterances` (utterances it scored). Greedy decoding
-runs on one model-parallel rank (tp = pp = 1); in other layouts the hook returns
-nothing and says so once.
+Each model replica greedy-decodes its own share of every validation dataset (the
+validation loaders shard by data-parallel rank) at the training layout, with the KV
+cache (orchestrator.models.generate: tensor-parallel ranks hold their heads, pipeline
+stages pass each step's hidden states on), and scores it by the dataset's metric
+(orchestrator.eval.metrics: wer, exact, bleu). Context-parallel ranks hold the whole
+weights of their stage, so each decodes whole samples: rank r of CP size c answers
+samples r, r + c, ... of every batch. The metrics' statistics are summed over the data-
+and context-parallel ranks, so every rank returns the same figures. Keys:
+`<metric>/<dataset>`, and for each metric in use `<metric>/all` (pooled over its
+datasets) and `<metric>/utterances` (utterances it scored).
+
+With data.replica_reader only the replica's reader has loaders: it reads each batch and
+sends it to its peers (orchestrator.train.replica_reader), who decode with it. Virtual
+pipeline chunks (parallel.vpp) are not decoded: the hook returns nothing and says so.
 """
 
 from __future__ import annotations
@@ -28,20 +34,27 @@ RESERVED = ("all", "utterances")
 
 
 class GenerationEvaluation:
-    def __init__(self, loaders: dict, tokenizer_path: str, train_cfg, parallel_cfg):
+    def __init__(self, loaders: dict, tokenizer_path: str, train_cfg, replica=None):
         """`loaders`: this DP rank's validation sets by name (the same ones the validation
-        loss reads), each scored by its `metric` attribute ("wer" without one)."""
+        loss reads), each scored by its `metric` attribute ("wer" without one); empty on a
+        replica's peers when `replica` (group, reader's global rank, whether this rank
+        reads: orchestrator.train.replica_reader.replica_group) is given. Collective in
+        the replica then: the reader tells its peers the datasets and metrics."""
         from orchestrator.data.tokenizer_build import load_tokenizer
 
         clash = sorted(set(loaders) & set(RESERVED))
         if clash:
             raise ValueError(f"validation datasets named {clash}: these names are taken by pooled metrics")
-        self.loaders = loaders
         self.metric = {name: metrics.check_metric(getattr(loader, "metric", "wer")) for name, loader in loaders.items()}
+        self.replica = replica
+        if replica is not None:
+            box = [self.metric]
+            dist.broadcast_object_list(box, src=replica[1], group=replica[0])
+            self.metric = box[0]
+        self.loaders = {name: _SharedBatches(loaders.get(name), self.metric[name], replica) for name in self.metric}
         self.tokenizer = load_tokenizer(tokenizer_path)
         self.max_batches = int(train_cfg.eval_generation_batches) or None
         self.max_new_tokens = int(train_cfg.eval_generation_max_new_tokens)
-        self.single_model_rank = parallel_cfg.tp * parallel_cfg.pp * parallel_cfg.cp == 1
         self._warned = False
 
     def __call__(self, trainer, step: int) -> Dict[str, float]:
@@ -49,10 +62,10 @@ class GenerationEvaluation:
 
         from orchestrator.eval.asr import evaluate_generation
 
-        if not self.single_model_rank or len(trainer.unwrapped) != 1:
+        if len(trainer.unwrapped) != 1:
             if not self._warned and trainer.rank == 0:
-                log.warning("train.eval_generation: no generation metrics inside training with model parallelism; "
-                            "run `audiollm eval %s`", trainer.plan.run_dir)
+                log.warning("train.eval_generation: no generation metrics with virtual pipeline chunks "
+                            "(parallel.vpp); run `audiollm eval %s`", trainer.plan.run_dir)
             self._warned = True
             return {}
         model = trainer.unwrapped[0]
@@ -60,18 +73,41 @@ class GenerationEvaluation:
         model.eval()
         try:
             report = evaluate_generation(model, self.loaders, self.tokenizer, max_new_tokens=self.max_new_tokens,
-                                         max_batches=self.max_batches)
+                                         max_batches=self.max_batches,
+                                         share=(ps.get_context_parallel_rank(), ps.get_context_parallel_world_size()))
         finally:
             model.train(was_training)
         # One flat vector of every dataset's statistics in its metric's order: the same
-        # layout on every rank (same loaders, same metrics).
+        # layout on every rank (same datasets, same metrics).
         layout = [(n, k) for n in self.loaders for k in metrics.statistic_names(self.metric[n])]
         flat = torch.tensor([float(report[n][k]) for n, k in layout], dtype=torch.float64, device=trainer.device)
-        dist.all_reduce(flat, group=ps.get_data_parallel_group())
+        dist.all_reduce(flat, group=ps.get_data_parallel_group(with_context_parallel=True))
         summed: Dict[str, Dict[str, float]] = {n: {} for n in self.loaders}
         for (n, k), value in zip(layout, flat.tolist()):
             summed[n][k] = value
         return metric_values(summed, self.metric)
+
+
+class _SharedBatches:
+    """One validation dataset's batches as every rank of a replica iterates them: the
+    loader's own without `replica`, else the reader's, sent to its peers one by one (None
+    ends them). Every rank of the replica must iterate as far as the others."""
+
+    def __init__(self, loader, metric: str, replica):
+        self.loader, self.metric, self.replica = loader, metric, replica
+
+    def __iter__(self):
+        if self.replica is None:
+            yield from self.loader
+            return
+        group, reader, reads = self.replica
+        batches = iter(self.loader) if reads else None
+        while True:
+            box = [next(batches, None) if reads else None]
+            dist.broadcast_object_list(box, src=reader, group=group)
+            if box[0] is None:
+                return
+            yield box[0]
 
 
 def metric_values(summed: Dict[str, Dict[str, float]], metric: Dict[str, str]) -> Dict[str, float]:

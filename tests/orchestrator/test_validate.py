@@ -196,11 +196,16 @@ def test_too_few_microbatches_for_the_pipeline_is_a_warning():
     assert "1 micro-batches" in findings[0].message and "parallel.pp (2)" in findings[0].message
 
 
-def test_wer_inside_training_with_model_parallelism_is_a_warning_pointing_to_eval():
-    cfg = to_object(compose(["train.eval_generation=true", "parallel.tp=2", "launcher.gpus_per_node=2"]))
+def test_generation_inside_training_runs_at_tp_pp_cp_and_warns_only_with_virtual_pipeline_chunks():
+    for layout in (["parallel.tp=2", "launcher.gpus_per_node=2"], ["parallel.pp=2", "launcher.gpus_per_node=2"],
+                   ["parallel.cp=2", "launcher.gpus_per_node=2"]):
+        cfg = to_object(compose(["train.eval_generation=true", *layout]))
+        assert [f for f in validate(cfg, "train") if f.rule == "eval_generation"] == [], layout
+    cfg = to_object(compose(["train.eval_generation=true", "parallel.pp=2", "parallel.vpp=2", "model.decoder.num_layers=4",
+                             "launcher.gpus_per_node=2"]))
     findings = [f for f in validate(cfg, "train") if f.rule == "eval_generation"]
     assert [f.severity for f in findings] == ["warning"]
-    assert "tp=2" in findings[0].message and "audiollm eval RUN_DIR" in findings[0].message
+    assert "parallel.vpp=2" in findings[0].message and "audiollm eval RUN_DIR" in findings[0].message
 
 
 def test_plan_command_exits_nonzero_with_every_error_on_stderr():
@@ -213,14 +218,11 @@ def test_plan_command_exits_nonzero_with_every_error_on_stderr():
     assert "[world_size]" in proc.stderr and "[heads_tp]" in proc.stderr and "[lr]" in proc.stderr
 
 
-def test_context_parallel_counts_as_sharding_and_as_model_parallel_for_generation():
+def test_context_parallel_counts_as_sharding():
     """The distributed optimizer shards over data x context parallel ranks (no warning at
-    DP=1, CP=2); greedy decoding inside training needs cp=1 too (a warning naming it)."""
-    cfg = to_object(compose(["parallel.cp=2", "launcher.gpus_per_node=2", "parallel.distributed_optimizer=true",
-                             "train.eval_generation=true"]))
+    DP=1, CP=2)."""
+    cfg = to_object(compose(["parallel.cp=2", "launcher.gpus_per_node=2", "parallel.distributed_optimizer=true"]))
     findings = validate(cfg, "train")
     assert not [f for f in findings if f.rule == "distributed_optimizer"]
-    (wer,) = [f for f in findings if f.rule == "eval_generation"]
-    assert wer.severity == "warning" and "cp=2" in wer.message and "audiollm eval RUN_DIR" in wer.message
     alone = validate(to_object(compose(["parallel.distributed_optimizer=true"])), "plan")
     assert [f.rule for f in alone if f.rule == "distributed_optimizer"] == ["distributed_optimizer"]
