@@ -6,6 +6,9 @@ dataset, whatever the run's train.eval_generation. Writes <run_dir>/eval/<checkp
     audiollm eval RUN_DIR [--checkpoint DIR]
         one process: the checkpoint is loaded resharded to TP=PP=1 (dist_checkpointing
         reshards on load), so any run can be evaluated without its cluster layout;
+    audiollm eval RUN_DIR --tp 2 [--pp P] [--cp C] [--gpus N]
+        N processes on this machine (default tp x pp x cp; the rest is data parallel),
+        the checkpoint resharded to that layout: a 9B model split over 2 GPUs;
     torchrun --nproc_per_node=N -m orchestrator.train.evaluate RUN_DIR [--checkpoint DIR]
         N ranks with the run's own layout (N = the plan's world size).
 """
@@ -19,7 +22,7 @@ import os
 import socket
 import sys
 from pathlib import Path
-from typing import Callable, Optional, Sequence
+from typing import Callable, Optional, Sequence, Tuple
 
 from launchers.rundir import write_text_atomic
 from orchestrator.checkpoint_dirs import checkpoint_problem, step_dirs
@@ -31,32 +34,57 @@ class DamagedCheckpoint(RuntimeError):
 
 
 def single_rank_plan(plan):
-    """The plan with a one-rank layout: TP=PP=CP=DP=1, same model and batch sizes
-    (num_microbatches = global batch / micro batch)."""
+    """The plan with a one-rank layout: TP=PP=CP=DP=1, same model and batch sizes."""
+    return plan_at_layout(plan, tp=1, pp=1, cp=1, world_size=1)
+
+
+def plan_at_layout(plan, tp: int, pp: int, cp: int, world_size: int):
+    """The plan at another layout (data parallel: the rest of `world_size`), same model and
+    batch sizes (num_microbatches = global batch / (micro batch x dp)); sequence parallel
+    as the run had it where TP > 1, no virtual pipeline, no distributed optimizer."""
     from orchestrator.train.run_plan import RunPlan
 
+    model_ranks = tp * pp * cp
+    if world_size % model_ranks:
+        raise PlanError(f"--gpus {world_size} is not a multiple of tp ({tp}) x pp ({pp}) x cp ({cp}) = {model_ranks}")
+    dp = world_size // model_ranks
+    if plan.global_batch_size % (plan.micro_batch_size * dp):
+        raise PlanError(f"optim.global_batch_size ({plan.global_batch_size}) is not a multiple of micro batch "
+                        f"({plan.micro_batch_size}) x data parallel ({dp}); choose --gpus so that it is")
+    decoder = plan.config["model"]["decoder"]
+    bad = [f"{what} ({n}) is not a multiple of {size_name} ({size})"
+           for what, n, size_name, size in (("model.decoder.num_query_groups", decoder["num_query_groups"], "tp", tp),
+                                            ("model.decoder.num_layers", decoder["num_layers"], "pp", pp)) if n % size]
+    if bad:
+        raise PlanError("cannot evaluate at this layout: " + "; ".join(bad))
     data = copy.deepcopy(plan.plan)
-    data.update(world_size=1, tp=1, pp=1, cp=1, dp=1, vpp=None, sp=False,
-                num_microbatches=plan.global_batch_size // plan.micro_batch_size)
-    data["megatron_args"].update(tensor_model_parallel_size=1, pipeline_model_parallel_size=1,
-                                 context_parallel_size=1, cp_comm_type=None, sequence_parallel=False,
-                                 use_distributed_optimizer=False,
+    sp = bool(data.get("sp")) and tp > 1
+    data.update(world_size=world_size, tp=tp, pp=pp, cp=cp, dp=dp, vpp=None, sp=sp,
+                num_microbatches=plan.global_batch_size // (plan.micro_batch_size * dp))
+    data["megatron_args"].update(tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp,
+                                 context_parallel_size=cp, cp_comm_type="all_gather" if cp > 1 else None,
+                                 sequence_parallel=sp, use_distributed_optimizer=False,
                                  num_virtual_stages_per_pipeline_rank=None)
     # The model is built from the config's parallel section: it must say the same.
-    data["config"]["parallel"].update(tp=1, pp=1, cp=1, vpp=None, sp=False, distributed_optimizer=False)
+    data["config"]["parallel"].update(tp=tp, pp=pp, cp=cp, vpp=None, sp=sp, distributed_optimizer=False)
     return RunPlan(run_dir=plan.run_dir, plan=data)
 
 
-def _single_process_env() -> None:
+def _free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+        return sock.getsockname()[1]
+
+
+def _single_process_env() -> None:
+    os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()))
 
 
 def evaluate_run(run_dir: str | Path, checkpoint: Optional[str | Path] = None,
-                 components_factory: Optional[Callable] = None) -> dict:
-    """`components_factory`: as orchestrator.train.entry.make_trainer's (the AudioLLM's by default)."""
+                 components_factory: Optional[Callable] = None, layout: Optional[Tuple[int, int, int]] = None) -> dict:
+    """`components_factory`: as orchestrator.train.entry.make_trainer's (the AudioLLM's by
+    default). `layout` (tp, pp, cp): evaluate at it, on this process group's ranks (the
+    rest data parallel); None: one process, or the run's own layout under torchrun."""
     from orchestrator.runtime.distributed import shutdown
     from orchestrator.train import checkpoint as ckpt
     from orchestrator.train.entry import make_trainer, setup_logging
@@ -79,6 +107,8 @@ def evaluate_run(run_dir: str | Path, checkpoint: Optional[str | Path] = None,
     if "WORLD_SIZE" not in os.environ or int(os.environ["WORLD_SIZE"]) == 1:
         _single_process_env()
         plan = single_rank_plan(plan)
+    elif layout is not None:
+        plan = plan_at_layout(plan, *layout, world_size=int(os.environ["WORLD_SIZE"]))
     rank = int(os.environ["RANK"])
     setup_logging(rank)
     try:
@@ -95,15 +125,40 @@ def evaluate_run(run_dir: str | Path, checkpoint: Optional[str | Path] = None,
     return results
 
 
+def _launch(argv: Sequence[str], processes: int) -> int:
+    """This command again on `processes` local ranks (torchrun), which take its arguments."""
+    import subprocess
+
+    cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={processes}", "--master_addr=127.0.0.1",
+           f"--master_port={_free_port()}", "-m", "orchestrator.train.evaluate", *argv]
+    return subprocess.call(cmd)
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = argparse.ArgumentParser(prog="audiollm eval", description="Evaluate a run's checkpoint "
                                      "(validation loss per dataset; WER, exact match or BLEU when the model "
                                      "provides generation).")
     parser.add_argument("run_dir")
     parser.add_argument("--checkpoint", default=None, help="a checkpoint directory (default: the run's latest)")
-    args = parser.parse_args(sys.argv[1:] if argv is None else argv)
+    parser.add_argument("--tp", type=int, default=None, help="tensor parallel size to evaluate at (default 1)")
+    parser.add_argument("--pp", type=int, default=None, help="pipeline parallel size to evaluate at (default 1)")
+    parser.add_argument("--cp", type=int, default=None, help="context parallel size to evaluate at (default 1)")
+    parser.add_argument("--gpus", type=int, default=None,
+                        help="processes (one per GPU) on this machine; default tp x pp x cp, the rest data parallel")
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = parser.parse_args(argv)
+    layout = None
+    if any(v is not None for v in (args.tp, args.pp, args.cp, args.gpus)):
+        layout = (args.tp or 1, args.pp or 1, args.cp or 1)
+        if min(layout) < 1 or (args.gpus is not None and args.gpus < 1):
+            print(f"--tp, --pp, --cp and --gpus must be >= 1 (got {args.tp}, {args.pp}, {args.cp}, {args.gpus})",
+                  file=sys.stderr)
+            return 2
+        processes = args.gpus or layout[0] * layout[1] * layout[2]
+        if processes > 1 and "WORLD_SIZE" not in os.environ:
+            return _launch(argv, processes)
     try:
-        evaluate_run(args.run_dir, args.checkpoint)
+        evaluate_run(args.run_dir, args.checkpoint, layout=layout)
     except (FileNotFoundError, DamagedCheckpoint, PlanError) as exc:
         print(str(exc), file=sys.stderr)
         return 2

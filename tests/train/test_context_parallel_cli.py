@@ -46,9 +46,9 @@ def test_tiny_cpu_at_cp2_trains_through_the_cli_and_decodes_as_one_process_does(
     train = (f"[{{name:tones_a,path:'{corpus / 'train' / 'tones_a'}'}},"
              f"{{name:conv,path:'{corpus / 'train' / 'conv'}',turns_field:turns}}]")
     overrides = [o for o in train_overrides(corpus) if not o.startswith("data.train=")]
-    out = _cli(tmp_path, "train", "+recipe=tiny_cpu", "parallel.cp=2", "launcher.gpus_per_node=2", *overrides,
-               f"data.train={train}", "data.seq_length=160", f"train.iters={ITERS}", f"train.eval_interval={ITERS}",
-               "train.eval_generation=true", "run.name=cp2", f"run.output_root={tmp_path / 'outputs'}")
+    _cli(tmp_path, "train", "+recipe=tiny_cpu", "parallel.cp=2", "launcher.gpus_per_node=2", *overrides,
+         f"data.train={train}", "data.seq_length=160", f"train.iters={ITERS}", f"train.eval_interval={ITERS}",
+         "train.eval_generation=true", "run.name=cp2", f"run.output_root={tmp_path / 'outputs'}")
     (run_dir,) = [m.parent for m in (tmp_path / "outputs").rglob("metrics.jsonl")]
     plan = json.loads((run_dir / "plan.json").read_text())
     assert (plan["world_size"], plan["cp"], plan["dp"]) == (2, 2, 1)

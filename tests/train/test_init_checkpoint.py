@@ -152,15 +152,20 @@ def _reference_step1_loss(overrides: list) -> float:
     return total / tokens
 
 
+# Greedy decoding of one validation batch inside training, at the end of the step.
+DECODE = ["train.eval_generation=true", "train.eval_generation_batches=1", "train.eval_generation_max_new_tokens=12",
+          "train.eval_interval=1", "train.eval_iters=1"]
+
+
 @pytest.mark.multiprocess
 @pytest.mark.parametrize("layout", [["parallel.tp=1", "model.encoder.mask_padding=true"],
-                                    ["parallel.tp=2", "launcher.gpus_per_node=2"],
+                                    ["parallel.tp=2", "launcher.gpus_per_node=2", *DECODE],
                                     ["parallel.pp=2", "launcher.gpus_per_node=2", "train.eval_at_start=true",
-                                     "train.eval_iters=1"]], ids=["tp1_masked_encoder", "tp2", "pp2"])
+                                     *DECODE]], ids=["tp1_masked_encoder", "tp2", "pp2"])
 def test_first_step_loss_from_a_converted_hf_checkpoint_equals_hf(pretrained, layout, request):
     name = "from_hf_" + request.node.callspec.id
     overrides = _overrides(pretrained, name, layout)
-    if "train.eval_at_start=true" in layout:  # a validation set to evaluate on
+    if "train.eval_generation=true" in layout:  # a validation set to evaluate and decode
         overrides = [o for o in overrides if o != "data.validation=[]"]
     out = _cli(["train", *overrides], cwd=pretrained["root"])
     run_dir = pretrained["root"] / "runs" / "tiny_cpu" / name
@@ -176,6 +181,15 @@ def test_first_step_loss_from_a_converted_hf_checkpoint_equals_hf(pretrained, la
     if "model.encoder.mask_padding=true" in layout:  # the mode changes the loss, so the bound tells them apart
         full_window = _reference_step1_loss(overrides + ["model.encoder.mask_padding=false"])
         assert abs(rows[0]["loss"] - full_window) > 100 * STEP1_TOLERANCE, (rows[0]["loss"], full_window)
+    if "train.eval_generation=true" in layout:
+        # Decoded inside training at TP=2 / PP=2, the step-1 checkpoint scores as `audiollm eval` does: in
+        # one process after the TP=2 run, at TP=2 (two processes the command starts) after the PP=2 run.
+        at_layout = ["--tp", "2"] if "parallel.pp=2" in layout else []
+        _cli(["eval", str(run_dir), *at_layout], cwd=pretrained["root"])
+        evaluated = json.loads((run_dir / "eval" / "step_000001.json").read_text())
+        assert rows[-1]["wer/utterances"] > 0 and rows[-1]["wer/all"] > 0, rows[-1]
+        assert (rows[-1]["wer/utterances"], rows[-1]["wer/all"]) == (evaluated["wer/utterances"], evaluated["wer/all"])
+        assert rows[-1]["val_loss"] == pytest.approx(evaluated["val_loss"], abs=1e-5)
 
 
 @pytest.mark.multiprocess
