@@ -46,12 +46,12 @@ class GenerationEvaluation:
         if clash:
             raise ValueError(f"validation datasets named {clash}: these names are taken by pooled metrics")
         self.metric = {name: metrics.check_metric(getattr(loader, "metric", "wer")) for name, loader in loaders.items()}
-        self.replica = replica
+        self.loaders = loaders
         if replica is not None:
             box = [self.metric]
             dist.broadcast_object_list(box, src=replica[1], group=replica[0])
             self.metric = box[0]
-        self.loaders = {name: _SharedBatches(loaders.get(name), self.metric[name], replica) for name in self.metric}
+            self.loaders = {name: _SharedBatches(loaders.get(name), self.metric[name], replica) for name in self.metric}
         self.tokenizer = load_tokenizer(tokenizer_path)
         self.max_batches = int(train_cfg.eval_generation_batches) or None
         self.max_new_tokens = int(train_cfg.eval_generation_max_new_tokens)
@@ -90,16 +90,13 @@ class GenerationEvaluation:
 
 class _SharedBatches:
     """One validation dataset's batches as every rank of a replica iterates them: the
-    loader's own without `replica`, else the reader's, sent to its peers one by one (None
-    ends them). Every rank of the replica must iterate as far as the others."""
+    reader's, sent to its peers one by one (None ends them). Every rank of the replica
+    must iterate as far as the others."""
 
     def __init__(self, loader, metric: str, replica):
         self.loader, self.metric, self.replica = loader, metric, replica
 
     def __iter__(self):
-        if self.replica is None:
-            yield from self.loader
-            return
         group, reader, reads = self.replica
         batches = iter(self.loader) if reads else None
         while True:
