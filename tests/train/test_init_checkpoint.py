@@ -159,7 +159,8 @@ DECODE = ["train.eval_generation=true", "train.eval_generation_batches=1", "trai
 
 @pytest.mark.multiprocess
 @pytest.mark.parametrize("layout", [["parallel.tp=1", "model.encoder.mask_padding=true"],
-                                    ["parallel.tp=2", "launcher.gpus_per_node=2", *DECODE],
+                                    # one reader per replica: the peer decodes the batches the reader sends
+                                    ["parallel.tp=2", "launcher.gpus_per_node=2", "data.replica_reader=true", *DECODE],
                                     ["parallel.pp=2", "launcher.gpus_per_node=2", "train.eval_at_start=true",
                                      *DECODE]], ids=["tp1_masked_encoder", "tp2", "pp2"])
 def test_first_step_loss_from_a_converted_hf_checkpoint_equals_hf(pretrained, layout, request):
@@ -182,7 +183,8 @@ def test_first_step_loss_from_a_converted_hf_checkpoint_equals_hf(pretrained, la
         full_window = _reference_step1_loss(overrides + ["model.encoder.mask_padding=false"])
         assert abs(rows[0]["loss"] - full_window) > 100 * STEP1_TOLERANCE, (rows[0]["loss"], full_window)
     if "train.eval_generation=true" in layout:
-        # Decoded inside training at TP=2 / PP=2, the step-1 checkpoint scores as `audiollm eval` does: in
+        # Decoded inside training at TP=2 (with the replica reader) / PP=2 (each rank reading), the step-1
+        # checkpoint scores as `audiollm eval` does: in
         # one process after the TP=2 run, at TP=2 (two processes the command starts) after the PP=2 run.
         at_layout = ["--tp", "2"] if "parallel.pp=2" in layout else []
         _cli(["eval", str(run_dir), *at_layout], cwd=pretrained["root"])
