@@ -1,8 +1,10 @@
-"""`audiollm convert hf-to-megatron --hf HF_DIR --out OUT_DIR [--whisper DIR] [--adapter DIR] [--verify]`
+"""`audiollm convert hf-to-megatron --hf HF_DIR --out OUT_DIR [--whisper DIR] [--adapter DIR] [--peft DIR] [--verify]`
 
-Writes a HF Gemma2 checkpoint (and the encoder of a HF Whisper checkpoint, and an
-adapter exported by `megatron-to-hf`) as one megatron dist_checkpointing checkpoint
-that every TP / PP / virtual-PP layout loads (`model.init_checkpoint`). With --verify,
+Writes a HF Gemma2 checkpoint (and the encoder of a HF Whisper checkpoint, an adapter
+exported by `megatron-to-hf`, and a PEFT LoRA adapter of the Gemma2) as one megatron
+dist_checkpointing checkpoint that every TP / PP / virtual-PP layout loads
+(`model.init_checkpoint`; a run with LoRA of the same rank and alpha fine-tunes the PEFT
+adapter on: orchestrator/convert/peft_lora.py). With --verify,
 runs the HF model and the converted model (on tp*pp local processes) on the same
 random tokens; the last output line is a JSON object with max_abs_logit_diff and
 loss_diff, and the exit status is 1 above the tolerance."""
@@ -48,9 +50,10 @@ def adapter_tensors(adapter_dir: Path) -> Iterator[Tuple[str, torch.Tensor]]:
         yield "adapter." + name, source[name]
 
 
-def convert(hf_dir: Path, out_dir: Path, whisper_dir: Optional[Path] = None, adapter_dir: Optional[Path] = None
-            ) -> dict:
+def convert(hf_dir: Path, out_dir: Path, whisper_dir: Optional[Path] = None, adapter_dir: Optional[Path] = None,
+            peft_dir: Optional[Path] = None) -> dict:
     from orchestrator.convert.dist_format import write_model_tensors
+    from orchestrator.convert.peft_lora import lora_targets, peft_to_megatron_lora, read_peft_adapter
 
     hf_dir, out_dir = Path(hf_dir), Path(out_dir)
     config_dict = read_hf_config(hf_dir)
@@ -61,20 +64,29 @@ def convert(hf_dir: Path, out_dir: Path, whisper_dir: Optional[Path] = None, ada
     if adapter_dir is None and (hf_dir / ADAPTER_SUBDIR).is_dir():
         adapter_dir = hf_dir / ADAPTER_SUBDIR
     source = SafetensorsDir(hf_dir)
+    lora, lora_meta = {}, None
+    if peft_dir is not None:
+        lora, rank, alpha = peft_to_megatron_lora(*read_peft_adapter(Path(peft_dir)), shape)
+        lora_meta = {"rank": rank, "alpha": alpha, "targets": lora_targets(lora), "source": str(Path(peft_dir).resolve())}
 
     def tensors():
         for name, tensor in hf_to_megatron_tensors(source, shape):
             yield "language_model." + name, tensor
+        for name, tensor in lora.items():
+            yield "language_model." + name, tensor.to(getattr(torch, source.dtype_name()))
         if whisper_dir is not None:
             yield from whisper_encoder_tensors(Path(whisper_dir))
         if adapter_dir is not None:
             yield from adapter_tensors(Path(adapter_dir))
 
     count = write_model_tensors(out_dir, tensors(), shape.num_layers)
-    parts = ["decoder"] + (["encoder"] if whisper_dir else []) + (["adapter"] if adapter_dir else [])
+    parts = ["decoder"] + (["encoder"] if whisper_dir else []) + (["adapter"] if adapter_dir else []) + \
+        (["lora"] if lora else [])
     meta = {"format": "audiollm-dist/1", "source": str(hf_dir.resolve()), "parts": parts,
             "vocab_size": shape.vocab_size, "num_layers": shape.num_layers, "tensors": count,
             "dtype": source.dtype_name()}
+    if lora_meta is not None:
+        meta["lora"] = lora_meta
     (out_dir / "hf_config.json").write_text((hf_dir / "config.json").read_text())
     if whisper_dir is not None:
         (out_dir / "whisper_config.json").write_text((Path(whisper_dir) / "config.json").read_text())
@@ -92,6 +104,9 @@ def main(argv: Optional[List[str]] = None) -> int:
                         help=f"HF Whisper checkpoint for encoder.* weights (default: HF_DIR/{ENCODER_SUBDIR} if present)")
     parser.add_argument("--adapter", type=Path, default=None,
                         help=f"adapter weights written by megatron-to-hf (default: HF_DIR/{ADAPTER_SUBDIR} if present)")
+    parser.add_argument("--peft", type=Path, default=None,
+                        help="a PEFT LoRA adapter of the Gemma2 (adapter_config.json + adapter_model.safetensors) "
+                             "to fine-tune on: a run with lora.rank and lora.alpha as printed loads it")
     parser.add_argument("--verify", action="store_true", help="compare HF and converted logits on random tokens")
     parser.add_argument("--tp", type=int, default=1, help="--verify: tensor-parallel size to load the checkpoint at")
     parser.add_argument("--pp", type=int, default=1, help="--verify: pipeline-parallel size to load the checkpoint at")
@@ -104,10 +119,16 @@ def main(argv: Optional[List[str]] = None) -> int:
     if args.tp < 1 or args.pp < 1:
         parser.error(f"--tp ({args.tp}) and --pp ({args.pp}) must be >= 1")
     start = time.perf_counter()
-    meta = convert(args.hf, args.out, args.whisper, args.adapter)
+    meta = convert(args.hf, args.out, args.whisper, args.adapter, args.peft)
     print(f"wrote {args.out}: {meta['tensors']} tensors ({', '.join(meta['parts'])}; {meta['num_layers']} layers, "
           f"vocab {meta['vocab_size']}, {meta['dtype']}) in {time.perf_counter() - start:.1f} s; "
           f"loads at any TP/PP (model.init_checkpoint={args.out})")
+    if "lora" in meta:
+        lora = meta["lora"]
+        print(f"the PEFT adapter is LoRA of rank {lora['rank']} on {', '.join(lora['targets'])}: fine-tune it on "
+              f"with lora.rank={lora['rank']} lora.alpha={lora['alpha']:g} lora.targets=[{','.join(lora['targets'])}]")
+    if args.verify and "lora" in meta:
+        print("--verify compares the base model (the LoRA adapter is left out of the comparison)")
     if not args.verify:
         return 0
     from orchestrator.convert.verify import verify

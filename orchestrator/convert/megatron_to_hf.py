@@ -1,11 +1,15 @@
-"""`audiollm convert megatron-to-hf --megatron CKPT --out HF_DIR`
+"""`audiollm convert megatron-to-hf --megatron CKPT --out HF_DIR [--lora merge|peft]`
 
 Exports model weights to HF: CKPT is a converted checkpoint (hf-to-megatron), a
 training checkpoint (RUN/checkpoints/step_N) or a run directory (its latest step),
 written at any TP/PP. LoRA adapters are merged into their base weights
-(W + alpha/rank * B A). HF_DIR gets:
+(W + alpha/rank * B A); with `--lora peft` the decoder's are written as a PEFT adapter
+beside the un-merged base instead (orchestrator/convert/peft_lora.py; LoRA on the
+encoder or the adapter is merged into them still). HF_DIR gets:
 
     config.json, model.safetensors   a HF Gemma2ForCausalLM (`from_pretrained` loads it)
+    peft_lora/                       --lora peft: adapter_config.json, adapter_model.safetensors
+                                     (`PeftModel.from_pretrained(gemma2, HF_DIR/peft_lora)`)
     whisper_encoder/                 the encoder as a HF WhisperEncoder (config + weights)
     audio_adapter/                   the adapter's weights and adapter_config.json
     tokenizer files                  the run's data.tokenizer (training checkpoints)
@@ -48,11 +52,18 @@ def merge_lora_tensors(state: Dict[str, torch.Tensor], scaling: Optional[float])
     return len(pairs)
 
 
-def export_state(ckpt_dir: Path) -> dict:
+PEFT_SUBDIR = "peft_lora"
+LORA_MODES = ("merge", "peft")
+
+
+def export_state(ckpt_dir: Path, lora_mode: str = "merge") -> dict:
     """Everything an export writes, in memory: {checkpoint, decoder (HF Gemma2 names),
     encoder (WhisperEncoder names), adapter, hf_config, whisper_config, adapter_config,
-    tokenizer, lora_merged}. The model's config comes from a converted checkpoint's
-    source configs, or from a training checkpoint's run (its plan.json)."""
+    tokenizer, lora_merged, peft (tensors, adapter_config) or None}. The model's config
+    comes from a converted checkpoint's source configs, or from a training checkpoint's
+    run (its plan.json)."""
+    if lora_mode not in LORA_MODES:
+        raise ValueError(f"lora mode {lora_mode!r} is not one of {LORA_MODES}")
     from orchestrator.convert.dist_format import read_model_tensors
 
     resolved, problem = resolve_model_checkpoint(str(ckpt_dir))
@@ -65,7 +76,8 @@ def export_state(ckpt_dir: Path) -> dict:
         hf_config = json.loads((ckpt / "hf_config.json").read_text())
         whisper_config, adapter_config = (_json_or_none(ckpt / name) for name in ("whisper_config.json",
                                                                                    "adapter_config.json"))
-        scaling, tokenizer = None, None
+        lora = json.loads((ckpt / CONVERTED_META).read_text()).get("lora") or {}  # an imported PEFT adapter
+        tokenizer = None
     elif plan_path.is_file():
         config = json.loads(plan_path.read_text())["config"]
         model, lora = config["model"], config.get("lora") or {}
@@ -73,7 +85,6 @@ def export_state(ckpt_dir: Path) -> dict:
         hf_config = gemma2_hf_config(model["decoder"], tokenizer)
         whisper_config = whisper_hf_config(model["encoder"])
         adapter_config = {k: model["adapter"][k] for k in ("frame_stack", "dropout", "ctc_weight")}
-        scaling = float(lora["alpha"]) / int(lora["rank"]) if int(lora.get("rank") or 0) > 0 else None
     else:
         raise FileNotFoundError(f"{ckpt}: neither {CONVERTED_META} (a converted checkpoint) nor {plan_path} "
                                 f"(a training checkpoint's run) is there, so the model's config is unknown")
@@ -81,24 +92,39 @@ def export_state(ckpt_dir: Path) -> dict:
     if not converted:  # a config made here: the dtype is what the run stored
         embedding = state["language_model.embedding.word_embeddings.weight"]
         hf_config["torch_dtype"] = str(embedding.dtype).replace("torch.", "")
+    rank = int(lora.get("rank") or 0)
+    scaling = float(lora["alpha"]) / rank if rank > 0 else None
+    shape = Gemma2Shape.from_hf_config(hf_gemma2_config(hf_config))
+    peft = None
+    if lora_mode == "peft":
+        from orchestrator.convert.peft_lora import megatron_lora_to_peft
+
+        decoder_lora = {n: state.pop(n) for n in [n for n in state if n.startswith("language_model.") and _LORA.match(n)]}
+        if scaling is None:
+            raise ValueError(f"{ckpt}: no LoRA rank and alpha are recorded for it: nothing to write as PEFT")
+        peft = megatron_lora_to_peft({n[len("language_model."):]: t for n, t in decoder_lora.items()}, shape, rank,
+                                     float(lora["alpha"]), float(lora.get("dropout") or 0.0))
     merged = merge_lora_tensors(state, scaling)
     parts = {part: {n[len(part) + 1:]: t for n, t in state.items() if n.startswith(part + ".")}
              for part in ("language_model", "encoder", "adapter")}
-    shape = Gemma2Shape.from_hf_config(hf_gemma2_config(hf_config))
     return {"checkpoint": str(ckpt), "decoder": megatron_full_to_hf(parts["language_model"], shape),
             "encoder": parts["encoder"], "adapter": parts["adapter"], "hf_config": hf_config,
             "whisper_config": whisper_config, "adapter_config": adapter_config, "tokenizer": tokenizer,
-            "lora_merged": merged}
+            "lora_merged": merged, "peft": peft}
 
 
 def _json_or_none(path: Path) -> Optional[dict]:
     return json.loads(path.read_text()) if path.is_file() else None
 
 
-def convert(ckpt_dir: Path, out_dir: Path) -> dict:
+def convert(ckpt_dir: Path, out_dir: Path, lora_mode: str = "merge") -> dict:
+    from orchestrator.convert.peft_lora import write_peft_adapter
+
     out = Path(out_dir)
-    state = export_state(ckpt_dir)
+    state = export_state(ckpt_dir, lora_mode)
     write_hf_checkpoint(out, state["decoder"], json.dumps(state["hf_config"], indent=2))
+    if state["peft"] is not None:
+        write_peft_adapter(out / PEFT_SUBDIR, *state["peft"])
     if state["encoder"]:
         write_hf_checkpoint(out / ENCODER_SUBDIR, state["encoder"], json.dumps(state["whisper_config"] or {}, indent=2))
     if state["adapter"]:
@@ -110,7 +136,8 @@ def convert(ckpt_dir: Path, out_dir: Path) -> dict:
             if path.is_file():
                 shutil.copy2(path, out / path.name)
     return {"checkpoint": state["checkpoint"], "lora_merged": state["lora_merged"], "encoder": bool(state["encoder"]),
-            "adapter": bool(state["adapter"]), "tokenizer": bool(tokenizer)}
+            "adapter": bool(state["adapter"]), "tokenizer": bool(tokenizer),
+            "peft_modules": len(state["peft"][0]) // 2 if state["peft"] else 0}
 
 
 def whisper_hf_config(encoder: dict) -> dict:
@@ -127,9 +154,17 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument("--megatron", required=True, type=Path,
                         help="a converted checkpoint, a training checkpoint (RUN/checkpoints/step_N) or a run directory")
     parser.add_argument("--out", required=True, type=Path, help="output HF directory")
+    parser.add_argument("--lora", choices=LORA_MODES, default="merge",
+                        help=f"merge LoRA into the weights (default), or write the decoder's as a PEFT adapter "
+                             f"(HF_DIR/{PEFT_SUBDIR}) beside the un-merged base")
     args = parser.parse_args(argv)
-    result = convert(args.megatron, args.out)
-    parts = ["Gemma2"] + (["whisper_encoder/"] if result["encoder"] else []) + \
+    try:
+        result = convert(args.megatron, args.out, args.lora)
+    except ValueError as exc:
+        print(str(exc), file=sys.stderr)
+        return 2
+    parts = ["Gemma2"] + ([f"{PEFT_SUBDIR}/ ({result['peft_modules']} LoRA modules)"] if result["peft_modules"] else []) \
+        + (["whisper_encoder/"] if result["encoder"] else []) + \
         (["audio_adapter/"] if result["adapter"] else []) + (["tokenizer"] if result["tokenizer"] else [])
     print(f"wrote {args.out} from {result['checkpoint']}: {', '.join(parts)}"
           f"{'; LoRA merged into %d linears' % result['lora_merged'] if result['lora_merged'] else ''}")

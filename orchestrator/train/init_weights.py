@@ -5,7 +5,10 @@ The source is a megatron dist_checkpointing directory: a converted HF checkpoint
 (`audiollm convert hf-to-megatron`) or a training checkpoint of an earlier run.
 dist_checkpointing reshards it to this job's TP / PP / virtual-PP layout, whatever
 layout wrote it. It runs on every rank after the model chunks are built and before
-LoRA and the freezes (loop.Trainer), so LoRA wraps pretrained weights.
+LoRA and the freezes (loop.Trainer), so LoRA wraps pretrained weights. LoRA factors the
+checkpoint holds (an imported PEFT adapter, an earlier LoRA run) are loaded after LoRA is
+added (`load_init_lora`), when the run's lora section has the same rank and alpha: the
+adapter is fine-tuned on.
 
 Every model tensor must be accounted for before the first step, on every rank alike:
 - a tensor the model needs and the checkpoint lacks is an error, except the modules
@@ -62,10 +65,12 @@ def _names(items: Sequence[str]) -> str:
     return ", ".join(items[:_MAX_NAMED]) + (f" ... ({len(items)} in all)" if len(items) > _MAX_NAMED else "")
 
 
-def load_init_checkpoint(path: str | Path, chunks: Sequence, prefix: str = "") -> dict:
+def load_init_checkpoint(path: str | Path, chunks: Sequence, prefix: str = "", lora: bool = False) -> dict:
     """Load the weights of `path` into this rank's model chunks (collective: call on
     every rank). `prefix` names the part of the AudioLLM the chunks are (a bare decoder:
-    `language_model.`); checkpoint tensors outside it are then ignored. Returns {'loaded': n, 'fresh': {reason: n}}
+    `language_model.`); checkpoint tensors outside it are then ignored. `lora`: the run
+    adds LoRA after this load, and `load_init_lora` reads the checkpoint's LoRA factors
+    then (else they are tensors the model does not have). Returns {'loaded': n, 'fresh': {reason: n}}
     counted over the whole model; raises InitCheckpointError before anything is loaded
     when the checkpoint does not fit."""
     from megatron.core import dist_checkpointing
@@ -106,7 +111,7 @@ def load_init_checkpoint(path: str | Path, chunks: Sequence, prefix: str = "") -
     fresh = {k: v for g in gathered for k, v in g["fresh"].items()}
     mismatched = sorted(set().union(*(g["mismatched"] for g in gathered)))
     missing = sorted(k for k, reason in fresh.items() if not reason)
-    unexpected = sorted(set(stored) - needed)
+    unexpected = sorted(k for k in set(stored) - needed if not (lora and ".lora_" in k))
     problems = []
     if missing:
         problems.append(f"the model needs tensors the checkpoint lacks: {_names(missing)}")
@@ -132,6 +137,86 @@ def load_init_checkpoint(path: str | Path, chunks: Sequence, prefix: str = "") -
     for reason in fresh.values():
         counts[reason] = counts.get(reason, 0) + 1
     return {"loaded": len(needed) - len(fresh), "fresh": counts}
+
+
+def recorded_lora(path: str | Path) -> dict:
+    """The rank and alpha the checkpoint's LoRA factors were made with: a converted
+    checkpoint's record of its PEFT adapter, or the lora section of the run that saved
+    it; {} when neither says."""
+    import json
+
+    from orchestrator.checkpoint_dirs import CONVERTED_META
+
+    path = Path(path)
+    if (path / CONVERTED_META).is_file():
+        return json.loads((path / CONVERTED_META).read_text()).get("lora") or {}
+    plan = path.parent.parent / "plan.json"
+    if plan.is_file():
+        return json.loads(plan.read_text())["config"].get("lora") or {}
+    return {}
+
+
+def load_init_lora(path: str | Path, chunks: Sequence, lora_cfg: dict) -> int:
+    """After LoRA is added: load the LoRA factors `path` holds into this rank's chunks
+    (collective). Every stored factor must belong to an adapted linear of the same rank,
+    and the stored alpha must be lora.alpha; adapted linears without stored factors keep
+    their fresh ones. Returns how many factors were loaded, over the whole model."""
+    from megatron.core import dist_checkpointing
+    from megatron.core.dist_checkpointing.mapping import ShardedObject
+
+    from orchestrator.convert.dist_format import stored_model_tensors
+    from orchestrator.train.checkpoint import _unwrap_ddp
+
+    stored = {k: v for k, v in stored_model_tensors(path).items() if ".lora_" in k}
+    requests, present, mismatched = [], set(), []
+    for chunk in chunks:
+        request = {}
+        for name, sharded in _flat_sharded(chunk).items():
+            if isinstance(sharded, ShardedObject) or ".lora_" not in sharded.key:
+                continue
+            present.add(sharded.key)
+            if sharded.key not in stored:
+                continue
+            model_shape, stored_shape = _global_shape(sharded), tuple(stored[sharded.key].global_shape)
+            if model_shape != stored_shape:
+                mismatched.append(f"{sharded.key} (checkpoint {stored_shape}, model {model_shape})")
+                continue
+            request[name] = sharded
+        requests.append(request)
+    gathered: List[dict] = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, {"present": present, "mismatched": mismatched,
+                                      "loads": {r for q in requests for r in (s.key for s in q.values())}})
+    present = set().union(*(g["present"] for g in gathered))
+    mismatched = sorted(set().union(*(g["mismatched"] for g in gathered)))
+    loads = set().union(*(g["loads"] for g in gathered))
+    rank, alpha = int(lora_cfg.get("rank", 0)), float(lora_cfg.get("alpha", 0))
+    made = recorded_lora(path)
+    problems = []
+    extra = sorted(set(stored) - present)
+    if extra:
+        problems.append(f"it holds LoRA factors of linears this run does not adapt: {_names(extra)} (lora.targets "
+                        f"{list(lora_cfg.get('targets') or [])}, lora.encoder {bool(lora_cfg.get('encoder'))}, "
+                        f"lora.adapter {bool(lora_cfg.get('adapter'))})")
+    if mismatched:
+        problems.append(f"their shapes differ (the rank is the factors' inner size; lora.rank={rank}): "
+                        f"{_names(mismatched)}")
+    if stored and made and float(made.get("alpha", alpha)) / max(1, int(made.get("rank", rank))) != alpha / max(1, rank):
+        problems.append(f"they were made with rank {made.get('rank')} and alpha {made.get('alpha')}, this run has "
+                        f"lora.rank={rank} lora.alpha={alpha:g}: another scaling (alpha / rank)")
+    if problems:
+        hint = (f"set lora.rank={made['rank']} lora.alpha={float(made['alpha']):g}" if made.get("rank") else
+                "set the lora section to the adapter's rank and alpha")
+        raise InitCheckpointError(f"model.init_checkpoint={path}: the LoRA adapter it holds does not fit this run: "
+                                  + "; ".join(problems) + f". {hint}, or start LoRA fresh from a checkpoint without it")
+    if not loads:
+        return 0
+    loaded = dist_checkpointing.load({str(i): request for i, request in enumerate(requests)}, str(path))
+    for i, chunk in enumerate(chunks):
+        with torch.no_grad():
+            result = _unwrap_ddp(chunk).load_state_dict(loaded[str(i)], strict=False)
+        if result.unexpected_keys:
+            raise InitCheckpointError(f"loading the LoRA factors of {path}: unexpected {result.unexpected_keys}")
+    return len(loads)
 
 
 def _strip(state: dict, prefix: str) -> dict:

@@ -110,6 +110,10 @@ class Trainer:
         for chunk in chunks:
             self.adapted += apply_lora(chunk, plan.section("lora"), self.seed, b_std=components.lora_b_init_std)
         if init is not None:
+            if int(plan.section("lora").get("rank") or 0) > 0:  # an adapter to fine-tune on, if it holds one
+                from orchestrator.train.init_weights import load_init_lora
+
+                init["lora_loaded"] = load_init_lora(init["path"], chunks, plan.section("lora"))
             self._log_init(init, chunks)
         freeze_model_parts(chunks, plan.section("model"))
         self.unwrapped = chunks
@@ -189,7 +193,8 @@ class Trainer:
         resumes = (self.plan.section("run").get("resume") or "auto") != "never"
         if not path or (resumes and (step_dirs(self.plan.run_dir) or set_aside_dirs(self.plan.run_dir))):
             return None
-        return {"path": path, **load_init_checkpoint(path, chunks)}
+        lora = int(self.plan.section("lora").get("rank") or 0) > 0
+        return {"path": path, **load_init_checkpoint(path, chunks, lora=lora)}
 
     def _log_init(self, init: dict, chunks) -> None:
         """One line: what was loaded, and what starts fresh (LoRA included, added after the load)."""
@@ -200,7 +205,8 @@ class Trainer:
                 if ".lora_" in name}
         gathered = [None] * self.world_size
         dist.all_gather_object(gathered, lora)
-        count = len(set().union(*gathered))
+        count = len(set().union(*gathered)) - init.get("lora_loaded", 0)
+        init["loaded"] += init.get("lora_loaded", 0)
         if count:
             init["fresh"]["LoRA"] = count
         if self.rank == 0:
