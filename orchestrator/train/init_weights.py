@@ -156,11 +156,11 @@ def recorded_lora(path: str | Path) -> dict:
     return {}
 
 
-def load_init_lora(path: str | Path, chunks: Sequence, lora_cfg: dict) -> int:
+def load_init_lora(path: str | Path, chunks: Sequence, lora_cfg: dict) -> List[set]:
     """After LoRA is added: load the LoRA factors `path` holds into this rank's chunks
     (collective). Every stored factor must belong to an adapted linear of the same rank,
     and the stored alpha must be lora.alpha; adapted linears without stored factors keep
-    their fresh ones. Returns how many factors were loaded, over the whole model."""
+    their fresh ones. Returns, per chunk, the names of the parameters loaded."""
     from megatron.core import dist_checkpointing
     from megatron.core.dist_checkpointing.mapping import ShardedObject
 
@@ -209,14 +209,14 @@ def load_init_lora(path: str | Path, chunks: Sequence, lora_cfg: dict) -> int:
         raise InitCheckpointError(f"model.init_checkpoint={path}: the LoRA adapter it holds does not fit this run: "
                                   + "; ".join(problems) + f". {hint}, or start LoRA fresh from a checkpoint without it")
     if not loads:
-        return 0
+        return [set() for _ in chunks]
     loaded = dist_checkpointing.load({str(i): request for i, request in enumerate(requests)}, str(path))
     for i, chunk in enumerate(chunks):
         with torch.no_grad():
             result = _unwrap_ddp(chunk).load_state_dict(loaded[str(i)], strict=False)
         if result.unexpected_keys:
             raise InitCheckpointError(f"loading the LoRA factors of {path}: unexpected {result.unexpected_keys}")
-    return len(loads)
+    return [set(request) for request in requests]
 
 
 def _strip(state: dict, prefix: str) -> dict:
@@ -226,5 +226,6 @@ def _strip(state: dict, prefix: str) -> dict:
 def describe(path: str | Path, result: dict) -> str:
     """The job's one log line about the initial weights."""
     fresh = ", ".join(f"{reason} ({n} tensors)" for reason, n in sorted(result["fresh"].items()))
-    return (f"init_checkpoint: loaded {result['loaded']} tensors from {path}; "
+    lora = f"; LoRA factors from it: {result['lora_loaded']} tensors" if result.get("lora_loaded") else ""
+    return (f"init_checkpoint: loaded {result['loaded']} tensors from {path}{lora}; "
             f"starting fresh: {fresh or 'nothing'}")

@@ -113,7 +113,7 @@ class Trainer:
             if int(plan.section("lora").get("rank") or 0) > 0:  # an adapter to fine-tune on, if it holds one
                 from orchestrator.train.init_weights import load_init_lora
 
-                init["lora_loaded"] = load_init_lora(init["path"], chunks, plan.section("lora"))
+                init["lora_names"] = load_init_lora(init["path"], chunks, plan.section("lora"))
             self._log_init(init, chunks)
         freeze_model_parts(chunks, plan.section("model"))
         self.unwrapped = chunks
@@ -203,12 +203,13 @@ class Trainer:
         stage = self.ps.get_pipeline_model_parallel_rank()  # layer names restart at 0 on every stage
         lora = {(stage, i, name) for i, chunk in enumerate(chunks) for name, _ in chunk.named_parameters()
                 if ".lora_" in name}
+        loaded = {(stage, i, name) for i, names in enumerate(init.pop("lora_names", [])) for name in names}
         gathered = [None] * self.world_size
-        dist.all_gather_object(gathered, lora)
-        count = len(set().union(*gathered)) - init.get("lora_loaded", 0)
-        init["loaded"] += init.get("lora_loaded", 0)
-        if count:
-            init["fresh"]["LoRA"] = count
+        dist.all_gather_object(gathered, (lora, loaded))
+        lora, loaded = (set().union(*(g[k] for g in gathered)) for k in (0, 1))
+        init["lora_loaded"] = len(loaded)
+        if lora - loaded:
+            init["fresh"]["LoRA"] = len(lora - loaded)
         if self.rank == 0:
             log.info("%s", describe(init["path"], init))
 

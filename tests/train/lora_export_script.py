@@ -1,9 +1,10 @@
 """The project's own logits of a trained LoRA run (adapters unmerged, checkpoint read at
 TP=1 as `audiollm eval` reads it) vs HF Gemma2's logits of its `megatron-to-hf` export
-(LoRA merged), on the same random tokens, fp32.
+(LoRA merged), on the same random tokens, fp32; with PEFT_EXPORT_DIR (an export with
+`--lora peft`) also PEFT's logits of its un-merged base + peft_lora/ adapter.
 
-Run: python tests/train/lora_export_script.py RUN_DIR EXPORT_DIR PRETRAINED_HF_DIR
-Prints `RESULT {"max_abs_logit_diff", "lora_effect", "lora_modules"}`.
+Run: python tests/train/lora_export_script.py RUN_DIR EXPORT_DIR PRETRAINED_HF_DIR [PEFT_EXPORT_DIR]
+Prints `RESULT {"max_abs_logit_diff", "lora_effect", "lora_modules"[, "peft_vs_merged", "peft_base_vs_base"]}`.
 """
 
 import json
@@ -35,9 +36,17 @@ def main() -> None:
         ours = model(tokens, positions, None)[..., :vocab]
         merged = Gemma2ForCausalLM.from_pretrained(export, attn_implementation="eager").eval()(tokens).logits
         base = Gemma2ForCausalLM.from_pretrained(pretrained, attn_implementation="eager").eval()(tokens).logits
-    print("RESULT " + json.dumps({"max_abs_logit_diff": (ours - merged).abs().max().item(),
-                                  "lora_effect": (merged - base).abs().max().item(), "lora_modules": lora_modules}),
-          flush=True)
+    result = {"max_abs_logit_diff": (ours - merged).abs().max().item(),
+              "lora_effect": (merged - base).abs().max().item(), "lora_modules": lora_modules}
+    if len(sys.argv) > 4:
+        from peft import PeftModel
+
+        with torch.no_grad():
+            unmerged = Gemma2ForCausalLM.from_pretrained(sys.argv[4], attn_implementation="eager").eval()
+            result["peft_base_vs_base"] = (unmerged(tokens).logits - base).abs().max().item()
+            peft = PeftModel.from_pretrained(unmerged, f"{sys.argv[4]}/peft_lora").eval()
+            result["peft_vs_merged"] = (peft(tokens).logits - merged).abs().max().item()
+    print("RESULT " + json.dumps(result), flush=True)
     shutdown()
 
 

@@ -109,8 +109,9 @@ def _masked_reference_states(encoder, features: torch.Tensor, lengths: list) -> 
     return per_clip
 
 
-def _reference_step1_loss(overrides: list) -> float:
-    """The trainer's first step (global batch of its micro-batches) through HF modules."""
+def _reference_step1_loss(overrides: list, gemma=None) -> float:
+    """The trainer's first step (global batch of its micro-batches) through HF modules
+    (`gemma`: this HF Gemma2 instead of the pretrained one)."""
     from transformers import Gemma2ForCausalLM, WhisperModel
 
     from orchestrator.compose import compose
@@ -120,7 +121,8 @@ def _reference_step1_loss(overrides: list) -> float:
 
     cfg = to_object(compose(overrides))
     root = Path(cfg.model.init_checkpoint).parent
-    gemma = Gemma2ForCausalLM.from_pretrained(root / "gemma2", attn_implementation="eager").eval()
+    if gemma is None:
+        gemma = Gemma2ForCausalLM.from_pretrained(root / "gemma2", attn_implementation="eager").eval()
     encoder = WhisperModel.from_pretrained(root / "whisper", attn_implementation="eager").encoder.eval()
     from safetensors.torch import load_file
 
@@ -198,9 +200,7 @@ def test_first_step_loss_from_a_converted_hf_checkpoint_equals_hf(pretrained, la
 def test_lora_run_from_the_converted_checkpoint_exports_to_hf_with_lora_merged(pretrained):
     """LoRA fine-tune at TP=2 from the converted HF checkpoint -> `megatron-to-hf` of the
     run (LoRA merged, TP=2 checkpoint read whole) -> HF Gemma2 logits equal the project's
-    own model with its adapters unmerged."""
-    from tests.train.jobs import result
-
+    own model with its adapters unmerged, and so do PEFT's of the `--lora peft` export."""
     name = "lora_tp2"
     lora = ["lora=decoder_r16", "lora.rank=4", "lora.alpha=8",
             "lora.lr_groups=[{name: lora, patterns: ['*lora_*'], lr_scale: 1.0}, {name: rest, patterns: ['*'], lr_scale: 0.0}]"]
@@ -214,16 +214,86 @@ def test_lora_run_from_the_converted_checkpoint_exports_to_hf_with_lora_merged(p
     out = _cli(["convert", "megatron-to-hf", "--megatron", str(run_dir), "--out", str(export)], cwd=pretrained["root"])
     assert "LoRA merged into 16 linears" in out, out  # 4 layers x qkv, proj, fc1, fc2
     assert (export / "tokenizer.json").is_file() and (export / "audio_adapter" / "model.safetensors").is_file()
-    env = {**os.environ, "PYTHONPATH": str(REPO), "PYTHONWARNINGS": "ignore", "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run([sys.executable, str(Path(__file__).with_name("lora_export_script.py")), str(run_dir),
-                           str(export), str(pretrained["root"] / "gemma2")], capture_output=True, text=True,
-                          timeout=300, env=env, cwd=REPO)
-    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
-    r = result(proc.stdout)
+    r = _compare_exports(run_dir, export, pretrained)
     print(f"LoRA export: {r}")
     assert r["lora_modules"] == 16
     assert r["lora_effect"] > 1e-3, r  # the adapters changed the model, so the merge is what is compared
     assert r["max_abs_logit_diff"] <= 1e-4, r
+    # the same run as a PEFT adapter beside the un-merged base: PEFT's logits are the merged export's
+    assert r["peft_base_vs_base"] == 0.0 and r["peft_vs_merged"] <= 1e-4, r
+
+
+def _compare_exports(run_dir: Path, export: Path, pretrained: dict) -> dict:
+    """tests/train/lora_export_script.py on the run, its merged export and its PEFT export
+    (written here with `--lora peft`)."""
+    from tests.train.jobs import result
+
+    peft_export = export.with_name(export.name + "_peft")
+    out = _cli(["convert", "megatron-to-hf", "--megatron", str(run_dir), "--out", str(peft_export), "--lora", "peft"],
+               cwd=pretrained["root"])
+    assert "peft_lora/ (28 LoRA modules)" in out, out  # 4 layers x q, k, v, o, gate, up, down
+    env = {**os.environ, "PYTHONPATH": str(REPO), "PYTHONWARNINGS": "ignore", "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run([sys.executable, str(Path(__file__).with_name("lora_export_script.py")), str(run_dir),
+                           str(export), str(pretrained["root"] / "gemma2"), str(peft_export)], capture_output=True,
+                          text=True, timeout=300, env=env, cwd=REPO)
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
+    return result(proc.stdout)
+
+
+@pytest.mark.multiprocess
+def test_a_peft_adapter_made_elsewhere_is_fine_tuned_on_and_exported_back_as_peft(pretrained):
+    """A PEFT LoRA adapter made by `peft` on the pretrained Gemma2 (its own A per q/k/v and
+    gate/up) -> `hf-to-megatron --peft` -> a TP=1 LoRA run from it: the first step's loss is
+    the HF reference's with the adapter (PEFT's merge_and_unload) -> `megatron-to-hf --lora
+    peft` of the run: PEFT's logits of that adapter equal the merged export's and the
+    project's own. A run whose lora.alpha does not fit stops before its first step."""
+    from peft import LoraConfig, PeftModel, get_peft_model
+    from transformers import Gemma2ForCausalLM
+
+    root = pretrained["root"]
+    peft_model = get_peft_model(Gemma2ForCausalLM.from_pretrained(root / "gemma2"),
+                                LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "k_proj", "v_proj", "o_proj",
+                                                                              "gate_proj", "up_proj", "down_proj"]))
+    gen = torch.Generator().manual_seed(11)
+    with torch.no_grad():
+        for name, param in peft_model.named_parameters():
+            if "lora_B" in name:  # non-zero, so that the adapter changes the loss
+                param.copy_(torch.randn(param.shape, generator=gen) * 0.2)
+    peft_model.save_pretrained(root / "peft_made_elsewhere")
+    out = _cli(["convert", "hf-to-megatron", "--hf", str(root / "gemma2"), "--whisper", str(root / "whisper"),
+                "--adapter", str(root / "adapter"), "--peft", str(root / "peft_made_elsewhere"),
+                "--out", str(root / "converted_peft")], cwd=root)
+    # q/k/v stacked: rank 3 x 4, every linear padded to it, alpha 8 x 12 / 4 keeps the scaling
+    assert "with lora.rank=12 lora.alpha=24 lora.targets=[linear_fc1,linear_fc2,linear_proj,linear_qkv]" in out, out
+    lora = ["lora=decoder_r16", "lora.rank=12", "lora.alpha=24",
+            "lora.lr_groups=[{name: lora, patterns: ['*lora_*'], lr_scale: 1.0}, {name: rest, patterns: ['*'], lr_scale: 0.0}]"]
+    name = "peft_tp1"
+    overrides = _overrides(pretrained, name, [f"model.init_checkpoint={root / 'converted_peft'}", "train.iters=2",
+                                              "optim.lr=1e-2", "optim.min_lr=1e-2", *lora])
+    bad = subprocess.run([sys.executable, "-m", "orchestrator.cli", "train",
+                          *[o for o in overrides if not o.startswith("run.name=")], "run.name=peft_bad_alpha",
+                          "lora.alpha=8"], capture_output=True, text=True, timeout=300, cwd=root,
+                         env={**os.environ, "PYTHONPATH": str(REPO), "PYTHONWARNINGS": "ignore"})
+    bad_log = bad.stdout + bad.stderr + "\n".join(p.read_text() for p in (root / "runs").glob("**/peft_bad_alpha/**/*.log"))
+    assert bad.returncode != 0 and "set lora.rank=12 lora.alpha=24" in bad_log, bad_log[-3000:]
+    out = _cli(["train", *overrides], cwd=root)
+    run_dir = root / "runs" / "tiny_cpu" / name
+    log = out + "\n".join(p.read_text() for p in run_dir.glob("**/*.log"))
+    assert "LoRA factors from it: 32 tensors; starting fresh: nothing" in log, log[-3000:]  # 4 layers x 4 linears
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    merged = PeftModel.from_pretrained(Gemma2ForCausalLM.from_pretrained(root / "gemma2", attn_implementation="eager"),
+                                       root / "peft_made_elsewhere").merge_and_unload().eval()
+    reference = _reference_step1_loss(overrides, gemma=merged)
+    without = _reference_step1_loss(overrides)
+    print(f"PEFT import: step-1 loss {rows[0]['loss']:.8f}, HF + PEFT {reference:.8f}, HF alone {without:.8f}")
+    # the adapter moves the loss by more than ten times the bound: the bound tells loaded from not loaded
+    assert abs(rows[0]["loss"] - reference) <= STEP1_TOLERANCE < abs(reference - without) / 10
+    export = root / "export_peft_run"
+    _cli(["convert", "megatron-to-hf", "--megatron", str(run_dir), "--out", str(export)], cwd=root)
+    r = _compare_exports(run_dir, export, pretrained)
+    print(f"PEFT round trip: {r}")
+    assert r["lora_effect"] > 1e-3 and r["max_abs_logit_diff"] <= 1e-4, r
+    assert r["peft_base_vs_base"] == 0.0 and r["peft_vs_merged"] <= 1e-4, r
 
 
 @pytest.mark.multiprocess
