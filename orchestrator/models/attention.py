@@ -34,8 +34,8 @@ order (orchestrator.train.audiollm_provider builds it for packed rows).
 `SoftcapDotProductAttention` is plain PyTorch (CPU and GPU, the reference).
 `FlexSoftcapAttention` uses torch's flex_attention (softcap as `score_mod`, masks as a
 block mask) for GPU training. Two decisions make it fit training, where every micro-batch
-has its own width (columns trimmed to the used ones) and evaluation and generation use
-still others:
+has its own width (columns trimmed to the used ones) and evaluation uses still others
+(decoding with the KV cache attends in plain PyTorch whatever the kernel: `_attend_cached`):
 
 - Bucketed widths. The kernel is compiled with static shapes (`dynamic=False`), one
   compilation per shape. q, k, v are padded to `flex_bucket_width(width)` — the next
@@ -284,8 +284,8 @@ def flex_bucket_width(width: int) -> int:
     it computes anyway).
 
     The kernel is compiled with static shapes, one compilation per width it sees; micro-
-    batches are trimmed to their used columns, and evaluation and generation (no KV cache:
-    the width grows by one per step) use yet other widths. Powers of two keep the set
+    batches are trimmed to their used columns, and evaluation and decoding without the KV
+    cache (the width grows by one per step) use yet other widths. Powers of two keep the set
     small and known in advance — log2(max / 128) + 1 widths (7 up to 8192) — while the
     padding costs no attention work: the padded rows and columns are masked out, so the
     blocks beyond the real length are empty and the kernel skips them (only the copies

@@ -119,9 +119,6 @@ class KVCache:
             cache = self.layers[number] = LayerCache(like, like.shape[1], slots, ring)
         return cache
 
-    def bytes(self) -> int:
-        return sum(c.keys.numel() * c.keys.element_size() * 2 for c in self.layers.values())
-
 
 @contextmanager
 def decoding(language_model: torch.nn.Module, cache: KVCache):
