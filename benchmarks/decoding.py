@@ -20,16 +20,7 @@ are slower still, so the ratio it prints is a lower bound). Prints one table.
 from __future__ import annotations
 
 import argparse
-import os
-import socket
 import time
-
-
-def _process_group() -> None:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
 
 
 def _build(model_name: str):
@@ -66,8 +57,9 @@ def main() -> None:
     import torch
 
     from orchestrator.runtime.distributed import ParallelSizes, init_distributed, shutdown
+    from orchestrator.train.evaluate import _single_process_env
 
-    _process_group()
+    _single_process_env()
     init_distributed(ParallelSizes(), seed=0)
     rows = []
     for name in args.models.split(","):

@@ -30,7 +30,7 @@ EMBEDDING_STD = 0.05
 LAYOUTS = {"tp1": {}, "tp2_sp": dict(tp=2, sp=True), "pp2": dict(pp=2), "cp2": dict(cp=2)}
 
 
-def reference(hf, hf_encoder, adapter_weights, features, prompts, clip_rows, stop_id):
+def reference(hf, hf_encoder, adapter_weights, features, prompts, stop_id):
     """HF: encoder -> adapter math -> fused embeddings, left padded -> generate."""
     from tests.models.parity_script import reference_adapter
 
@@ -68,7 +68,8 @@ def main() -> None:
     from orchestrator.models.generate import greedy_generate
     from orchestrator.schema.parallel import ParallelConfig
     from tests.models.sharding import hf_to_megatron_full, shard_megatron
-    from tests.models.tiny_models import hf_gemma2, randomize, tiny_model_config, whisper_config
+    from tests.models.tiny_models import (hf_gemma2, random_adapter_weights, randomize, tiny_model_config,
+                                          whisper_config)
 
     torch.manual_seed(0)
     hf = hf_gemma2(seed=1)
@@ -79,16 +80,7 @@ def main() -> None:
     model_cfg = tiny_model_config(hf.config, wcfg)
     hf_encoder = randomize(WhisperEncoder(wcfg), seed=2).eval()
     gen = torch.Generator().manual_seed(3)
-    kd = 5 * wcfg.d_model
-    adapter_weights = {
-        "adapter.layer_weights": torch.randn(wcfg.encoder_layers, generator=gen),
-        "adapter.norm.weight": 1 + 0.3 * torch.randn(wcfg.d_model, generator=gen),
-        "adapter.norm.bias": 0.3 * torch.randn(wcfg.d_model, generator=gen),
-        "adapter.linear_1.weight": 0.1 * torch.randn(kd, kd, generator=gen),
-        "adapter.linear_1.bias": 0.1 * torch.randn(kd, generator=gen),
-        "adapter.linear_2.weight": 0.1 * torch.randn(shape.hidden_size, kd, generator=gen),
-        "adapter.linear_2.bias": 0.1 * torch.randn(shape.hidden_size, generator=gen),
-    }
+    adapter_weights = random_adapter_weights(wcfg, shape.hidden_size, gen)
     features = torch.randn(2, wcfg.num_mel_bins, MEL_FRAMES, generator=gen)
     counts = [((n - 1) // 2 + 1) // 5 for n in MEL_LENGTHS]  # 8 and 6 audio tokens
     prompts = [[BOS, 17, 40] + [AUDIO] * counts[0] + [SEP, 77],  # 13 tokens (window 8)
@@ -98,11 +90,11 @@ def main() -> None:
     # A stop id none of the rows meets early, so that every row decodes NEW_TOKENS tokens
     # (found from HF's own tokens below; fixed by the seeds).
     with torch.no_grad():
-        probe = reference(hf, hf_encoder, adapter_weights, features, prompts, clip_rows, stop_id=-5)
+        probe = reference(hf, hf_encoder, adapter_weights, features, prompts, stop_id=-5)
     seen = {t for row in probe["cached"] for t in row}
     stop_id = next(t for t in range(AUDIO) if t not in seen and t not in (PAD, BOS, SEP))
     with torch.no_grad():
-        ref = reference(hf, hf_encoder, adapter_weights, features, prompts, clip_rows, stop_id)
+        ref = reference(hf, hf_encoder, adapter_weights, features, prompts, stop_id)
     result = {"hf_cached": ref["cached"], "hf_uncached": ref["uncached"], "min_margin": ref["min_margin"],
               "stop_id": stop_id}
 

@@ -239,7 +239,7 @@ def audiollm_cases(hf, shape, full) -> None:
     from orchestrator.models.audiollm import AudioLLM, build_audiollm
     from orchestrator.models.fusion import fuse_audio
     from orchestrator.schema.parallel import ParallelConfig
-    from tests.models.tiny_models import randomize, tiny_model_config, whisper_config
+    from tests.models.tiny_models import random_adapter_weights, randomize, tiny_model_config, whisper_config
 
     class ScaleBeforeFusion(AudioLLM):
         """The known mistake: embeddings scaled before the audio is scattered in."""
@@ -258,16 +258,7 @@ def audiollm_cases(hf, shape, full) -> None:
     model_cfg = tiny_model_config(hf.config, wcfg)
     hf_encoder = randomize(WhisperEncoder(wcfg), seed=2).eval()
     gen = torch.Generator().manual_seed(3)
-    kd = 5 * wcfg.d_model
-    adapter_weights = {
-        "adapter.layer_weights": torch.randn(wcfg.encoder_layers, generator=gen),
-        "adapter.norm.weight": 1 + 0.3 * torch.randn(wcfg.d_model, generator=gen),
-        "adapter.norm.bias": 0.3 * torch.randn(wcfg.d_model, generator=gen),
-        "adapter.linear_1.weight": 0.1 * torch.randn(kd, kd, generator=gen),
-        "adapter.linear_1.bias": 0.1 * torch.randn(kd, generator=gen),
-        "adapter.linear_2.weight": 0.1 * torch.randn(shape.hidden_size, kd, generator=gen),
-        "adapter.linear_2.bias": 0.1 * torch.randn(shape.hidden_size, generator=gen),
-    }
+    adapter_weights = random_adapter_weights(wcfg, shape.hidden_size, gen)
     features = torch.randn(2, wcfg.num_mel_bins, MEL_FRAMES, generator=gen)
     tokens = torch.randint(0, AUDIO_TOKEN, (2, SEQ), generator=gen)
     counts = [((n - 1) // 2 + 1) // 5 for n in MEL_LENGTHS]

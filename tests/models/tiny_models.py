@@ -58,6 +58,21 @@ def encoder_config(cfg: WhisperConfig, freeze: bool = False) -> EncoderConfig:
                          max_source_positions=cfg.max_source_positions, freeze=freeze)
 
 
+def random_adapter_weights(wcfg: WhisperConfig, hidden_size: int, gen: torch.Generator) -> dict:
+    """The adapter's weights (`adapter.*`, frame stack 5) drawn from `gen`, spread like the
+    other tiny weights: a layer mix, a LayerNorm off its identity, two linears."""
+    kd = 5 * wcfg.d_model
+    return {
+        "adapter.layer_weights": torch.randn(wcfg.encoder_layers, generator=gen),
+        "adapter.norm.weight": 1 + 0.3 * torch.randn(wcfg.d_model, generator=gen),
+        "adapter.norm.bias": 0.3 * torch.randn(wcfg.d_model, generator=gen),
+        "adapter.linear_1.weight": 0.1 * torch.randn(kd, kd, generator=gen),
+        "adapter.linear_1.bias": 0.1 * torch.randn(kd, generator=gen),
+        "adapter.linear_2.weight": 0.1 * torch.randn(hidden_size, kd, generator=gen),
+        "adapter.linear_2.bias": 0.1 * torch.randn(hidden_size, generator=gen),
+    }
+
+
 def tiny_model_config(hf_cfg: Gemma2Config, wcfg: WhisperConfig) -> ModelConfig:
     return ModelConfig(name="tiny_test", decoder=decoder_config(hf_cfg), encoder=encoder_config(wcfg),
                        adapter=AdapterConfig(frame_stack=5, dropout=0.0))
