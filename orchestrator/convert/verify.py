@@ -71,7 +71,8 @@ def _worker(args) -> None:
     config = gemma2_transformer_config(dec, tp=tp, pp=pp, params_dtype=dtype)
     model = Gemma2Model(config, dec.vocab_size, dec.max_position_embeddings, pre_process=ps.is_pipeline_first_stage(),
                         post_process=ps.is_pipeline_last_stage(), rope_theta=dec.rope_theta).eval()
-    load_init_checkpoint(args.megatron, [model], prefix="language_model.")
+    # The base model is compared: LoRA factors it holds (an imported PEFT adapter) are left out.
+    load_init_checkpoint(args.megatron, [model], prefix="language_model.", lora=True)
     seq = args.seq_len or min(2 * (dec.sliding_window or 64), dec.max_position_embeddings)
     tokens = torch.randint(0, dec.vocab_size, (BATCH, seq), generator=torch.Generator().manual_seed(1234)).to(device)
     positions = torch.arange(seq, device=device)[None].expand(BATCH, -1)

@@ -262,7 +262,8 @@ def test_a_peft_adapter_made_elsewhere_is_fine_tuned_on_and_exported_back_as_pef
     peft_model.save_pretrained(root / "peft_made_elsewhere")
     out = _cli(["convert", "hf-to-megatron", "--hf", str(root / "gemma2"), "--whisper", str(root / "whisper"),
                 "--adapter", str(root / "adapter"), "--peft", str(root / "peft_made_elsewhere"),
-                "--out", str(root / "converted_peft")], cwd=root)
+                "--out", str(root / "converted_peft"), "--verify"], cwd=root)
+    assert '"ok": true' in out, out  # --verify loads the base of a checkpoint that holds LoRA factors
     # q/k/v stacked: rank 3 x 4, every linear padded to it, alpha 8 x 12 / 4 keeps the scaling
     assert "with lora.rank=12 lora.alpha=24 lora.targets=[linear_fc1,linear_fc2,linear_proj,linear_qkv]" in out, out
     lora = ["lora=decoder_r16", "lora.rank=12", "lora.alpha=24",
