@@ -452,6 +452,7 @@ def check_data(data: DataConfig, model: ModelConfig, purpose: str) -> Iterator[F
     yield from _one_of("data", "data.long_audio", data.long_audio, ("refuse", "chunk"))
     yield from _one_of("data", "data.audio_tokens", data.audio_tokens, ("clip", "window"))
     yield from _one_of("data", "data.wrong_sample_rate", data.wrong_sample_rate, ("resample", "refuse"))
+    yield from _one_of("data", "data.features_on", data.features_on, ("cpu", "device"))
     if not 0.0 <= data.max_bad_fraction <= 1.0:
         yield _error("data", f"data.max_bad_fraction={data.max_bad_fraction} must be between 0 and 1 (a share of "
                              f"a dataset's samples; 0.01 stops the run when over 1% of one dataset is bad)")

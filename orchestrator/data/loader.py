@@ -65,6 +65,7 @@ class SampleProcessor:
         self.audio_token_id = prompts.audio_token_id(tokenizer, data_cfg.audio_token)
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
         self.max_samples = int(round(data_cfg.max_audio_seconds * data_cfg.sample_rate))
+        self.on_device = data_cfg.features_on == "device"
 
     def _builders(self, tokenizer, data_cfg) -> list:
         """One builder per format; datasets with the same template share theirs."""
@@ -173,9 +174,17 @@ class SampleProcessor:
         return Example(position, dataset_id, tokenized, [clip for c in order for clip in segments[c]],
                        truncated=truncated)
 
-    def features(self, examples: Sequence[Example]):
-        """Log-mel of every clip of `examples`, in order; computed in one batch for those
-        that do not carry features yet."""
+    def features(self, examples: Sequence[Example]) -> Dict[str, Any]:
+        """The audio entries of a micro-batch of `examples`, clips in order (collate's
+        features_fn): "audio_features" (log-mel, computed in one go for the examples that
+        do not carry it yet) and "audio_lengths"; under data.features_on=device the
+        clips' waveforms instead of the log-mel (mel.WAVEFORM_KEYS), which the training
+        step turns into features on the encoder's device (mel.batch_features)."""
+        if self.on_device:
+            clips = [c for ex in examples for c in ex.clips]
+            return {"audio_waveforms": mel.waveforms(clips, self.window_frames),
+                    "audio_lengths": mel.frame_counts(clips, self.window_frames),
+                    "audio_mel_bins": self.num_mel_bins, "audio_window_frames": self.window_frames}
         todo = [ex for ex in examples if ex.features is None]
         clips = [c for ex in todo for c in ex.clips]
         if clips:
@@ -186,14 +195,36 @@ class SampleProcessor:
                 ex.features, ex.feature_lengths = feats[at:at + n].clone(), lengths[at:at + n].clone()
                 at += n
         if not examples:
-            return torch.zeros(0, self.num_mel_bins, self.window_frames), torch.zeros(0, dtype=torch.long)
-        return (torch.cat([ex.features for ex in examples]), torch.cat([ex.feature_lengths for ex in examples]))
+            return {"audio_features": torch.zeros(0, self.num_mel_bins, self.window_frames),
+                    "audio_lengths": torch.zeros(0, dtype=torch.long)}
+        return {"audio_features": torch.cat([ex.features for ex in examples]),
+                "audio_lengths": torch.cat([ex.feature_lengths for ex in examples])}
+
+    def for_transport(self, example: Example) -> Example:
+        """An Example as a worker process sends it back: its log-mel (the clips left
+        behind), or under data.features_on=device its clips; numpy arrays, which are pickled
+        as plain bytes between processes, where a torch tensor goes through shared-memory
+        file descriptors (measured: about 2x the CPU per sample)."""
+        if not self.on_device:
+            self.features([example])
+            example.clips = []
+            example.features, example.feature_lengths = example.features.numpy(), example.feature_lengths.numpy()
+        return example
+
+
+def _received(example: Example) -> Example:
+    """An Example from a worker process (SampleProcessor.for_transport), as tensors again."""
+    if example.features is not None:
+        example.features = torch.from_numpy(example.features)
+        example.feature_lengths = torch.from_numpy(example.feature_lengths)
+    return example
 
 
 class FeatureCache:
-    """Tokenized samples with their log-mel features, by mosaic sample id, up to a memory
-    budget (data.feature_cache_mb). A corpus that fits is decoded once and then every
-    later epoch skips decoding, resampling and the STFT."""
+    """Tokenized samples with their log-mel features (under data.features_on=device their
+    clips), by mosaic sample id, up to a memory budget (data.feature_cache_mb). A corpus
+    that fits is decoded once and then every later epoch skips decoding, resampling and
+    the STFT."""
 
     def __init__(self, budget_mb: int):
         self.budget = int(budget_mb) * (1 << 20)
@@ -204,16 +235,19 @@ class FeatureCache:
         hit = self.items.get(sample_id)
         if hit is None:
             return None
-        return Example(position, dataset_id, hit.tokenized, [], sample_id, hit.features, hit.feature_lengths,
+        return Example(position, dataset_id, hit.tokenized, hit.clips, sample_id, hit.features, hit.feature_lengths,
                        hit.truncated)
 
     def put(self, ex: Example) -> None:
         if ex.sample_id < 0 or ex.sample_id in self.items:
             return
-        size = ex.features.numel() * ex.features.element_size() + ex.tokenized.tokens.nbytes * 3
+        audio = (ex.features.numel() * ex.features.element_size() if ex.features is not None
+                 else sum(c.nbytes for c in ex.clips))
+        size = audio + ex.tokenized.tokens.nbytes * 3
         if self.used + size > self.budget:
             return
-        self.items[ex.sample_id] = Example(-1, ex.dataset_id, ex.tokenized, [], ex.sample_id, ex.features,
+        clips = [] if ex.features is not None else ex.clips
+        self.items[ex.sample_id] = Example(-1, ex.dataset_id, ex.tokenized, clips, ex.sample_id, ex.features,
                                            ex.feature_lengths, ex.truncated)
         self.used += size
 
@@ -322,12 +356,7 @@ class SampleReader:
         except (AudioError, ValueError) as err:
             return _Bad(position, sample_id, str(err))
         example.sample_id = sample_id
-        self.processor.features([example])
-        example.clips = []  # the features are what the batch needs; don't ship the audio back
-        # As numpy arrays: pickled as plain bytes between processes, where a torch tensor
-        # goes through shared-memory file descriptors (measured: about 2x the CPU per sample).
-        example.features, example.feature_lengths = example.features.numpy(), example.feature_lengths.numpy()
-        return example
+        return self.processor.for_transport(example)
 
 
 def _as_is(item):
@@ -460,9 +489,7 @@ class TrainLoader:
             if isinstance(result, _Cached):
                 example = self.cache.get(result.sample_id, result.position, result.dataset_id)
             else:
-                example = result
-                example.features = torch.from_numpy(example.features)
-                example.feature_lengths = torch.from_numpy(example.feature_lengths)
+                example = _received(result)
                 if self.cache is not None:
                     self.cache.put(example)
             self.bad.good(self.names[example.dataset_id])
@@ -718,10 +745,7 @@ class ValidationSuite:
                 if not pending:
                     return
                 result = pending.popleft().result()
-                if not isinstance(result, _Bad):
-                    result.features = torch.from_numpy(result.features)
-                    result.feature_lengths = torch.from_numpy(result.feature_lengths)
-                yield result
+                yield result if isinstance(result, _Bad) else _received(result)
         finally:  # an evaluation that stops early (train.eval_iters) leaves no work queued
             for future in pending:
                 future.cancel()
@@ -782,11 +806,7 @@ def _validation_example(mixture, processor: "SampleProcessor", k: int, position:
         example = processor(mixture[sample_id], position, 0, format_index=k)
     except (AudioError, ValueError) as err:
         return _Bad(position, sample_id, str(err))
-    if with_features:
-        processor.features([example])
-        example.clips = []
-        example.features, example.feature_lengths = example.features.numpy(), example.feature_lengths.numpy()
-    return example
+    return processor.for_transport(example) if with_features else example
 
 
 def _one_thread() -> None:

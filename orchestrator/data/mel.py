@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import math
 from functools import lru_cache
-from typing import Sequence, Tuple
+from typing import Optional, Sequence, Tuple
 
 import numpy as np
 import torch
@@ -57,9 +57,9 @@ def mel_filters(num_mel_bins: int, sample_rate: int = SAMPLE_RATE, n_fft: int = 
     return torch.from_numpy(filters.astype(np.float32))
 
 
-def pad_or_trim(clips: Sequence[np.ndarray], window_frames: int) -> torch.Tensor:
-    """Clips -> [batch, window_frames * 160] float32, zero-padded at the end (or cut)."""
-    n = window_frames * HOP_LENGTH
+def pad_or_trim(clips: Sequence[np.ndarray], window_frames: int, samples: Optional[int] = None) -> torch.Tensor:
+    """Clips -> [batch, window_frames * 160] float32 (or [batch, samples]), zero-padded at the end (or cut)."""
+    n = window_frames * HOP_LENGTH if samples is None else samples
     out = torch.zeros(len(clips), n, dtype=torch.float32)
     for i, clip in enumerate(clips):
         clip = clip[:n]
@@ -69,13 +69,13 @@ def pad_or_trim(clips: Sequence[np.ndarray], window_frames: int) -> torch.Tensor
 
 def mel_power(waveforms: torch.Tensor, num_mel_bins: int) -> torch.Tensor:
     """[batch, samples] -> mel power [batch, num_mel_bins, samples // 160] (last STFT frame dropped)."""
-    window = torch.hann_window(N_FFT, dtype=waveforms.dtype)
+    window = torch.hann_window(N_FFT, dtype=waveforms.dtype, device=waveforms.device)
     with torch.no_grad():
         spec = torch.view_as_real(torch.stft(waveforms, N_FFT, HOP_LENGTH, window=window, center=True,
                                              pad_mode="reflect", return_complex=True))
         # re^2 + im^2 on the real view: ~2.5x faster than complex abs().square() on CPU.
         power = (spec[..., 0].square() + spec[..., 1].square())[..., :-1]  # [B, freq, frames]
-        return torch.matmul(mel_filters(num_mel_bins).to(waveforms.dtype), power)
+        return torch.matmul(mel_filters(num_mel_bins).to(waveforms.device, waveforms.dtype), power)
 
 
 def log_scale(mel: torch.Tensor) -> torch.Tensor:
@@ -86,13 +86,9 @@ def log_scale(mel: torch.Tensor) -> torch.Tensor:
     return logs.add_(4.0).div_(4.0)
 
 
-def log_mel(waveforms: torch.Tensor, num_mel_bins: int) -> torch.Tensor:
-    """[batch, samples] 16 kHz -> [batch, num_mel_bins, samples // 160] Whisper log-mel."""
-    return log_scale(mel_power(waveforms, num_mel_bins))
-
-
-def _block_features(clips: Sequence[np.ndarray], num_mel_bins: int, window_frames: int) -> torch.Tensor:
-    """Log-mel of a few clips over the full window, computing the STFT only where there is sound.
+def _window_features(waveforms: torch.Tensor, num_mel_bins: int, window_frames: int) -> torch.Tensor:
+    """[B, n] clips zero-padded to the longest (n samples) -> log-mel over the full window,
+    computing the STFT only where there is sound.
 
     A frame whose 400-sample span starts at or after the end of the longest clip sees only
     zero padding: its power is exactly 0. So the STFT runs over the clips plus 201 samples
@@ -100,23 +96,50 @@ def _block_features(clips: Sequence[np.ndarray], num_mel_bins: int, window_frame
     and the remaining frames are set to 0 power before the log: identical output, and
     short clips in a long window (5 s in Whisper's 30 s) cost only their own length.
     """
-    longest = max(min(c.shape[0], window_frames * HOP_LENGTH) for c in clips)
-    frames = -(-(longest + N_FFT // 2 + 1) // HOP_LENGTH)
-    if frames >= window_frames:
-        return log_mel(pad_or_trim(clips, window_frames), num_mel_bins)
-    power = mel_power(pad_or_trim(clips, frames), num_mel_bins)
-    full = torch.zeros(len(clips), num_mel_bins, window_frames, dtype=power.dtype)
-    full[:, :, :frames] = power
-    return log_scale(full)
+    longest = min(waveforms.shape[1], window_frames * HOP_LENGTH)
+    frames = min(-(-(longest + N_FFT // 2 + 1) // HOP_LENGTH), window_frames)
+    fitted = torch.nn.functional.pad(waveforms[:, :frames * HOP_LENGTH], (0, max(0, frames * HOP_LENGTH - longest)))
+    power = mel_power(fitted, num_mel_bins)
+    if frames < window_frames:
+        power = torch.nn.functional.pad(power, (0, window_frames - frames))
+    return log_scale(power)
 
 
 def features(clips: Sequence[np.ndarray], num_mel_bins: int, window_frames: int, block: int = 4) -> Tuple[torch.Tensor, torch.Tensor]:
     """16-kHz clips -> (features [B, num_mel_bins, window_frames], valid frames [B] int64)."""
-    lengths = torch.tensor([min(valid_frames(c.shape[0]), window_frames) for c in clips], dtype=torch.long)
+    lengths = frame_counts(clips, window_frames)
     if not clips:
         return torch.zeros(0, num_mel_bins, window_frames), lengths
     # A few clips per STFT call: batching amortises the call overhead, while small
     # blocks keep the spectrogram in cache (16 x 30-s clips is ~100 MB of complex STFT).
-    blocks = [_block_features(clips[i:i + block], num_mel_bins, window_frames)
+    blocks = [_window_features(waveforms(clips[i:i + block], window_frames), num_mel_bins, window_frames)
               for i in range(0, len(clips), block)]
     return torch.cat(blocks) if len(blocks) > 1 else blocks[0], lengths
+
+
+def frame_counts(clips: Sequence[np.ndarray], window_frames: int) -> torch.Tensor:
+    """Valid mel frames of each clip, at most the window: [B] int64."""
+    return torch.tensor([min(valid_frames(c.shape[0]), window_frames) for c in clips], dtype=torch.long)
+
+
+def waveforms(clips: Sequence[np.ndarray], window_frames: int) -> torch.Tensor:
+    """Clips -> [B, longest] float32, zero-padded at the end, each cut to the window."""
+    longest = max((min(c.shape[0], window_frames * HOP_LENGTH) for c in clips), default=0)
+    return pad_or_trim(clips, 0, longest)
+
+
+# What a micro-batch carries under data.features_on=device instead of "audio_features":
+# the clips' waveforms, zero-padded to the longest, and the two numbers that fix the features.
+WAVEFORM_KEYS = ("audio_waveforms", "audio_mel_bins", "audio_window_frames")
+
+
+def batch_features(batch, device, clips=None) -> torch.Tensor:
+    """The log-mel features [clips, mels, frames] of a micro-batch's clips (all, or the
+    index tensor `clips`) on `device`: moved there, or computed there from the waveforms
+    a data.features_on=device loader sends (the same arithmetic, on the encoder's device)."""
+    if "audio_features" in batch:
+        feats = batch["audio_features"]
+        return (feats if clips is None else feats[clips]).to(device)
+    audio = batch["audio_waveforms"]
+    audio = (audio if clips is None else audio[clips]).to(device, non_blocking=True)
+    return _window_features(audio, int(batch["audio_mel_bins"]), int(batch["audio_window_frames"]))

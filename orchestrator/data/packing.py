@@ -18,7 +18,11 @@ Micro-batch (all torch tensors unless said):
   dataset_index       int64 [B, S]   index into dataset_names per token, -1 on padding
   dataset_names       list[str]      names of the datasets of the mixture (index -> name)
   sample_datasets     list[str]      dataset of each sample in the micro-batch, in token order
-  audio_features      float32 [C, n_mels, window_frames]  one entry per clip, in placeholder order
+  audio_features      float32 [C, n_mels, window_frames]  one entry per clip, in placeholder order;
+                                     under data.features_on=device instead audio_waveforms float32
+                                     [C, longest clip's samples] (zero-padded), audio_mel_bins and
+                                     audio_window_frames (ints): mel.batch_features makes the
+                                     features on the encoder's device
   audio_lengths       int64 [C]      valid mel frames of each clip
   audio_num_tokens    int64 [C]      placeholders of each clip (adapter output kept per clip)
   audio_clip_rows     int64 [C]      the row each clip's placeholders are in
@@ -158,8 +162,10 @@ def collate(rows: Sequence[Sequence[Example]], seq_length: int, pad_id: int, dat
         "num_samples": len(sample_datasets), "num_tokens": num_tokens, "packed": packed,
     }
     if features_fn is not None:
-        # features_fn(examples) -> ([clips, mels, frames], [clips]) in placeholder order.
-        batch["audio_features"], batch["audio_lengths"] = features_fn(examples)
+        # features_fn(examples) -> the audio entries ("audio_features" [clips, mels, frames]
+        # or the waveforms of data.features_on=device, "audio_lengths" [clips]), clips in
+        # placeholder order.
+        batch.update(features_fn(examples))
     return batch
 
 

@@ -19,6 +19,7 @@ from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 import torch
 
+from orchestrator.data.mel import batch_features
 from orchestrator.eval import metrics
 from orchestrator.models.generate import greedy_generate
 
@@ -90,7 +91,7 @@ def answer_batch(model, batch: Mapping[str, Any], tokenizer, stop_ids: Sequence[
     order = [c for s in samples for c in s["clips"]]
     features = lengths = None
     if order:
-        features = batch["audio_features"][order]
+        features = batch_features(batch, next(model.parameters()).device, torch.tensor(order))
         lengths = [int(batch["audio_lengths"][c]) for c in order]
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     ids = greedy_generate(model, [s["prompt"] for s in samples], features, lengths, stop_ids,

@@ -37,6 +37,7 @@ def synthetic_microbatch(cfg) -> dict:
     of data.seq_length tokens, each packed with as many samples as it holds clips of
     data.max_audio_seconds (estimate.clips_in_a_row), every sample one clip's placeholders
     and trained text."""
+    from orchestrator.data.frames import HOP_LENGTH
     from orchestrator.data.packing import Example, collate
     from orchestrator.data.prompts import Tokenized
     from orchestrator.estimate import clips_in_a_row
@@ -63,9 +64,13 @@ def synthetic_microbatch(cfg) -> dict:
     window = 2 * model.encoder.max_source_positions
     mel = min(math.ceil(seconds * 100), window)
 
-    def features(examples):
+    def features(examples):  # what the loader sends: log-mel, or the waveforms of data.features_on=device
         count = sum(len(ex.tokenized.audio_tokens) for ex in examples)
-        return torch.zeros(count, model.encoder.num_mel_bins, window), torch.full((count,), mel, dtype=torch.long)
+        audio = {"audio_lengths": torch.full((count,), mel, dtype=torch.long)}
+        if data.features_on == "device":
+            return {**audio, "audio_waveforms": torch.zeros(count, mel * HOP_LENGTH),
+                    "audio_mel_bins": model.encoder.num_mel_bins, "audio_window_frames": window}
+        return {**audio, "audio_features": torch.zeros(count, model.encoder.num_mel_bins, window)}
 
     return collate(rows, data.seq_length, 0, ["probe"], AUDIO_TOKEN_ID, features_fn=features, packed=data.packing)
 

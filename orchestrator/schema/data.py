@@ -104,6 +104,12 @@ class DataConfig:
     # and tokenize ahead of the step; 0: all of it in the training process, between steps.
     # Validation gets as many more, started at the first evaluation and kept for the run.
     num_workers: int = 0
+    # Where the log-mel is computed. cpu: by the data workers (or the training process),
+    # and the micro-batch carries the features. device: the micro-batch carries the clips'
+    # waveforms and the training step computes the log-mel on the encoder's device (a GPU
+    # does it in well under a millisecond), leaving the host to decode and tokenize only:
+    # about 2.5x fewer CPU cores per GPU for 30-s clips (benchmarks/data_pipeline.py).
+    features_on: str = "cpu"
     # One process of each model replica (the ranks that share a data-parallel rank: its
     # tensor-, pipeline- and context-parallel peers) reads, decodes and computes features,
     # and sends each micro-batch to the others. false: every rank reads its replica's

@@ -133,6 +133,7 @@ class AudioLLMProvider:
     def _forward_context_parallel(self, model, inner, batch: dict) -> torch.Tensor:
         """This CP rank's share (ContextParallelBatches) -> its per-token loss [B, S / CP]."""
         from orchestrator.data.context_parallel import frame_index_within
+        from orchestrator.data.mel import batch_features
         from orchestrator.data.packing import row_document_mask
 
         full, slots = batch["cp_unsplit"], batch["cp_slots"]
@@ -164,7 +165,7 @@ class AudioLLMProvider:
                 torch.zeros(0, dtype=torch.long)
             check_routed_frames(batch["tokens"], self.audio_token_id, frames)
             if clips.numel():
-                inputs.update(audio_features=full["audio_features"][clips].to(device),
+                inputs.update(audio_features=batch_features(full, device, clips),
                               audio_lengths=full["audio_lengths"][clips].tolist(),
                               audio_seeds=clip_seeds(full["audio_clip_keys"][clips], self.seed) if inner.training
                               else None,
@@ -223,6 +224,7 @@ def model_inputs(batch: dict, width: int, device, with_audio: bool = True) -> di
     """AudioLLM.forward arguments for the first `width` columns of a loader micro-batch:
     rows as they are, a per-row document mask for packed rows, and the clips with the
     row each belongs to."""
+    from orchestrator.data.mel import batch_features
     from orchestrator.data.packing import row_document_mask
 
     tokens, labels, positions = (batch[k][:, :width].to(device) for k in ("tokens", "labels", "position_ids"))
@@ -230,7 +232,7 @@ def model_inputs(batch: dict, width: int, device, with_audio: bool = True) -> di
                   attention_mask=row_document_mask(positions) if batch["packed"] else None)
     if with_audio and batch["audio_lengths"].numel():
         # Lengths and rows as host lists: the model reads them without touching device memory.
-        inputs.update(audio_features=batch["audio_features"].to(device), audio_lengths=batch["audio_lengths"].tolist(),
+        inputs.update(audio_features=batch_features(batch, device), audio_lengths=batch["audio_lengths"].tolist(),
                       audio_clip_rows=batch["audio_clip_rows"].tolist())
     return inputs
 

@@ -55,7 +55,7 @@ def _batch(rows, seq=32, clip_frames=(), packed=True):
     frames = list(clip_frames)
 
     def features(examples):
-        return torch.zeros(len(frames), 4, 120), torch.tensor(frames, dtype=torch.long)
+        return {"audio_features": torch.zeros(len(frames), 4, 120), "audio_lengths": torch.tensor(frames, dtype=torch.long)}
 
     return collate(rows, seq, pad_id=0, dataset_names=["a"], audio_token_id=AUDIO_ID,
                    num_rows=2, features_fn=features, packed=packed)
