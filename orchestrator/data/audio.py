@@ -58,8 +58,11 @@ def _decode_flac16(data: bytes) -> Optional[Tuple[np.ndarray, int]]:
         return None
     if info.num_frames > 0 and decoded.num_frames != info.num_frames:
         return None
-    pcm = np.frombuffer(decoded.samples, dtype=np.int16).reshape(-1, decoded.nchannels)
-    return to_mono(pcm.astype(np.float32) * np.float32(1.0 / 32768.0)), int(decoded.sample_rate)
+    pcm = np.frombuffer(decoded.samples, dtype=np.int16)
+    samples = np.multiply(pcm, np.float32(1.0 / 32768.0), dtype=np.float32)  # one pass, exact (a power of 2)
+    if decoded.nchannels > 1:
+        samples = to_mono(samples.reshape(-1, decoded.nchannels))
+    return samples, int(decoded.sample_rate)
 
 
 def to_mono(samples: np.ndarray) -> np.ndarray:

@@ -87,6 +87,45 @@ def test_feature_cache_gives_the_same_batches(three_datasets, tokenizer_dir, enc
     assert 50 < len(cached.cache.items) <= 90 and 0 < cached.cache.used <= 64 << 20
 
 
+def test_features_on_device_sends_the_waveforms_of_the_same_batches(three_datasets, tokenizer_dir, encoder_cfg,
+                                                                     adapter_cfg):
+    """data.features_on=device, through workers and the feature cache (which then keeps the
+    clips): the same micro-batches, carrying the waveforms instead of the log-mel, from which
+    the step makes the features the host loader computes; resumes exactly."""
+    from orchestrator.data import mel
+
+    cfg = data_config(_entries(three_datasets), tokenizer=str(tokenizer_dir), packing_buffer=8)
+    host = build_train_loader(cfg, encoder_cfg, adapter_cfg, micro_batch_size=2, seed=4)
+    cfg.features_on, cfg.num_workers, cfg.feature_cache_mb = "device", 1, 64
+    device = build_train_loader(cfg, encoder_cfg, adapter_cfg, micro_batch_size=2, seed=4)
+    states, batches = [], []
+    for _ in range(30):  # past two epochs: the later ones from the cache
+        states.append(device.state_dict())
+        a, b = next(host), next(device)
+        assert "audio_features" not in b and torch.equal(a["tokens"], b["tokens"])
+        assert torch.equal(a["audio_lengths"], b["audio_lengths"])
+        waves = b["audio_waveforms"]
+        assert waves.dtype == torch.float32 and waves.shape[0] == a["audio_features"].shape[0]
+        assert waves.shape[1] == max(len(c) for c in _batch_clips(b))  # padded to the longest clip only
+        assert (mel.batch_features(b, "cpu") - a["audio_features"]).abs().max() <= 1e-6
+        batches.append(b)
+    assert device.cache.items and all(ex.features is None and ex.clips for ex in device.cache.items.values())
+    device.close()
+    cfg.num_workers, cfg.feature_cache_mb = 0, 0
+    resumed = build_train_loader(cfg, encoder_cfg, adapter_cfg, micro_batch_size=2, seed=4)
+    resumed.load_state_dict(states[17])
+    for j in range(17, 22):
+        got = next(resumed)
+        assert torch.equal(got["tokens"], batches[j]["tokens"])
+        assert torch.equal(got["audio_waveforms"], batches[j]["audio_waveforms"])
+
+
+def _batch_clips(batch):
+    """The clips' true lengths in samples, from their waveforms' last non-zero sample."""
+    waves = batch["audio_waveforms"]
+    return [waves[i, :int(torch.nonzero(waves[i]).max()) + 1] for i in range(waves.shape[0])]
+
+
 def record_reads(loader, path):
     """Append the id of every sample `loader` reads from its MDS shards to `path`, one per
     line (from the training process and from its forked data workers alike)."""
@@ -245,24 +284,26 @@ def test_validation_sets_read_everything_in_order_once(three_datasets, tokenizer
     assert sum(b["num_samples"] for b in build_validation_loaders(cfg, encoder_cfg, adapter_cfg, 2)["val_beta"]) == 5
 
 
+@pytest.mark.parametrize("features_on", ["cpu", "device"])
 def test_validation_read_by_workers_gives_the_same_batches_in_the_same_order(three_datasets, tokenizer_dir,
-                                                                              encoder_cfg, adapter_cfg):
+                                                                              encoder_cfg, adapter_cfg, features_on):
     """data.num_workers=2: the validation samples are read, decoded and turned into log-mel
     by worker processes (one pool for every validation dataset), the batches bit for bit
     those read in the training process, in the same order, with a bad sample told the same
-    way; interleaved datasets (as the round-robin evaluation draws them) too."""
+    way; interleaved datasets (as the round-robin evaluation draws them) too. Under
+    data.features_on=device the workers send the clips, and the batches their waveforms."""
     import numpy as np
 
     from orchestrator.data.audio import encode_flac
 
-    bad = write_mds(three_datasets.parent / "val_with_bad", tone_samples(6, seed=5)[:3] + [
+    bad = write_mds(three_datasets.parent / f"val_with_bad_{features_on}", tone_samples(6, seed=5)[:3] + [
         {"audio": encode_flac(np.zeros(16000 * 7, np.float32), 16000), "text": "one"}] + tone_samples(6, seed=5)[3:])
     validation = [DatasetEntry(name="val_beta", path=str(three_datasets / "beta")),
                   DatasetEntry(name="val_bad", path=str(bad))]
 
     def batches(workers):
         cfg = data_config(_entries(three_datasets), tokenizer=str(tokenizer_dir), validation=validation,
-                          num_workers=workers, on_bad_sample="skip")
+                          num_workers=workers, on_bad_sample="skip", features_on=features_on)
         sets = build_validation_loaders(cfg, encoder_cfg, adapter_cfg, micro_batch_size=2)
         next(iter(sets["val_beta"]))  # an evaluation that stops early (its queued reads are cancelled)
         readers = {name: iter(vset) for name, vset in sets.items()}
