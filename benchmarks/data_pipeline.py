@@ -86,6 +86,10 @@ def _encode(clip: np.ndarray, fmt: str, subtype: str) -> bytes:
     return buf.getvalue()
 
 
+def _power(spec):
+    return (spec[..., 0].square() + spec[..., 1].square())[..., :-1]
+
+
 def _log_mel_stages(clips, bins: int, window: int, repeat: int) -> dict:
     """ms per clip of each step of orchestrator.data.mel's log-mel, one clip per call."""
     from orchestrator.data import mel
