@@ -17,7 +17,9 @@ FAILs. Checks:
   fp8         model.fp8=hybrid on the te backend against bf16 (n/a without TransformerEngine);
   encoder     whisper-large-v3 encoder forward, ms per 30-s clip, model.encoder.precision
               fp32 (HF's eager forward: the reference) vs bf16 (SDPA), with the bf16
-              output's relative difference against fp32 (bound ENCODER_BF16_BOUND).
+              output's relative difference against fp32 (bound ENCODER_BF16_BOUND); and the
+              log-mel the step computes on the GPU from waveforms (data.features_on=device,
+              as the GPU recipes set it) against the host's, within 1e-5, ms per clip.
 Every model is built from the config keys a user sets (model.backend, model.attention):
 with TransformerEngine the fast rows are backend te + attention flex; without it,
 backend local + attention flex (a configuration users run where TE is not installed),
@@ -588,6 +590,43 @@ def check_encoder(table: Table, dry_run: bool):
     except Exception as exc:
         traceback.print_exc()
         table.add("encoder_fp32", "-", f"error: {type(exc).__name__}: {exc}"[:160], "-", "FAIL")
+    _free()
+    check_device_features(table, dry_run)
+
+
+def check_device_features(table: Table, dry_run: bool):
+    """data.features_on=device (the GPU recipes): the log-mel the step computes on the GPU
+    from a micro-batch's waveforms, against the host's (orchestrator.data.mel), and its time."""
+    import numpy as np
+    import torch
+    from orchestrator.data import mel
+
+    device = "cpu" if dry_run else "cuda"
+    try:
+        _, _, obj, _ = _compose(dry_run, "local", "auto")
+        bins, window = obj.model.encoder.num_mel_bins, 2 * obj.model.encoder.max_source_positions
+        rng = np.random.default_rng(0)
+        n = window * mel.HOP_LENGTH
+        # Speech-like: noise under a slow envelope, with pauses; clips of 40-100 % of the window.
+        clips = [(0.2 * rng.standard_normal(int(n * f)) * np.abs(np.sin(np.arange(int(n * f)) / 900.0)))
+                 .astype(np.float32) for f in (1.0, 0.9, 0.75, 0.6, 0.4, 1.0, 0.8, 0.5)]
+        host, _ = mel.features(clips, bins, window)
+        batch = {"audio_waveforms": mel.waveforms(clips, window), "audio_mel_bins": bins, "audio_window_frames": window}
+        made = mel.batch_features(batch, device)  # warm-up (cuFFT plans) and the figure compared
+        sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+        sync()
+        t0 = time.perf_counter()
+        for _ in range(5):
+            mel.batch_features(batch, device)
+        sync()
+        ms = (time.perf_counter() - t0) / 5 / len(clips) * 1e3
+        diff = float((made.cpu() - host).abs().max())
+        table.add("features_device", f"log-mel on {device} ({bins} bins, {window // 100}-s window)",
+                  f"max |device - host| {diff:.1e}; {ms:.2f} ms per clip (batch {len(clips)}, transfer included)",
+                  "<= 1e-5", _ok(bool(torch.isfinite(made).all()) and diff <= 1e-5))
+    except Exception as exc:
+        traceback.print_exc()
+        table.add("features_device", "-", f"error: {type(exc).__name__}: {exc}"[:160], "-", "FAIL")
     _free()
 
 

@@ -10,7 +10,7 @@ from orchestrator.offline_wheels import job_side_closure, target_environment
 def test_the_job_side_closure_has_the_jobs_packages_at_the_installed_versions_and_not_the_machines_torch():
     closure = job_side_closure("3.12")
     for needed in ("megatron-core", "hydra-core", "antlr4-python3-runtime", "omegaconf", "submitit", "transformers",
-                   "mosaicml-streaming", "safetensors", "wandb", "jiwer", "soundfile", "numpy"):
+                   "mosaicml-streaming", "safetensors", "wandb", "jiwer", "soundfile", "miniaudio", "numpy"):
         assert closure.get(needed) == importlib.metadata.version(needed), needed
     # transitive requirements are followed (hydra-core -> antlr4 above; streaming -> xxhash, zstd)
     assert {"xxhash", "zstd"} <= set(closure)
@@ -44,7 +44,7 @@ def test_the_kit_leaves_out_what_a_gpu_image_brings_and_wandb():
     assert {"torch", "transformers", "numpy", "tokenizers", "safetensors", "huggingface-hub"} <= brought
     kit = kit_closure("3.12")
     for needed in ("megatron-core", "hydra-core", "omegaconf", "antlr4-python3-runtime", "mosaicml-streaming",
-                   "submitit", "soundfile", "jiwer", "xxhash", "zstd", "psutil"):
+                   "submitit", "soundfile", "miniaudio", "jiwer", "xxhash", "zstd", "psutil"):
         assert kit.get(needed) == importlib.metadata.version(needed), needed
     assert not brought & set(kit), brought & set(kit)
     assert "wandb" not in kit and "protobuf" not in kit  # protobuf: wandb's alone here

@@ -178,8 +178,9 @@ class SampleProcessor:
         """The audio entries of a micro-batch of `examples`, clips in order (collate's
         features_fn): "audio_features" (log-mel, computed in one go for the examples that
         do not carry it yet) and "audio_lengths"; under data.features_on=device the
-        clips' waveforms instead of the log-mel (mel.WAVEFORM_KEYS), which the training
-        step turns into features on the encoder's device (mel.batch_features)."""
+        clips' waveforms ("audio_waveforms", with "audio_mel_bins" and "audio_window_frames"),
+        which the training step turns into features on the encoder's device
+        (mel.batch_features)."""
         if self.on_device:
             clips = [c for ex in examples for c in ex.clips]
             return {"audio_waveforms": mel.waveforms(clips, self.window_frames),

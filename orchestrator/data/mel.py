@@ -11,7 +11,10 @@ Window: `window_frames` mel frames (100 per second). Whisper-large-v3 uses 3000
 (30 s); a small encoder uses 2 * max_source_positions (500 frames = 5 s for the tiny
 model). A clip shorter than the window is zero-padded at the end; its valid frame
 count is ceil(samples / 160) (HF's attention mask); longer clips must be refused or
-chunked before they get here (see prompts.chunk_audio).
+chunked before they get here (data.long_audio; loader.SampleProcessor.clips).
+
+Under data.features_on=device the loader sends the clips' waveforms (`waveforms`) and
+the training step computes these features on the encoder's device (`batch_features`).
 """
 
 from __future__ import annotations
@@ -75,7 +78,12 @@ def mel_power(waveforms: torch.Tensor, num_mel_bins: int) -> torch.Tensor:
                                              pad_mode="reflect", return_complex=True))
         # re^2 + im^2 on the real view: ~2.5x faster than complex abs().square() on CPU.
         power = (spec[..., 0].square() + spec[..., 1].square())[..., :-1]  # [B, freq, frames]
-        return torch.matmul(mel_filters(num_mel_bins).to(waveforms.device, waveforms.dtype), power)
+        filters = mel_filters(num_mel_bins).to(waveforms.device, waveforms.dtype)
+        if waveforms.device.type != "cpu":
+            # The job lets fp32 matmuls on GPUs run in TF32 (a 10-bit mantissa: ~1e-4 after
+            # the log); float64 keeps this one exact to fp32, at no cost at its size.
+            return torch.matmul(filters.double(), power.double()).to(waveforms.dtype)
+        return torch.matmul(filters, power)
 
 
 def log_scale(mel: torch.Tensor) -> torch.Tensor:
@@ -126,11 +134,6 @@ def waveforms(clips: Sequence[np.ndarray], window_frames: int) -> torch.Tensor:
     """Clips -> [B, longest] float32, zero-padded at the end, each cut to the window."""
     longest = max((min(c.shape[0], window_frames * HOP_LENGTH) for c in clips), default=0)
     return pad_or_trim(clips, 0, longest)
-
-
-# What a micro-batch carries under data.features_on=device instead of "audio_features":
-# the clips' waveforms, zero-padded to the longest, and the two numbers that fix the features.
-WAVEFORM_KEYS = ("audio_waveforms", "audio_mel_bins", "audio_window_frames")
 
 
 def batch_features(batch, device, clips=None) -> torch.Tensor:
