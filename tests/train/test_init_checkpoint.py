@@ -119,7 +119,8 @@ def _reference_step1_loss(overrides: list, gemma=None) -> float:
     from orchestrator.resolve import to_object
     from tests.models.parity_script import reference_adapter
 
-    cfg = to_object(compose(overrides))
+    # The reference reads the log-mel the host loader computes, whatever the run's data.features_on.
+    cfg = to_object(compose([*overrides, "data.features_on=cpu"]))
     root = Path(cfg.model.init_checkpoint).parent
     if gemma is None:
         gemma = Gemma2ForCausalLM.from_pretrained(root / "gemma2", attn_implementation="eager").eval()
@@ -161,8 +162,10 @@ DECODE = ["train.eval_generation=true", "train.eval_generation_batches=1", "trai
 
 @pytest.mark.multiprocess
 @pytest.mark.parametrize("layout", [["parallel.tp=1", "model.encoder.mask_padding=true"],
-                                    # one reader per replica: the peer decodes the batches the reader sends
-                                    ["parallel.tp=2", "launcher.gpus_per_node=2", "data.replica_reader=true", *DECODE],
+                                    # one reader per replica: the peer decodes the batches the reader sends,
+                                    # their waveforms made into log-mel in the step (the GPU recipes' way)
+                                    ["parallel.tp=2", "launcher.gpus_per_node=2", "data.replica_reader=true",
+                                     "data.features_on=device", *DECODE],
                                     ["parallel.pp=2", "launcher.gpus_per_node=2", "train.eval_at_start=true",
                                      *DECODE]], ids=["tp1_masked_encoder", "tp2", "pp2"])
 def test_first_step_loss_from_a_converted_hf_checkpoint_equals_hf(pretrained, layout, request):
