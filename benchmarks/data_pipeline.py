@@ -100,7 +100,7 @@ def _log_mel_stages(clips, bins: int, window: int, repeat: int) -> dict:
     stages = {
         "STFT (400-point, hop 160)": lambda w: torch.stft(w, mel.N_FFT, mel.HOP_LENGTH, window=hann, center=True,
                                                          pad_mode="reflect", return_complex=True),
-        "power": lambda s: torch.view_as_real(s).square().sum(-1)[..., :-1],
+        "power": lambda s: _power(torch.view_as_real(s)),  # as mel.mel_power computes it
         "mel filters (matmul)": lambda p: torch.matmul(filters, p),
         "log10, floor, normalise": lambda m: mel.log_scale(m.clone()),
     }
