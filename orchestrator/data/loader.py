@@ -340,17 +340,17 @@ class _Bad:
 
 
 class SampleReader:
-    """Task (position, sample id, dataset index, cached) -> Example with its log-mel
-    features, _Cached or _Bad: the work of the data workers (a map-style dataset, so
+    """Task (position, sample id, dataset index) -> Example with its log-mel features or
+    _Bad, and a run of _Cached positions as it is: the work of the data workers (a map-style dataset, so
     torch's DataLoader runs it in worker processes and returns results in task order)."""
 
     def __init__(self, mixture, processor: SampleProcessor):
         self.mixture, self.processor = mixture, processor
 
     def __getitem__(self, task):
-        position, sample_id, dataset_id, cached = task
-        if cached:
-            return _Cached(position, sample_id, dataset_id)
+        if isinstance(task, list):  # a run of cached positions (_Tasks), passed on as it is
+            return task
+        position, sample_id, dataset_id = task
         raw = self.mixture[sample_id]
         try:
             example = self.processor(raw, position, dataset_id)
@@ -374,16 +374,38 @@ class _Tasks:
     def __init__(self, loader: "TrainLoader", start: int):
         self.loader, self.start = weakref.proxy(loader), start
 
+    CACHED_RUN = 64  # consecutive cached positions sent as one task
+
     def __iter__(self):
         loader = self.loader
         position = self.start
+        run: List[_Cached] = []
         while True:
             if not (position < loader._skip_below and position not in loader._pending_resume):
                 sample_id = loader.order.sample_id(position)
                 dataset_id = int(loader.locator.streams([sample_id])[0])
-                cached = loader.cache is not None and sample_id in loader.cache.items
-                yield position, sample_id, dataset_id, cached
+                if loader.cache is not None and sample_id in loader.cache.items:
+                    # Cached samples need no worker: a run of them is one task (a worker's
+                    # round trip per sample cost later epochs more than their packing).
+                    run.append(_Cached(position, sample_id, dataset_id))
+                    if len(run) == self.CACHED_RUN:
+                        yield run
+                        run = []
+                else:
+                    if run:
+                        yield run
+                        run = []
+                    yield position, sample_id, dataset_id
             position += 1  # else: emitted before the checkpoint
+
+
+def _one_by_one(results: Iterator[Any]) -> Iterator[Any]:
+    """Reader results in position order, runs of cached positions taken apart."""
+    for result in results:
+        if isinstance(result, list):
+            yield from result
+        else:
+            yield result
 
 
 class TrainLoader:
@@ -444,7 +466,7 @@ class TrainLoader:
         self._stop_workers()
         tasks = _Tasks(self, start)
         if not self.num_workers:
-            self._results = map(self.reader.__getitem__, iter(tasks))
+            self._results = _one_by_one(map(self.reader.__getitem__, iter(tasks)))
             return
         from torch.utils.data import DataLoader
 
@@ -455,7 +477,7 @@ class TrainLoader:
         self._workers = iter(DataLoader(self.reader, sampler=tasks, batch_size=None, collate_fn=_as_is,
                                         num_workers=self.num_workers, prefetch_factor=prefetch,
                                         multiprocessing_context="fork", persistent_workers=False))
-        self._results = self._workers
+        self._results = _one_by_one(self._workers)
 
     def _stop_workers(self) -> None:
         """Stop the worker processes (a later batch starts new ones)."""
