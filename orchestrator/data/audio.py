@@ -3,7 +3,7 @@
 Encoded bytes (wav, flac, ogg, mp3: whatever the bundled libsndfile reads) or raw
 arrays (float in [-1, 1] or integer PCM) become mono float32 at `target_rate`.
 16-bit FLAC, what speech corpora mostly store, is decoded by dr_flac (the `miniaudio`
-package) to int16: 1.7x libsndfile's speed on a 30-s clip, and the same samples
+package) to int16: 1.6-1.8x libsndfile's speed, and the same samples
 (benchmarks/data_pipeline.py); every other format goes through libsndfile.
 Resampling is a band-limited (Kaiser-windowed sinc) polyphase filter run as one
 strided conv1d, so it needs neither torchaudio nor scipy.

@@ -108,7 +108,7 @@ class DataConfig:
     # and the micro-batch carries the features. device: the micro-batch carries the clips'
     # waveforms and the training step computes the log-mel on the encoder's device (a GPU
     # does it in well under a millisecond), leaving the host to decode and tokenize only:
-    # about 2.5x fewer CPU cores per GPU for 30-s clips (benchmarks/data_pipeline.py).
+    # about 3x fewer CPU cores per GPU for 30-s clips (benchmarks/data_pipeline.py).
     features_on: str = "cpu"
     # One process of each model replica (the ranks that share a data-parallel rank: its
     # tensor-, pipeline- and context-parallel peers) reads, decodes and computes features,
