@@ -86,10 +86,6 @@ def _encode(clip: np.ndarray, fmt: str, subtype: str) -> bytes:
     return buf.getvalue()
 
 
-def _power(spec):
-    return (spec[..., 0].square() + spec[..., 1].square())[..., :-1]
-
-
 def _log_mel_stages(clips, bins: int, window: int, repeat: int) -> dict:
     """ms per clip of each step of orchestrator.data.mel's log-mel, one clip per call."""
     from orchestrator.data import mel
@@ -100,7 +96,7 @@ def _log_mel_stages(clips, bins: int, window: int, repeat: int) -> dict:
     stages = {
         "STFT (400-point, hop 160)": lambda w: torch.stft(w, mel.N_FFT, mel.HOP_LENGTH, window=hann, center=True,
                                                          pad_mode="reflect", return_complex=True),
-        "power": lambda s: _power(torch.view_as_real(s)),  # as mel.mel_power computes it
+        "power": lambda s: mel.power_spectrum(torch.view_as_real(s)),
         "mel filters (matmul)": lambda p: torch.matmul(filters, p),
         "log10, floor, normalise": lambda m: mel.log_scale(m.clone()),
     }

@@ -76,14 +76,19 @@ def mel_power(waveforms: torch.Tensor, num_mel_bins: int) -> torch.Tensor:
     with torch.no_grad():
         spec = torch.view_as_real(torch.stft(waveforms, N_FFT, HOP_LENGTH, window=window, center=True,
                                              pad_mode="reflect", return_complex=True))
-        # re^2 + im^2 on the real view: ~2.5x faster than complex abs().square() on CPU.
-        power = (spec[..., 0].square() + spec[..., 1].square())[..., :-1]  # [B, freq, frames]
+        power = power_spectrum(spec)  # [B, freq, frames]
         filters = mel_filters(num_mel_bins).to(waveforms.device, waveforms.dtype)
         if waveforms.device.type != "cpu":
             # The job lets fp32 matmuls on GPUs run in TF32 (a 10-bit mantissa: ~1e-4 after
             # the log); float64 keeps this one exact to fp32, at no cost at its size.
             return torch.matmul(filters.double(), power.double()).to(waveforms.dtype)
         return torch.matmul(filters, power)
+
+
+def power_spectrum(spec: torch.Tensor) -> torch.Tensor:
+    """STFT [..., freq, frames + 1, 2] (the real view) -> power [..., freq, frames], the last
+    frame dropped. re^2 + im^2 on the real view: ~2.5x faster than complex abs().square() on CPU."""
+    return (spec[..., 0].square() + spec[..., 1].square())[..., :-1]
 
 
 def log_scale(mel: torch.Tensor) -> torch.Tensor:
