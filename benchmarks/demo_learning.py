@@ -166,12 +166,12 @@ def main() -> None:
         tl = sum(losses) / len(losses) if losses else float("nan")
         losses.clear()
         row = {"train_s": round(train_s, 1), "step": step, "train_loss": tl, "val_loss": vloss,
-               "wer": {k: v["wer"] for k, v in report.items()}, "eval_s": time.perf_counter() - started,
+               "score": {k: v[v["metric"]] for k, v in report.items()}, "eval_s": time.perf_counter() - started,
                "load": os.getloadavg()[0],
                "examples": {k: v.get("examples") for k, v in report.items() if k != "all"}}
         rows.append(row)
         print(f"{row['train_s']:>8.0f} {step:>5} {tl:>10.3f} {vloss:>8.3f} " + " ".join(
-            f"{report[n]['wer']:>22.3f}" for n in val_for_wer) +
+            f"{report[n][report[n]['metric']]:>22.3f}" for n in val_for_wer) +
               f" {report['all']['wer']:>8.3f} {row['eval_s']:>6.0f} {row['load']:>5.2f}", flush=True)
         model.train()
 
@@ -200,7 +200,7 @@ def main() -> None:
     evaluate()
     final = rows[-1]
     print(f"# steps {step}; step time median {sorted(step_times)[len(step_times) // 2]:.2f} s; "
-          f"final WER {final['wer']['all']:.3f}; train loss {final['train_loss']:.3f}; "
+          f"final WER {final['score']['all']:.3f}; train loss {final['train_loss']:.3f}; "
           f"held-out loss {final['val_loss']:.3f}", flush=True)
     for name, ex in final["examples"].items():
         for ref, hyp in ex or []:

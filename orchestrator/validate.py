@@ -537,18 +537,11 @@ def check_tokenizer(data: DataConfig, model: ModelConfig) -> Iterator[Finding]:
 
 
 def check_packing(data: DataConfig, optim: OptimConfig) -> Iterator[Finding]:
-    if (data.packing or data.group_by_length) and data.packing_buffer < optim.micro_batch_size:
+    if data.packing and data.packing_buffer < optim.micro_batch_size:
         yield _error(
             "packing_buffer",
             f"data.packing_buffer ({data.packing_buffer}) is smaller than optim.micro_batch_size "
             f"({optim.micro_batch_size}): the packer needs at least one sample per row to fill a micro-batch",
-        )
-    if data.packing and data.group_by_length:
-        yield _error(
-            "group_by_length",
-            f"data.group_by_length=true with data.packing=true: packed rows are already filled longest "
-            f"first from data.packing_buffer; set data.group_by_length=false, or data.packing=false to "
-            f"batch one sample per row grouped by length",
         )
 
 

@@ -451,8 +451,7 @@ class TrainLoader:
         self.order = sources.RankOrder(self.mixture, dp_rank, dp_size)
         self.locator = sources.SampleLocator(self.mixture, self.datasets)
         self.reader = SampleReader(self.mixture, self.processor)
-        self.packer = Packer(data_cfg.seq_length, micro_batch_size, data_cfg.packing_buffer, data_cfg.packing,
-                             data_cfg.group_by_length)
+        self.packer = Packer(data_cfg.seq_length, micro_batch_size, data_cfg.packing_buffer, data_cfg.packing)
         self.bad = BadSamples(data_cfg.on_bad_sample, data_cfg.max_bad_fraction)
         self.truncated: Counter = Counter()  # conversations cut to fit, per dataset
         self.next_position = 0  # the rank's position of the next sample to hand to the packer

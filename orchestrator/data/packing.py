@@ -64,12 +64,11 @@ class Example:
 
 
 class Packer:
-    def __init__(self, seq_length: int, rows: int, buffer_size: int, packing: bool = True,
-                 group_by_length: bool = False):
-        if (packing or group_by_length) and buffer_size < rows:
+    def __init__(self, seq_length: int, rows: int, buffer_size: int, packing: bool = True):
+        if packing and buffer_size < rows:
             raise ValueError(f"data.packing_buffer ({buffer_size}) must be at least the micro batch size ({rows})")
-        self.seq_length, self.rows, self.packing, self.group_by_length = seq_length, rows, packing, group_by_length
-        self.buffer_size = buffer_size if packing or group_by_length else rows
+        self.seq_length, self.rows, self.packing = seq_length, rows, packing
+        self.buffer_size = buffer_size if packing else rows
         self.buffer: List[Example] = []
 
     def add(self, ex: Example) -> None:
@@ -88,15 +87,8 @@ class Packer:
         if not self.buffer:
             return []
         if not self.packing:
-            if not self.group_by_length:
-                rows = [[ex] for ex in self.buffer[: self.rows]]
-                self.buffer = self.buffer[self.rows:]
-                return rows
-            oldest, rest = self.buffer[0], self.buffer[1:]
-            nearest = sorted(rest, key=lambda ex: (abs(len(ex) - len(oldest)), ex.position))[: self.rows - 1]
-            chosen = {id(ex) for ex in nearest} | {id(oldest)}
-            rows = [[ex] for ex in self.buffer if id(ex) in chosen]
-            self.buffer = [ex for ex in self.buffer if id(ex) not in chosen]
+            rows = [[ex] for ex in self.buffer[: self.rows]]
+            self.buffer = self.buffer[self.rows:]
             return rows
         rows: List[List[Example]] = [[] for _ in range(self.rows)]
         free = [self.seq_length] * self.rows

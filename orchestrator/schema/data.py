@@ -70,10 +70,6 @@ class DataConfig:
     # Samples looked ahead to fill packed rows; also the most samples the data workers
     # prepare ahead of the packer (memory: about twice this many samples' features).
     packing_buffer: int = 256
-    # With packing off: each micro-batch takes the oldest buffered sample and the buffered
-    # samples nearest it in length, so a batch pads less (the encoder and the decoder run
-    # on its longest clip and row). No sample waits more than packing_buffer batches.
-    group_by_length: bool = False
     shuffle: bool = True  # shuffle the training mixture (validation is never shuffled)
     on_bad_sample: str = "error"  # error | skip (counted per dataset in the step metrics as bad_samples/<name>)
     # With on_bad_sample=skip: the run stops when one dataset's bad samples pass this share

@@ -128,39 +128,6 @@ def test_unpacked_rows_hold_one_sample_each():
     assert params.qkv_format == "thd" and params.max_seqlen_q == 54
 
 
-def test_unpacked_rows_grouped_by_length():
-    """group_by_length: each micro-batch is the oldest buffered sample and the buffered
-    samples nearest it in length; every sample comes out once and none waits longer
-    than the buffer holds."""
-    rng = np.random.default_rng(0)
-    lengths = rng.integers(5, 60, size=200)
-    packer = Packer(seq_length=64, rows=4, buffer_size=16, packing=False, group_by_length=True)
-    with pytest.raises(ValueError, match="packing_buffer"):
-        Packer(seq_length=64, rows=4, buffer_size=3, packing=False, group_by_length=True)
-    emitted, spread_grouped, added, added_at = [], [], 0, {}
-    while len(emitted) < len(lengths):
-        while added < len(lengths) and not packer.full():
-            packer.add(_example(added, int(lengths[added])))
-            added_at[added] = len(spread_grouped)
-            added += 1
-        oldest = packer.buffer[0]
-        buffered = list(packer.buffer)
-        rows = packer.pop_rows()
-        assert all(len(r) == 1 for r in rows) and rows[0][0] is oldest
-        chosen = [r[0] for r in rows]
-        # nearest in length: no sample left behind is nearer the oldest than a chosen one
-        left = [ex for ex in buffered if id(ex) not in {id(c) for c in chosen}]
-        if left:
-            assert max(abs(len(ex) - len(oldest)) for ex in chosen) <= min(abs(len(ex) - len(oldest)) for ex in left)
-        # no sample waits more than buffer_size batches
-        assert all(len(spread_grouped) - added_at[ex.position] < 16 for ex in chosen)
-        emitted += [ex.position for ex in chosen]
-        spread_grouped.append(max(map(len, chosen)))
-    assert sorted(emitted) == list(range(len(lengths)))
-    in_order = [max(lengths[i:i + 4]) for i in range(0, len(lengths), 4)]
-    assert np.mean(spread_grouped) < np.mean(in_order)
-
-
 def test_context_parallel_split_exact_example():
     """The worked example [10, A1, A2, A3, A4, 20, 30, 40] at CP=2. Contiguous halves would
     put A1-A3 on rank 0 and A4 on rank 1; megatron's load-balanced layout cuts 4 chunks of

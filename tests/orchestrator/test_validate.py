@@ -83,8 +83,6 @@ INVALID = [
     pytest.param(["data.download_retry=-1"], "data", ["data.download_retry=-1"], id="download_retry"),
     pytest.param(["data.feature_cache_mb=-1"], "data", ["feature_cache_mb=-1"], id="negative_feature_cache"),
     pytest.param(["data.packing=true", "data.packing_buffer=8"], "packing_buffer", ["data.packing_buffer (8)", "optim.micro_batch_size (16)"], id="packing_buffer_below_micro_batch"),
-    pytest.param(["data.packing=true", "data.group_by_length=true"], "group_by_length", ["data.group_by_length=true", "data.packing=true"], id="group_by_length_with_packing"),
-    pytest.param(["data.group_by_length=true", "data.packing_buffer=8"], "packing_buffer", ["data.packing_buffer (8)", "optim.micro_batch_size (16)"], id="group_by_length_buffer_below_micro_batch"),
     pytest.param(["data.audio_tokens=window", "data.seq_length=50"], "audio_tokens", ["5-s clip", "50 audio tokens", "data.seq_length (50)"], id="window_tokens_fill_sequence"),
     pytest.param(["data.train=[{name: a, path: x, weight: 1}, {name: a, path: y, weight: 1}]"], "dataset_names", ["repeated: a"], id="duplicate_dataset_names"),
     pytest.param(["data.train=[{name: a, path: x, weight: 0}]"], "dataset_weight", ["data.train[a].weight=0"], id="zero_weight"),
