@@ -3,8 +3,8 @@ virtual environment with torch 2.11, transformers 5.17 and numpy 2 as its python
 device kit installed into it as on that machine, the acceptance's dry run, every GPU
 recipe's model and first batch with the decisions its job makes on GPUs, one training
 step of every GPU recipe shrunk to the tiny model, and `audiollm convert` both ways on
-transformers 5. About 3.5 minutes here, 1.5 of them installing torch 2.11 (2.6 GB with
-its CUDA libraries) into the machine."""
+transformers 5. About 3.5 to 4.5 minutes here, part of it installing torch 2.11 (2.6 GB with
+its CUDA libraries) into the machine, with uv where setup.sh installed it."""
 
 import json
 import shutil
