@@ -21,7 +21,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Optional, Sequence
 
 from launchers import rundir as rd
 from launchers.summary import format_run, run_state, write_sweep_summary
@@ -300,14 +300,7 @@ def ensure_demo_corpus(runs: Sequence[PreparedRun]) -> None:
     for root, (samples, accent) in wanted.items():
         manifest = Path(root) / "manifest.json"
         if manifest.is_file():
-            from orchestrator.data.demo import CORPUS_FORMAT
-
-            found = json.loads(manifest.read_text()).get("format", 1)
-            if found != CORPUS_FORMAT:
-                raise DemoCorpusError(f"data.demo_corpus={root} holds a demo corpus of format {found}; this version "
-                                      f"writes and reads format {CORPUS_FORMAT} (it added the numerals datasets): "
-                                      f"delete {root} to have it written again, or point data.demo_corpus (or "
-                                      f"$AUDIOLLM_DEMO_DATA) elsewhere")
+            _check_demo_corpus(root, json.loads(manifest.read_text()), samples, accent)
             continue
         print(f"data.demo_corpus={root} holds no corpus yet: synthesizing {samples} training utterances "
               f"with espeak-ng first", flush=True)
@@ -317,6 +310,26 @@ def ensure_demo_corpus(runs: Sequence[PreparedRun]) -> None:
         if proc.returncode != 0:
             raise DemoCorpusError(f"writing the demo corpus into {root} failed (exit {proc.returncode}); fix what "
                                   f"it printed above, or point data.demo_corpus (or $AUDIOLLM_DEMO_DATA) elsewhere")
+
+
+def _check_demo_corpus(root: str, manifest: dict, samples: int, accent: Optional[str]) -> None:
+    """The corpus already in data.demo_corpus is the one the config asks for: its format,
+    number of training utterances and accent (a silent reuse would train on another corpus)."""
+    from orchestrator.data.demo import CORPUS_FORMAT, CORPUS_FORMAT_CHANGES
+
+    again = (f"delete {root} to have it written again, or point data.demo_corpus (or $AUDIOLLM_DEMO_DATA) "
+             f"elsewhere")
+    found = manifest.get("format", 1)
+    if found != CORPUS_FORMAT:
+        raise DemoCorpusError(f"data.demo_corpus={root} holds a demo corpus of format {found}; this version writes and "
+                              f"reads format {CORPUS_FORMAT} ({CORPUS_FORMAT_CHANGES[CORPUS_FORMAT]}): {again}")
+    if manifest.get("num_samples") != samples:
+        raise DemoCorpusError(f"data.demo_corpus={root} holds a demo corpus of {manifest.get('num_samples')} training "
+                              f"utterances, but data.demo_corpus_samples={samples}: set "
+                              f"data.demo_corpus_samples={manifest.get('num_samples')} to train on it, or {again}")
+    if (manifest.get("accent") or None) != (accent or None):
+        raise DemoCorpusError(f"data.demo_corpus={root} holds the demo corpus of accent {manifest.get('accent') or 'null'}, but "
+                              f"data.demo_corpus_accent={accent or 'null'}: {again}")
 
 
 def local_dataset_problems(runs: Sequence[PreparedRun]) -> list[str]:

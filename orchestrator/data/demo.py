@@ -58,9 +58,13 @@ TRAIN_VARIANTS = ["m1", "m2", "m3", "m4", "m7", "f1", "f2", "f4"]
 HELDOUT_ACCENTS = ["en-gb-scotland", "en-029"]
 HELDOUT_VARIANTS = ["m5", "f3"]
 TASKS = ("digits", "sentences")
-# Bumped when the corpus layout changes (2: the numerals datasets); `audiollm train`
-# refuses a corpus of another format rather than failing on a missing dataset later.
-CORPUS_FORMAT = 2
+# Bumped when the corpus layout or content changes (2: the numerals datasets; 3: the
+# held-out utterances drawn apart from the training ones); `audiollm train` refuses a
+# corpus of another format rather than failing on a missing dataset or scoring another
+# held-out set.
+CORPUS_FORMAT = 3
+CORPUS_FORMAT_CHANGES = {2: "it added the numerals datasets", 3: "its held-out utterances no longer depend on the "
+                         "number of training utterances"}
 SAMPLE_RATE = 16000
 MAX_SECONDS = 5.0
 
@@ -125,6 +129,12 @@ def _voices(accents: List[str], variants: List[str]) -> List[tuple]:
     return [(a, v) for a in accents for v in variants]
 
 
+def _val_rng(seed: int) -> np.random.Generator:
+    """The held-out utterances' own stream: the same held-out set whatever the number of
+    training utterances, so runs on corpora of different sizes are scored alike."""
+    return np.random.default_rng([seed, 1])
+
+
 def plan_corpus(num_samples: int, num_val_samples: int, seed: int) -> List[Utterance]:
     """Every utterance of the corpus, in writing order (deterministic in the arguments)."""
     rng = np.random.default_rng(seed)
@@ -142,6 +152,7 @@ def plan_corpus(num_samples: int, num_val_samples: int, seed: int) -> List[Utter
         "heldout_accent": _voices(HELDOUT_ACCENTS, TRAIN_VARIANTS),
         "heldout_variant": _voices([a for accs in TRAIN_ACCENTS.values() for a in accs], HELDOUT_VARIANTS),
     }
+    rng = _val_rng(seed)
     for split, voices in heldout.items():
         for task in TASKS:
             for i in range(num_val_samples):
@@ -162,6 +173,7 @@ def plan_accent_corpus(accent: str, num_samples: int, num_val_samples: int, seed
         text = digit_string(rng) if task == "digits" else sentence(rng)
         items.append(Utterance(f"train/{task}_{tag}", text, accent, TRAIN_VARIANTS[(i // 2) % len(TRAIN_VARIANTS)],
                                int(rng.integers(140, 191)), int(rng.integers(30, 71))))
+    rng = _val_rng(seed)
     for task in TASKS:
         for i in range(num_val_samples):
             text = digit_string(rng) if task == "digits" else sentence(rng)

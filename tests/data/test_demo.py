@@ -37,6 +37,8 @@ def test_plan_holds_out_accents_and_variants():
                                           "train/sentences_gb"}
     assert all(3 <= len(u.text.split()) <= 8 for u in train if "digits" in u.dataset)
     assert demo.plan_corpus(480, 20, seed=0) == items and demo.plan_corpus(480, 20, seed=1) != items
+    # The held-out set does not depend on the number of training utterances.
+    assert [u for u in demo.plan_corpus(960, 20, seed=0) if u.dataset.startswith("val/")] == val
 
 
 def test_accent_corpus_trains_and_validates_one_accent_on_disjoint_variants():
@@ -49,6 +51,8 @@ def test_accent_corpus_trains_and_validates_one_accent_on_disjoint_variants():
     assert train == set(demo.TRAIN_VARIANTS) and val == set(demo.HELDOUT_VARIANTS)
     assert sum(u.dataset.startswith("val/") for u in items) == 12
     assert items == demo.plan_accent_corpus("nl", 40, 6, seed=1)  # a pure function of its arguments
+    assert ([u for u in demo.plan_accent_corpus("nl", 80, 6, seed=1) if u.dataset.startswith("val/")]
+            == [u for u in items if u.dataset.startswith("val/")])
 
 
 @needs_espeak
