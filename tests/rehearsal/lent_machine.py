@@ -109,9 +109,11 @@ def make_machine(root: Path) -> tuple[Path, str]:
     _run(f"machine: venv of Python {version}", [interpreter, "-m", "venv", venv])
     # The lent machine comes with these packages: how they get here is not rehearsed.
     # uv (setup.sh puts it beside this interpreter) installs torch's 2.6 GB of CUDA
-    # libraries in a fraction of pip's time; pip where there is no uv.
+    # libraries in a fraction of pip's time; pip where there is no uv. Compiled to bytecode
+    # as pip does, or every process of the rehearsal compiles torch again where
+    # PYTHONDONTWRITEBYTECODE is set.
     uv = Path(sys.executable).parent / "uv"
-    install = ([uv, "pip", "install", "-q", "--python", python3] if uv.exists()
+    install = ([uv, "pip", "install", "-q", "--compile-bytecode", "--python", python3] if uv.exists()
                else [python3, "-m", "pip", "install", "-q"])
     _run("machine: " + " ".join(MACHINE_PACKAGES), [*install, *MACHINE_PACKAGES], timeout=1800)
     return python3, version
