@@ -315,20 +315,21 @@ def ensure_demo_corpus(runs: Sequence[PreparedRun]) -> None:
 def _check_demo_corpus(root: str, manifest: dict, samples: int, accent: Optional[str]) -> None:
     """The corpus already in data.demo_corpus is the one the config asks for: its format,
     number of training utterances and accent (a silent reuse would train on another corpus)."""
-    from orchestrator.data.demo import CORPUS_FORMAT, CORPUS_FORMAT_CHANGES
+    from orchestrator.data.demo import CORPUS_FORMAT, CORPUS_FORMAT_CHANGE
 
     again = (f"delete {root} to have it written again, or point data.demo_corpus (or $AUDIOLLM_DEMO_DATA) "
              f"elsewhere")
     found = manifest.get("format", 1)
     if found != CORPUS_FORMAT:
         raise DemoCorpusError(f"data.demo_corpus={root} holds a demo corpus of format {found}; this version writes and "
-                              f"reads format {CORPUS_FORMAT} ({CORPUS_FORMAT_CHANGES[CORPUS_FORMAT]}): {again}")
+                              f"reads format {CORPUS_FORMAT} ({CORPUS_FORMAT_CHANGE}): {again}")
     if manifest.get("num_samples") != samples:
         raise DemoCorpusError(f"data.demo_corpus={root} holds a demo corpus of {manifest.get('num_samples')} training "
                               f"utterances, but data.demo_corpus_samples={samples}: set "
                               f"data.demo_corpus_samples={manifest.get('num_samples')} to train on it, or {again}")
     if (manifest.get("accent") or None) != (accent or None):
-        raise DemoCorpusError(f"data.demo_corpus={root} holds the demo corpus of accent {manifest.get('accent') or 'null'}, but "
+        found_accent = manifest.get("accent") or "null"
+        raise DemoCorpusError(f"data.demo_corpus={root} holds the demo corpus of accent {found_accent}, but "
                               f"data.demo_corpus_accent={accent or 'null'}: {again}")
 
 

@@ -63,8 +63,7 @@ TASKS = ("digits", "sentences")
 # corpus of another format rather than failing on a missing dataset or scoring another
 # held-out set.
 CORPUS_FORMAT = 3
-CORPUS_FORMAT_CHANGES = {2: "it added the numerals datasets", 3: "its held-out utterances no longer depend on the "
-                         "number of training utterances"}
+CORPUS_FORMAT_CHANGE = "its held-out utterances no longer depend on the number of training utterances"
 SAMPLE_RATE = 16000
 MAX_SECONDS = 5.0
 
