@@ -574,11 +574,19 @@ def check_train(train: TrainConfig, run: RunConfig) -> Iterator[Finding]:
     yield from _one_of("run", "run.resume", run.resume, ("auto", "never"))
 
 
-def check_ctc(model: ModelConfig, parallel: ParallelConfig) -> Iterator[Finding]:
+def check_ctc(model: ModelConfig, parallel: ParallelConfig, train: TrainConfig) -> Iterator[Finding]:
     if model.adapter.ctc_weight > 0 and parallel.pp > 1:
         yield _error("ctc", f"model.adapter.ctc_weight={model.adapter.ctc_weight}: the auxiliary CTC loss is computed "
                             f"on the first pipeline stage and added to the loss on the last, so it needs "
                             f"parallel.pp=1 (got {parallel.pp}); set model.adapter.ctc_weight=0 or parallel.pp=1")
+    weight = train.eval_generation_ctc_weight
+    if not 0 <= weight <= 1:
+        yield _error("ctc", f"train.eval_generation_ctc_weight={weight} must be within [0, 1] (0: the decoder alone)")
+    elif weight > 0 and model.adapter.ctc_weight <= 0:
+        yield _error("ctc", f"train.eval_generation_ctc_weight={weight}: joint CTC/attention decoding scores with the "
+                            f"adapter's CTC head, which the model has only when trained with the CTC loss "
+                            f"(model.adapter.ctc_weight={model.adapter.ctc_weight}); set "
+                            f"train.eval_generation_ctc_weight=0 or model.adapter.ctc_weight > 0")
 
 
 def check_eval_generation(train: TrainConfig, data: DataConfig, parallel: ParallelConfig) -> Iterator[Finding]:
@@ -737,7 +745,7 @@ def validate(cfg: AudioLLMConfig, purpose: str = "plan") -> list[Finding]:
         lambda: check_optim(cfg.optim, cfg.train),
         lambda: check_train(cfg.train, cfg.run),
         lambda: check_eval_generation(cfg.train, cfg.data, p),
-        lambda: check_ctc(m, p),
+        lambda: check_ctc(m, p, cfg.train),
         lambda: check_launcher(l),
         lambda: check_logger(cfg.logger),
         lambda: check_lora(cfg.lora, m),

@@ -81,9 +81,11 @@ def prompts_from_batch(batch: Mapping[str, Any]) -> List[Dict[str, Any]]:
 
 
 def answer_batch(model, batch: Mapping[str, Any], tokenizer, stop_ids: Sequence[int],
-                 max_new_tokens: int = 48, share: Tuple[int, int] = (0, 1)) -> List[str]:
+                 max_new_tokens: int = 48, share: Tuple[int, int] = (0, 1), ctc_weight: float = 0.0) -> List[str]:
     """Greedy answers of the samples of a validation batch, in token order: every
-    `share[1]`-th sample from sample `share[0]` on (all of them by default)."""
+    `share[1]`-th sample from sample `share[0]` on (all of them by default). `ctc_weight`
+    > 0: joint CTC/attention decoding of the samples whose answer is their clips'
+    transcript (the batch's audio_clip_ctc)."""
     samples = prompts_from_batch(batch)[share[0]::share[1]]
     if not samples:
         return []
@@ -94,8 +96,13 @@ def answer_batch(model, batch: Mapping[str, Any], tokenizer, stop_ids: Sequence[
         features = batch_features(batch, next(model.parameters()).device, torch.tensor(order))
         lengths = [int(batch["audio_lengths"][c]) for c in order]
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    ctc_rows = None
+    if ctc_weight > 0:
+        transcribed = batch["audio_clip_ctc"].tolist() if "audio_clip_ctc" in batch else [False] * len(order)
+        ctc_rows = [bool(s["clips"]) and all(transcribed[c] for c in s["clips"]) for s in samples]
     ids = greedy_generate(model, [s["prompt"] for s in samples], features, lengths, stop_ids,
-                          max_new_tokens=max_new_tokens, pad_id=pad, audio_clip_rows=clip_rows)
+                          max_new_tokens=max_new_tokens, pad_id=pad, audio_clip_rows=clip_rows,
+                          ctc_weight=ctc_weight if ctc_rows and any(ctc_rows) else 0.0, ctc_rows=ctc_rows)
     return [tokenizer.decode(x, skip_special_tokens=True) for x in ids]
 
 
@@ -115,11 +122,13 @@ def default_stop_ids(tokenizer, response_suffix: str = "<end_of_turn>") -> List[
 def evaluate_generation(model, validation: Mapping[str, Iterable[Mapping[str, Any]]], tokenizer,
                         stop_ids: Optional[Sequence[int]] = None, max_new_tokens: int = 48,
                         max_batches: Optional[int] = None, examples: int = 0,
-                        share: Tuple[int, int] = (0, 1)) -> Dict[str, Dict[str, Any]]:
+                        share: Tuple[int, int] = (0, 1), ctc_weight: float = 0.0) -> Dict[str, Dict[str, Any]]:
     """Each validation dataset scored by its loader's `metric` ("wer" without one), plus
     one pooled entry per metric in use over the datasets that use it (keys: POOLED).
     `share` (index, count): this caller answers and scores every count-th sample of each
     batch from the index-th on (context-parallel ranks split a batch's samples so).
+    `ctc_weight` > 0: joint CTC/attention decoding where the answer is the transcript
+    (answer_batch).
 
     A dataset's entry: {"metric": name, <name>: score, <its statistics>, "seconds"},
     e.g. {"metric": "exact", "exact": 0.93, "correct": 186, "utterances": 200, ...}; with
@@ -136,7 +145,7 @@ def evaluate_generation(model, validation: Mapping[str, Iterable[Mapping[str, An
         refs: List[str] = []
         hyps: List[str] = []
         for batch in itertools.islice(loader, max_batches):  # not one batch more: peers read in step
-            hyps += answer_batch(model, batch, tokenizer, stop_ids, max_new_tokens, share)
+            hyps += answer_batch(model, batch, tokenizer, stop_ids, max_new_tokens, share, ctc_weight)
             refs += list(batch["transcripts"])[share[0]::share[1]]
         metric = chosen[name]
         stats = metrics.statistics(metric, refs, hyps)

@@ -27,6 +27,13 @@ cache. Layouts:
   pipeline stage and decodes whole rows alone; the caller gives it its own prompts.
 Virtual pipeline chunks are not supported.
 
+Joint CTC/attention decoding (`ctc_weight` > 0; orchestrator/models/ctc_prefix.py): the
+rows that transcribe their clips (`ctc_rows`) choose each token among the decoder's
+JOINT_CANDIDATES most likely by (1 - w) * the decoder's log-probability + w * the gain
+of the adapter's CTC prefix score (model.adapter.ctc_weight > 0 gives the head); the
+other rows stay greedy. At pipeline size 1 (the CTC head lives on the first stage, the
+token is chosen on the last; training with the CTC loss needs pp = 1 too).
+
 Without the cache (`use_cache=False`, tp = pp = 1 only): every step re-runs the
 training forward over the whole right-padded sequence -- the slow reference that the
 cached path is tested against.
@@ -39,21 +46,29 @@ from typing import List, Optional, Sequence, Union
 import torch
 import torch.distributed as dist
 
+from orchestrator.models.ctc_prefix import CTCPrefixScorer
 from orchestrator.models.fusion import check_audio_placeholders, fuse_audio
 from orchestrator.models.kv_cache import KVCache, decoding
 
 StopIds = Union[Sequence[int], Sequence[Sequence[int]]]
 PADDING_SIDES = ("left", "right")
+# Joint CTC/attention decoding rescores this many of the decoder's most likely tokens at
+# each step (a "pre-beam", as ESPnet's decoders do): the CTC prefix score is computed for
+# these only.
+JOINT_CANDIDATES = 6
 
 
 @torch.no_grad()
 def greedy_generate(model, prompts: Sequence[Sequence[int]], audio_features: Optional[torch.Tensor],
                     audio_lengths: Optional[Sequence[int]], stop_ids: StopIds, max_new_tokens: int = 32,
                     pad_id: int = 0, audio_clip_rows: Optional[Sequence[int]] = None, use_cache: bool = True,
-                    padding_side: str = "left") -> List[List[int]]:
+                    padding_side: str = "left", ctc_weight: float = 0.0,
+                    ctc_rows: Optional[Sequence[bool]] = None) -> List[List[int]]:
     """Greedy continuation of each prompt. `audio_features` [clips, mel, frames] and
     `audio_lengths` belong to the placeholders of the prompts in order; `audio_clip_rows`
-    gives each clip's prompt index (default: clip i belongs to prompt i)."""
+    gives each clip's prompt index (default: clip i belongs to prompt i). `ctc_weight` > 0:
+    joint CTC/attention decoding of the rows marked in `ctc_rows` (default: every row
+    with clips), whose answer is their clips' transcript."""
     if not prompts:
         return []
     if max_new_tokens < 1:
@@ -70,12 +85,25 @@ def greedy_generate(model, prompts: Sequence[Sequence[int]], audio_features: Opt
                          f"{config.tensor_model_parallel_size}, pp {config.pipeline_model_parallel_size}); "
                          f"use_cache=True decodes at any layout")
     stops = _stop_table(stop_ids, len(prompts))
+    if not 0.0 <= ctc_weight <= 1.0:
+        raise ValueError(f"ctc_weight={ctc_weight} must be within [0, 1]")
+    if ctc_weight > 0:
+        if not (model.pre_process and model.post_process):
+            raise ValueError(f"joint CTC/attention decoding (ctc_weight={ctc_weight}) runs at pipeline size 1: the "
+                             f"CTC head is on the first stage and the tokens are chosen on the last (got pp "
+                             f"{config.pipeline_model_parallel_size}); decode at --pp 1 or with ctc_weight 0")
+        if model.adapter.ctc_head is None:
+            raise ValueError(f"joint CTC/attention decoding (ctc_weight={ctc_weight}) needs the adapter's CTC head, "
+                             f"which only a model trained with model.adapter.ctc_weight > 0 has; use ctc_weight 0")
+        if ctc_rows is not None and len(ctc_rows) != len(prompts):
+            raise ValueError(f"{len(ctc_rows)} ctc_rows for {len(prompts)} prompts")
+    joint = (ctc_weight, ctc_rows) if ctc_weight > 0 else None
     was_training = model.training
     model.eval()
     try:
         run = _decode_cached if use_cache else _decode_uncached
         return run(model, prompts, audio_features, audio_lengths, stops, max_new_tokens, int(pad_id),
-                   audio_clip_rows, padding_side)
+                   audio_clip_rows, padding_side, joint)
     finally:
         model.train(was_training)
 
@@ -145,6 +173,62 @@ def vocab_argmax(logits: torch.Tensor) -> torch.Tensor:
     return torch.stack(all_index).gather(0, best[None])[0]
 
 
+def vocab_top(logits: torch.Tensor, k: int):
+    """[b, vocab shard] logits -> the k most likely ids over the whole (tensor-parallel)
+    vocabulary [b, k] and their log-probabilities [b, k], most likely first."""
+    from megatron.core import parallel_state as ps
+
+    logits = logits.float()
+    tp = ps.get_tensor_model_parallel_world_size()
+    group = ps.get_tensor_model_parallel_group() if tp > 1 else None
+    peak = logits.max(dim=-1).values
+    if tp > 1:
+        dist.all_reduce(peak, op=dist.ReduceOp.MAX, group=group)
+    mass = (logits - peak[:, None]).exp().sum(dim=-1)
+    if tp > 1:
+        dist.all_reduce(mass, group=group)
+    values, index = logits.topk(min(k, logits.shape[-1]), dim=-1)
+    if tp > 1:
+        index = index + ps.get_tensor_model_parallel_rank() * logits.shape[-1]
+        all_values, all_index = [torch.empty_like(values) for _ in range(tp)], [torch.empty_like(index) for _ in range(tp)]
+        dist.all_gather(all_values, values, group=group)
+        dist.all_gather(all_index, index, group=group)
+        values, best = torch.cat(all_values, dim=-1).topk(k, dim=-1)
+        index = torch.cat(all_index, dim=-1).gather(-1, best)
+    return values - (peak + mass.log())[:, None], index
+
+
+class _JointCTC:
+    """Joint CTC/attention choice of each row's next token (the module's docstring)."""
+
+    def __init__(self, model, audio, audio_lengths, audio_clip_rows, rows: int, weight: float, ctc_rows, stops):
+        per_clip = [model.adapter_tokens(int(n)) for n in audio_lengths]
+        log_probs = torch.log_softmax(model.adapter.ctc_head(audio).float(), dim=-1).split(per_clip)
+        owner = list(audio_clip_rows) if audio_clip_rows is not None else list(range(len(per_clip)))
+        pieces = [[] for _ in range(rows)]
+        for clip, row in enumerate(owner):
+            pieces[row].append(log_probs[clip])
+        wanted = [True] * rows if ctc_rows is None else [bool(r) for r in ctc_rows]
+        self.rows = torch.tensor([wanted[r] and bool(pieces[r]) for r in range(rows)], device=audio.device)
+        empty = log_probs[0].new_zeros((0, log_probs[0].shape[-1]))
+        scored = [torch.cat(pieces[r]) if bool(self.rows[r]) else empty for r in range(rows)]
+        self.scorer = CTCPrefixScorer(torch.nn.utils.rnn.pad_sequence(scored, batch_first=True),
+                                      torch.tensor([len(x) for x in scored], device=audio.device))
+        self.weight, self.stops = weight, stops
+
+    def choose(self, logits: torch.Tensor) -> torch.Tensor:
+        """[b, vocab shard] final logits -> [b] tokens; advances the CTC prefixes."""
+        greedy = vocab_argmax(logits)
+        log_probs, candidates = vocab_top(logits, JOINT_CANDIDATES)
+        extended = self.scorer.extend(candidates)
+        ends = (candidates[:, :, None] == self.stops[:, None, :]).any(dim=-1)
+        gain = torch.where(ends, self.scorer.complete()[:, None], extended[0]) - self.scorer.prefix[:, None]
+        choice = ((1 - self.weight) * log_probs + self.weight * gain).argmax(dim=-1)
+        rows = torch.arange(len(choice), device=choice.device)
+        self.scorer.advance(candidates, choice, extended, keep=self.rows & ~ends[rows, choice])
+        return torch.where(self.rows, candidates[rows, choice], greedy)
+
+
 class _Pipeline:
     """Point-to-point hand-over of the new columns' hidden states between pipeline
     stages, and the last stage's tokens to every stage."""
@@ -173,7 +257,7 @@ class _Pipeline:
 
 
 def _decode_cached(model, prompts, audio_features, audio_lengths, stops, max_new_tokens, pad_id, audio_clip_rows,
-                   padding_side):
+                   padding_side, joint):
     lm = model.language_model
     device = _device(model)
     pipeline = _Pipeline(model)
@@ -183,6 +267,7 @@ def _decode_cached(model, prompts, audio_features, audio_lengths, stops, max_new
     lengths = torch.tensor([len(p) for p in prompts], dtype=torch.long, device=device)
     ids, real, positions, last = (t.to(device) for t in (ids, real, positions, last))
     stops = stops.to(device)
+    chooser = _chooser(model, audio, audio_lengths, audio_clip_rows, b, joint, stops)
     inv_freq = lm.rotary_pos_emb.inv_freq.to(device)
     rows = torch.arange(b, device=device)
     cache = KVCache(capacity=ids.shape[1] + max_new_tokens)
@@ -202,7 +287,7 @@ def _decode_cached(model, prompts, audio_features, audio_lengths, stops, max_new
         out = lm.decoder(hidden_states=hidden, attention_mask=None)
         tokens = torch.empty(b, dtype=torch.long, device=device)
         if lm.post_process:
-            tokens = _greedy_tokens(lm, out[step_last, rows])
+            tokens = chooser(_last_logits(lm, out[step_last, rows]))
         else:
             pipeline.send(out)
         return pipeline.share_tokens(tokens)
@@ -227,16 +312,25 @@ def _decode_cached(model, prompts, audio_features, audio_lengths, stops, max_new
     return out
 
 
-def _greedy_tokens(lm, hidden: torch.Tensor) -> torch.Tensor:
-    """[b, h] final hidden states (after the last norm) -> [b] greedy ids through the
-    output layer and the final softcap (the last stage)."""
+def _chooser(model, audio, audio_lengths, audio_clip_rows, rows: int, joint, stops):
+    """The last stage's choice of the next tokens from [b, vocab shard] logits: greedy, or
+    joint CTC/attention (`joint`: (weight, ctc_rows)) where any row transcribes audio."""
+    if joint is None or audio is None:
+        return vocab_argmax
+    chosen = _JointCTC(model, audio, audio_lengths, audio_clip_rows, rows, joint[0], joint[1], stops)
+    return chosen.choose if bool(chosen.rows.any()) else vocab_argmax
+
+
+def _last_logits(lm, hidden: torch.Tensor) -> torch.Tensor:
+    """[b, h] final hidden states (after the last norm) -> [b, vocab shard] logits through
+    the output layer and the final softcap (the last stage)."""
     weight = lm.shared_embedding_or_output_weight() if lm.share_embeddings_and_output_weights else None
     logits, _ = lm.output_layer(hidden[None], weight=weight)  # [1, b, vocab shard]
-    return vocab_argmax(lm.cap_logits(logits[0]))
+    return lm.cap_logits(logits[0])
 
 
 def _decode_uncached(model, prompts, audio_features, audio_lengths, stops, max_new_tokens, pad_id,
-                     audio_clip_rows, padding_side):
+                     audio_clip_rows, padding_side, joint):
     """Right-padded prompts; with causal attention a row's logits at its last real
     position do not see the padding after it, so no attention mask is needed."""
     lm = model.language_model
@@ -250,6 +344,7 @@ def _decode_uncached(model, prompts, audio_features, audio_lengths, stops, max_n
     audio = _prompt_audio(model, tokens, audio_features, audio_lengths, audio_clip_rows, device)
     tokens = tokens.to(device)
     stops = stops.to(device)
+    chooser = _chooser(model, audio, audio_lengths, audio_clip_rows, b, joint, stops)
     done = torch.zeros(b, dtype=torch.bool, device=device)
     cur = lengths.clone().to(device)
     rows = torch.arange(b, device=device)
@@ -262,7 +357,7 @@ def _decode_uncached(model, prompts, audio_features, audio_lengths, stops, max_n
             embeddings = fuse_audio(embeddings, ids, audio, model.audio_token_id)
         positions = torch.arange(width, device=device).unsqueeze(0).expand(b, -1)
         logits = lm(ids, positions, None, decoder_input=lm.scale_embeddings(embeddings))  # [b, s, v]
-        nxt = logits[rows, cur - 1].argmax(dim=-1)
+        nxt = chooser(logits[rows, cur - 1])
         finished = (nxt[:, None] == stops).any(dim=1) | done
         for i in torch.nonzero(~finished).flatten().tolist():
             out[i].append(int(nxt[i]))

@@ -73,9 +73,9 @@ class AdapterConfig:
     # Auxiliary CTC loss on the adapter output (a linear head `adapter.ctc_head` over the
     # vocabulary + a blank), added to the training loss with this weight; 0: no head.
     # Joint CTC training teaches a from-scratch encoder a monotonic audio-text alignment
-    # much sooner than the decoder's attention alone. Training only (pp = 1): the logged
-    # training loss includes weight x CTC per trained token, the validation loss does
-    # not, and generation never uses the head.
+    # much sooner than the decoder's attention alone. Needs pp = 1: the logged training
+    # loss includes weight x CTC per trained token, the validation loss does not; the
+    # head scores generation only with train.eval_generation_ctc_weight > 0.
     ctc_weight: float = 0.0
 
 

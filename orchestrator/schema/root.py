@@ -29,6 +29,12 @@ class TrainConfig:
     eval_generation: bool = False
     eval_generation_batches: int = 0  # batches of optim.micro_batch_size per validation dataset; 0: all
     eval_generation_max_new_tokens: int = 48
+    # Joint CTC/attention decoding of the datasets whose answer is the clip's transcript
+    # (a dataset's `ctc`): each token is chosen among the decoder's most likely by
+    # (1 - w) * its log-probability + w * the adapter's CTC prefix score
+    # (orchestrator/models/ctc_prefix.py). Needs the CTC head (model.adapter.ctc_weight > 0).
+    # 0: the decoder alone.
+    eval_generation_ctc_weight: float = 0.0
     save_interval: int = 0  # 0: save only at the end and on preemption
     # Also save once this many minutes of wall-clock time have passed since the last save
     # (rank 0's clock; the SLURM recipes set 30): what a lost node costs. 0: off.

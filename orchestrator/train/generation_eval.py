@@ -55,6 +55,7 @@ class GenerationEvaluation:
         self.tokenizer = load_tokenizer(tokenizer_path)
         self.max_batches = int(train_cfg.eval_generation_batches) or None
         self.max_new_tokens = int(train_cfg.eval_generation_max_new_tokens)
+        self.ctc_weight = float(train_cfg.eval_generation_ctc_weight)
         self._warned = False
 
     def __call__(self, trainer, step: int) -> Dict[str, float]:
@@ -73,7 +74,7 @@ class GenerationEvaluation:
         model.eval()
         try:
             report = evaluate_generation(model, self.loaders, self.tokenizer, max_new_tokens=self.max_new_tokens,
-                                         max_batches=self.max_batches,
+                                         max_batches=self.max_batches, ctc_weight=self.ctc_weight,
                                          share=(ps.get_context_parallel_rank(), ps.get_context_parallel_world_size()))
         finally:
             model.train(was_training)

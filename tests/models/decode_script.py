@@ -8,7 +8,10 @@ every audio prompt longer than the window. HF decodes the fused, left-padded inp
 embeddings with and without its cache; the project decodes with the cache (prompts
 padded left and right) and without it, at TP=1, TP=2 with sequence parallel, PP=2 and
 CP=2 (two ranks; every layout re-initialises megatron's parallel state in the same
-processes). Run: torchrun --nproc_per_node=2 tests/models/decode_script.py
+processes). The adapter has a CTC head (random, peaked), which the greedy runs leave
+unread; joint CTC/attention decoding (ctc_weight) runs at every layout, with and without
+the cache at TP=1, and is refused at PP=2.
+Run: torchrun --nproc_per_node=2 tests/models/decode_script.py
 """
 
 from __future__ import annotations
@@ -28,6 +31,9 @@ NEW_TOKENS = 20
 # vary with the context; at tiny_models' spread every row repeats one or two tokens.
 EMBEDDING_STD = 0.05
 LAYOUTS = {"tp1": {}, "tp2_sp": dict(tp=2, sp=True), "pp2": dict(pp=2), "cp2": dict(cp=2)}
+# Joint decoding's CTC weight, and the spread of the random CTC head's weights: large, so
+# that its scores move the choice among the decoder's candidates.
+JOINT_WEIGHT, CTC_HEAD_STD = 0.5, 2.0
 
 
 def reference(hf, hf_encoder, adapter_weights, features, prompts, stop_id):
@@ -66,6 +72,7 @@ def main() -> None:
     from orchestrator.convert.gemma2_mapping import Gemma2Shape
     from orchestrator.models.audiollm import build_audiollm
     from orchestrator.models.generate import greedy_generate
+    from orchestrator.schema.model import AdapterConfig
     from orchestrator.schema.parallel import ParallelConfig
     from tests.models.sharding import hf_to_megatron_full, shard_megatron
     from tests.models.tiny_models import (hf_gemma2, random_adapter_weights, randomize, tiny_model_config,
@@ -78,9 +85,12 @@ def main() -> None:
     shape = Gemma2Shape.from_hf_config(hf.config)
     wcfg = whisper_config()
     model_cfg = tiny_model_config(hf.config, wcfg)
+    model_cfg.adapter = AdapterConfig(frame_stack=5, dropout=0.0, ctc_weight=0.3)  # with the CTC head
     hf_encoder = randomize(WhisperEncoder(wcfg), seed=2).eval()
     gen = torch.Generator().manual_seed(3)
     adapter_weights = random_adapter_weights(wcfg, shape.hidden_size, gen)
+    ctc_head = {"adapter.ctc_head.weight": CTC_HEAD_STD * torch.randn(shape.vocab_size + 1, shape.hidden_size, generator=gen),
+                "adapter.ctc_head.bias": torch.zeros(shape.vocab_size + 1)}
     features = torch.randn(2, wcfg.num_mel_bins, MEL_FRAMES, generator=gen)
     counts = [((n - 1) // 2 + 1) // 5 for n in MEL_LENGTHS]  # 8 and 6 audio tokens
     prompts = [[BOS, 17, 40] + [AUDIO] * counts[0] + [SEP, 77],  # 13 tokens (window 8)
@@ -114,6 +124,7 @@ def main() -> None:
         if first:
             weights.update(encoder_weights)
             weights.update(adapter_weights)
+            weights.update(ctc_head)
         missing, unexpected = model.load_state_dict(weights, strict=False)
         assert not [k for k in missing if not k.endswith("_extra_state")] and not unexpected, (missing, unexpected)
         model.train()  # greedy_generate switches to eval mode and back
@@ -121,8 +132,19 @@ def main() -> None:
         kwargs = dict(stop_ids=[stop_id], max_new_tokens=NEW_TOKENS, pad_id=PAD, audio_clip_rows=clip_rows)
         runs = {"cached_left": greedy_generate(*args, **kwargs),
                 "cached_right": greedy_generate(*args, **kwargs, padding_side="right")}
+        if pp == 1:
+            runs["joint"] = greedy_generate(*args, **kwargs, ctc_weight=JOINT_WEIGHT)
+            runs["joint_row1_only"] = greedy_generate(*args, **kwargs, ctc_weight=JOINT_WEIGHT,
+                                                      ctc_rows=[False, True, False])
+        else:
+            try:
+                greedy_generate(*args, **kwargs, ctc_weight=JOINT_WEIGHT)
+                runs["joint_refused"] = ""
+            except ValueError as error:
+                runs["joint_refused"] = str(error)
         if name == "tp1":
             runs["uncached"] = greedy_generate(*args, **kwargs, use_cache=False)
+            runs["joint_uncached"] = greedy_generate(*args, **kwargs, use_cache=False, ctc_weight=JOINT_WEIGHT)
             # per-row stop ids: row 0 stops at the first token it had not given before (from
             # its third on), the others at the shared stop id
             row0 = runs["cached_left"][0]
@@ -132,7 +154,7 @@ def main() -> None:
             runs["capped"] = greedy_generate(*args, **{**kwargs, "max_new_tokens": 3})
             runs["training_after"] = model.training
         everyone = [None] * dist.get_world_size()
-        dist.all_gather_object(everyone, runs["cached_left"])
+        dist.all_gather_object(everyone, [runs["cached_left"], runs.get("joint")])
         runs["all_ranks_equal"] = all(r == everyone[0] for r in everyone)
         result[name] = runs
     if dist.get_rank() == 0:

@@ -1,6 +1,6 @@
 """Greedy decoding with the KV cache: HF-exact tokens, the same tokens at every layout
-and either padding side, per-row stops (tests/models/decode_script.py, one launch of two
-ranks); what each layer's cache keeps (no process group)."""
+and either padding side, per-row stops, joint CTC/attention decoding (tests/models/
+decode_script.py, one launch of two ranks); what each layer's cache keeps (no process group)."""
 
 import json
 import re
@@ -41,6 +41,19 @@ def test_every_layout_and_padding_side_decodes_the_same_tokens(result, layout):
     assert run["cached_left"] == result["hf_cached"]
     assert run["cached_right"] == result["hf_cached"]
     assert run["all_ranks_equal"]
+
+
+@pytest.mark.multiprocess
+def test_joint_ctc_decoding_is_the_same_at_every_layout_and_changes_only_the_audio_rows(result):
+    joint, greedy = result["tp1"]["joint"], result["hf_cached"]
+    assert result["tp1"]["joint_uncached"] == joint
+    for layout in ("tp2_sp", "cp2"):
+        assert result[layout]["joint"] == joint, layout
+    assert joint[2] == greedy[2]  # the text-only row has no CTC scores: greedy
+    assert joint[:2] != greedy[:2]  # the CTC head moved the audio rows
+    # only the rows marked in ctc_rows are rescored
+    assert result["tp1"]["joint_row1_only"] == [greedy[0], joint[1], greedy[2]]
+    assert "pipeline size 1" in result["pp2"]["joint_refused"]
 
 
 @pytest.mark.multiprocess
