@@ -1,9 +1,9 @@
 """Evaluate a run's checkpoint: validation loss and the dataset's generation metric (WER,
 exact match or BLEU of greedy decoding, orchestrator/train/generation_eval.py) per validation
 dataset, whatever the run's train.eval_generation. Writes <run_dir>/eval/<checkpoint name>.json
-(rank 0).
+(rank 0), with the joint CTC weight it decoded at.
 
-    audiollm eval RUN_DIR [--checkpoint DIR]
+    audiollm eval RUN_DIR [--checkpoint DIR] [--ctc-weight W]
         one process: the checkpoint is loaded resharded to TP=PP=1 (dist_checkpointing
         reshards on load), so any run can be evaluated without its cluster layout;
     audiollm eval RUN_DIR --tp 2 [--pp P] [--cp C] [--gpus N]
@@ -11,6 +11,9 @@ dataset, whatever the run's train.eval_generation. Writes <run_dir>/eval/<checkp
         the checkpoint resharded to that layout: a 9B model split over 2 GPUs;
     torchrun --nproc_per_node=N -m orchestrator.train.evaluate RUN_DIR [--checkpoint DIR]
         N ranks with the run's own layout (N = the plan's world size).
+
+--ctc-weight W decodes with joint CTC/attention scores at weight W (the run's
+train.eval_generation_ctc_weight otherwise; 0: the decoder alone).
 """
 
 from __future__ import annotations
@@ -82,16 +85,26 @@ def _single_process_env() -> None:
 
 
 def evaluate_run(run_dir: str | Path, checkpoint: Optional[str | Path] = None,
-                 components_factory: Optional[Callable] = None, layout: Optional[Tuple[int, int, int]] = None) -> dict:
+                 components_factory: Optional[Callable] = None, layout: Optional[Tuple[int, int, int]] = None,
+                 ctc_weight: Optional[float] = None) -> dict:
     """`components_factory`: as orchestrator.train.entry.make_trainer's (the AudioLLM's by
     default). `layout` (tp, pp, cp): evaluate at it, on this process group's ranks (the
-    rest data parallel); None: one process, or the run's own layout under torchrun."""
+    rest data parallel); None: one process, or the run's own layout under torchrun.
+    `ctc_weight`: train.eval_generation_ctc_weight for this evaluation (None: the run's)."""
     from orchestrator.runtime.distributed import shutdown
     from orchestrator.train import checkpoint as ckpt
     from orchestrator.train.entry import make_trainer, setup_logging
     from orchestrator.train.run_plan import load_run_plan
 
     run_dir = Path(run_dir)
+    plan = load_run_plan(run_dir)
+    if ctc_weight is not None:
+        head = float(plan.section("model").get("adapter", {}).get("ctc_weight", 0.0))
+        if not 0 <= ctc_weight <= 1 or (ctc_weight > 0 and head <= 0):
+            raise PlanError(f"--ctc-weight {ctc_weight}: joint CTC/attention decoding takes a weight within [0, 1] and "
+                            f"the adapter's CTC head, which the run's model has only when trained with "
+                            f"model.adapter.ctc_weight > 0 (its is {head}); use --ctc-weight 0")
+        plan.config["train"]["eval_generation_ctc_weight"] = ctc_weight
     path = Path(checkpoint) if checkpoint else ckpt.latest_checkpoint(run_dir)
     if path is None or not path.is_dir():
         raise FileNotFoundError(f"{run_dir}: no checkpoint to evaluate ({path or 'checkpoints/latest is missing'}); "
@@ -102,7 +115,6 @@ def evaluate_run(run_dir: str | Path, checkpoint: Optional[str | Path] = None,
         raise DamagedCheckpoint(f"checkpoint {path} is damaged: {problem}; "
                                 + (f"evaluate the newest complete one with --checkpoint {others[0]}" if others
                                    else "the run has no other complete checkpoint"))
-    plan = load_run_plan(run_dir)
     if plan.section("data").get("validation"):
         plan.config["train"]["eval_generation"] = True  # what this command is for, whatever the run's setting
     if "WORLD_SIZE" not in os.environ or int(os.environ["WORLD_SIZE"]) == 1:
@@ -119,7 +131,8 @@ def evaluate_run(run_dir: str | Path, checkpoint: Optional[str | Path] = None,
         if rank == 0:
             out = run_dir / "eval" / f"{path.name}.json"
             out.parent.mkdir(exist_ok=True)
-            write_text_atomic(out, json.dumps({"checkpoint": path.name, **results}, indent=1) + "\n")
+            decoding = {"eval_generation_ctc_weight": float(plan.section("train").get("eval_generation_ctc_weight", 0.0))}
+            write_text_atomic(out, json.dumps({"checkpoint": path.name, **decoding, **results}, indent=1) + "\n")
             print(" | ".join(f"{k} {v:.4f}" for k, v in results.items()), flush=True)
     finally:
         shutdown()
@@ -146,6 +159,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--cp", type=int, default=None, help="context parallel size to evaluate at (default 1)")
     parser.add_argument("--gpus", type=int, default=None,
                         help="processes (one per GPU) on this machine; default tp x pp x cp, the rest data parallel")
+    parser.add_argument("--ctc-weight", type=float, default=None,
+                        help="joint CTC/attention decoding at this weight (default: the run's "
+                             "train.eval_generation_ctc_weight; 0: the decoder alone)")
     argv = list(sys.argv[1:] if argv is None else argv)
     args = parser.parse_args(argv)
     layout = None
@@ -159,7 +175,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         if processes > 1 and "WORLD_SIZE" not in os.environ:
             return _launch(argv, processes)
     try:
-        evaluate_run(args.run_dir, args.checkpoint, layout=layout)
+        evaluate_run(args.run_dir, args.checkpoint, layout=layout, ctc_weight=args.ctc_weight)
     except (FileNotFoundError, DamagedCheckpoint, PlanError) as exc:
         print(str(exc), file=sys.stderr)
         return 2

@@ -112,19 +112,32 @@ def test_audiollm_exact_resume_with_the_real_loader(corpus, tp2_straight, tmp_pa
 
 @pytest.mark.multiprocess
 def test_audiollm_eval_reshards_tp2_to_one_process_and_scores_wer(tp2_straight):
-    """`audiollm eval RUN_DIR` on the TP=2 run: one process loads the last checkpoint at
-    TP=1, reproduces the training's final validation loss and greedy-decodes every
-    validation utterance for a word error rate."""
+    """`audiollm eval RUN_DIR --ctc-weight 0.5` on the TP=2 run (trained with the CTC loss,
+    so its adapter has the head): one process loads the last checkpoint at TP=1,
+    reproduces the training's final validation loss and decodes every validation
+    utterance with joint CTC/attention scores for a word error rate."""
     run_dir, straight = tp2_straight
     proc = subprocess.run([sys.executable, "-c", "import sys; from orchestrator.cli import main; "
-                           f"sys.exit(main(['eval', {str(run_dir)!r}]))"],
+                           f"sys.exit(main(['eval', {str(run_dir)!r}, '--ctc-weight', '0.5']))"],
                           capture_output=True, text=True, timeout=300, cwd=REPO,
                           env={**os.environ, "PYTHONPATH": str(REPO), "PYTHONWARNINGS": "ignore"})
     assert proc.returncode == 0, proc.stdout + proc.stderr
     evaluated = json.loads((run_dir / "eval" / f"step_{ITERS:06d}.json").read_text())
     assert evaluated["val_loss"] == pytest.approx(straight["eval"]["val_loss"], abs=1e-5)
     assert evaluated["wer/utterances"] == VAL_SAMPLES
+    assert evaluated["eval_generation_ctc_weight"] == 0.5  # the command's, not the recipe's 0.3
     # One validation set: the pooled WER is that set's. (12 steps on transcripts that do
     # not follow the audio cannot transcribe: the WER of a model that does, and of one
     # that outputs nothing, is checked in tests/models/test_generate.py.)
     assert evaluated["wer/tones_val"] == evaluated["wer/all"]
+
+
+def test_audiollm_eval_refuses_joint_ctc_decoding_of_a_model_without_the_head(corpus, tmp_path, capsys):
+    """Before anything is loaded, naming both weights."""
+    from orchestrator.train.evaluate import main
+
+    no_head = write_audiollm_run_dir(tmp_path / "no_head", corpus,
+                                     extra=["model.adapter.ctc_weight=0", "train.eval_generation_ctc_weight=0"])
+    assert main([str(no_head), "--ctc-weight", "0.3"]) == 2
+    err = capsys.readouterr().err
+    assert "--ctc-weight 0.3" in err and "model.adapter.ctc_weight > 0 (its is 0.0)" in err, err
