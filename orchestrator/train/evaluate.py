@@ -122,6 +122,12 @@ def evaluate_run(run_dir: str | Path, checkpoint: Optional[str | Path] = None,
         plan = single_rank_plan(plan)
     elif layout is not None:
         plan = plan_at_layout(plan, *layout, world_size=int(os.environ["WORLD_SIZE"]))
+    joint = float(plan.section("train").get("eval_generation_ctc_weight", 0.0))
+    head = float(plan.section("model").get("adapter", {}).get("ctc_weight", 0.0))
+    if plan.pp > 1 and joint > 0 and head > 0:
+        raise PlanError(f"joint CTC/attention decoding (train.eval_generation_ctc_weight={joint}) runs at pipeline "
+                        f"size 1: the CTC head is on the first stage and the tokens are chosen on the last "
+                        f"(got pp {plan.pp}); evaluate at --pp 1 or pass --ctc-weight 0")
     rank = int(os.environ["RANK"])
     setup_logging(rank)
     try:

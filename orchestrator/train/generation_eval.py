@@ -70,11 +70,15 @@ class GenerationEvaluation:
             self._warned = True
             return {}
         model = trainer.unwrapped[0]
+        # Joint CTC/attention decoding needs the CTC head (validation warns where the model
+        # has none) and runs at pipeline size 1 (`audiollm eval --pp` refuses it).
+        adapter = getattr(model, "adapter", None)
+        ctc_weight = self.ctc_weight if getattr(adapter, "ctc_head", None) is not None else 0.0
         was_training = model.training
         model.eval()
         try:
             report = evaluate_generation(model, self.loaders, self.tokenizer, max_new_tokens=self.max_new_tokens,
-                                         max_batches=self.max_batches, ctc_weight=self.ctc_weight,
+                                         max_batches=self.max_batches, ctc_weight=ctc_weight,
                                          share=(ps.get_context_parallel_rank(), ps.get_context_parallel_world_size()))
         finally:
             model.train(was_training)

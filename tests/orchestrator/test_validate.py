@@ -102,8 +102,6 @@ INVALID = [
                  ["model.adapter.ctc_weight=0.3", "parallel.pp=1 (got 2)"], id="ctc_with_pipeline_parallel"),
     pytest.param(["train.eval_generation_ctc_weight=1.5"], "ctc", ["train.eval_generation_ctc_weight=1.5", "[0, 1]"],
                  id="joint_ctc_weight_above_one"),
-    pytest.param(["train.eval_generation_ctc_weight=0.3", "model.adapter.ctc_weight=0"], "ctc",
-                 ["train.eval_generation_ctc_weight=0.3", "model.adapter.ctc_weight=0.0"], id="joint_ctc_without_the_head"),
     pytest.param(["data.demo_corpus_samples=0"], "data", ["data.demo_corpus_samples=0", "data.demo_corpus="],
                  id="empty_demo_corpus"),
     pytest.param(["launcher.kind=k8s"], "launcher", ["launcher.kind='k8s'"], id="unknown_launcher"),
@@ -198,6 +196,14 @@ def test_too_few_microbatches_for_the_pipeline_is_a_warning():
     findings = [f for f in validate(cfg) if f.rule == "pipeline_bubble"]
     assert [f.severity for f in findings] == ["warning"]
     assert "1 micro-batches" in findings[0].message and "parallel.pp (2)" in findings[0].message
+
+
+def test_joint_ctc_decoding_of_a_model_without_the_ctc_head_is_a_warning():
+    cfg = to_object(compose(["+recipe=tiny_cpu", "model.adapter.ctc_weight=0"]))
+    assert cfg.train.eval_generation_ctc_weight > 0  # the recipe's
+    findings = [f for f in validate(cfg, "train") if f.rule == "ctc"]
+    assert [f.severity for f in findings] == ["warning"]
+    assert "has no effect" in findings[0].message and "model.adapter.ctc_weight=0.0" in findings[0].message
 
 
 def test_generation_inside_training_runs_at_tp_pp_cp_and_warns_only_with_virtual_pipeline_chunks():
