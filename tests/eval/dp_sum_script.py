@@ -57,7 +57,8 @@ def main() -> None:
     asr.evaluate_generation = answered
     loaders = {name: Share(m, refs, hyps, rank, size) for name, (m, refs, hyps) in ANSWERS.items()}
     hook = GenerationEvaluation(loaders, _tokenizer_dir(),
-                                SimpleNamespace(eval_generation_batches=0, eval_generation_max_new_tokens=8))
+                                SimpleNamespace(eval_generation_batches=0, eval_generation_max_new_tokens=8,
+                                                eval_generation_ctc_weight=0.0))
     trainer = SimpleNamespace(unwrapped=[torch.nn.Linear(1, 1)], rank=rank, device=torch.device("cpu"))
     reduced = hook(trainer, step=1)
     whole = metric_values({name: metrics.statistics(m, refs, hyps) for name, (m, refs, hyps) in ANSWERS.items()},
