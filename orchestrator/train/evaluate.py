@@ -3,7 +3,7 @@ exact match or BLEU of greedy decoding, orchestrator/train/generation_eval.py) p
 dataset, whatever the run's train.eval_generation. Writes <run_dir>/eval/<checkpoint name>.json
 (rank 0), with the joint CTC weight it decoded at.
 
-    audiollm eval RUN_DIR [--checkpoint DIR] [--ctc-weight W]
+    audiollm eval RUN_DIR [--checkpoint DIR] [--ctc-weight W] [--examples N]
         one process: the checkpoint is loaded resharded to TP=PP=1 (dist_checkpointing
         reshards on load), so any run can be evaluated without its cluster layout;
     audiollm eval RUN_DIR --tp 2 [--pp P] [--cp C] [--gpus N]
@@ -14,6 +14,8 @@ dataset, whatever the run's train.eval_generation. Writes <run_dir>/eval/<checkp
 
 --ctc-weight W decodes with joint CTC/attention scores at weight W (the run's
 train.eval_generation_ctc_weight otherwise; 0: the decoder alone).
+--examples N also writes the first N (reference, answer) pairs of each validation
+dataset into the JSON (those rank 0 decoded: its data- and context-parallel share).
 """
 
 from __future__ import annotations
@@ -86,11 +88,12 @@ def _single_process_env() -> None:
 
 def evaluate_run(run_dir: str | Path, checkpoint: Optional[str | Path] = None,
                  components_factory: Optional[Callable] = None, layout: Optional[Tuple[int, int, int]] = None,
-                 ctc_weight: Optional[float] = None) -> dict:
+                 ctc_weight: Optional[float] = None, examples: int = 0) -> dict:
     """`components_factory`: as orchestrator.train.entry.make_trainer's (the AudioLLM's by
     default). `layout` (tp, pp, cp): evaluate at it, on this process group's ranks (the
     rest data parallel); None: one process, or the run's own layout under torchrun.
-    `ctc_weight`: train.eval_generation_ctc_weight for this evaluation (None: the run's)."""
+    `ctc_weight`: train.eval_generation_ctc_weight for this evaluation (None: the run's).
+    `examples`: (reference, answer) pairs per dataset to write into the JSON."""
     from orchestrator.runtime.distributed import shutdown
     from orchestrator.train import checkpoint as ckpt
     from orchestrator.train.entry import make_trainer, setup_logging
@@ -98,12 +101,13 @@ def evaluate_run(run_dir: str | Path, checkpoint: Optional[str | Path] = None,
 
     run_dir = Path(run_dir)
     plan = load_run_plan(run_dir)
+    trained_ctc = float(plan.section("model").get("adapter", {}).get("ctc_weight", 0.0))
+    head = trained_ctc > 0  # the model has the CTC head
     if ctc_weight is not None:
-        head = float(plan.section("model").get("adapter", {}).get("ctc_weight", 0.0))
-        if not 0 <= ctc_weight <= 1 or (ctc_weight > 0 and head <= 0):
+        if not 0 <= ctc_weight <= 1 or (ctc_weight > 0 and not head):
             raise PlanError(f"--ctc-weight {ctc_weight}: joint CTC/attention decoding takes a weight within [0, 1] and "
                             f"the adapter's CTC head, which the run's model has only when trained with "
-                            f"model.adapter.ctc_weight > 0 (its is {head}); use --ctc-weight 0")
+                            f"model.adapter.ctc_weight > 0 (its is {trained_ctc}); use --ctc-weight 0")
         plan.config["train"]["eval_generation_ctc_weight"] = ctc_weight
     path = Path(checkpoint) if checkpoint else ckpt.latest_checkpoint(run_dir)
     if path is None or not path.is_dir():
@@ -122,9 +126,9 @@ def evaluate_run(run_dir: str | Path, checkpoint: Optional[str | Path] = None,
         plan = single_rank_plan(plan)
     elif layout is not None:
         plan = plan_at_layout(plan, *layout, world_size=int(os.environ["WORLD_SIZE"]))
-    joint = float(plan.section("train").get("eval_generation_ctc_weight", 0.0))
-    head = float(plan.section("model").get("adapter", {}).get("ctc_weight", 0.0))
-    if plan.pp > 1 and joint > 0 and head > 0:
+    # The weight decoded at: without the head, the decoder alone (generation_eval).
+    joint = float(plan.section("train").get("eval_generation_ctc_weight", 0.0)) if head else 0.0
+    if plan.pp > 1 and joint > 0:
         raise PlanError(f"joint CTC/attention decoding (train.eval_generation_ctc_weight={joint}) runs at pipeline "
                         f"size 1: the CTC head is on the first stage and the tokens are chosen on the last "
                         f"(got pp {plan.pp}); evaluate at --pp 1 or pass --ctc-weight 0")
@@ -133,12 +137,16 @@ def evaluate_run(run_dir: str | Path, checkpoint: Optional[str | Path] = None,
     try:
         trainer = make_trainer(run_dir, components_factory, plan=plan, training=False)
         ckpt.load_model_weights(path, trainer.chunks)
+        generation = trainer.components.generation_eval if examples else None
+        if generation is not None:
+            generation.examples = examples
         results = trainer.evaluate()
         if rank == 0:
             out = run_dir / "eval" / f"{path.name}.json"
             out.parent.mkdir(exist_ok=True)
-            decoding = {"eval_generation_ctc_weight": float(plan.section("train").get("eval_generation_ctc_weight", 0.0))}
-            write_text_atomic(out, json.dumps({"checkpoint": path.name, **decoding, **results}, indent=1) + "\n")
+            shown = {"examples": generation.last_examples} if generation is not None else {}
+            write_text_atomic(out, json.dumps({"checkpoint": path.name, "eval_generation_ctc_weight": joint, **results,
+                                               **shown}, indent=1) + "\n")
             print(" | ".join(f"{k} {v:.4f}" for k, v in results.items()), flush=True)
     finally:
         shutdown()
@@ -168,6 +176,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--ctc-weight", type=float, default=None,
                         help="joint CTC/attention decoding at this weight (default: the run's "
                              "train.eval_generation_ctc_weight; 0: the decoder alone)")
+    parser.add_argument("--examples", type=int, default=0,
+                        help="also write the first N (reference, answer) pairs of each validation dataset into the JSON")
     argv = list(sys.argv[1:] if argv is None else argv)
     args = parser.parse_args(argv)
     layout = None
@@ -181,7 +191,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         if processes > 1 and "WORLD_SIZE" not in os.environ:
             return _launch(argv, processes)
     try:
-        evaluate_run(args.run_dir, args.checkpoint, layout=layout, ctc_weight=args.ctc_weight)
+        evaluate_run(args.run_dir, args.checkpoint, layout=layout, ctc_weight=args.ctc_weight, examples=args.examples)
     except (FileNotFoundError, DamagedCheckpoint, PlanError) as exc:
         print(str(exc), file=sys.stderr)
         return 2

@@ -56,6 +56,10 @@ class GenerationEvaluation:
         self.max_batches = int(train_cfg.eval_generation_batches) or None
         self.max_new_tokens = int(train_cfg.eval_generation_max_new_tokens)
         self.ctc_weight = float(train_cfg.eval_generation_ctc_weight)
+        # `audiollm eval --examples N`: keep this rank's first N (reference, answer) pairs
+        # of each dataset from the last call, in `last_examples`.
+        self.examples = 0
+        self.last_examples: Dict[str, list] = {}
         self._warned = False
 
     def __call__(self, trainer, step: int) -> Dict[str, float]:
@@ -78,10 +82,11 @@ class GenerationEvaluation:
         model.eval()
         try:
             report = evaluate_generation(model, self.loaders, self.tokenizer, max_new_tokens=self.max_new_tokens,
-                                         max_batches=self.max_batches, ctc_weight=ctc_weight,
+                                         max_batches=self.max_batches, ctc_weight=ctc_weight, examples=self.examples,
                                          share=(ps.get_context_parallel_rank(), ps.get_context_parallel_world_size()))
         finally:
             model.train(was_training)
+        self.last_examples = {n: report[n]["examples"] for n in self.loaders if "examples" in report[n]}
         # One flat vector of every dataset's statistics in its metric's order: the same
         # layout on every rank (same datasets, same metrics).
         layout = [(n, k) for n in self.loaders for k in metrics.statistic_names(self.metric[n])]

@@ -112,13 +112,14 @@ def test_audiollm_exact_resume_with_the_real_loader(corpus, tp2_straight, tmp_pa
 
 @pytest.mark.multiprocess
 def test_audiollm_eval_reshards_tp2_to_one_process_and_scores_wer(tp2_straight):
-    """`audiollm eval RUN_DIR --ctc-weight 0.5` on the TP=2 run (trained with the CTC loss,
-    so its adapter has the head): one process loads the last checkpoint at TP=1,
-    reproduces the training's final validation loss and decodes every validation
-    utterance with joint CTC/attention scores for a word error rate."""
+    """`audiollm eval RUN_DIR --ctc-weight 0.5 --examples 3` on the TP=2 run (trained with
+    the CTC loss, so its adapter has the head): one process loads the last checkpoint at
+    TP=1, reproduces the training's final validation loss, decodes every validation
+    utterance with joint CTC/attention scores for a word error rate and writes the first
+    three (reference, answer) pairs."""
     run_dir, straight = tp2_straight
     proc = subprocess.run([sys.executable, "-c", "import sys; from orchestrator.cli import main; "
-                           f"sys.exit(main(['eval', {str(run_dir)!r}, '--ctc-weight', '0.5']))"],
+                           f"sys.exit(main(['eval', {str(run_dir)!r}, '--ctc-weight', '0.5', '--examples', '3']))"],
                           capture_output=True, text=True, timeout=300, cwd=REPO,
                           env={**os.environ, "PYTHONPATH": str(REPO), "PYTHONWARNINGS": "ignore"})
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -126,6 +127,8 @@ def test_audiollm_eval_reshards_tp2_to_one_process_and_scores_wer(tp2_straight):
     assert evaluated["val_loss"] == pytest.approx(straight["eval"]["val_loss"], abs=1e-5)
     assert evaluated["wer/utterances"] == VAL_SAMPLES
     assert evaluated["eval_generation_ctc_weight"] == 0.5  # the command's, not the recipe's 0.3
+    (name, pairs), = evaluated["examples"].items()  # --examples 3: the first 3 (reference, answer) pairs
+    assert name == "tones_val" and len(pairs) == 3 and all(isinstance(ref, str) and ref for ref, _ in pairs), pairs
     # One validation set: the pooled WER is that set's. (12 steps on transcripts that do
     # not follow the audio cannot transcribe: the WER of a model that does, and of one
     # that outputs nothing, is checked in tests/models/test_generate.py.)
