@@ -19,7 +19,7 @@ FAILs. Checks:
               fp32 (HF's eager forward: the reference) vs bf16 (SDPA), with the bf16
               output's relative difference against fp32 (bound ENCODER_BF16_BOUND); and the
               log-mel the step computes on the GPU from waveforms (data.features_on=device,
-              as the GPU recipes set it) against the host's, within 1e-5, ms per clip.
+              as the GPU recipes set it) against the host's (bound FEATURES_BOUND), ms per clip.
 Every model is built from the config keys a user sets (model.backend, model.attention):
 with TransformerEngine the fast rows are backend te + attention flex; without it,
 backend local + attention flex (a configuration users run where TE is not installed),
@@ -73,6 +73,15 @@ PARITY_SEQ = 64
 BOUNDS = {"bf16": dict(logits=0.1, loss=0.02, grad=0.05), "fp32": dict(logits=1e-4, loss=1e-5, grad=1e-4)}
 
 CHECKS = {"parity", "lora", "recompiles", "throughput", "encoder", "fp8"}
+# The log-mel on the GPU against the host's: both take fp32 STFTs of 400 samples, by
+# different FFT algorithms (cuFFT, pocketfft); each bin's error is ~ eps32 x sqrt(log2 400)
+# ~ 2e-7 of its frame's norm. Whisper's scaling floors every clip at 8 decades below its
+# peak mel power, so the weakest value that counts has an amplitude ~1e-4 of the peak's:
+# there the power's relative error is up to 2 x 2e-7 / 1e-4 = 4e-3, i.e. 4e-3 / ln 10 / 4
+# ~ 4e-4 after log10 and (x + 4) / 4. Bound 5e-4 (the first GPU gave 2.3e-5; 1e-5, set
+# before any GPU ran, was beyond fp32's reach). The encoder's bf16 input rounds values
+# near 1 by up to 2^-9 ~ 2e-3 anyway.
+FEATURES_BOUND = 5e-4
 MFU_GOAL = 0.45
 # whisper-large-v3's encoder in bf16 against fp32 (relative Frobenius norm of the last
 # hidden state): each bf16 rounding is off by up to 2^-9 ~ 2e-3 relative; 32 layers of
@@ -620,10 +629,12 @@ def check_device_features(table: Table, dry_run: bool):
             mel.batch_features(batch, device)
         sync()
         ms = (time.perf_counter() - t0) / 5 / len(clips) * 1e3
-        diff = float((made.cpu() - host).abs().max())
+        gap = (made.cpu() - host).abs()
+        diff = float(gap.max())
         table.add("features_device", f"log-mel on {device} ({bins} bins, {window // 100}-s window)",
-                  f"max |device - host| {diff:.1e}; {ms:.2f} ms per clip (batch {len(clips)}, transfer included)",
-                  "<= 1e-5", _ok(bool(torch.isfinite(made).all()) and diff <= 1e-5))
+                  f"max |device - host| {diff:.1e}, mean {float(gap.mean()):.1e}; {ms:.2f} ms per clip "
+                  f"(batch {len(clips)}, transfer included)",
+                  f"<= {FEATURES_BOUND:g}", _ok(bool(torch.isfinite(made).all()) and diff <= FEATURES_BOUND))
     except Exception as exc:
         traceback.print_exc()
         table.add("features_device", "-", f"error: {type(exc).__name__}: {exc}"[:160], "-", "FAIL")

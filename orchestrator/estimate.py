@@ -71,8 +71,7 @@ class StageParams:
     by_component: dict[str, int] = field(default_factory=dict)
     trainable: int = 0
     frozen: int = 0
-    fp32: int = 0  # parameters kept in fp32 (the adapter; the encoder, unless it runs in bf16)
-    fp32_trainable: int = 0
+    fp32: int = 0  # parameters kept in fp32 beside a bf16 decoder (a frozen encoder at precision=fp32)
 
     @property
     def total(self) -> int:
@@ -113,9 +112,9 @@ def stage_params(inventory: list[ParamSpec], model: ModelConfig, parallel: Paral
                  encoder_fp32: bool = True) -> list[StageParams]:
     """Per-rank parameter counts for each pipeline stage. The encoder, adapter and word
     embeddings live on the first stage; the final norm (and, when embeddings are tied and
-    pp > 1, megatron's copy of the embedding as output layer) on the last. The adapter's
-    weights are fp32 (models.audiollm.build_audiollm); `encoder_fp32`: the encoder's are
-    too (kernels.encoder_precision), else in the compute dtype."""
+    pp > 1, megatron's copy of the embedding as output layer) on the last. Weights are in
+    the compute dtype (models.audiollm.build_audiollm), but `encoder_fp32`: the encoder's
+    are fp32 (kernels.encoder_precision; a trained one never is beside a bf16 decoder)."""
     pp, tp = parallel.pp, parallel.tp
     stages = [StageParams(stage=s) for s in range(pp)]
 
@@ -126,9 +125,8 @@ def stage_params(inventory: list[ParamSpec], model: ModelConfig, parallel: Paral
             stage.trainable += n
         else:
             stage.frozen += n
-        if spec.component == "adapter" or (spec.component == "encoder" and encoder_fp32):
+        if spec.component == "encoder" and encoder_fp32:
             stage.fp32 += n
-            stage.fp32_trainable += n if spec.trainable else 0
 
     for spec in inventory:
         if spec.layer is not None:
@@ -176,27 +174,30 @@ def decoder_layer_activation_bytes(model: ModelConfig, parallel: ParallelConfig,
     return stream + attention_bytes + mlp
 
 
-def encoder_activation_bytes(model: ModelConfig, clips: int, frames: int) -> float:
-    """Bytes saved for backward by the trainable fp32 Whisper encoder (HF's eager attention)
-    for `clips` clips of `frames` positions: per layer 8 [frames, d] tensors (norm inputs,
-    Q, K, V, context, projections), 2 [frames, ffn] and the attention probabilities; then
-    the log-mel input and the two convolutions' inputs and outputs."""
+def encoder_activation_bytes(model: ModelConfig, clips: int, frames: int, dtype_bytes: int = 4) -> float:
+    """Bytes saved for backward by a trainable Whisper encoder for `clips` clips of `frames`
+    positions: per layer 8 [frames, d] tensors (norm inputs, Q, K, V, context,
+    projections), 2 [frames, ffn] and the attention's own: in fp32 (HF's eager attention)
+    the probabilities, in bf16 (SDPA's fused kernels on a GPU) one fp32 log-sum-exp per
+    row; then the log-mel input and the two convolutions' inputs and outputs."""
     enc = model.encoder
     s, d, f, a = frames, enc.d_model, enc.ffn_dim, enc.num_heads
-    per_layer = (8 * s * d + 2 * s * f + a * s * s) * 4 * clips
-    front = (enc.num_mel_bins * 2 * s + 2 * d * 2 * s + d * s) * 4 * clips
+    attention = a * s * s * 4 if dtype_bytes == 4 else a * s * 4
+    per_layer = ((8 * s * d + 2 * s * f) * dtype_bytes + attention) * clips
+    front = (enc.num_mel_bins * 2 * s + 2 * d * 2 * s + d * s) * dtype_bytes * clips
     return per_layer * enc.num_layers + front
 
 
 def adapter_activation_bytes(model: ModelConfig, clips: int, frames: int, encoder_bytes: int,
-                             encoder_trains: bool) -> tuple[float, float]:
+                             encoder_trains: bool, adapter_bytes: int = 4) -> tuple[float, float]:
     """(kept for the backward, transient) bytes of the adapter (models.speech.AudioAdapter)
     for `clips` clips of `frames` encoder frames. Its learned mix of the encoder's layer
     outputs keeps every one of them, as the encoder made them, for the mix weights'
     gradient (kept anyway when the encoder trains), and while it sums or reads one it holds
-    an fp32 copy and a product. Then five fp32 tensors of the clips' size (as the full-size
-    probe counts them): the mix, the frames stacked for the first linear, its output, the
-    activation's output and what the second linear reads. With the auxiliary
+    an fp32 copy and a product. Then five tensors of the clips' size in the adapter's dtype
+    (`adapter_bytes`; as the full-size probe counts them): the mix, the frames stacked for
+    the first linear, its output, the activation's output and what the second linear
+    reads. With the auxiliary
     CTC loss (model.adapter.ctc_weight), its head's fp32 log-probabilities over the
     vocabulary and their padded copy. Nothing is kept for a frozen adapter."""
     if model.adapter.freeze:
@@ -209,7 +210,7 @@ def adapter_activation_bytes(model: ModelConfig, clips: int, frames: int, encode
     if float(model.adapter.ctc_weight) > 0:  # the CTC head's log-probabilities, and their padded copy
         tokens = clips * (frames // model.adapter.frame_stack)
         ctc = 2 * tokens * (model.decoder.vocab_size + 1) * 4
-    return mix + 5 * elements * 4 + ctc, transient
+    return mix + 5 * elements * adapter_bytes + ctc, transient
 
 
 def loss_peak_bytes(logits: float, dtype_bytes: int) -> float:
@@ -336,17 +337,19 @@ def memory_by_stage(cfg: AudioLLMConfig, stages: list[StageParams], dp: int,
         transient = 0.0
     vpp = parallel.vpp if pp > 1 else None
     encoder_trains = not model.encoder.freeze or (cfg.lora.rank > 0 and cfg.lora.encoder)
-    encoder_bytes = 4 if encoder_precision(model.encoder.precision, low_precision, encoder_trains) == "fp32" else 2
+    encoder_bytes = 4 if encoder_precision(model.encoder.precision, low_precision) == "fp32" else 2
     clips = clips_per_row(cfg) * optim.micro_batch_size
     frames = encoder_frame_count(_mel_frames(cfg))
-    adapter_kept, adapter_transient = adapter_activation_bytes(model, clips, frames, encoder_bytes, encoder_trains)
-    first_stage = adapter_kept + (encoder_activation_bytes(model, clips, frames) if encoder_trains else 0.0)
+    adapter_kept, adapter_transient = adapter_activation_bytes(model, clips, frames, encoder_bytes, encoder_trains,
+                                                               weight_bytes)
+    first_stage = adapter_kept + (encoder_activation_bytes(model, clips, frames, encoder_bytes) if encoder_trains
+                                  else 0.0)
     estimates = []
     for stage in stages:
         weights = (stage.total - stage.fp32) * weight_bytes + stage.fp32 * 4
         grads = stage.trainable * 4
-        # fp32 main weights for the optimizer where the weights themselves are not fp32
-        master = 4 * (stage.trainable - stage.fp32_trainable) if low_precision else 0
+        # fp32 main weights for the optimizer where the weights are bf16 (all that train)
+        master = 4 * stage.trainable if low_precision else 0
         optimizer = (stage.trainable * 8 + master) / shard
         # each model chunk holds its share of the stage's layers; the first stage's first
         # chunk also the encoder side

@@ -28,16 +28,17 @@ def attention_kernel(choice: str, on_gpu: bool) -> str:
 ENCODER_PRECISIONS = ("auto", "fp32", "bf16")
 
 
-def encoder_precision(choice: str, on_gpu: bool, trainable: bool) -> str:
+def encoder_precision(choice: str, on_gpu: bool) -> str:
     """`model.encoder.precision` -> "fp32" (HF's eager attention: the reference) or "bf16"
-    (bf16 weights, PyTorch's scaled_dot_product_attention). auto: bf16 for a frozen
-    encoder on a GPU (about 2.3 TFLOP per 30-s clip of whisper-large-v3, ~5 clips per
-    2048-token row: fp32 eager would weigh on every step), fp32 otherwise (a trained
-    encoder keeps fp32 weights; CPUs have no bf16 speed-up)."""
+    (bf16 weights, PyTorch's scaled_dot_product_attention). auto: bf16 on a GPU (a frozen
+    whisper-large-v3 is about 2.3 TFLOP per 30-s clip, ~5 clips per 2048-token row: fp32
+    eager would weigh on every step; a trained encoder's fp32 master weights live in
+    megatron's bf16 optimizer, which holds and checkpoints only parameters of the compute
+    dtype), fp32 on a CPU (no bf16 speed-up there)."""
     if choice not in ENCODER_PRECISIONS:
         raise ValueError(f"model.encoder.precision={choice!r} is not one of {ENCODER_PRECISIONS}")
     if choice == "auto":
-        return "bf16" if on_gpu and not trainable else "fp32"
+        return "bf16" if on_gpu else "fp32"
     return choice
 
 

@@ -100,8 +100,7 @@ DECIDED_AT_START = {
 
 def encoder_precision_of(cfg: AudioLLMConfig) -> str:
     """model.encoder.precision on the planned accelerator (orchestrator/kernels.py)."""
-    trainable = not cfg.model.encoder.freeze or (cfg.lora.rank > 0 and cfg.lora.encoder)
-    return encoder_precision(cfg.model.encoder.precision, cfg.launcher.accelerator == "gpu", trainable)
+    return encoder_precision(cfg.model.encoder.precision, cfg.launcher.accelerator == "gpu")
 
 
 def model_extensions(cfg: AudioLLMConfig) -> dict[str, Any]:

@@ -407,6 +407,20 @@ def check_init_checkpoint(model: ModelConfig, lora: LoraConfig) -> Iterator[Find
                                       f"(model.encoder.freeze=false, lora=none)")
 
 
+def check_trained_encoder_precision(model: ModelConfig, lora, launcher: LauncherConfig) -> Iterator[Finding]:
+    """A GPU run trains in bf16: megatron's bf16 optimizer keeps the fp32 master weights of
+    bf16 parameters and holds and checkpoints no fp32 ones, so an encoder that trains
+    (unfrozen, or adapted by LoRA) cannot be kept in fp32 there."""
+    trains = not model.encoder.freeze or (lora.rank > 0 and lora.encoder)
+    if model.encoder.precision == "fp32" and trains and launcher.accelerator == "gpu":
+        how = "model.encoder.freeze=false" if not model.encoder.freeze else f"lora.encoder=true (lora.rank={lora.rank})"
+        yield _error("encoder_precision",
+                     f"model.encoder.precision=fp32 with a trained encoder ({how}) on launcher.accelerator=gpu: a GPU "
+                     f"run trains in bf16, and megatron's bf16 optimizer keeps fp32 master weights of bf16 "
+                     f"parameters only; use model.encoder.precision=auto (bf16 on GPUs), or freeze the encoder "
+                     f"to keep it in fp32")
+
+
 def check_backend(model: ModelConfig, launcher: LauncherConfig) -> Iterator[Finding]:
     yield from _one_of("backend", "model.backend", model.backend, ("local", "te"))
     if model.backend == "te" and launcher.accelerator == "cpu":
@@ -740,6 +754,7 @@ def validate(cfg: AudioLLMConfig, purpose: str = "plan") -> list[Finding]:
         lambda: check_decoder(m),
         lambda: check_encoder(m),
         lambda: check_backend(m, l),
+        lambda: check_trained_encoder_precision(m, cfg.lora, l),
         lambda: check_init_checkpoint(m, cfg.lora),
         lambda: check_data(cfg.data, m, purpose),
         lambda: check_packing(cfg.data, cfg.optim),

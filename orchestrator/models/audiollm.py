@@ -137,12 +137,15 @@ def build_audiollm(model_cfg, parallel_cfg, pre_process: bool = True, post_proce
                    on_gpu: Optional[bool] = None, attention: Optional[str] = None,
                    **config_overrides) -> AudioLLM:
     """Build this rank's AudioLLM chunk from the `model` and `parallel` config sections.
-    Call after `init_distributed` (megatron's parallel state must exist). The encoder
-    and adapter are fp32 whatever `params_dtype` the decoder uses. The attention kernel
-    is `model.attention` on this machine (orchestrator.kernels: auto is flex on CUDA);
-    `core_attention` (a class) replaces it for the tests' known-mistake controls only.
-    `encoder_lora`: LoRA will adapt the encoder (lora.encoder), which then trains in fp32
-    under model.encoder.precision=auto. `on_gpu`: built for a GPU (this machine's
+    Call after `init_distributed` (megatron's parallel state must exist). Every parameter
+    that can train is in `params_dtype`: megatron's bf16 optimizer keeps their fp32 master
+    weights, and its checkpoints hold only parameters of the compute dtype (a trained fp32
+    adapter beside a bf16 decoder failed the first save on a GPU). The adapter's layer mix
+    sums in fp32; only a frozen encoder can stay in fp32 (model.encoder.precision=fp32).
+    The attention kernel is `model.attention` on this machine (orchestrator.kernels: auto
+    is flex on CUDA); `core_attention` (a class) replaces it for the tests' known-mistake
+    controls only. `encoder_lora`: LoRA will adapt the encoder (lora.encoder), which then
+    trains. `on_gpu`: built for a GPU (this machine's
     answer unless given; the full-size probe builds for a GPU on CPU); `attention`: the
     kernel decided for it (orchestrator.runtime.machine.decide; model.attention on
     `on_gpu` unless given)."""
@@ -167,11 +170,15 @@ def build_audiollm(model_cfg, parallel_cfg, pre_process: bool = True, post_proce
     encoder = adapter = None
     if pre_process:
         trainable = not model_cfg.encoder.freeze or encoder_lora
-        encoder = build_whisper_encoder(model_cfg.encoder, encoder_precision(
-            getattr(model_cfg.encoder, "precision", "auto"), on_gpu, trainable))
+        precision = encoder_precision(getattr(model_cfg.encoder, "precision", "auto"), on_gpu)
+        if trainable and precision == "fp32" and params_dtype != torch.float32:
+            raise ValueError(f"a trained encoder in fp32 beside a {params_dtype} decoder: megatron's "
+                             f"{params_dtype} optimizer holds and checkpoints only {params_dtype} parameters; set "
+                             f"model.encoder.precision=auto (or freeze the encoder)")
+        encoder = build_whisper_encoder(model_cfg.encoder, precision)
         ctc_vocab = dec.vocab_size if float(getattr(model_cfg.adapter, "ctc_weight", 0.0)) > 0 else 0
         adapter = AudioAdapter(model_cfg.encoder.num_layers, model_cfg.encoder.d_model, dec.hidden_size,
-                               model_cfg.adapter.frame_stack, model_cfg.adapter.dropout, ctc_vocab).float()
+                               model_cfg.adapter.frame_stack, model_cfg.adapter.dropout, ctc_vocab).to(params_dtype)
         if model_cfg.adapter.freeze:
             adapter.requires_grad_(False)
         if on_gpu and has_cuda:

@@ -183,10 +183,10 @@ class AudioAdapter(nn.Module):
         self.ctc_head = nn.Linear(hidden_size, ctc_vocab_size + 1) if ctc_vocab_size else None
 
     def mix(self, states: Sequence[torch.Tensor]) -> torch.Tensor:
-        # In fp32 whatever the encoder's precision (a bf16 encoder's states are summed in
-        # fp32 by the fp32 adapter).
+        # Summed in fp32 whatever the encoder's and the adapter's precision, then in the
+        # adapter's dtype (bf16 on GPUs, with the decoder) from the norm on.
         weights = torch.softmax(self.layer_weights.float(), dim=0)
-        return self.norm(_LayerMix.apply(weights, *states))
+        return self.norm(_LayerMix.apply(weights, *states).to(self.norm.weight.dtype))
 
     def forward(self, states: Sequence[torch.Tensor], mel_lengths: Sequence[int],
                 generators: Optional[Sequence[torch.Generator]] = None) -> torch.Tensor:

@@ -62,7 +62,7 @@ def _setup_cuda(sizes: ParallelSizes, allow_tf32: bool) -> None:
                               os.environ.get("CUDA_VISIBLE_DEVICES"))
     torch.cuda.set_device(index)
     if allow_tf32:
-        # fp32 matmuls (the frozen Whisper encoder, the adapter) on TF32 tensor cores:
+        # fp32 matmuls (a frozen Whisper encoder kept in fp32) on TF32 tensor cores:
         # ~7x the fp32 rate on H100, inputs rounded to a 10-bit mantissa, fp32
         # accumulation. cuDNN convolutions use TF32 by default already.
         torch.set_float32_matmul_precision("high")

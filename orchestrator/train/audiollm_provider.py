@@ -53,12 +53,12 @@ def _unwrapped(model: torch.nn.Module) -> torch.nn.Module:
 
 
 class AudioLLMProvider:
-    """Builds AudioLLM chunks (fp32 on CPU; on GPU a bf16 decoder when the plan says
-    bf16, the encoder and adapter always fp32, so the chunk is not wrapped in
-    Float16Module) and runs a loader micro-batch through one."""
+    """Builds AudioLLM chunks (fp32 on CPU; on GPU bf16 when the plan says bf16, built in
+    that dtype rather than wrapped in Float16Module) and runs a loader micro-batch
+    through one."""
 
-    # The AudioLLM keeps its own mixed precision (fp32 encoder/adapter, decoder in
-    # params_dtype): the loop must not cast the whole chunk.
+    # The AudioLLM builds its own precision (a frozen encoder may stay fp32, the
+    # adapter's layer mix sums in fp32): the loop must not cast the whole chunk.
     wrap_float16 = False
 
     def __init__(self, model_cfg, parallel_cfg, *, audio_token_id: int, special_ids=(), lora_rank: int = 0,
