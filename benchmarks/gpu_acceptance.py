@@ -10,6 +10,8 @@ FAILs. Checks:
               gradients of the embedding and the final norm;
   lora        LoRA on the `te` backend trains: loss falls, every base weight bitwise unchanged;
   recompile   flex_attention compiles nothing after warm-up (dynamo's unique_graphs counter);
+  generation  greedy decoding of the tiny AudioLLM built for this machine: the KV-cache
+              path against the uncached one; rows may part only at a near tie;
   throughput  gemma2-2b + whisper-large-v3 + adapter (random weights), LoRA r16, bf16,
               seq 2048, packed speech batches: tokens/s/GPU, MFU, HFU (the project's own
               FLOP counter, orchestrator/step_flops.py), peak memory against
@@ -72,7 +74,7 @@ PARITY_SEQ = 64
 #   yet catch any real mistake (a wrong norm offset, window or cap moves logits by > 1e-2).
 BOUNDS = {"bf16": dict(logits=0.1, loss=0.02, grad=0.05), "fp32": dict(logits=1e-4, loss=1e-5, grad=1e-4)}
 
-CHECKS = {"parity", "lora", "recompiles", "throughput", "encoder", "fp8"}
+CHECKS = {"parity", "lora", "recompiles", "throughput", "generation", "encoder", "fp8"}
 # The log-mel on the GPU against the host's: both take fp32 STFTs of 400 samples, by
 # different FFT algorithms (cuFFT, pocketfft); each bin's error is ~ eps32 x sqrt(log2 400)
 # ~ 2e-7 of its frame's norm. Whisper's scaling floors every clip at 8 decades below its
@@ -550,6 +552,86 @@ def check_throughput(table: Table, name: str, backend: str, attention: str, dry_
     _free()
 
 
+# ---- generation ------------------------------------------------------------------------
+GENERATION_ROWS, GENERATION_TOKENS = 4, 8
+
+
+def check_generation(table: Table, dry_run: bool):
+    """Greedy decoding as validation runs it (train.eval_generation, audiollm eval): the
+    tiny AudioLLM built by the job's own path for this machine (on a GPU: bf16, the
+    flex_attention kernel), random weights, prompts of different lengths with a clip
+    each. The KV-cache path (its own attention over the cache, left padding) against the
+    uncached one (the training forward over the whole sequence, each step). Two paths of
+    different rounding may part only at a near tie: where a row's tokens first differ,
+    the uncached forward's logits of the two tokens must lie within twice the parity
+    logits bound of each other (each path within the bound of exact)."""
+    import torch
+    from orchestrator.compose import compose
+    from orchestrator.models.audiollm import build_audiollm
+    from orchestrator.models.fusion import fuse_audio
+    from orchestrator.models.generate import greedy_generate
+    from orchestrator.model_params import audio_token_count
+    from orchestrator.resolve import to_object
+
+    on_gpu = not dry_run
+    dtype, device = (torch.bfloat16, "cuda") if on_gpu else (torch.float32, "cpu")
+    bound = 2 * BOUNDS["bf16" if on_gpu else "fp32"]["logits"]
+    label = f"tiny AudioLLM, {'bf16 flex' if on_gpu else 'fp32 reference'}"
+    try:
+        obj = to_object(compose(["model=tiny_audiollm", "data.seq_length=256", "data.max_audio_seconds=5",
+                                 f"launcher.accelerator={'gpu' if on_gpu else 'cpu'}"]))
+        torch.manual_seed(0)
+        audio_token_id = 3
+        model = build_audiollm(obj.model, obj.parallel, audio_token_id=audio_token_id, params_dtype=dtype).to(device)
+        with torch.no_grad():  # wider than the init (as hf_tiny_gemma2): every position and token moves the logits
+            for name, param in model.named_parameters():
+                param.copy_(torch.randn(param.shape, generator=torch.Generator().manual_seed(len(name)))
+                            .mul_(0.5 if "norm" in name else 0.15))
+        enc = obj.model.encoder
+        window = 2 * enc.max_source_positions
+        gen = torch.Generator().manual_seed(1)
+        mel_lengths = [window - 37 * i for i in range(GENERATION_ROWS)]
+        prompts = []
+        for i, n in enumerate(mel_lengths):
+            text = torch.randint(10, obj.model.decoder.vocab_size, (3 + 2 * i,), generator=gen).tolist()
+            prompts.append([2, *text[:2], *[audio_token_id] * audio_token_count(n, obj.model.adapter.frame_stack),
+                            *text[2:]])
+        features = torch.randn(GENERATION_ROWS, enc.num_mel_bins, window, generator=gen)
+        common = dict(stop_ids=[-5], max_new_tokens=GENERATION_TOKENS, pad_id=0)  # no stop id: every token decoded
+        with torch.no_grad():
+            cached = greedy_generate(model, prompts, features, mel_lengths, use_cache=True, **common)
+            plain = greedy_generate(model, prompts, features, mel_lengths, use_cache=False, **common)
+            # The uncached forward's logits over each prompt and its uncached tokens.
+            lm = model.language_model
+            width = max(len(p) for p in prompts) + GENERATION_TOKENS
+            ids = torch.zeros(GENERATION_ROWS, width, dtype=torch.long)
+            for i, (p, t) in enumerate(zip(prompts, plain)):
+                ids[i, :len(p) + len(t)] = torch.tensor(p + t)
+            ids = ids.to(device)
+            audio = model.audio_embeddings(features.to(device), mel_lengths)
+            embeddings = fuse_audio(lm.embed_tokens(ids), ids, audio, audio_token_id)
+            positions = torch.arange(width, device=device)[None].expand(GENERATION_ROWS, -1)
+            logits = lm(ids, positions, None, decoder_input=lm.scale_embeddings(embeddings)).float()
+        same, margins = 0, []
+        for i, (c, u) in enumerate(zip(cached, plain)):
+            if c == u:
+                same += 1
+                continue
+            j = next(k for k in range(GENERATION_TOKENS) if c[k] != u[k])
+            row = logits[i, len(prompts[i]) + j - 1]
+            margins.append(float(row[u[j]] - row[c[j]]))
+        print(f"generation: KV cache {cached}; uncached {plain}", flush=True)
+        parted = (f"; rows parted at logit margins {', '.join(f'{m:.2e}' for m in margins)}" if margins else "")
+        table.add("generation", label, f"KV cache vs uncached: {same} of {GENERATION_ROWS} rows identical over "
+                  f"{GENERATION_TOKENS} tokens{parted}", f"parting margin <= {bound:g}",
+                  _ok(all(abs(m) <= bound for m in margins)))
+        del model
+    except Exception as exc:
+        traceback.print_exc()
+        table.add("generation", label, f"error: {type(exc).__name__}: {exc}"[:160], "-", "FAIL")
+    _free()
+
+
 # ---- encoder ---------------------------------------------------------------------------
 def check_encoder(table: Table, dry_run: bool):
     import torch
@@ -646,7 +728,7 @@ def main() -> int:
     parser.add_argument("--dry-run", action="store_true", help="CPU-possible parts only, at tiny size")
     parser.add_argument("--json", type=Path, help="write the rows here")
     parser.add_argument("--only", help="comma-separated checks to run (parity,lora,recompiles,throughput,"
-                                       "encoder,fp8); all by default")
+                                       "generation,encoder,fp8); all by default")
     parser.add_argument("--profile", type=Path, metavar="DIR",
                         help="profile one more throughput step into DIR (op tables, gzipped trace)")
     args = parser.parse_args()
@@ -681,6 +763,8 @@ def main() -> int:
             check_recompiles(table, "local+flex", "local", "flex", dry_run=True)
         if run("throughput"):  # flex_attention has no backward on CPU
             check_throughput(table, *reference, dry_run=True, profile_dir=args.profile)
+        if run("generation"):
+            check_generation(table, dry_run=True)
         if run("encoder"):
             check_encoder(table, dry_run=True)
         if run("fp8"):
@@ -701,6 +785,8 @@ def main() -> int:
             check_recompiles(table, *flex, dry_run=False)
         if run("throughput"):
             check_throughput(table, *flex, dry_run=False, profile_dir=args.profile)
+        if run("generation"):
+            check_generation(table, dry_run=False)
         if run("encoder"):
             check_encoder(table, dry_run=False)
         if run("fp8"):
