@@ -347,6 +347,18 @@ def inventory_check(hf) -> None:
         real = [(n, list(p.shape), p.requires_grad) for n, p in model.named_parameters()]
         analytic = [(i.name, list(i.shape), i.trainable) for i in parameter_inventory(cfg, LoraConfig(), tp=1)]
         report[label] = {"real": sorted(real), "analytic": sorted(analytic)}
+        # Built for a GPU (bf16), here on the CPU: megatron's bf16 optimizer checkpoints only
+        # bf16 parameters, so every one that trains must be bf16.
+        gpu = build_audiollm(cfg, ParallelConfig(tp=1, pp=1), audio_token_id=AUDIO_TOKEN, params_dtype=torch.bfloat16,
+                             on_gpu=True, attention="reference")
+        report[label]["gpu_trained_dtypes"] = sorted({str(p.dtype) for p in gpu.parameters() if p.requires_grad})
+    forced = dataclasses.replace(base, encoder=dataclasses.replace(base.encoder, precision="fp32"))
+    try:
+        build_audiollm(forced, ParallelConfig(tp=1, pp=1), audio_token_id=AUDIO_TOKEN, params_dtype=torch.bfloat16,
+                       on_gpu=True, attention="reference")
+        report["trained_fp32_encoder_on_gpu"] = "built"
+    except ValueError as exc:
+        report["trained_fp32_encoder_on_gpu"] = str(exc)
     if dist.get_rank() == 0:
         print("INVENTORY " + json.dumps(report), flush=True)
 

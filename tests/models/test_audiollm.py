@@ -32,6 +32,20 @@ def test_parameter_inventory_equals_real_model(parity_results, label):
     assert [r for r in real if r not in analytic] == [] and [a for a in analytic if a not in real] == []
 
 
+@pytest.mark.multiprocess
+@pytest.mark.parametrize("label", ["trainable_encoder", "frozen_encoder", "untied_output", "tiny_cpu_recipe"])
+def test_built_for_a_gpu_every_trained_parameter_is_bf16(parity_results, label):
+    """An fp32 adapter beside the bf16 decoder trained on the first GPU run and failed its
+    first checkpoint: megatron's bf16 optimizer checkpoints only bf16 parameters."""
+    assert parity_results["inventory"][label]["gpu_trained_dtypes"] == ["torch.bfloat16"]
+
+
+@pytest.mark.multiprocess
+def test_a_trained_fp32_encoder_beside_a_bf16_decoder_is_refused(parity_results):
+    message = parity_results["inventory"]["trained_fp32_encoder_on_gpu"]
+    assert "model.encoder.precision=auto" in message and "torch.bfloat16" in message, message
+
+
 def test_audio_token_count_follows_the_encoder_stride_and_frame_stack():
     assert encoder_frame_count(3000) == 1500 and audio_token_count(3000, 5) == 300
     assert encoder_frame_count(67) == 34 and audio_token_count(67, 5) == 6
