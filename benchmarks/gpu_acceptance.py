@@ -1,6 +1,6 @@
 """GPU acceptance: one command that says whether a GPU machine trains this project right.
 
-Run (one GPU):      .venv/bin/python benchmarks/gpu_acceptance.py [--json rows.json]
+Run (one GPU):      .venv/bin/python benchmarks/gpu_acceptance.py [--json rows.json] [--demo-corpus DIR]
 Run (CPU, in CI):   .venv/bin/python benchmarks/gpu_acceptance.py --dry-run [--json rows.json]
 
 Prints one table (check | backend | figure | bound | result) and exits 1 when any row
@@ -17,6 +17,10 @@ FAILs. Checks:
               FLOP counter, orchestrator/step_flops.py), peak memory against
               `audiollm plan`'s estimate for the same config;
   fp8         model.fp8=hybrid on the te backend against bf16 (n/a without TransformerEngine);
+  job         `audiollm train` itself on this machine, on a small demo corpus (--demo-corpus;
+              n/a without): the default recipe trains, saves, resumes and decodes; the
+              tp4pp2 recipe shrunk to one device saves with the distributed optimizer; the
+              tp1 recipe's LoRA starts from that checkpoint;
   encoder     whisper-large-v3 encoder forward, ms per 30-s clip, model.encoder.precision
               fp32 (HF's eager forward: the reference) vs bf16 (SDPA), with the bf16
               output's relative difference against fp32 (bound ENCODER_BF16_BOUND); and the
@@ -74,7 +78,7 @@ PARITY_SEQ = 64
 #   yet catch any real mistake (a wrong norm offset, window or cap moves logits by > 1e-2).
 BOUNDS = {"bf16": dict(logits=0.1, loss=0.02, grad=0.05), "fp32": dict(logits=1e-4, loss=1e-5, grad=1e-4)}
 
-CHECKS = {"parity", "lora", "recompiles", "throughput", "generation", "encoder", "fp8"}
+CHECKS = {"parity", "lora", "recompiles", "throughput", "generation", "encoder", "fp8", "job"}
 # The log-mel on the GPU against the host's: both take fp32 STFTs of 400 samples, by
 # different FFT algorithms (cuFFT, pocketfft); each bin's error is ~ eps32 x sqrt(log2 400)
 # ~ 2e-7 of its frame's norm. Whisper's scaling floors every clip at 8 decades below its
@@ -632,6 +636,89 @@ def check_generation(table: Table, dry_run: bool):
     _free()
 
 
+# ---- the job itself ----------------------------------------------------------------------
+def _job(label: str, argv: list, timeout: int = 420) -> tuple[bool, str]:
+    """`audiollm train ARGV` as a user runs it (a process of its own, the job's launcher);
+    (ok, its output)."""
+    import subprocess
+
+    # Without this process's own rendezvous (its process group holds MASTER_PORT).
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR",
+                                                             "MASTER_PORT")}
+    proc = subprocess.run([sys.executable, "-m", "orchestrator.cli", "train", *argv], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=timeout)
+    out = proc.stdout + proc.stderr
+    print(f"---- {label}: exit {proc.returncode}\n{out[-3000:]}", flush=True)
+    return proc.returncode == 0, out
+
+
+def _job_failure(out: str) -> str:
+    said = [line for line in out.splitlines() if "job failed" in line or "error" in line.lower()]
+    return (said[-1] if said else out.strip().splitlines()[-1] if out.strip() else "no output")[:150]
+
+
+def check_job(table: Table, corpus: Path | None, dry_run: bool):
+    """The job's own path on this machine, which the rows above never take: `audiollm
+    train` of the default recipe (launcher.accelerator=gpu on a GPU) on a small demo
+    corpus -- train, checkpoint, stop, resume from the checkpoint, evaluate with greedy
+    decoding -- then gemma2_whisper_tp4pp2 shrunk to the tiny model on one device
+    (distributed optimizer, recompute, packing, log-mel on the device) with a checkpoint,
+    and gemma2_whisper_tp1 (LoRA on the frozen decoder) started from it. The first GPU run
+    of the job trained and then failed at its first checkpoint, where every row above
+    passed."""
+    if corpus is None:
+        table.add("job", "audiollm train", "-", "runs, saves, resumes",
+                  "n/a (no --demo-corpus: `audiollm data demo DIR --num-samples 96 --num-val-samples 8` where "
+                  "espeak-ng is, then --demo-corpus DIR)")
+        return
+    accelerator = "cpu" if dry_run else "gpu"
+    first, second, every = (4, 6, 2) if dry_run else (40, 60, 20)
+    samples = json.loads((corpus / "manifest.json").read_text())["num_samples"]
+    data = [f"data.demo_corpus={corpus.resolve()}", f"data.demo_corpus_samples={samples}"]
+    with tempfile.TemporaryDirectory(prefix="acceptance_job_") as root:
+        default = ["+recipe=tiny_cpu", f"launcher.accelerator={accelerator}", *data, f"optim.lr_warmup_iters={every}",
+                   f"train.save_interval={every}", f"train.eval_interval={second}", "train.log_interval=10",
+                   f"run.output_root={root}", "run.name=default"]
+        ok, out = _job("default recipe", [*default, f"train.iters={first}"])
+        resumed = False
+        if ok:
+            ok, out = _job("default recipe, resumed", [*default, f"train.iters={second}"])
+            resumed = f"at step {first}" in out and "resumed from" in out
+        run_dir = Path(root) / "tiny_cpu" / "default"
+        rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()
+                if line.strip()] if (run_dir / "metrics.jsonl").exists() else []
+        evals = [r for r in rows if "wer/all" in r]
+        steps = sorted({r["step"] for r in rows if "loss" in r})
+        if ok and resumed and evals and steps and steps[-1] == second:
+            table.add("job_default", f"tiny_cpu, launcher.accelerator={accelerator}",
+                      f"{first} steps, checkpoint, resumed at step {first} to {second}; val_loss "
+                      f"{evals[-1].get('val_loss', float('nan')):.3f}, WER {evals[-1]['wer/all']:.1%}",
+                      "runs, saves, resumes", "PASS")
+        else:
+            table.add("job_default", f"tiny_cpu, launcher.accelerator={accelerator}",
+                      f"resumed {resumed}, steps {steps[-3:]}: {_job_failure(out)}", "runs, saves, resumes", "FAIL")
+        shrunk = ["model=tiny_audiollm", "model.backend=local", "launcher=local", f"launcher.accelerator={accelerator}",
+                  "launcher.nodes=1", "launcher.gpus_per_node=1", "data=demo", "data.audio_token='<audio>'",
+                  "model.adapter.ctc_weight=0", "parallel.tp=1", "parallel.pp=1", "parallel.sp=false",
+                  "data.seq_length=1024", *data, "optim.micro_batch_size=1", "optim.global_batch_size=2",
+                  "optim.lr_warmup_iters=0", "train.eval_generation=false", "train.iters=4", "train.save_interval=4",
+                  "train.eval_interval=4", f"run.output_root={root}"]
+        recipe_dir = Path(root) / "gemma2_whisper" / "tp4pp2"
+        ok, out = _job("gemma2_whisper_tp4pp2 shrunk", ["+recipe=gemma2_whisper_tp4pp2", *shrunk,
+                                                        "model.init_checkpoint=null", "run.name=tp4pp2"])
+        saved = (recipe_dir / "checkpoints" / "step_000004").is_dir()
+        table.add("job_distributed_optimizer", "gemma2_whisper_tp4pp2 at TP=PP=1, tiny model",
+                  "4 steps and a checkpoint" if ok and saved else _job_failure(out), "runs, saves",
+                  _ok(ok and saved))
+        if ok and saved:
+            ok, out = _job("gemma2_whisper_tp1 from it", ["+recipe=gemma2_whisper_tp1", *shrunk,
+                                                          f"model.init_checkpoint={recipe_dir}", "run.name=tp1"])
+            saved = (Path(root) / "gemma2_whisper" / "tp1" / "checkpoints" / "step_000004").is_dir()
+            table.add("job_lora", "gemma2_whisper_tp1 from that checkpoint",
+                      "LoRA on the loaded decoder: 4 steps and a checkpoint" if ok and saved else _job_failure(out),
+                      "runs, saves", _ok(ok and saved))
+
+
 # ---- encoder ---------------------------------------------------------------------------
 def check_encoder(table: Table, dry_run: bool):
     import torch
@@ -728,7 +815,10 @@ def main() -> int:
     parser.add_argument("--dry-run", action="store_true", help="CPU-possible parts only, at tiny size")
     parser.add_argument("--json", type=Path, help="write the rows here")
     parser.add_argument("--only", help="comma-separated checks to run (parity,lora,recompiles,throughput,"
-                                       "generation,encoder,fp8); all by default")
+                                       "generation,encoder,fp8,job); all by default")
+    parser.add_argument("--demo-corpus", type=Path, metavar="DIR",
+                        help="a small demo corpus (audiollm data demo DIR --num-samples 96 --num-val-samples 8) "
+                             "for the job rows: audiollm train on this machine")
     parser.add_argument("--profile", type=Path, metavar="DIR",
                         help="profile one more throughput step into DIR (op tables, gzipped trace)")
     args = parser.parse_args()
@@ -769,6 +859,8 @@ def main() -> int:
             check_encoder(table, dry_run=True)
         if run("fp8"):
             check_fp8(table, dry_run=True)
+        if run("job"):
+            check_job(table, args.demo_corpus, dry_run=True)
     else:
         if _has_te():
             flex = ("te+flex", "te", "flex")
@@ -791,6 +883,8 @@ def main() -> int:
             check_encoder(table, dry_run=False)
         if run("fp8"):
             check_fp8(table, dry_run=False)
+        if run("job"):
+            check_job(table, args.demo_corpus, dry_run=False)
 
     print()
     print(table.render())
