@@ -174,7 +174,7 @@ def decoder_layer_activation_bytes(model: ModelConfig, parallel: ParallelConfig,
     return stream + attention_bytes + mlp
 
 
-def encoder_activation_bytes(model: ModelConfig, clips: int, frames: int, dtype_bytes: int = 4) -> float:
+def encoder_activation_bytes(model: ModelConfig, clips: int, frames: int, dtype_bytes: int) -> float:
     """Bytes saved for backward by a trainable Whisper encoder for `clips` clips of `frames`
     positions: per layer 8 [frames, d] tensors (norm inputs, Q, K, V, context,
     projections), 2 [frames, ffn] and the attention's own: in fp32 (HF's eager attention)
@@ -189,7 +189,7 @@ def encoder_activation_bytes(model: ModelConfig, clips: int, frames: int, dtype_
 
 
 def adapter_activation_bytes(model: ModelConfig, clips: int, frames: int, encoder_bytes: int,
-                             encoder_trains: bool, adapter_bytes: int = 4) -> tuple[float, float]:
+                             encoder_trains: bool, adapter_bytes: int) -> tuple[float, float]:
     """(kept for the backward, transient) bytes of the adapter (models.speech.AudioAdapter)
     for `clips` clips of `frames` encoder frames. Its learned mix of the encoder's layer
     outputs keeps every one of them, as the encoder made them, for the mix weights'
@@ -197,9 +197,9 @@ def adapter_activation_bytes(model: ModelConfig, clips: int, frames: int, encode
     an fp32 copy and a product. Then five tensors of the clips' size in the adapter's dtype
     (`adapter_bytes`; as the full-size probe counts them): the mix, the frames stacked for
     the first linear, its output, the activation's output and what the second linear
-    reads. With the auxiliary
-    CTC loss (model.adapter.ctc_weight), its head's fp32 log-probabilities over the
-    vocabulary and their padded copy. Nothing is kept for a frozen adapter."""
+    reads. With the auxiliary CTC loss (model.adapter.ctc_weight), its head's fp32
+    log-probabilities over the vocabulary and their padded copy. Nothing is kept for a
+    frozen adapter."""
     if model.adapter.freeze:
         return 0.0, 0.0
     states = model.encoder.num_layers

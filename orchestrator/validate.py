@@ -407,7 +407,7 @@ def check_init_checkpoint(model: ModelConfig, lora: LoraConfig) -> Iterator[Find
                                       f"(model.encoder.freeze=false, lora=none)")
 
 
-def check_trained_encoder_precision(model: ModelConfig, lora, launcher: LauncherConfig) -> Iterator[Finding]:
+def check_trained_encoder_precision(model: ModelConfig, lora: LoraConfig, launcher: LauncherConfig) -> Iterator[Finding]:
     """A GPU run trains in bf16: megatron's bf16 optimizer keeps the fp32 master weights of
     bf16 parameters and holds and checkpoints no fp32 ones, so an encoder that trains
     (unfrozen, or adapted by LoRA) cannot be kept in fp32 there."""
