@@ -19,11 +19,13 @@ numpy 2.x, no TransformerEngine, no megatron-core and no internet. This script:
    runs with PYTHONPATH=SITE from a folder outside the repository, so that the kit's
    copy of the project is what runs;
 4. `benchmarks/gpu_acceptance.py --dry-run` there;
-5. the job's start-up decisions on GPU machines for every GPU recipe, and its model and
-   first batch built with them (tests/rehearsal/gpu_decisions_script.py): what a CPU
-   run cannot decide for itself (gradient-accumulation fusion, the flex attention
-   kernel, bf16) decided for a GPU with TransformerEngine and without, the model built
-   on the CPU with those decisions, and its first batch's forward;
+5. the job's start-up decisions on GPU machines for every GPU recipe (and the default
+   recipe run on a GPU), and its model and first batch built with them
+   (tests/rehearsal/gpu_decisions_script.py): what a CPU run cannot decide for itself
+   (gradient-accumulation fusion, the flex attention kernel, bf16) decided for a GPU
+   with TransformerEngine and without, the model built on the CPU with those decisions,
+   every trained parameter in bf16 (megatron's bf16 optimizer checkpoints no other),
+   and its first batch's forward;
 6. one training step of every GPU recipe through `audiollm train`, shrunk to the tiny
    model but keeping its own flags: its parallel layout (TP 4 -> 2: the tiny decoder
    has 2 KV heads), sequence parallel, distributed optimizer, recompute, LoRA, packing

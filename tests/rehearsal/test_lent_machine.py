@@ -1,7 +1,8 @@
 """The lent GPU machine rehearsed on CPU (tests/rehearsal/lent_machine.py): a Python 3.12
 virtual environment with torch 2.11, transformers 5.17 and numpy 2 as its python3, the
 device kit installed into it as on that machine, the acceptance's dry run, every GPU
-recipe's model and first batch with the decisions its job makes on GPUs, one training
+recipe's model (and the default recipe's, built for a GPU) and first batch with the
+decisions its job makes on GPUs, every trained parameter in bf16, one training
 step of every GPU recipe shrunk to the tiny model, and `audiollm convert` both ways on
 transformers 5. About 3.5 to 4.5 minutes here, part of it installing torch 2.11 (2.6 GB with
 its CUDA libraries) into the machine, with uv where setup.sh installed it."""
@@ -13,6 +14,7 @@ import sys
 
 import pytest
 
+from tests.rehearsal.gpu_decisions_script import RECIPES
 from tests.rehearsal.lent_machine import RECIPE_LAYOUT, REPO
 
 
@@ -33,7 +35,8 @@ def test_the_lent_machine_rehearsal_passes(tmp_path):
     assert transformers_version.startswith("5.") and numpy_version.startswith("2.")
     assert all(r["result"] == "PASS" or r["result"].startswith("n/a") for r in report["acceptance"])
     decided = report["gpu_decisions"]
-    assert len(decided) == 2 * len(RECIPE_LAYOUT) and all("(finite)" in line for line in decided), decided
+    assert len(decided) == 2 * len(RECIPES) and all("(finite)" in line for line in decided), decided
+    assert {line.split()[1] for line in decided} == set(RECIPES) >= set(RECIPE_LAYOUT)
     assert all("attention: flex" in line and "gradient-accumulation fusion: off" in line for line in decided)
     assert set(report["steps"]) == set(RECIPE_LAYOUT)
     assert report["convert_verify"]["ok"] and report["convert_verify"]["max_abs_logit_diff"] <= 1e-3
