@@ -572,7 +572,6 @@ def check_generation(table: Table, dry_run: bool):
     import torch
     from orchestrator.compose import compose
     from orchestrator.models.audiollm import build_audiollm
-    from orchestrator.models.fusion import fuse_audio
     from orchestrator.models.generate import greedy_generate
     from orchestrator.model_params import audio_token_count
     from orchestrator.resolve import to_object
@@ -612,10 +611,9 @@ def check_generation(table: Table, dry_run: bool):
             for i, (p, t) in enumerate(zip(prompts, plain)):
                 ids[i, :len(p) + len(t)] = torch.tensor(p + t)
             ids = ids.to(device)
-            audio = model.audio_embeddings(features.to(device), mel_lengths)
-            embeddings = fuse_audio(lm.embed_tokens(ids), ids, audio, audio_token_id)
+            decoder_input, _, _ = model.embed(ids, features.to(device), mel_lengths)
             positions = torch.arange(width, device=device)[None].expand(GENERATION_ROWS, -1)
-            logits = lm(ids, positions, None, decoder_input=lm.scale_embeddings(embeddings)).float()
+            logits = lm(ids, positions, None, decoder_input=decoder_input).float()
         same, margins = 0, []
         for i, (c, u) in enumerate(zip(cached, plain)):
             if c == u:
