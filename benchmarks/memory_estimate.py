@@ -80,7 +80,7 @@ def main() -> None:
     measured = (peak - baseline) / 2**30
     mem = plan.memory
     subtotal = mem["weights_gib"] + mem["grads_gib"] + mem["optimizer_gib"] + mem["activations_gib"]
-    print(f"| recipe | micro batch x seq | estimate w/o margin GiB | estimate GiB | measured peak growth GiB | error w/o margin | error |")
+    print("| recipe | micro batch x seq | estimate w/o margin GiB | estimate GiB | measured peak growth GiB | error w/o margin | error |")
     print("|---|---|---|---|---|---|---|")
     print(f"| {args.recipe} | {mbs} x {seq} | {subtotal:.3f} | {mem['total_gib']:.3f} | {measured:.3f} | "
           f"{(subtotal - measured) / measured:+.0%} | {(mem['total_gib'] - measured) / measured:+.0%} |")

@@ -24,7 +24,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--runs", type=int, default=5)
     runs = parser.parse_args().runs
-    print(f"| command | median s | min s | max s | runs |\n|---|---|---|---|---|")
+    print("| command | median s | min s | max s | runs |\n|---|---|---|---|---|")
     for label, cmd in COMMANDS.items():
         times = []
         for _ in range(runs):

@@ -139,8 +139,8 @@ def compare(plan: dict, results: list[dict]) -> list[StageComparison]:
 
 
 def render(plan: dict, results: list[dict]) -> str:
-    lines = [f"probe         one training step per pipeline stage (and context-parallel rank) at full size on fake "
-             f"tensors, in one CPU process each (orchestrator/probe/)"]
+    lines = ["probe         one training step per pipeline stage (and context-parallel rank) at full size on fake "
+             "tensors, in one CPU process each (orchestrator/probe/)"]
     for comparison, result in zip(compare(plan, results), stage_results(results)):
         pp, pr = comparison.params_planned, comparison.params_probed
         same = "equal" if pp == pr else "DIFFER"

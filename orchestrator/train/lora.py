@@ -32,7 +32,7 @@ from __future__ import annotations
 import fnmatch
 import math
 import zlib
-from typing import Iterable, Optional
+from typing import Iterable
 
 import torch
 

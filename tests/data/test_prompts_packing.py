@@ -81,7 +81,7 @@ def test_packing_fills_rows_and_restarts_positions():
     lengths = rng.integers(10, 60, size=400)
     packer = Packer(seq_length=128, rows=4, buffer_size=64)
     stream = iter(_example(i, int(n), i % 3) for i, n in enumerate(lengths))
-    seen, used, slots, unpacked_slots = [], 0, 0, 0
+    seen, used, slots = [], 0, 0
     exhausted = False
     while True:
         while not packer.full() and not exhausted:

@@ -6,7 +6,6 @@ Run: torchrun --nproc_per_node=1 tests/models/conversation_audio_script.py TMPDI
 
 import json
 import sys
-from pathlib import Path
 
 import torch
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import torch
 from transformers import Gemma2Config, Gemma2ForCausalLM, WhisperConfig
-from transformers.models.whisper.modeling_whisper import WhisperEncoder
 
 from orchestrator.convert.gemma2_mapping import decoder_config_from_hf
 from orchestrator.schema.model import AdapterConfig, DecoderConfig, EncoderConfig, ModelConfig

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator.compose import compose
-from orchestrator.probe_report import CATEGORIES, compare, render, run_probe, stage_results
+from orchestrator.probe_report import CATEGORIES, compare, render, run_probe
 from orchestrator.resolve import resolve
 
 REPO = Path(__file__).resolve().parents[2]

@@ -23,7 +23,6 @@ def write_run_dir(run_dir: Path, *, tp: int = 1, pp: int = 1, dp: int = 1, vpp: 
     run_dir.mkdir(parents=True, exist_ok=True)
     world = tp * pp * dp
     gbs = micro_batch_size * num_microbatches * dp
-    vocab = 64
     padded_vocab = 256  # a multiple of 128 x TP for TP <= 2, the same at every TP (reshard tests)
     megatron_args = dict(
         tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp, context_parallel_size=1,
