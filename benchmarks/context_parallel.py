@@ -46,7 +46,7 @@ def worker(args) -> None:
     from orchestrator.data.context_parallel import rank_slots
     from orchestrator.models.gemma2_model import Gemma2Model, gemma2_transformer_config
     from orchestrator.runtime.distributed import ParallelSizes, init_distributed, shutdown
-    from orchestrator.schema.model import DecoderConfig
+    from orchestrator.plan.schema.model import DecoderConfig
 
     cp = int(os.environ["WORLD_SIZE"])
     init_distributed(ParallelSizes(cp=cp), seed=0)

@@ -158,8 +158,8 @@ def main(argv=None) -> int:
     from orchestrator.data.prompts import PromptBuilder, audio_placeholder_count
     from orchestrator.data.sources import single_rank_world
     from orchestrator.data.tokenizer_build import load_tokenizer
-    from orchestrator.schema.data import DataConfig, DatasetEntry
-    from orchestrator.schema.model import AdapterConfig, EncoderConfig
+    from orchestrator.plan.schema.data import DataConfig, DatasetEntry
+    from orchestrator.plan.schema.model import AdapterConfig, EncoderConfig
 
     tmp = tempfile.TemporaryDirectory(prefix="audiollm-bench-")
     root = Path(args.data)
@@ -344,7 +344,7 @@ def main(argv=None) -> int:
                 f"{samples / (time.perf_counter() - start):.1f}")
 
     # CPU cores to feed one GPU, from the measured per-core rates.
-    from orchestrator.compose import compose
+    from orchestrator.plan.compose import compose
 
     gpu_recipes = sorted(p.stem for p in (REPO / "recipes").glob("gemma2_*.yaml"))
     for kind, st in stats.items():

@@ -24,9 +24,9 @@ import time
 
 
 def _build(model_name: str):
-    from orchestrator.compose import compose
+    from orchestrator.plan.compose import compose
     from orchestrator.models.audiollm import build_audiollm
-    from orchestrator.resolve import to_object
+    from orchestrator.plan.resolve import to_object
 
     cfg = to_object(compose([f"model={model_name}", "model.backend=local", "model.init_checkpoint=null",
                              "launcher.accelerator=cpu"]))

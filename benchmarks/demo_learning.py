@@ -78,7 +78,7 @@ def main() -> None:
 
     torch.set_num_threads(args.threads)
     _setup_env()
-    from orchestrator.compose import compose
+    from orchestrator.plan.compose import compose
     from orchestrator.runtime.distributed import ParallelSizes, init_distributed, shutdown
 
     cfg = compose(["+recipe=tiny_cpu", *args.overrides])
@@ -107,7 +107,7 @@ def main() -> None:
     audio_id = loader.processor.audio_token_id
 
     extra = {} if args.init_std is None else {"init_method_std": args.init_std}
-    from orchestrator.resolve import to_object
+    from orchestrator.plan.resolve import to_object
     from orchestrator.train.audiollm_provider import AudioLLMProvider
 
     provider = AudioLLMProvider.from_config(to_object(cfg))

@@ -14,7 +14,7 @@ FAILs. Checks:
               path against the uncached one; rows may part only at a near tie;
   throughput  gemma2-2b + whisper-large-v3 + adapter (random weights), LoRA r16, bf16,
               seq 2048, packed speech batches: tokens/s/GPU, MFU, HFU (the project's own
-              FLOP counter, orchestrator/step_flops.py), peak memory against
+              FLOP counter, orchestrator/plan/step_flops.py), peak memory against
               `audiollm plan`'s estimate for the same config;
   fp8         model.fp8=hybrid on the te backend against bf16 (n/a without TransformerEngine);
   job         `audiollm train` itself on this machine, on a small demo corpus (--demo-corpus;
@@ -162,7 +162,7 @@ def megatron_tiny(hf, backend: str, attention: str, dtype, device, **config_over
     """Gemma2Model of the HF model's shape with its weights converted (TP=1, full)."""
     import torch
     from orchestrator.convert.gemma2_mapping import Gemma2Shape, decoder_config_from_hf, hf_to_megatron_tensors
-    from orchestrator.megatron_args import padded_vocab_size
+    from orchestrator.plan.megatron_args import padded_vocab_size
     from orchestrator.models.gemma2_model import Gemma2Model, gemma2_transformer_config
 
     shape = Gemma2Shape.from_hf_config(hf.config)
@@ -372,8 +372,8 @@ _CKPT_DIR = tempfile.TemporaryDirectory(prefix="acceptance_ckpt_")  # removed at
 
 
 def _compose(dry_run: bool, backend: str, attention: str):
-    from orchestrator.compose import compose
-    from orchestrator.resolve import resolve, to_object
+    from orchestrator.plan.compose import compose
+    from orchestrator.plan.resolve import resolve, to_object
 
     ckpt = _CKPT_DIR.name
     Path(ckpt, "metadata.json").write_text(json.dumps({"sharded_backend": "torch_dist", "sharded_backend_version": 1,
@@ -387,7 +387,7 @@ def packed_microbatch(obj, audio_token_id: int, seed: int, text_tokens: int = 60
     """One packed row of data.seq_length tokens: samples of [4 prompt tokens, one clip of
     data.max_audio_seconds (its adapter tokens), text]; the last sample's text fills the row."""
     import torch
-    from orchestrator.model_params import audio_token_count
+    from orchestrator.plan.model_params import audio_token_count
 
     seq, enc = obj.data.seq_length, obj.model.encoder
     window = 2 * enc.max_source_positions
@@ -450,12 +450,12 @@ def check_throughput(table: Table, name: str, backend: str, attention: str, dry_
     from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
     from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
     from orchestrator.train.audiollm_provider import model_inputs
-    from orchestrator.megatron_args import padded_vocab_size
+    from orchestrator.plan.megatron_args import padded_vocab_size
     from orchestrator.models.audiollm import build_audiollm
     from orchestrator.train import lr_groups as lrg
     from orchestrator.train.lora import apply_lora
     from orchestrator.train.loop import freeze_model_parts
-    from orchestrator.step_flops import StepFlops
+    from orchestrator.plan.step_flops import StepFlops
     from orchestrator.train.metrics import peak_flops
     from orchestrator.runtime.machine import Machine, decide
 
@@ -570,11 +570,11 @@ def check_generation(table: Table, dry_run: bool):
     the uncached forward's logits of the two tokens must lie within twice the parity
     logits bound of each other (each path within the bound of exact)."""
     import torch
-    from orchestrator.compose import compose
+    from orchestrator.plan.compose import compose
     from orchestrator.models.audiollm import build_audiollm
     from orchestrator.models.generate import greedy_generate
-    from orchestrator.model_params import audio_token_count
-    from orchestrator.resolve import to_object
+    from orchestrator.plan.model_params import audio_token_count
+    from orchestrator.plan.resolve import to_object
 
     on_gpu = not dry_run
     dtype, device = (torch.bfloat16, "cuda") if on_gpu else (torch.float32, "cpu")

@@ -114,7 +114,7 @@ def main() -> None:
     from omegaconf import OmegaConf
 
     from orchestrator.data.loader import ValidationSuite
-    from orchestrator.schema.data import DataConfig
+    from orchestrator.plan.schema.data import DataConfig
 
     root = Path(args.dir) if args.dir else Path(tempfile.mkdtemp(prefix="many_datasets_"))
     rows = []

@@ -32,8 +32,8 @@ def main() -> None:
     args = parser.parse_args()
     os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()))
 
-    from orchestrator.compose import compose
-    from orchestrator.resolve import resolve, to_object
+    from orchestrator.plan.compose import compose
+    from orchestrator.plan.resolve import resolve, to_object
 
     cfg = compose([f"+recipe={args.recipe}", *args.overrides])
     plan = resolve(cfg)
@@ -45,7 +45,7 @@ def main() -> None:
     from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
     from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
 
-    from orchestrator.model_params import audio_token_count
+    from orchestrator.plan.model_params import audio_token_count
     from orchestrator.models.audiollm import build_audiollm
     from orchestrator.runtime.distributed import ParallelSizes, init_distributed
 

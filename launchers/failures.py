@@ -27,7 +27,7 @@ import traceback
 from pathlib import Path
 from typing import Optional, Sequence
 
-from launchers.rundir import read_json, write_json
+from orchestrator.plan.rundir import read_json, write_json
 
 MAX_LINE = 600
 # The errors of a rank whose peer is gone or failed first (gloo, NCCL, torch's TCPStore;

@@ -8,7 +8,7 @@
    Python warnings go to that log only;
 3. replaces submitit's signal handlers: SIGUSR2 (preemption / time limit warning)
    and SIGTERM only set a flag that the entry reads at its next step boundary
-   (launchers.runtime.should_stop), so checkpoints are never written mid-step;
+   (orchestrator.runtime.job_control.should_stop), so checkpoints are never written mid-step;
 4. calls the entry `f(run_dir)` (a dotted path, so the trainer is pluggable); a rank
    whose entry raises records the error in one line (launchers/failures.py), from which
    the console names the cause of a failed job;
@@ -18,7 +18,7 @@
    locally every rank exits with submitit's requeue code, which restarts the tasks.
    After `max_requeues` requeues the run fails with a message saying how to resume.
 
-Imports torch only through the entry and launchers.runtime, never at import time.
+Imports torch only through the entry and orchestrator.runtime.job_control, never at import time.
 """
 
 from __future__ import annotations
@@ -34,8 +34,9 @@ import warnings
 from pathlib import Path
 from typing import Any, Callable
 
-from launchers import failures, runtime, watchdog
-from launchers.rundir import read_json, write_json
+from launchers import failures, watchdog
+from orchestrator.plan.rundir import read_json, write_json
+from orchestrator.runtime import job_control
 
 # submitit.local.local.LOCAL_REQUEUE_RETURN_CODE: the local controller restarts the tasks.
 LOCAL_REQUEUE_RETURN_CODE = 144
@@ -184,8 +185,8 @@ class RankJob:
                 requeue_causes=state.get("requeue_causes") or {},  # this launch's only
             )
 
-        runtime.reset()
-        runtime.install_handlers()
+        job_control.reset()
+        job_control.install_handlers()
         requeues = int(state.get("requeues", 0))
         dog = watchdog.Watchdog(run_path, rank, dist_env.world_size, _hang_timeout(run_path),
                                 lambda cause: self._hung(run_path, env, rank, on_slurm, requeues, attempt,
@@ -206,7 +207,7 @@ class RankJob:
             sys.stdout.flush()
             sys.stderr.flush()
 
-        if not runtime.stopped_early():
+        if not job_control.stopped_early():
             if rank == 0:
                 _update_state(run_path, state="COMPLETED")
                 _refresh_sweep_summary(run_path)
@@ -232,7 +233,7 @@ class RankJob:
         return False
 
     def _requeue(self, run_path: Path, env, rank: int, on_slurm: bool, requeues: int) -> dict:
-        signame = runtime.stop_signal() or "SIGTERM"
+        signame = job_control.stop_signal() or "SIGTERM"
         if requeues >= self.max_requeues:
             message = (
                 f"stopped by {signame} after {requeues} requeues (launcher.max_requeues={self.max_requeues}); "

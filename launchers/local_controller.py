@@ -8,7 +8,7 @@ that killed the task (Popen's convention). It is the only record of a rank that 
 without running any Python (SIGKILL from the out-of-memory killer or `kill -9`):
 launchers/failures.py names that rank and the signal instead of the error its peers
 saw when it disappeared. `audiollm train` starts this module in place of
-`submitit.local._local` (launchers/commands.py, local_job_processes).
+`submitit.local._local` (launchers/submit.py, own_session).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from pathlib import Path
 
 from submitit.local.local import Controller
 
-from launchers.rundir import write_json
+from orchestrator.plan.rundir import write_json
 
 
 def exit_codes_path(folder: Path, job_id: str) -> Path:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from launchers.rundir import damage, last_launch, read_json, read_metrics
+from orchestrator.plan.rundir import damage, last_launch, read_json, read_metrics
 from launchers.slurm_fit import slurm_output
 
 # Scheduler states after which the job will not write anything any more.

@@ -6,7 +6,7 @@ process group's own timeout (600 s) and then fail with nobody named.
 
 Every rank's watchdog thread writes RUN/heartbeats/rank<N>.json every BEAT_S seconds:
 `alive` (when the thread last ran: a frozen or dead process stops writing), and the
-training loop's last progress (`step`, `phase`, `progress_at`, from runtime.progress).
+training loop's last progress (`step`, `phase`, `progress_at`, from job_control.progress).
 A rank whose own progress has stalled past the bound decides that the job hangs:
 
 1. it writes every one of its threads' stacks into its log (faulthandler);
@@ -37,7 +37,7 @@ import time
 from pathlib import Path
 from typing import Callable, Optional
 
-from launchers import runtime
+from orchestrator.runtime import job_control
 
 BEAT_S = 5.0
 HANG_FLOOR_S = 120.0
@@ -113,7 +113,7 @@ class Watchdog:
     def _run(self) -> None:
         while not self._stop.wait(BEAT_S):
             now = time.time()
-            progress = runtime.progress_state(self.started)
+            progress = job_control.progress_state(self.started)
             self._beat(now, progress)
             bound = hang_bound(progress["phase"], progress["slowest_step_s"], self.hang_timeout)
             stalled = now - progress["progress_at"]
@@ -134,14 +134,14 @@ class Watchdog:
         # rank that stopped when this one last progressed beat last a beat before that.
         deadline = time.time() + max(2 * BEAT_S, STALE_BEATS * BEAT_S + 1 - (stalled - BEAT_S))
         while time.time() < deadline:
-            self._beat(time.time(), runtime.progress_state(self.started))
+            self._beat(time.time(), job_control.progress_state(self.started))
             time.sleep(min(BEAT_S, max(deadline - time.time(), 0)))
-        if runtime.progress_state(self.started)["progress_at"] > progress["progress_at"]:
+        if job_control.progress_state(self.started)["progress_at"] > progress["progress_at"]:
             print(f"[watchdog] rank {self.rank}: progress resumed; not a hang", file=log, flush=True)
             return False
         now = time.time()
         beats = self._beats()
-        beats[self.rank] = {**beats.get(self.rank, {}), "alive": now, **runtime.progress_state(self.started)}
+        beats[self.rank] = {**beats.get(self.rank, {}), "alive": now, **job_control.progress_state(self.started)}
         stale, behind = stopped_ranks(beats, now)
         named = [f"rank {r} (pid {beats[r]['pid']} on {beats[r]['host']}): no heartbeat for "
                  f"{now - beats[r]['alive']:.0f} s, frozen or dead (its last: step {beats[r]['step']}, "

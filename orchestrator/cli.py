@@ -14,15 +14,15 @@ from typing import Callable, Sequence
 # Commands implemented elsewhere: name -> (module, function, one-line help). The
 # function takes the remaining argv and returns an exit code.
 DELEGATED: dict[str, tuple[str, str, str]] = {
-    "train": ("launchers.commands", "train_main", "compose, validate, resolve and launch a run (or a sweep with -m)"),
-    "prepare": ("launchers.commands", "prepare_main", "write a run directory to start by hand (srun in an allocation, "
+    "train": ("launchers.train", "train_main", "compose, validate, resolve and launch a run (or a sweep with -m)"),
+    "prepare": ("launchers.prepare", "prepare_main", "write a run directory to start by hand (srun in an allocation, "
                 "or torchrun); submits nothing"),
-    "status": ("launchers.commands", "status_main", "state, last step and last loss of a run or sweep directory"),
-    "cancel": ("launchers.commands", "cancel_main", "cancel the jobs of a run or sweep directory"),
+    "status": ("launchers.status", "status_main", "state, last step and last loss of a run or sweep directory"),
+    "cancel": ("launchers.status", "cancel_main", "cancel the jobs of a run or sweep directory"),
     "eval": ("orchestrator.train.evaluate", "main", "greedy decoding and WER of a run's checkpoint"),
     "data": ("orchestrator.data.cli", "main", "data tools: `audiollm data demo OUT_DIR` makes the speech demo corpus"),
     "compare-weights": ("orchestrator.convert.compare_weights", "main", "list parameters whose statistics differ between two checkpoints"),
-    "wheels": ("orchestrator.offline_wheels", "main", "write the wheels a GPU machine without internet needs (setup.sh --from-wheels)"),
+    "wheels": ("launchers.offline_wheels", "main", "write the wheels a GPU machine without internet needs (setup.sh --from-wheels)"),
 }
 # `audiollm convert DIRECTION ...`
 CONVERSIONS: dict[str, tuple[str, str]] = {
@@ -58,9 +58,9 @@ def plan_main(argv: Sequence[str]) -> int:
     are any): a user sees the layout, memory and argv of a recipe before converting its
     weights, and `audiollm train` still refuses it."""
     args = _plan_parser().parse_args(argv)
-    from orchestrator.compose import ComposeError, compose
-    from orchestrator.resolve import resolve, to_object
-    from orchestrator.validate import ConfigInvalid, validate
+    from orchestrator.plan.compose import ComposeError, compose
+    from orchestrator.plan.resolve import resolve, to_object
+    from orchestrator.plan.validate import ConfigInvalid, validate
 
     try:
         cfg = compose(args.overrides)
@@ -86,7 +86,7 @@ def plan_main(argv: Sequence[str]) -> int:
                           "continuation": continuation, "continuation_problems": layout_problems},
                          allow_nan=False))
     else:
-        from orchestrator.plan_report import render
+        from orchestrator.plan.report import render
 
         print(render(plan, with_params=args.params))
         if problems is not None:
@@ -99,7 +99,7 @@ def plan_main(argv: Sequence[str]) -> int:
         if continuation:
             print(f"\nresumes its run directory: {continuation}")
     if args.probe:
-        from orchestrator.probe_report import ProbeFailed, render as render_probe, run_probe
+        from orchestrator.plan.probe_report import ProbeFailed, render as render_probe, run_probe
 
         try:
             print("\n" + render_probe(plan.to_dict(), run_probe(plan.to_dict())), flush=True)
@@ -118,8 +118,8 @@ def _continuation(cfg, plan) -> tuple:
     layout, and why it cannot: what `audiollm train` would say before submitting."""
     from omegaconf import OmegaConf
 
-    from launchers import rundir
-    from launchers.commands import continuation_of
+    from launchers.runs import continuation_of
+    from orchestrator.plan import rundir
 
     container = OmegaConf.to_container(cfg, resolve=True)
     run_dir = rundir.run_dir_for(container).absolute()

@@ -4,7 +4,7 @@ import importlib.metadata
 import subprocess
 import sys
 
-from orchestrator.offline_wheels import job_side_closure, target_environment
+from launchers.offline_wheels import job_side_closure, target_environment
 
 
 def test_the_job_side_closure_has_the_jobs_packages_at_the_installed_versions_and_not_the_machines_torch():
@@ -38,7 +38,7 @@ def test_the_kit_leaves_out_what_a_gpu_image_brings_and_wandb():
     """--kit: torch, transformers, numpy and everything they require (by the installed
     metadata) stay with the machine; wandb and what only wandb needs are left out; the job
     side's own packages are all there."""
-    from orchestrator.offline_wheels import kit_closure, machine_brings
+    from launchers.offline_wheels import kit_closure, machine_brings
 
     brought = machine_brings(python="3.12")
     assert {"torch", "transformers", "numpy", "tokenizers", "safetensors", "huggingface-hub"} <= brought
@@ -52,7 +52,7 @@ def test_the_kit_leaves_out_what_a_gpu_image_brings_and_wandb():
 
 
 def test_torchvision_is_paired_with_the_machines_torch():
-    from orchestrator.offline_wheels import torchvision_for
+    from launchers.offline_wheels import torchvision_for
 
     assert torchvision_for("2.11.0") == "0.26.0"
     assert torchvision_for("2.14.1+cu130") == "0.29.1"

@@ -49,8 +49,8 @@ def test_wheel_ships_configuration_and_plans_from_another_directory(tmp_path):
          # Drop the editable install's finder so that only the extracted wheel can be imported.
          "import sys; sys.meta_path[:] = [f for f in sys.meta_path if 'editable' not in repr(f)]; "
          "sys.path.insert(0, sys.argv[1]); from orchestrator.cli import main; "
-         "import orchestrator.schema, orchestrator.paths as p; "
-         "assert orchestrator.schema.__file__.startswith(sys.argv[1]), orchestrator.schema.__file__; "
+         "import orchestrator.plan.schema, orchestrator.plan.paths as p; "
+         "assert orchestrator.plan.schema.__file__.startswith(sys.argv[1]), orchestrator.plan.schema.__file__; "
          "assert str(p.conf_dir()).startswith(sys.argv[1]), p.conf_dir(); "
          "sys.exit(main(['plan', '+recipe=gemma2_whisper_tp4pp2', '--json']))", str(target)],
         capture_output=True, text=True, timeout=120, cwd=elsewhere,

@@ -19,7 +19,7 @@ Both sides store the zero-centred RMSNorm weight w of x*rsqrt(..)*(1+w): norm we
 are copied unchanged (adding or removing 1 here is the classic porting mistake).
 
 These are the TP=1, PP=1 tensors; megatron's dist_checkpointing splits them for any
-layout on load (orchestrator/convert/dist_format.py): linear_qkv by KV groups (dim 0),
+layout on load (orchestrator/train/dist_format.py): linear_qkv by KV groups (dim 0),
 fc1 as [gate_r; up_r], linear_proj and fc2 along dim 1, embedding rows along dim 0.
 """
 
@@ -139,7 +139,7 @@ def hf_rope_theta(hf_cfg) -> float:
 
 def decoder_config_from_hf(hf_cfg):
     """The project's `model.decoder` section for a HF Gemma2Config."""
-    from orchestrator.schema.model import DecoderConfig
+    from orchestrator.plan.schema.model import DecoderConfig
 
     return DecoderConfig(
         hidden_size=hf_cfg.hidden_size, num_layers=hf_cfg.num_hidden_layers,

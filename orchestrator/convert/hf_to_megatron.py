@@ -20,7 +20,7 @@ from typing import Iterator, List, Optional, Tuple
 
 import torch
 
-from orchestrator.checkpoint_dirs import CONVERTED_META, ENCODER_SUBDIR, ADAPTER_SUBDIR
+from orchestrator.plan.checkpoint_dirs import CONVERTED_META, ENCODER_SUBDIR, ADAPTER_SUBDIR
 from orchestrator.convert.gemma2_mapping import Gemma2Shape, hf_gemma2_config, hf_to_megatron_tensors
 from orchestrator.convert.hf_io import SafetensorsDir, read_hf_config
 
@@ -52,7 +52,7 @@ def adapter_tensors(adapter_dir: Path) -> Iterator[Tuple[str, torch.Tensor]]:
 
 def convert(hf_dir: Path, out_dir: Path, whisper_dir: Optional[Path] = None, adapter_dir: Optional[Path] = None,
             peft_dir: Optional[Path] = None) -> dict:
-    from orchestrator.convert.dist_format import write_model_tensors
+    from orchestrator.train.dist_format import write_model_tensors
     from orchestrator.convert.peft_lora import lora_targets, peft_to_megatron_lora, read_peft_adapter
 
     hf_dir, out_dir = Path(hf_dir), Path(out_dir)

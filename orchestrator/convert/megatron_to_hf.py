@@ -28,7 +28,7 @@ from typing import Dict, List, Optional
 
 import torch
 
-from orchestrator.checkpoint_dirs import ADAPTER_SUBDIR, CONVERTED_META, ENCODER_SUBDIR, resolve_model_checkpoint
+from orchestrator.plan.checkpoint_dirs import ADAPTER_SUBDIR, CONVERTED_META, ENCODER_SUBDIR, resolve_model_checkpoint
 from orchestrator.convert.gemma2_mapping import Gemma2Shape, gemma2_hf_config, hf_gemma2_config, megatron_full_to_hf
 from orchestrator.convert.hf_io import write_hf_checkpoint
 
@@ -64,7 +64,7 @@ def export_state(ckpt_dir: Path, lora_mode: str = "merge") -> dict:
     run (its plan.json)."""
     if lora_mode not in LORA_MODES:
         raise ValueError(f"lora mode {lora_mode!r} is not one of {LORA_MODES}")
-    from orchestrator.convert.dist_format import read_model_tensors
+    from orchestrator.train.dist_format import read_model_tensors
 
     resolved, problem = resolve_model_checkpoint(str(ckpt_dir))
     if problem:
@@ -143,7 +143,7 @@ def convert(ckpt_dir: Path, out_dir: Path, lora_mode: str = "merge") -> dict:
 def whisper_hf_config(encoder: dict) -> dict:
     """HF WhisperConfig (as config.json) of the project's `model.encoder` section."""
     from orchestrator.models.speech import whisper_encoder_config
-    from orchestrator.schema.model import EncoderConfig
+    from orchestrator.plan.schema.model import EncoderConfig
 
     fields = {k: v for k, v in encoder.items() if k in EncoderConfig.__dataclass_fields__}
     return whisper_encoder_config(EncoderConfig(**fields)).to_dict()

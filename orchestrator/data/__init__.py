@@ -22,5 +22,5 @@ tokenizer_build (HF tokenizer with chat and audio tokens), prompts
 (templates and conversations -> tokens and loss mask), packing (packer, batch format), sources (MDS mixture via mosaic streaming),
 loader (train/validation loaders, bad samples), context_parallel (CP split),
 demo (espeak-ng corpus), cli (`audiollm data ...`). Each dataset's format (task
-presets, own templates, conversations, metric) is planning knowledge: orchestrator/tasks.py.
+presets, own templates, conversations, metric) is planning knowledge: orchestrator/plan/tasks.py.
 """

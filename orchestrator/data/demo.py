@@ -219,7 +219,7 @@ def _worker_init() -> None:
 
 def tokenizer_texts(utterances: List[Utterance]) -> List[str]:
     """Corpus for the tokenizer: the transcripts and the default prompt's words."""
-    from orchestrator.schema.data import DataConfig
+    from orchestrator.plan.schema.data import DataConfig
 
     prompt = DataConfig().prompt_template.replace("<SpeechHere>", " ")
     numbers = [numerals(u.text) for u in utterances if u.dataset.split("/")[1].startswith("digits")]

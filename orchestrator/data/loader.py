@@ -32,7 +32,7 @@ from typing import Any, Deque, Dict, Iterator, List, Optional, Sequence, Tuple
 import numpy as np
 import torch
 
-from orchestrator import tasks
+from orchestrator.plan import tasks
 from orchestrator.data import mel, prompts, remote, sources
 from orchestrator.data.audio import AudioError, load_audio
 from orchestrator.data.packing import Example, Packer, collate
@@ -47,7 +47,7 @@ class BadSampleError(RuntimeError):
 
 class SampleProcessor:
     """Raw MDS sample -> Example (decode, resample, chunk, tokenize) in its dataset's
-    format (orchestrator.tasks: single clip or conversation), or a reason it is bad.
+    format (orchestrator.plan.tasks: single clip or conversation), or a reason it is bad.
     `datasets[k]` is the dataset whose samples come with format index k."""
 
     def __init__(self, data_cfg, encoder_cfg, adapter_cfg, tokenizer, datasets: Sequence[sources.ResolvedDataset],
@@ -673,7 +673,7 @@ class RankLoader:
 
 def check_canonical_nodes(canonical_nodes: int, dp_size: int, fixed: bool = True,
                           configured: Optional[int] = None) -> None:
-    from orchestrator.validate import canonical_nodes_problem
+    from orchestrator.plan.validate import canonical_nodes_problem
 
     problem = canonical_nodes_problem(canonical_nodes, dp_size, fixed, configured)
     if problem:
@@ -851,7 +851,7 @@ def build_validation_loaders(data_cfg, encoder_cfg, adapter_cfg, micro_batch_siz
     Every batch also carries `transcripts` (the reference answer of each sample, in
     token order; a conversation's last scored assistant turn) and `answer_starts` (where
     in each sample that answer starts: its generation prompt is the tokens before);
-    each set has the `metric` its dataset is scored by (orchestrator.tasks).
+    each set has the `metric` its dataset is scored by (orchestrator.plan.tasks).
     """
     datasets = sources.resolve_entries(data_cfg.validation)
     processor = SampleProcessor(data_cfg, encoder_cfg, adapter_cfg, _tokenizer(data_cfg, tokenizer_path), datasets,

@@ -17,7 +17,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 import numpy as np
 
 from orchestrator.data.frames import audio_placeholder_count  # noqa: F401  (re-exported)
-from orchestrator.tasks import INSTRUCTION_SLOT, SPEECH_MARKER
+from orchestrator.plan.tasks import INSTRUCTION_SLOT, SPEECH_MARKER
 
 
 @dataclass

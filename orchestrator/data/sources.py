@@ -42,7 +42,7 @@ class ResolvedDataset:
     path: str  # local directory or remote URI
     weight: float  # share of the mixture (an entry's weight split over its matches by size)
     num_samples: Optional[int] = None  # known for local datasets (from index.json)
-    # The config entry it came from: its task, template and columns (orchestrator.tasks).
+    # The config entry it came from: its task, template and columns (orchestrator.plan.tasks).
     entry: Any = field(default=None, compare=False)
 
 

@@ -34,7 +34,7 @@ from typing import Dict, Iterable, Mapping, Sequence, Tuple
 
 from orchestrator.eval.text import normalize_transcript
 from orchestrator.eval.wer import word_errors
-from orchestrator.tasks import METRICS  # the metrics a dataset may name (validated at planning)
+from orchestrator.plan.tasks import METRICS  # the metrics a dataset may name (validated at planning)
 
 _NGRAMS = 4
 _STATISTICS = {

@@ -19,7 +19,7 @@ pipeline's input tensor):
 Packed rows: tokens [1, T] with `PackedSeqParams(qkv_format="thd", cu_seqlens_q=cu,
 cu_seqlens_kv=cu, max_seqlen_q=m, max_seqlen_kv=m)` (int32 cu_seqlens); RoPE positions
 restart at every document and attention stays inside documents. Each clip needs
-`orchestrator.model_params.audio_token_count(mel_frames, frame_stack)` placeholders.
+`orchestrator.plan.model_params.audio_token_count(mel_frames, frame_stack)` placeholders.
 
 Modules: norms (zero-centred RMSNorm), attention (Gemma2 core attention, local and
 flex), gemma2_layer / gemma2_spec / gemma2_model (the decoder), speech (Whisper encoder,

@@ -105,7 +105,7 @@ class AudioLLM(MegatronModule):
         return lm.scale_embeddings(embeddings), audio, per_clip
 
     def adapter_tokens(self, mel_frames: int) -> int:
-        from orchestrator.model_params import audio_token_count
+        from orchestrator.plan.model_params import audio_token_count
 
         return audio_token_count(mel_frames, self.adapter.frame_stack)
 
@@ -142,14 +142,14 @@ def build_audiollm(model_cfg, parallel_cfg, pre_process: bool = True, post_proce
     weights, and its checkpoints hold only parameters of the compute dtype (a trained fp32
     adapter beside a bf16 decoder failed the first save on a GPU). The adapter's layer mix
     sums in fp32; only a frozen encoder can stay in fp32 (model.encoder.precision=fp32).
-    The attention kernel is `model.attention` on this machine (orchestrator.kernels: auto
+    The attention kernel is `model.attention` on this machine (orchestrator.plan.kernels: auto
     is flex on CUDA); `core_attention` (a class) replaces it for the tests' known-mistake
     controls only. `encoder_lora`: LoRA will adapt the encoder (lora.encoder), which then
     trains. `on_gpu`: built for a GPU (this machine's
     answer unless given; the full-size probe builds for a GPU on CPU); `attention`: the
     kernel decided for it (orchestrator.runtime.machine.decide; model.attention on
     `on_gpu` unless given)."""
-    from orchestrator.kernels import attention_kernel, encoder_precision
+    from orchestrator.plan.kernels import attention_kernel, encoder_precision
 
     dec = model_cfg.decoder
     has_cuda = torch.cuda.is_available()

@@ -23,8 +23,8 @@ from megatron.core import parallel_state, tensor_parallel
 from megatron.core.models.gpt import GPTModel
 from megatron.core.transformer import TransformerConfig
 
-from orchestrator.kernels import LOSS_CHUNK_ELEMENTS
-from orchestrator.megatron_args import padded_vocab_size
+from orchestrator.plan.kernels import LOSS_CHUNK_ELEMENTS
+from orchestrator.plan.megatron_args import padded_vocab_size
 from orchestrator.models.gemma2_spec import gemma2_block_spec
 
 
@@ -76,7 +76,7 @@ class Gemma2TransformerConfig(TransformerConfig):
 
 def gemma2_transformer_config(decoder, tp: int = 1, pp: int = 1, sp: bool = False, cp: int = 1,
                               params_dtype: torch.dtype = torch.float32, **overrides) -> Gemma2TransformerConfig:
-    """megatron config of the decoder section (`orchestrator.schema.model.DecoderConfig`)."""
+    """megatron config of the decoder section (`orchestrator.plan.schema.model.DecoderConfig`)."""
     if sp and tp == 1:
         raise ValueError("sequence parallel (parallel.sp=true) needs tensor parallel size > 1 (parallel.tp=1)")
     fields = dict(

@@ -8,7 +8,7 @@ te:    TransformerEngine linears + TransformerEngine's fused RMSNorm with
        normalization / layernorm_zero_centered_gamma, which `gemma2_transformer_config`
        sets): the same (1 + w) scale, computed in fp32 inside one kernel. GPU only.
 
-Attention kernels (`model.attention`, resolved by orchestrator.kernels.attention_kernel):
+Attention kernels (`model.attention`, resolved by orchestrator.plan.kernels.attention_kernel):
 reference: `SoftcapDotProductAttention` (plain PyTorch; the numerical reference);
 flex:      `FlexSoftcapAttention` (torch's flex_attention). TransformerEngine's own
            attention is not used: released versions lack the logit softcap.

@@ -34,7 +34,7 @@ from typing import List, Optional, Sequence
 import torch
 from torch import nn
 
-from orchestrator.model_params import audio_token_count, encoder_frame_count  # noqa: F401  (re-exported)
+from orchestrator.plan.model_params import audio_token_count, encoder_frame_count  # noqa: F401  (re-exported)
 
 
 def whisper_encoder_config(encoder, attention: str = "eager"):
@@ -51,7 +51,7 @@ def whisper_encoder_config(encoder, attention: str = "eager"):
 
 
 def build_whisper_encoder(encoder, precision: str = "fp32") -> nn.Module:
-    """`precision` (orchestrator.kernels.encoder_precision): fp32 with HF's eager attention,
+    """`precision` (orchestrator.plan.kernels.encoder_precision): fp32 with HF's eager attention,
     or bf16 weights with PyTorch's SDPA. Weights are drawn in fp32 either way."""
     from transformers.models.whisper.modeling_whisper import WhisperEncoder
 

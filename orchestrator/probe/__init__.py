@@ -1,6 +1,6 @@
 """The full-size probe: one training step of a plan's model at its real shapes and
 layout, on fake tensors in one CPU process per pipeline stage, its memory measured
-category by category (`audiollm plan ... --probe`; orchestrator/probe_report.py runs
+category by category (`audiollm plan ... --probe`; orchestrator/plan/probe_report.py runs
 it and sets it beside the plan's estimate).
 
 Job side: imports torch and megatron. The modules:

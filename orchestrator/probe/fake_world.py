@@ -20,8 +20,8 @@ import torch.distributed as dist
 
 def rank_of(stage: int, cp_rank: int, tp: int, cp: int, dp: int, pp: int, order: str) -> int:
     """The global rank of (tp 0, context-parallel rank `cp_rank`, dp 0, pipeline stage
-    `stage`) under megatron's rank `order` (orchestrator/topology.py)."""
-    from orchestrator.topology import global_rank
+    `stage`) under megatron's rank `order` (orchestrator/plan/topology.py)."""
+    from orchestrator.plan.topology import global_rank
 
     return global_rank({"cp": cp_rank, "pp": stage}, {"tp": tp, "cp": cp, "dp": dp, "pp": pp}, order)
 

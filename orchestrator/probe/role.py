@@ -40,8 +40,8 @@ def synthetic_microbatch(cfg) -> dict:
     from orchestrator.data.frames import HOP_LENGTH
     from orchestrator.data.packing import Example, collate
     from orchestrator.data.prompts import Tokenized
-    from orchestrator.estimate import clips_in_a_row
-    from orchestrator.validate import audio_tokens_per_clip
+    from orchestrator.plan.estimate import clips_in_a_row
+    from orchestrator.plan.validate import audio_tokens_per_clip
 
     data, model = cfg.data, cfg.model
     seconds = min(data.max_audio_seconds, model.encoder.max_source_positions / 50)
@@ -99,7 +99,7 @@ class RepeatedBatches:
 def _probe_plan(plan_json: Path):
     """The plan, as the probe runs it: no init checkpoint (the weights are fake), the
     step's micro-batches capped (probe_microbatches)."""
-    from orchestrator.estimate import probe_microbatches
+    from orchestrator.plan.estimate import probe_microbatches
     from orchestrator.train.run_plan import RunPlan
 
     plan = RunPlan(run_dir=plan_json.parent, plan=json.loads(plan_json.read_text()))

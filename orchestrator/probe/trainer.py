@@ -26,7 +26,7 @@ def _no_gloo_optimizer():
 
 
 def component_of(name: str) -> str:
-    """The plan's component of a parameter name (orchestrator.model_params.ParamSpec)."""
+    """The plan's component of a parameter name (orchestrator.plan.model_params.ParamSpec)."""
     if name.startswith("encoder."):
         return "encoder"
     if name.startswith("adapter."):

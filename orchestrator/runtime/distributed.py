@@ -19,7 +19,7 @@ class ParallelSizes:
     pp: int = 1
     cp: int = 1
     vpp: Optional[int] = None
-    # Rank order (parallel.rank_order; orchestrator/topology.py describes the layouts).
+    # Rank order (parallel.rank_order; orchestrator/plan/topology.py describes the layouts).
     order: str = "tp-cp-ep-dp-pp"
 
 

@@ -4,7 +4,7 @@ The plan is made on the submit side, which cannot see the GPU machine's installe
 packages; these decisions are made by every rank at start, from the plan's `model`
 section and what this machine has:
 
-- attention kernel: `model.attention` (orchestrator.kernels; auto: flex_attention on
+- attention kernel: `model.attention` (orchestrator.plan.kernels; auto: flex_attention on
   CUDA, the plain-PyTorch reference on CPU);
 - gradient-accumulation fusion (the weight gradient accumulated into the fp32 main_grad
   inside the GEMM): on a GPU only where apex's `fused_weight_gradient_mlp_cuda` imports.
@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from orchestrator.kernels import attention_kernel
+from orchestrator.plan.kernels import attention_kernel
 
 
 @dataclass(frozen=True)

@@ -40,7 +40,7 @@ def audiollm_config(plan):
     section passed on to the function that owns it)."""
     from omegaconf import OmegaConf
 
-    from orchestrator.schema import AudioLLMConfig
+    from orchestrator.plan.schema import AudioLLMConfig
 
     return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(AudioLLMConfig), plan.config))
 
@@ -179,9 +179,9 @@ class AudioLLMProvider:
     def flop_counter(self, trained: set):
         """Counts a loader micro-batch's FLOPs as the model computes them (decoder over its
         real tokens and documents, encoder over the clips present, adapter and CTC head;
-        orchestrator.step_flops), given the names of the parameters that train."""
-        from orchestrator.megatron_args import padded_vocab_size
-        from orchestrator.step_flops import StepFlops
+        orchestrator.plan.step_flops), given the names of the parameters that train."""
+        from orchestrator.plan.megatron_args import padded_vocab_size
+        from orchestrator.plan.step_flops import StepFlops
 
         parallel = self.parallel_cfg
         vocab = padded_vocab_size(self.model_cfg.decoder.vocab_size, parallel.tp)

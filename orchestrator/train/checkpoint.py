@@ -4,7 +4,7 @@ atomically, the last K kept.
 Layout under <run_dir>/checkpoints/:
   step_000010/            one published checkpoint (dist_checkpointing format)
     rank_state/rank_00000.pt   per-rank RNG states and data-loader state
-    manifest.json              size and CRC-32 of every file (orchestrator/checkpoint_dirs.py)
+    manifest.json              size and CRC-32 of every file (orchestrator/plan/checkpoint_dirs.py)
   latest                  name of the newest published checkpoint (replaced atomically)
   .tmp-step_000020/       a save in progress (never read; removed by the next save)
   step_000030.damaged/    a checkpoint found damaged at a resume, set aside (never read)
@@ -45,10 +45,10 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from orchestrator.checkpoint_dirs import (LAYOUT, MANIFEST, checkpoint_files, file_record, is_dist_checkpoint,
+from orchestrator.plan.checkpoint_dirs import (LAYOUT, MANIFEST, checkpoint_files, file_record, is_dist_checkpoint,
                                          layout_text, manifest_problem, read_manifest, saved_layout_of, set_aside_dirs,
                                          step_dirs, without_manifest)
-from orchestrator.convert.dist_format import use_in_process_results_queue
+from orchestrator.train.dist_format import use_in_process_results_queue
 
 log = logging.getLogger(__name__)
 

@@ -34,7 +34,7 @@ class ModelProvider(Protocol):
     def flop_counter(self, trained: set):
         """`trained`: patterns of the parameter names that train (layer numbers as `*`).
         Returns micro-batch -> {'model', 'hardware' FLOPs, 'tokens' (real), 'slots'}:
-        FLOPs counted from what each batch holds (orchestrator.step_flops)."""
+        FLOPs counted from what each batch holds (orchestrator.plan.step_flops)."""
 
 
 class BatchSource(Protocol):

@@ -29,8 +29,8 @@ import sys
 from pathlib import Path
 from typing import Callable, Optional, Sequence, Tuple
 
-from launchers.rundir import write_text_atomic
-from orchestrator.checkpoint_dirs import checkpoint_problem, step_dirs
+from orchestrator.plan.rundir import write_text_atomic
+from orchestrator.plan.checkpoint_dirs import checkpoint_problem, step_dirs
 from orchestrator.train.run_plan import PlanError
 
 

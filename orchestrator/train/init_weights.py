@@ -76,7 +76,7 @@ def load_init_checkpoint(path: str | Path, chunks: Sequence, prefix: str = "", l
     from megatron.core import dist_checkpointing
     from megatron.core.dist_checkpointing.mapping import ShardedObject
 
-    from orchestrator.convert.dist_format import stored_model_tensors
+    from orchestrator.train.dist_format import stored_model_tensors
     from orchestrator.train.checkpoint import _unwrap_ddp
 
     stored = {k: v for k, v in stored_model_tensors(path).items() if k.startswith(prefix)}
@@ -145,7 +145,7 @@ def recorded_lora(path: str | Path) -> dict:
     it; {} when neither says."""
     import json
 
-    from orchestrator.checkpoint_dirs import CONVERTED_META
+    from orchestrator.plan.checkpoint_dirs import CONVERTED_META
 
     path = Path(path)
     if (path / CONVERTED_META).is_file():
@@ -164,7 +164,7 @@ def load_init_lora(path: str | Path, chunks: Sequence, lora_cfg: dict) -> List[s
     from megatron.core import dist_checkpointing
     from megatron.core.dist_checkpointing.mapping import ShardedObject
 
-    from orchestrator.convert.dist_format import stored_model_tensors
+    from orchestrator.train.dist_format import stored_model_tensors
     from orchestrator.train.checkpoint import _unwrap_ddp
 
     stored = {k: v for k, v in stored_model_tensors(path).items() if ".lora_" in k}

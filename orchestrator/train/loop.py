@@ -26,7 +26,7 @@ from typing import Callable, Optional
 import torch
 import torch.distributed as dist
 
-from orchestrator.checkpoint_dirs import set_aside_dirs, step_dirs
+from orchestrator.plan.checkpoint_dirs import set_aside_dirs, step_dirs
 from orchestrator.runtime.machine import Machine, decide
 from orchestrator.train import checkpoint as ckpt
 from orchestrator.train import lr_groups as lrg
@@ -37,7 +37,7 @@ from orchestrator.train.metrics import (LossStats, MetricsWriter, eval_line, mem
 from orchestrator.train.run_plan import RunPlan
 from orchestrator.train.save_clock import SaveClock
 from orchestrator.train.stragglers import StepTimer, straggler_line, stragglers
-from orchestrator.step_flops import parameter_pattern
+from orchestrator.plan.step_flops import parameter_pattern
 
 log = logging.getLogger(__name__)
 
@@ -123,9 +123,9 @@ class Trainer:
         self.last_stats: Optional[torch.Tensor] = None
         self.step = 0
         self._val_initial_state = components.val_source.state_dict() if components.val_source else None
-        from launchers import runtime
+        from orchestrator.runtime import job_control
 
-        self.progress = runtime.progress  # read by the watchdog thread (launchers/watchdog.py)
+        self.progress = job_control.progress  # read by the watchdog thread (launchers/watchdog.py)
         if not training:
             self.chunks = chunks
             return
@@ -159,7 +159,7 @@ class Trainer:
         elif self.rank == 0:
             log.info("no MFU: %s", peak_source)
         self.callbacks: list = []  # called as cb(trainer, step) after each step (and its checkpoint)
-        self.should_stop = runtime.should_stop  # collective; see launchers/runtime.py
+        self.should_stop = job_control.should_stop  # collective; see orchestrator/runtime/job_control.py
         self.timer = StepTimer()  # this rank's step parts, for the straggler report
         # train.async_save: checkpoint files written by a forked process while training goes on
         self.background = ckpt.BackgroundSaves() if self.train_cfg.get("async_save") else None
@@ -367,9 +367,9 @@ class Trainer:
     def _run_id(self, from_checkpoint: Optional[str]) -> str:
         """One W&B run id per run directory, fixed at its first start (the launcher's
         record), or the one the checkpoint carries."""
-        from launchers import runtime
+        from orchestrator.runtime import job_control
 
-        obj = [from_checkpoint or (runtime.wandb_run_id(self.plan.run_dir) if self.rank == 0 else None)]
+        obj = [from_checkpoint or (job_control.wandb_run_id(self.plan.run_dir) if self.rank == 0 else None)]
         dist.broadcast_object_list(obj, src=0)
         return obj[0]
 

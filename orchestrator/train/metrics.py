@@ -19,7 +19,7 @@ from typing import Optional
 
 import torch
 
-from launchers.rundir import write_text_atomic
+from orchestrator.plan.rundir import write_text_atomic
 
 log = logging.getLogger(__name__)
 
@@ -65,9 +65,9 @@ def peak_flops(device_name: Optional[str], gpu_type: Optional[str]) -> tuple:
     peak = device_peak_flops(device_name)
     if peak is not None:
         return peak, device_name
-    # The plan's launcher.gpu_type (its device table, orchestrator/estimate.py) only when
+    # The plan's launcher.gpu_type (its device table, orchestrator/plan/estimate.py) only when
     # the device name matches nothing above.
-    from orchestrator.estimate import DEVICES
+    from orchestrator.plan.estimate import DEVICES
 
     device = DEVICES.get((gpu_type or "").lower())
     peak = device.peak_tflops * 1e12 if device is not None and device.peak_tflops > 0 else None
@@ -220,7 +220,7 @@ def run_summary(run_dir: Path, recipe: Optional[str]) -> str:
     evaluation of each metric the run measured (the whole run, restarts included), the
     loss curve, the wall time since the run was submitted (a resumed run: since its last
     submission), and what to run next."""
-    from launchers.rundir import last_launch, read_metrics
+    from orchestrator.plan.rundir import last_launch, read_metrics
 
     run_dir = Path(run_dir)
     rows = read_metrics(run_dir)

@@ -13,7 +13,7 @@ from transformers import WhisperModel
 from transformers.models.whisper.modeling_whisper import WhisperEncoder
 
 from orchestrator.convert import compare_weights, hf_to_megatron, megatron_to_hf
-from orchestrator.convert.dist_format import write_model_tensors
+from orchestrator.train.dist_format import write_model_tensors
 from orchestrator.convert.gemma2_mapping import Gemma2Shape, hf_to_megatron_tensors
 from orchestrator.convert.hf_io import SafetensorsDir
 from tests.models.tiny_models import hf_gemma2, randomize, whisper_config

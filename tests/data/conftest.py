@@ -10,8 +10,8 @@ import pytest
 from omegaconf import OmegaConf
 
 from orchestrator.data.audio import encode_flac
-from orchestrator.schema.data import DataConfig, DatasetEntry
-from orchestrator.schema.model import AdapterConfig, EncoderConfig
+from orchestrator.plan.schema.data import DataConfig, DatasetEntry
+from orchestrator.plan.schema.model import AdapterConfig, EncoderConfig
 
 WORDS = ["zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "the", "cat", "sees", "dog"]
 COLUMNS = {"audio": "bytes", "text": "str"}

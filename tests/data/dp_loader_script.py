@@ -13,8 +13,8 @@ import torch.distributed as dist
 from omegaconf import OmegaConf
 
 from orchestrator.data.loader import build_train_loader, build_validation_loaders
-from orchestrator.schema.data import DataConfig
-from orchestrator.schema.model import AdapterConfig, EncoderConfig
+from orchestrator.plan.schema.data import DataConfig
+from orchestrator.plan.schema.model import AdapterConfig, EncoderConfig
 from tests.data.test_loader import record_reads
 
 

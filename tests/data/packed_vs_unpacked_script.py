@@ -12,13 +12,13 @@ from pathlib import Path
 
 import torch
 
-from orchestrator.compose import compose
+from orchestrator.plan.compose import compose
 from orchestrator.data.loader import build_train_loader
 from orchestrator.data.packing import packed_seq_params
 from orchestrator.data.tokenizer_build import AUDIO_TOKEN, build_tokenizer, load_tokenizer
-from orchestrator.resolve import to_object
+from orchestrator.plan.resolve import to_object
 from orchestrator.runtime.distributed import ParallelSizes, init_distributed, shutdown
-from orchestrator.schema.data import DatasetEntry
+from orchestrator.plan.schema.data import DatasetEntry
 from orchestrator.train.audiollm_provider import model_inputs
 from tests.data.conftest import WORDS, data_config, tone_samples, write_mds
 

@@ -15,7 +15,7 @@ import torch
 from orchestrator.data import mel
 from orchestrator.data.audio import encode_flac, load_audio
 from orchestrator.data.loader import build_train_loader
-from orchestrator.schema.data import DatasetEntry
+from orchestrator.plan.schema.data import DatasetEntry
 from orchestrator.train.audiollm_provider import ctc_per_token, ctc_samples
 from tests.data.conftest import WORDS, data_config, tone, write_mds
 

@@ -62,7 +62,7 @@ def test_cli_writes_mds_datasets_and_tokenizer_deterministically(tmp_path, encod
     from orchestrator.data.audio import decode_bytes
     from orchestrator.data.loader import build_train_loader, build_validation_loaders
     from orchestrator.data.sources import single_rank_world
-    from orchestrator.schema.data import DatasetEntry
+    from orchestrator.plan.schema.data import DatasetEntry
 
     from .conftest import data_config
 

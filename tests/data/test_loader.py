@@ -9,7 +9,7 @@ import torch
 from orchestrator.data.loader import (BadSampleError, RankLoader, build_train_loader, build_validation_loaders,
                                       merge_rank_states)
 from orchestrator.data.sources import resolve_entries
-from orchestrator.schema.data import DatasetEntry
+from orchestrator.plan.schema.data import DatasetEntry
 
 from .conftest import data_config, tone_samples, write_mds
 

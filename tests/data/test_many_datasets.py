@@ -24,7 +24,7 @@ import pytest
 from orchestrator.data import loader as loader_mod
 from orchestrator.data import sources
 from orchestrator.data.audio import encode_flac
-from orchestrator.schema.data import DatasetEntry
+from orchestrator.plan.schema.data import DatasetEntry
 
 from .conftest import data_config, tone, write_mds
 

@@ -10,7 +10,7 @@ from orchestrator.data.context_parallel import frame_index_within, split_batch
 from orchestrator.data.packing import Example, Packer, collate, packed_seq_params
 from orchestrator.data.prompts import PromptBuilder, Tokenized, audio_placeholder_count
 from orchestrator.data.tokenizer_build import AUDIO_TOKEN, SPECIAL_TOKENS
-from orchestrator.schema.data import DataConfig
+from orchestrator.plan.schema.data import DataConfig
 
 TEMPLATE = DataConfig().prompt_template
 

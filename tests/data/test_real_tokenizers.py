@@ -5,10 +5,10 @@ tokenizer does not know or a tokenizer larger than the model's vocabulary."""
 
 import pytest
 
-from orchestrator.compose import compose
+from orchestrator.plan.compose import compose
 from orchestrator.data.tokenizer_build import build_tokenizer, load_tokenizer
-from orchestrator.resolve import to_object
-from orchestrator.validate import ERROR, validate
+from orchestrator.plan.resolve import to_object
+from orchestrator.plan.validate import ERROR, validate
 from tests.data.conftest import WORDS, tone_samples, write_mds
 
 GEMMA2_SPECIALS = ["<pad>", "<eos>", "<bos>", "<unk>", "<mask>", "[multimodal]",
@@ -52,7 +52,7 @@ def test_a_tokenizer_larger_than_the_model_vocabulary_is_refused_naming_both(gem
 
 def test_samples_carry_the_chosen_placeholder_once_per_audio_token(tmp_path, gemma_layout_tokenizer):
     from orchestrator.data.loader import build_train_loader
-    from orchestrator.schema.data import DatasetEntry
+    from orchestrator.plan.schema.data import DatasetEntry
 
     write_mds(tmp_path / "ds", tone_samples(4, seed=3))
     cfg = to_object(compose([f"data.tokenizer={gemma_layout_tokenizer}", "data.audio_token='<unused0>'",

@@ -1,4 +1,4 @@
-"""Datasets of several tasks in one mixture (orchestrator/tasks.py, prompts.py,
+"""Datasets of several tasks in one mixture (orchestrator/plan/tasks.py, prompts.py,
 loader.py): transcription behind data.prompt_template, a dataset with its own template,
 answer column and per-sample instructions, and two-clip conversations rendered by the
 tokenizer's chat template with the loss on the assistant turns."""
@@ -8,11 +8,11 @@ from __future__ import annotations
 import pytest
 from omegaconf import OmegaConf
 
-from orchestrator import tasks
+from orchestrator.plan import tasks
 from orchestrator.data.loader import BadSampleError, SampleProcessor, build_train_loader, build_validation_loaders
 from orchestrator.data.prompts import encode_text
 from orchestrator.data.sources import ResolvedDataset
-from orchestrator.schema.data import DatasetEntry
+from orchestrator.plan.schema.data import DatasetEntry
 from tests.data.conftest import (CONVERSATION_COLUMNS, FIRST_QUESTION, INSTRUCTED_COLUMNS, INSTRUCTED_TEMPLATE,
                                  conversation_samples, data_config, instructed_samples, tone_samples, write_mds)
 

@@ -7,8 +7,8 @@ import re
 import time
 from pathlib import Path
 
-from launchers import commands
-from launchers.rundir import read_json, read_metrics
+from launchers.status import cancel
+from orchestrator.plan.rundir import read_json, read_metrics
 from launchers.summary import run_state
 
 
@@ -33,7 +33,7 @@ def wait_until(predicate, timeout: float, what: str, run_dirs=(), interval: floa
             return value
         time.sleep(interval)
     for run_dir in run_dirs:
-        commands.cancel(run_dir)
+        cancel(run_dir)
     logs = "\n".join(
         f"--- {p}\n{p.read_text()[-2000:]}" for d in run_dirs for p in sorted(Path(d).glob("logs/*.log"))
     )

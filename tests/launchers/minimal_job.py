@@ -14,7 +14,7 @@ Reads <run_dir>/config.yaml (train.iters, train.seed, train.save_interval,
 train.keep_last, train.log_interval, optim.lr, launcher.accelerator) and
 <run_dir>/plan.json (world_size, checked against the environment). Writes
 checkpoints/step_<N>/state.pt + checkpoints/latest and metrics.jsonl (one line per
-step, rank 0). At every step boundary it asks launchers.runtime.should_stop()
+step, rank 0). At every step boundary it asks orchestrator.runtime.job_control.should_stop()
 and, when told to, checkpoints and returns.
 
 AUDIOLLM_MINIMAL_STEP_DELAY_S (seconds, default 0) slows each step down, so that a
@@ -34,7 +34,7 @@ import torch
 import torch.distributed as dist
 import yaml
 
-from launchers import runtime
+from orchestrator.runtime import job_control
 
 IN_DIM, HIDDEN, BATCH_PER_RANK = 16, 64, 32
 
@@ -130,7 +130,7 @@ def main(run_dir: str) -> dict:
     loss_value = float("nan")
     step = start
     while step < iters:
-        if runtime.should_stop():  # step boundary: every rank gets the same answer
+        if job_control.should_stop():  # step boundary: every rank gets the same answer
             if rank == 0:
                 _save(run_path, step, model, optim, keep_last)
                 print(f"[minimal_job] stop requested: checkpoint at step {step}", flush=True)

@@ -8,7 +8,8 @@ import json
 
 import pytest
 
-from launchers import commands
+from launchers.runs import EXIT_INVALID
+from launchers.train import train
 from orchestrator.data.demo import CORPUS_FORMAT
 
 
@@ -26,9 +27,9 @@ def test_another_corpus_in_the_directory_is_refused_before_submission(tmp_path, 
     corpus = tmp_path / "demo_data"
     corpus.mkdir()
     (corpus / "manifest.json").write_text(json.dumps(manifest))
-    code = commands.train([f"data.demo_corpus={corpus}", f"run.output_root={tmp_path / 'outputs'}", *overrides])
+    code = train([f"data.demo_corpus={corpus}", f"run.output_root={tmp_path / 'outputs'}", *overrides])
     err = capsys.readouterr().err
-    assert code == commands.EXIT_INVALID, err
+    assert code == EXIT_INVALID, err
     assert "not submitted" in err and f"data.demo_corpus={corpus}" in err and f"delete {corpus}" in err
     for text in expected:
         assert text in err, (text, err)

@@ -10,8 +10,9 @@ import time
 
 import pytest
 
-from launchers import commands
-from launchers.rundir import read_json, read_metrics
+from launchers.status import cancel, status
+from launchers.train import train
+from orchestrator.plan.rundir import read_json, read_metrics
 
 from .helpers import launches, losses, rank_pids, tiny_overrides, wait_for_end, wait_for_step, wait_until
 
@@ -24,7 +25,7 @@ ITERS = 12
 def reference(tmp_path_factory):
     """One uninterrupted 2-rank run; its per-step losses are what interrupted runs must reproduce."""
     root = tmp_path_factory.mktemp("local-ref")
-    code = commands.train(tiny_overrides(root, "run.name=ref", iters=ITERS))
+    code = train(tiny_overrides(root, "run.name=ref", iters=ITERS))
     return code, root / "tiny_cpu" / "ref"
 
 
@@ -52,7 +53,7 @@ def test_preempted_rank_restarts_and_reproduces_every_loss(reference, tmp_path, 
     _, ref_dir = reference
     monkeypatch.setenv("AUDIOLLM_MINIMAL_STEP_DELAY_S", "0.25")
     run_dir = tmp_path / "tiny_cpu" / "pre"
-    assert commands.train(tiny(tmp_path, "run.name=pre", "launcher.wait=false", iters=ITERS)) == 0
+    assert train(tiny(tmp_path, "run.name=pre", "launcher.wait=false", iters=ITERS)) == 0
     wait_for_step(run_dir, 3, timeout=120)
     os.kill(rank_pids(run_dir, 1)[0], signal.SIGUSR2)
     info = wait_for_end(run_dir, timeout=180)
@@ -68,24 +69,24 @@ def test_cancelled_run_continues_when_the_same_command_runs_again(reference, tmp
     _, ref_dir = reference
     monkeypatch.setenv("AUDIOLLM_MINIMAL_STEP_DELAY_S", "0.25")
     overrides = tiny(tmp_path, iters=ITERS)  # no run.name: the run is found from the config
-    assert commands.train([*overrides, "launcher.wait=false"]) == 0
+    assert train([*overrides, "launcher.wait=false"]) == 0
     (run_dir,) = (tmp_path / "tiny_cpu").iterdir()
     wait_for_step(run_dir, 3, timeout=120)
-    assert commands.train(overrides) == 2  # a second job may not write the same run directory
+    assert train(overrides) == 2  # a second job may not write the same run directory
     assert "already has job" in capsys.readouterr().err
-    assert commands.cancel(run_dir) == 0  # SIGTERM: checkpoint at the next step boundary, then stop
+    assert cancel(run_dir) == 0  # SIGTERM: checkpoint at the next step boundary, then stop
     info = wait_for_end(run_dir, timeout=120)
     assert info["state"] == "STOPPED" and info["step"] < ITERS, info
     stopped_at = max(losses(run_dir))
     assert stopped_at < ITERS
     capsys.readouterr()
     monkeypatch.setenv("AUDIOLLM_MINIMAL_STEP_DELAY_S", "0")
-    assert commands.train(overrides) == 0
+    assert train(overrides) == 0
     out = capsys.readouterr().out
     assert f"resuming run {run_dir}" in out and f"resumed from step_{stopped_at}" in out
     assert [launch["resumed"] for launch in launches(run_dir)] == [False, True]
     assert losses(run_dir) == losses(ref_dir)
-    assert commands.status(run_dir) == 0
+    assert status(run_dir) == 0
     assert f"step      {ITERS}/{ITERS}" in capsys.readouterr().out
 
 
@@ -93,7 +94,7 @@ def test_requeues_are_bounded_by_max_requeues(tmp_path, tiny, monkeypatch):
     monkeypatch.setenv("AUDIOLLM_MINIMAL_STEP_DELAY_S", "0.25")
     run_dir = tmp_path / "tiny_cpu" / "bounded"
     overrides = tiny(tmp_path, "run.name=bounded", "launcher.wait=false", "launcher.max_requeues=0", iters=ITERS)
-    assert commands.train(overrides) == 0
+    assert train(overrides) == 0
     wait_for_step(run_dir, 2, timeout=120)
     os.kill(rank_pids(run_dir, 0)[0], signal.SIGUSR2)
     info = wait_for_end(run_dir, timeout=120)
@@ -105,7 +106,7 @@ def test_requeues_are_bounded_by_max_requeues(tmp_path, tiny, monkeypatch):
 
 
 def test_local_sweep_runs_each_point_and_writes_the_summary(tmp_path, tiny, capsys):
-    code = commands.train(tiny(tmp_path, "run.name=sw", "train.seed=1,2", ranks=1, iters=3), multirun=True)
+    code = train(tiny(tmp_path, "run.name=sw", "train.seed=1,2", ranks=1, iters=3), multirun=True)
     assert code == 0
     sweep_dir = tmp_path / "tiny_cpu" / "sw"
     rows = (sweep_dir / "summary.txt").read_text().splitlines()[2:]
@@ -259,7 +260,7 @@ def test_status_of_a_damaged_run_directory_names_each_damaged_file(reference, tm
 
     def status_lines() -> list[str]:
         capsys.readouterr()
-        assert commands.status(run_dir) == 0
+        assert status(run_dir) == 0
         return capsys.readouterr().out.splitlines()
 
     def cut(name: str, keep: int) -> None:

@@ -10,9 +10,10 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
-from launchers import commands
-from launchers import rundir as rd
-from orchestrator.compose import compose
+from launchers.status import cancel, status
+from launchers.train import train
+from orchestrator.plan import rundir as rd
+from orchestrator.plan.compose import compose
 
 
 def _container(overrides):
@@ -59,7 +60,7 @@ def test_prepare_writes_config_plan_and_keeps_the_wandb_id(tmp_path):
 
 
 def test_dry_run_prints_everything_and_writes_nothing(tmp_path, capsys):
-    code = commands.train(["+recipe=gemma2_whisper_tp4pp2", "launcher.dry_run=true", f"run.output_root={tmp_path}"])
+    code = train(["+recipe=gemma2_whisper_tp4pp2", "launcher.dry_run=true", f"run.output_root={tmp_path}"])
     out = capsys.readouterr().out
     assert code == 0
     assert "#SBATCH --nodes=4" in out and "--tensor-model-parallel-size 4" in out and "parallel:" in out
@@ -67,7 +68,7 @@ def test_dry_run_prints_everything_and_writes_nothing(tmp_path, capsys):
 
 
 def test_invalid_config_lists_every_error_and_writes_nothing(tmp_path, capsys):
-    code = commands.train(["launcher.nodes=2", "launcher.entry=nodots", f"run.output_root={tmp_path}"])
+    code = train(["launcher.nodes=2", "launcher.entry=nodots", f"run.output_root={tmp_path}"])
     err = capsys.readouterr().err
     assert code == 2
     assert "launcher.nodes=2" in err and "launcher.entry='nodots'" in err
@@ -75,17 +76,18 @@ def test_invalid_config_lists_every_error_and_writes_nothing(tmp_path, capsys):
 
 
 def test_status_and_cancel_reject_unknown_paths(tmp_path, capsys):
-    assert commands.status(tmp_path) == 2
-    assert commands.cancel(tmp_path) == 2
+    assert status(tmp_path) == 2
+    assert cancel(tmp_path) == 2
     assert "neither a run directory" in capsys.readouterr().err
 
 
 def test_submit_side_does_not_import_torch():
     code = (
-        "import sys, launchers.commands, launchers.executors, launchers.rundir, launchers.summary, "
-        "launchers.sweep, launchers.job, launchers.runtime, launchers.slurm_fit, orchestrator.runtime.slurm_env\n"
-        "from launchers import commands\n"
-        "commands.prepare(['+recipe=gemma2_whisper_tp4pp2', 'launcher.dry_run=true'])\n"
+        "import sys, launchers.train, launchers.prepare, launchers.status, launchers.executors, launchers.summary, "
+        "launchers.sweep, launchers.job, launchers.slurm_fit, orchestrator.plan.rundir, orchestrator.runtime.job_control, "
+        "orchestrator.runtime.slurm_env\n"
+        "from launchers.runs import prepare\n"
+        "prepare(['+recipe=gemma2_whisper_tp4pp2', 'launcher.dry_run=true'])\n"
         "bad = [m for m in ('torch', 'megatron') if m in sys.modules]\n"
         "assert not bad, bad"
     )

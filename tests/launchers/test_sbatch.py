@@ -11,7 +11,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from launchers.executors import render_sbatch, slurm_parameters
-from orchestrator.compose import compose
+from orchestrator.plan.compose import compose
 from tests.golden import check_golden
 
 GOLDEN = Path(__file__).parent / "golden"

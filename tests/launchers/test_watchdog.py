@@ -3,7 +3,7 @@ ranks a hang names. The whole path (a rank frozen with SIGSTOP in a two-node SLU
 detected, the job requeued and resumed exactly) is
 tests/slurm/test_multinode.py::test_a_frozen_rank_is_named_and_the_job_requeued_and_resumed_exactly."""
 
-from launchers import runtime
+from orchestrator.runtime import job_control
 from launchers.watchdog import BEAT_S, HANG_FLOOR_S, STALE_BEATS, STARTUP_S, hang_bound, stopped_ranks
 
 
@@ -17,17 +17,17 @@ def test_the_bound_is_five_slowest_steps_with_a_floor_and_longer_before_steps_ar
 
 
 def test_step_times_count_only_between_steps():
-    runtime.reset()
-    runtime.progress(1)
-    first = runtime.progress_state(0)["progress_at"]
-    runtime.progress(1, "eval")
-    runtime.progress(1, "train")  # back from an evaluation: not a step
-    assert runtime.progress_state(0)["slowest_step_s"] is None
-    runtime.progress(2)
-    state = runtime.progress_state(0)
+    job_control.reset()
+    job_control.progress(1)
+    first = job_control.progress_state(0)["progress_at"]
+    job_control.progress(1, "eval")
+    job_control.progress(1, "train")  # back from an evaluation: not a step
+    assert job_control.progress_state(0)["slowest_step_s"] is None
+    job_control.progress(2)
+    state = job_control.progress_state(0)
     assert state["step"] == 2 and 0 <= state["slowest_step_s"] <= state["progress_at"] - first
-    runtime.reset()
-    assert runtime.progress_state(7.0) == {"step": 0, "phase": "start", "progress_at": 7.0, "slowest_step_s": None}
+    job_control.reset()
+    assert job_control.progress_state(7.0) == {"step": 0, "phase": "start", "progress_at": 7.0, "slowest_step_s": None}
 
 
 def test_a_rank_without_heartbeat_is_named_frozen_else_the_one_furthest_behind():

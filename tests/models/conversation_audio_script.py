@@ -18,8 +18,8 @@ SEQ = 512
 def configs(vocab_size: int):
     from omegaconf import OmegaConf
 
-    from orchestrator.schema.model import AdapterConfig, DecoderConfig, EncoderConfig, ModelConfig
-    from orchestrator.schema.parallel import ParallelConfig
+    from orchestrator.plan.schema.model import AdapterConfig, DecoderConfig, EncoderConfig, ModelConfig
+    from orchestrator.plan.schema.parallel import ParallelConfig
 
     # The data side's tiny encoder (tests/data/conftest.py): 80 mels, a 5-s window.
     enc = EncoderConfig(d_model=64, num_layers=1, num_heads=2, ffn_dim=64, num_mel_bins=80, max_source_positions=250,
@@ -52,7 +52,7 @@ def main() -> None:
     from orchestrator.data.sources import ResolvedDataset
     from orchestrator.data.tokenizer_build import load_tokenizer
     from orchestrator.models.audiollm import build_audiollm
-    from orchestrator.schema.data import DatasetEntry
+    from orchestrator.plan.schema.data import DatasetEntry
     from tests.data.conftest import data_config
 
     tokenizer = load_tokenizer(sys.argv[1])

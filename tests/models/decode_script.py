@@ -72,8 +72,8 @@ def main() -> None:
     from orchestrator.convert.gemma2_mapping import Gemma2Shape
     from orchestrator.models.audiollm import build_audiollm
     from orchestrator.models.generate import greedy_generate
-    from orchestrator.schema.model import AdapterConfig
-    from orchestrator.schema.parallel import ParallelConfig
+    from orchestrator.plan.schema.model import AdapterConfig
+    from orchestrator.plan.schema.parallel import ParallelConfig
     from tests.models.sharding import hf_to_megatron_full, shard_megatron
     from tests.models.tiny_models import (hf_gemma2, random_adapter_weights, randomize, tiny_model_config,
                                           whisper_config)

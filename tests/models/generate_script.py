@@ -6,7 +6,7 @@ import json
 
 import torch
 
-from orchestrator.model_params import audio_token_count
+from orchestrator.plan.model_params import audio_token_count
 from orchestrator.runtime.distributed import ParallelSizes, init_distributed, shutdown
 
 AUDIO, BOS, SEP, PAD, STOP = 3, 1, 2, 0, 4
@@ -14,9 +14,9 @@ MEL, WINDOW = 16, 50  # mel bins; encoder window in mel frames (max_source_posit
 
 
 def config(spec_augment: bool):
-    from orchestrator.schema.model import (AdapterConfig, DecoderConfig, EncoderConfig, ModelConfig,
+    from orchestrator.plan.schema.model import (AdapterConfig, DecoderConfig, EncoderConfig, ModelConfig,
                                            SpecAugmentConfig)
-    from orchestrator.schema.parallel import ParallelConfig
+    from orchestrator.plan.schema.parallel import ParallelConfig
 
     dec = DecoderConfig(hidden_size=64, num_layers=2, num_attention_heads=4, num_query_groups=2, kv_channels=16,
                         ffn_hidden_size=128, vocab_size=40, max_position_embeddings=64, sliding_window=16,

@@ -36,7 +36,7 @@ class RecordReads(TorchFunctionMode):
 def packed_batch(audio_token_id: int, vocab: int, mel_bins: int, window: int, frame_stack: int):
     """Two rows of 48 tokens: row 0 packs two samples with a clip each, row 1 one sample
     with a clip and tail padding."""
-    from orchestrator.model_params import audio_token_count
+    from orchestrator.plan.model_params import audio_token_count
 
     gen = torch.Generator().manual_seed(0)
     mels = [120, 200, 160]
@@ -55,8 +55,8 @@ def packed_batch(audio_token_id: int, vocab: int, mel_bins: int, window: int, fr
 
 def main():
     init_distributed(ParallelSizes(), seed=0)
-    from orchestrator.compose import compose
-    from orchestrator.resolve import to_object
+    from orchestrator.plan.compose import compose
+    from orchestrator.plan.resolve import to_object
     from orchestrator.models.audiollm import build_audiollm
     from orchestrator.train.audiollm_provider import clip_seeds, model_inputs
 

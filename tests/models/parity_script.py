@@ -238,7 +238,7 @@ def audiollm_cases(hf, shape, full) -> None:
     from orchestrator.convert.megatron_forward import pipeline_forward
     from orchestrator.models.audiollm import AudioLLM, build_audiollm
     from orchestrator.models.fusion import fuse_audio
-    from orchestrator.schema.parallel import ParallelConfig
+    from orchestrator.plan.schema.parallel import ParallelConfig
     from tests.models.tiny_models import random_adapter_weights, randomize, tiny_model_config, whisper_config
 
     class ScaleBeforeFusion(AudioLLM):
@@ -319,23 +319,23 @@ def audiollm_cases(hf, shape, full) -> None:
 
 
 def inventory_check(hf) -> None:
-    """orchestrator.model_params' analytic inventory == the real AudioLLM at TP=1, PP=1
+    """orchestrator.plan.model_params' analytic inventory == the real AudioLLM at TP=1, PP=1
     (names, full shapes, requires_grad), with the encoder trainable and frozen."""
     import dataclasses
 
     import torch.distributed as dist
     from megatron.core import parallel_state as ps
 
-    from orchestrator.model_params import parameter_inventory
-    from orchestrator.schema.lora import LoraConfig
+    from orchestrator.plan.model_params import parameter_inventory
+    from orchestrator.plan.schema.lora import LoraConfig
     from orchestrator.models.audiollm import build_audiollm
-    from orchestrator.schema.parallel import ParallelConfig
+    from orchestrator.plan.schema.parallel import ParallelConfig
     from tests.models.tiny_models import tiny_model_config, whisper_config
 
     if ps.model_parallel_is_initialized():
         ps.destroy_model_parallel()
     init_distributed(ParallelSizes(tp=1, pp=1), seed=0)
-    from orchestrator.compose import compose
+    from orchestrator.plan.compose import compose
 
     base = tiny_model_config(hf.config, whisper_config())
     report = {}
@@ -380,7 +380,7 @@ def load_checkpoint_check(hf) -> None:
     from orchestrator.convert.gemma2_mapping import Gemma2Shape
     from tests.models.sharding import hf_to_megatron_full
     from orchestrator.models.audiollm import build_audiollm
-    from orchestrator.schema.parallel import ParallelConfig
+    from orchestrator.plan.schema.parallel import ParallelConfig
     from orchestrator.train.init_weights import load_init_checkpoint
     from tests.models.sharding import shard_megatron
     from tests.models.tiny_models import randomize, tiny_model_config, whisper_config

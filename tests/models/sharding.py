@@ -16,7 +16,7 @@ from typing import Dict, Tuple
 import torch
 
 from orchestrator.convert.gemma2_mapping import Gemma2Shape, hf_to_megatron_tensors
-from orchestrator.megatron_args import padded_vocab_size
+from orchestrator.plan.megatron_args import padded_vocab_size
 
 
 def hf_to_megatron_full(hf: Dict[str, torch.Tensor], shape: Gemma2Shape) -> Dict[str, torch.Tensor]:

@@ -4,7 +4,7 @@ from HF modules; the fusion's error messages; the analytic parameter inventory."
 import pytest
 import torch
 
-from orchestrator.model_params import audio_token_count, encoder_frame_count
+from orchestrator.plan.model_params import audio_token_count, encoder_frame_count
 from orchestrator.models.fusion import check_audio_placeholders, fuse_audio
 
 AUDIO_CASES = ["audiollm_tp1", "audiollm_tp2_sp", "audiollm_pp2", "audiollm_packed_tp2"]

@@ -4,7 +4,7 @@ it is HF WhisperEncoder's own forward."""
 
 import torch
 
-from orchestrator.model_params import encoder_frame_count
+from orchestrator.plan.model_params import encoder_frame_count
 from orchestrator.models.speech import build_whisper_encoder, run_encoder
 from tests.models.tiny_models import encoder_config, randomize, whisper_config
 from tests.tolerances import reorder_tolerance

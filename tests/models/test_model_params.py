@@ -3,13 +3,13 @@
 import subprocess
 import sys
 
-from orchestrator.compose import compose
-from orchestrator.model_params import audio_token_count, parameter_inventory
+from orchestrator.plan.compose import compose
+from orchestrator.plan.model_params import audio_token_count, parameter_inventory
 from tests.distributed_run import REPO
 
 
 def test_model_params_does_not_import_torch():
-    code = "import sys, orchestrator.model_params; sys.exit('torch' in sys.modules)"
+    code = "import sys, orchestrator.plan.model_params; sys.exit('torch' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code], cwd=REPO).returncode == 0
 
 

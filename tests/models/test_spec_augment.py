@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from orchestrator.models.spec_augment import SpecAugment, build_spec_augment
-from orchestrator.schema.model import SpecAugmentConfig
+from orchestrator.plan.schema.model import SpecAugmentConfig
 
 
 def _features(clips=4, bins=20, frames=60, seed=0):

@@ -10,7 +10,7 @@ import torch
 from transformers import Gemma2Config, Gemma2ForCausalLM, WhisperConfig
 
 from orchestrator.convert.gemma2_mapping import decoder_config_from_hf
-from orchestrator.schema.model import AdapterConfig, DecoderConfig, EncoderConfig, ModelConfig
+from orchestrator.plan.schema.model import AdapterConfig, DecoderConfig, EncoderConfig, ModelConfig
 
 GEMMA2 = dict(vocab_size=250, hidden_size=64, intermediate_size=96, num_hidden_layers=4,
               num_attention_heads=4, num_key_value_heads=2, head_dim=16, query_pre_attn_scalar=24,

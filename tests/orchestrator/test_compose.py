@@ -3,9 +3,9 @@ import re
 import pytest
 from omegaconf import OmegaConf
 
-from orchestrator import compose as compose_module
-from orchestrator import paths
-from orchestrator.compose import ComposeError, compose
+from orchestrator.plan import compose as compose_module
+from orchestrator.plan import paths
+from orchestrator.plan.compose import ComposeError, compose
 
 
 def test_no_recipe_means_the_default_tiny_cpu_recipe():

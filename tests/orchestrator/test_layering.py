@@ -1,33 +1,93 @@
-"""The planning side (compose, validate, resolve, the estimates: orchestrator's top-level
-modules and its schema) imports nothing from the job side (orchestrator/train, models,
-data, eval, runtime, convert, probe): FLOP arithmetic and task presets are planning knowledge
-that the job imports, not the other way round. Every import counts, those inside
-functions too. orchestrator/cli.py is the command router: it starts job-side commands
-(eval, convert, data) and is left out."""
+"""The tree's layers, in one line: imports point down the list cli.py -> launchers/ ->
+the job side (orchestrator/train, models, data, eval, convert, runtime, probe) ->
+orchestrator/plan/, and no two modules import each other, however indirectly.
+
+So the planning side (compose, validate, resolve, the estimates) imports nothing from
+the job side, launchers or the CLI; the job side reads the Plan but never imports
+launchers or the CLI (launchers/job.py starts the job's entry by its module name).
+Every import counts, those inside functions too."""
 
 import ast
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
-JOB_SIDE = ("train", "models", "data", "eval", "runtime", "convert", "probe")
-ROUTERS = {"cli.py"}
+JOB_SIDE = ("train", "models", "data", "eval", "convert", "runtime", "probe")
 
 
-def _imports(path: Path) -> list[str]:
-    names = []
+def _layer(module: str) -> int:
+    """0: the CLI, 1: launchers, 2: the job side, 3: the plan."""
+    parts = module.split(".")
+    if parts[0] == "launchers":
+        return 1
+    if parts[:2] == ["orchestrator", "plan"]:
+        return 3
+    if len(parts) > 1 and parts[1] in JOB_SIDE:
+        return 2
+    return 0
+
+
+def _module_of(path: Path) -> str:
+    parts = list(path.relative_to(REPO).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _project_modules() -> dict:
+    files = sorted((REPO / "orchestrator").rglob("*.py")) + sorted((REPO / "launchers").glob("*.py"))
+    return {_module_of(p): p for p in files}
+
+
+def _imports(path: Path, modules: dict) -> set:
+    """The project modules `path` imports (a `from package import name` of a submodule
+    counts as that submodule)."""
+    found = set()
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.Import):
-            names += [alias.name for alias in node.names]
-        elif isinstance(node, ast.ImportFrom) and node.module:
-            names.append(node.module)
-            names += [f"{node.module}.{alias.name}" for alias in node.names]
-    return names
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names = [f"{node.module}.{alias.name}" for alias in node.names] + [node.module]
+        else:
+            continue
+        for name in names:
+            while name and name not in modules:
+                name = name.rpartition(".")[0]
+            if name:
+                found.add(name)
+                break
+    return found
 
 
-def test_the_planning_side_imports_nothing_from_the_job_side():
-    root = REPO / "orchestrator"
-    planning = [p for p in root.glob("*.py") if p.name not in ROUTERS] + sorted((root / "schema").glob("*.py"))
-    assert {"validate.py", "estimate.py", "resolve.py", "step_flops.py", "tasks.py"} <= {p.name for p in planning}
-    backwards = [f"{p.relative_to(REPO)} imports {name}" for p in planning for name in _imports(p)
-                 if name.split(".")[:2] in [["orchestrator", side] for side in JOB_SIDE]]
-    assert backwards == []
+def _graph() -> dict:
+    modules = _project_modules()
+    return {name: _imports(path, modules) - {name} for name, path in modules.items()}
+
+
+def test_imports_point_down_the_layers():
+    graph = _graph()
+    assert {"orchestrator.plan.validate", "orchestrator.plan.resolve", "launchers.train",
+            "orchestrator.train.loop", "orchestrator.cli"} <= set(graph)
+    upward = [f"{src} imports {dst}" for src, dsts in graph.items() for dst in sorted(dsts)
+              if _layer(dst) < _layer(src)]
+    assert upward == []
+
+
+def test_no_import_cycle_between_modules():
+    graph = _graph()
+    # Package __init__ modules are left out: importing a.b runs a/__init__.py, which is
+    # an order of loading, not a dependency of a.b on its siblings.
+    graph = {m: {d for d in deps if Path(_project_modules()[d]).name != "__init__.py"}
+             for m, deps in graph.items() if _project_modules()[m].name != "__init__.py"}
+    state, cycles = {}, []
+
+    def visit(node, stack):
+        state[node] = "open"
+        for dep in sorted(graph.get(node, ())):
+            if state.get(dep) == "open":
+                cycles.append(" -> ".join(stack[stack.index(dep):] + [dep]))
+            elif dep not in state:
+                visit(dep, stack + [dep])
+        state[node] = "done"
+
+    for module in sorted(graph):
+        if module not in state:
+            visit(module, [module])
+    assert cycles == []

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator import paths
-from orchestrator.compose import compose
-from orchestrator.resolve import resolve
+from orchestrator.plan import paths
+from orchestrator.plan.compose import compose
+from orchestrator.plan.resolve import resolve
 from tests.golden import check_golden
 
 GOLDEN = Path(__file__).with_name("golden")
@@ -86,7 +86,7 @@ def test_context_parallel_recipe_plans_its_memory_next_to_cp1():
     and gives the memory per GPU at CP=2 and at CP=1 on the same GPUs (DP 2): the same
     weights, gradients and optimizer shard (megatron shards the optimizer over DP x CP),
     half the decoder activations but for the gathered keys and values and the loss's chunk."""
-    from orchestrator.plan_report import render
+    from orchestrator.plan.report import render
 
     plan = resolve(compose(["+recipe=gemma2_whisper_8k_cp2"]))
     assert (plan.tp, plan.cp, plan.dp, plan.world_size) == (4, 2, 1, 8)
@@ -98,7 +98,7 @@ def test_context_parallel_recipe_plans_its_memory_next_to_cp1():
         assert cp2[part] == pytest.approx(cp1[part]), part
     # The softcapped loss's fp32 chunk is the same at both (one chunk of at most
     # LOSS_CHUNK_ELEMENTS logits, whatever the sequence); the rest halves.
-    from orchestrator.kernels import LOSS_CHUNK_ELEMENTS, LOSS_CHUNK_FP32_COPIES
+    from orchestrator.plan.kernels import LOSS_CHUNK_ELEMENTS, LOSS_CHUNK_FP32_COPIES
 
     chunk = LOSS_CHUNK_FP32_COPIES * LOSS_CHUNK_ELEMENTS * 4 / 2**30
     assert 0.4 * (cp1["activations_gib"] - chunk) < cp2["activations_gib"] - chunk < 0.6 * (cp1["activations_gib"] - chunk)
@@ -111,9 +111,9 @@ def test_context_parallel_recipe_plans_its_memory_next_to_cp1():
 def test_context_parallel_memory_counts_the_gathered_keys_and_values():
     """Per layer, CP=2 saves half the tokens' activations (with the reference attention: its
     fp32 scores are [local queries x whole row], half of CP=1's) but the whole row's K and V."""
-    from orchestrator.estimate import decoder_layer_activation_bytes
-    from orchestrator.resolve import to_object
-    from orchestrator.schema import ParallelConfig
+    from orchestrator.plan.estimate import decoder_layer_activation_bytes
+    from orchestrator.plan.resolve import to_object
+    from orchestrator.plan.schema import ParallelConfig
 
     model = to_object(compose(["+recipe=gemma2_whisper_8k_cp2"])).model
     seq = 8192
@@ -151,7 +151,7 @@ def test_every_recipe_plans_on_a_fresh_checkout_listing_the_missing_weights_afte
 
 
 def test_a_plan_builds_its_parameter_inventory_once(monkeypatch):
-    from orchestrator import model_params
+    from orchestrator.plan import model_params
 
     built = []
     original = model_params.decoder_params

@@ -1,12 +1,12 @@
 """Every config key declared in the schema is read by product code.
 
-A key that is declared (orchestrator/schema/*.py) but read nowhere is a silent
+A key that is declared (orchestrator/plan/schema/*.py) but read nowhere is a silent
 no-op: a user sets it, composition accepts it, and nothing changes
 (`model.init_checkpoint` was such a key for months). This test walks every field
 of every dataclass reachable from the root config, AudioLLMConfig (nested
 sections, and entries of lists such as `data.train[]` and `lora.lr_groups[]`),
 and looks for a read of it in the product sources: orchestrator/**/*.py and
-launchers/**/*.py, minus orchestrator/schema/ (declares) and orchestrator/validate.py
+launchers/**/*.py, minus orchestrator/plan/schema/ (declares) and orchestrator/plan/validate.py
 (checks values, does not use them: in this repository's history lora.alpha,
 logger.* and train.eval_interval were validated before any code used them). YAML
 under conf/ and recipes/ only sets values, so it does not count either.
@@ -38,7 +38,7 @@ import typing
 from collections import defaultdict
 from pathlib import Path
 
-from orchestrator.schema import AudioLLMConfig
+from orchestrator.plan.schema import AudioLLMConfig
 
 ROOT = Path(__file__).resolve().parents[2]
 PRODUCT_DIRS = (ROOT / "orchestrator", ROOT / "launchers")
@@ -139,7 +139,7 @@ def unread_fields(fields: list[SchemaField], sources: dict[Path, FileReads]) -> 
 def test_every_schema_field_is_read_by_product_code():
     unread = [p for p in unread_fields(schema_fields(AudioLLMConfig), product_reads()) if p not in ALLOWLIST]
     assert not unread, (
-        f"{len(unread)} config field(s) declared in orchestrator/schema/ are read by no product code "
+        f"{len(unread)} config field(s) declared in orchestrator/plan/schema/ are read by no product code "
         "(orchestrator/, launchers/; validate.py does not count):\n  " + "\n  ".join(unread) + "\n"
         "Wire each one into the code it is meant to drive, or remove it from the schema "
         "(and from conf/ and recipes/). What counts as a read: this file's docstring."

@@ -1,6 +1,6 @@
 import pytest
 
-from orchestrator.topology import rank_layout
+from orchestrator.plan.topology import rank_layout
 
 
 def test_issue_example_eight_gpus_tp2_pp2_dp2_with_tp_pp_dp_mapping():

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.compose import compose
-from orchestrator.probe_report import CATEGORIES, compare, render, run_probe
-from orchestrator.resolve import resolve
+from orchestrator.plan.compose import compose
+from orchestrator.plan.probe_report import CATEGORIES, compare, render, run_probe
+from orchestrator.plan.resolve import resolve
 
 REPO = Path(__file__).resolve().parents[2]
 RECIPES = sorted(p.stem for p in (REPO / "recipes").glob("*.yaml"))
@@ -76,7 +76,7 @@ def test_a_full_size_probe_never_holds_the_model(probed, recipe):
 def test_a_recipe_changed_so_it_cannot_fit_is_refused_by_both_naming_the_largest_term():
     """Micro batch 4 at 8192 tokens without recompute: the plan and the probe both say it
     does not fit on an H100, and both name the activations."""
-    from orchestrator.plan_report import largest_term
+    from orchestrator.plan.report import largest_term
 
     plan = _plan("+recipe=gemma2_whisper_8k_cp2", "optim.micro_batch_size=4", "optim.global_batch_size=16",
                  "parallel.recompute.granularity=null", "parallel.recompute.method=null",
@@ -125,7 +125,7 @@ def test_the_planned_schedule_holds_what_megatron_warms_up(pp, vpp):
     forwards and backwards simulated): its warmup forwards plus the first steady one,
     pp - stage under 1F1B, 2 (pp - stage - 1) + (vpp - 1) pp + 1 model-chunk forwards
     interleaved; never more than the step has. The probe's fewer micro-batches hold as many."""
-    from orchestrator.estimate import in_flight, probe_microbatches
+    from orchestrator.plan.estimate import in_flight, probe_microbatches
 
     for microbatches in (pp, 2 * pp, 4 * pp):
         for stage in range(pp):

@@ -38,8 +38,8 @@ def main(data_overrides: list) -> int:
     os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()))
     import torch
 
-    from orchestrator.compose import compose
-    from orchestrator.resolve import resolve
+    from orchestrator.plan.compose import compose
+    from orchestrator.plan.resolve import resolve
     from orchestrator.runtime.distributed import ParallelSizes, init_distributed
     from orchestrator.runtime.machine import Machine, decide
     from orchestrator.train import megatron_config as mcfg

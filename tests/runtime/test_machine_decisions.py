@@ -4,8 +4,8 @@ no apex), and the plan's record that the GPU decision is the job's."""
 
 import pytest
 
-from orchestrator.compose import compose
-from orchestrator.resolve import resolve
+from orchestrator.plan.compose import compose
+from orchestrator.plan.resolve import resolve
 from orchestrator.runtime.machine import Machine, MachineCannotRunPlan, decide
 
 CPU = Machine(cuda=False, transformer_engine=False, apex_gradient_fusion=False)

@@ -3,7 +3,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.topology import rank_layout
+from orchestrator.plan.topology import rank_layout
 from tests.distributed_run import torchrun
 
 SCRIPT = Path(__file__).with_name("rank_order_script.py")

@@ -6,7 +6,7 @@ from __future__ import annotations
 import subprocess
 import time
 
-from launchers.rundir import read_json, read_metrics
+from orchestrator.plan.rundir import read_json, read_metrics
 from tests.launchers.helpers import wait_for_step, wait_until
 from tests.train.audiollm_runs import train_overrides
 

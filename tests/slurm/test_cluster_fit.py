@@ -10,7 +10,10 @@ import sys
 
 import pytest
 
-from launchers import commands
+from launchers.checks import NEVER_STARTS
+from launchers.runs import EXIT_INVALID, EXIT_OK
+from launchers.status import cancel, status
+from launchers.train import train
 from tests.distributed_run import REPO
 from tests.launchers.helpers import tiny_overrides
 
@@ -21,7 +24,7 @@ SLURM = ["launcher=slurm", "launcher.accelerator=cpu", "launcher.cpus_per_task=1
 
 def _train(tmp_path, capsys, *extra):
     capsys.readouterr()
-    code = commands.train([*SLURM, *tiny_overrides(tmp_path, "run.name=neverstarts", ranks=1), *extra])
+    code = train([*SLURM, *tiny_overrides(tmp_path, "run.name=neverstarts", ranks=1), *extra])
     return code, capsys.readouterr()
 
 
@@ -46,8 +49,8 @@ def _queued() -> str:
 def test_a_job_that_could_never_start_is_refused_naming_the_numbers(slurm_cluster, tmp_path, capsys, extra,
                                                                     expected):
     code, out = _train(tmp_path, capsys, *extra)
-    assert code == commands.EXIT_INVALID, out
-    assert commands.NEVER_STARTS in out.err
+    assert code == EXIT_INVALID, out
+    assert NEVER_STARTS in out.err
     for text in expected:
         assert text in out.err, out.err
     assert not (tmp_path / "tiny_cpu" / "neverstarts").exists()  # nothing written, nothing queued
@@ -70,7 +73,7 @@ def test_plan_shows_the_same_check_and_a_fitting_request_passes_it(slurm_cluster
     # A dry run prints what would be submitted and says why it could not start, submitting nothing.
     code, out = _train(tmp_path, capsys, "launcher.dry_run=true", "launcher.nodes=3",
                        "optim.global_batch_size=48")
-    assert code == commands.EXIT_OK and "#SBATCH --nodes=3" in out.out
+    assert code == EXIT_OK and "#SBATCH --nodes=3" in out.out
     assert "this cluster could never start the job" in out.err and "launcher.nodes=3" in out.err
 
 
@@ -78,11 +81,11 @@ def test_status_says_why_a_queued_job_waits(slurm_cluster, tmp_path, capsys):
     """A job SLURM holds back (here: a begin time 10 minutes ahead) is PENDING with the
     scheduler's reason in words, not a bare PENDING."""
     code, out = _train(tmp_path, capsys, "+launcher.additional_sbatch.begin=now+600")
-    assert code == commands.EXIT_OK, out
+    assert code == EXIT_OK, out
     run_dir = tmp_path / "tiny_cpu" / "neverstarts"
     try:
-        assert commands.status(run_dir) == 0
+        assert status(run_dir) == 0
         story = capsys.readouterr().out
         assert "state     PENDING" in story and "waiting   BeginTime: not eligible yet" in story, story
     finally:
-        commands.cancel(run_dir)
+        cancel(run_dir)

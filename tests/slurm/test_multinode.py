@@ -21,8 +21,11 @@ from pathlib import Path
 
 import pytest
 
-from launchers import commands
-from launchers.rundir import read_json, read_metrics
+from launchers.prepare import prepare_only
+from launchers.status import cancel, status
+from launchers.submit import RunActive, ensure_not_active
+from launchers.train import train
+from orchestrator.plan.rundir import read_json, read_metrics
 from tests.distributed_run import REPO
 from tests.launchers.helpers import launches, losses, rank_pids, wait_for_end, wait_for_step, wait_until
 from tests.slurm.runs import JOB_TIMEOUT, preempt_and_wait_for_resume, restarted_or_ended, slurm_run, wandb_runs
@@ -76,10 +79,10 @@ def _hosts(run_dir) -> list[str]:
 def tp2_reference(nodes_env, corpus, root):
     """TP=2 with one rank per node, submitted first, and the same layout on one machine
     trained while it runs."""
-    assert commands.train(_on_nodes(root, corpus, "tp2_nodes", TP2_ACROSS_NODES)) == 0
+    assert train(_on_nodes(root, corpus, "tp2_nodes", TP2_ACROSS_NODES)) == 0
     run_dir = root / "tiny_cpu" / "tp2_nodes"
     submitted = launches(run_dir)[0]["submitted_at"]
-    assert commands.train(_on_one_machine(root, corpus, "tp2_local", TP2_ACROSS_NODES)) == 0
+    assert train(_on_one_machine(root, corpus, "tp2_local", TP2_ACROSS_NODES)) == 0
     wait_for_step(run_dir, 1, timeout=JOB_TIMEOUT)
     first_step = min(m["time"] for m in read_metrics(run_dir))
     assert wait_for_end(run_dir, timeout=JOB_TIMEOUT)["state"] == "COMPLETED"
@@ -97,9 +100,9 @@ def test_tensor_parallel_ranks_on_two_nodes_train_as_on_one_machine(tp2_referenc
 
 
 def test_pipeline_stages_on_two_nodes_train_as_on_one_machine(nodes_env, corpus, root):
-    assert commands.train(_on_nodes(root, corpus, "pp2_nodes", PP2_ACROSS_NODES)) == 0
+    assert train(_on_nodes(root, corpus, "pp2_nodes", PP2_ACROSS_NODES)) == 0
     run_dir = root / "tiny_cpu" / "pp2_nodes"
-    assert commands.train(_on_one_machine(root, corpus, "pp2_local", PP2_ACROSS_NODES)) == 0
+    assert train(_on_one_machine(root, corpus, "pp2_local", PP2_ACROSS_NODES)) == 0
     assert wait_for_end(run_dir, timeout=JOB_TIMEOUT)["state"] == "COMPLETED"
     assert read_json(run_dir / "plan.json")["pp"] == 2 and len(_hosts(run_dir)) == 2
     assert sorted(losses(run_dir)) == list(range(1, ITERS + 1))
@@ -111,7 +114,7 @@ def test_usr2_requeues_a_two_node_job_that_resumes_exactly_in_the_same_wandb_run
     ref_dir = tp2_reference[0]
     # Checkpoints written in the background (the SLURM recipes' setting): the save the
     # stop request makes is published before the job exits for its requeue.
-    assert commands.train(_on_nodes(root, corpus, "tp2_usr2", TP2_ACROSS_NODES, ASYNC_SAVE)) == 0
+    assert train(_on_nodes(root, corpus, "tp2_usr2", TP2_ACROSS_NODES, ASYNC_SAVE)) == 0
     run_dir = root / "tiny_cpu" / "tp2_usr2"
     job_id = launches(run_dir)[0]["job_ids"][0]
     _, resume_s = preempt_and_wait_for_resume(run_dir, job_id, SIGNAL_AFTER)
@@ -141,7 +144,7 @@ def test_a_dead_node_is_replaced_and_the_job_resumes_with_the_same_losses(tp2_re
     SlurmdTimeout, requeues the job onto the two live nodes, and it resumes from its
     last periodic checkpoint to finish with the uninterrupted run's losses."""
     ref_dir = tp2_reference[0]
-    assert commands.train(_on_nodes(root, corpus, "tp2_dead_node", TP2_ACROSS_NODES,
+    assert train(_on_nodes(root, corpus, "tp2_dead_node", TP2_ACROSS_NODES,
                                     f"train.save_interval={SAVE_INTERVAL}")) == 0
     run_dir = root / "tiny_cpu" / "tp2_dead_node"
     job_id = launches(run_dir)[0]["job_ids"][0]
@@ -174,7 +177,7 @@ def test_a_dead_node_is_replaced_and_the_job_resumes_with_the_same_losses(tp2_re
     assert resumed and int(resumed[-1]) % SAVE_INTERVAL == 0, log[-3000:]
     assert losses(run_dir) == losses(ref_dir)
     capsys.readouterr()
-    assert commands.status(run_dir) == 0
+    assert status(run_dir) == 0
     story = capsys.readouterr().out
     (attempt,) = [line for line in story.splitlines() if "attempt 1 on" in line]
     assert f"attempt 1 on {nodelist} " in attempt and "a node failed" in attempt, story
@@ -192,8 +195,8 @@ NO_CTC = "model.adapter.ctc_weight=0"
 
 def _not_active(run_dir) -> bool:
     try:
-        commands.ensure_not_active(run_dir)
-    except commands.RunActive:
+        ensure_not_active(run_dir)
+    except RunActive:
         return False
     return True
 
@@ -211,7 +214,7 @@ def test_a_two_node_run_continues_on_one_node_and_back_reading_every_sample_once
     for nodes, layout, stop_after in ((2, [], 6), (1, ["launcher.gpus_per_node=2", "parallel.tp=2"], 14),
                                       (2, [], None)):
         capsys.readouterr()
-        assert commands.train(_on_nodes(root, corpus, "dp2_elastic", [f"launcher.nodes={nodes}"], RECORDING_ENTRY,
+        assert train(_on_nodes(root, corpus, "dp2_elastic", [f"launcher.nodes={nodes}"], RECORDING_ENTRY,
                                         NO_CTC, "train.log_interval=4", *layout)) == 0
         said.append(capsys.readouterr().out)
         launch = len(said) - 1  # the state.json of an earlier attempt says nothing of this one
@@ -223,9 +226,9 @@ def test_a_two_node_run_continues_on_one_node_and_back_reading_every_sample_once
         if not (straight_dir / "plan.json").exists():  # the reference, beside the first phase
             local = [o for o in _on_one_machine(root, corpus, "dp2_straight", ["launcher.nodes=2", NO_CTC])
                      if o != "launcher.wait=true"]
-            assert commands.train([*local, "launcher.wait=false", RECORDING_ENTRY]) == 0
+            assert train([*local, "launcher.wait=false", RECORDING_ENTRY]) == 0
         wait_for_step(run_dir, stop_after, timeout=JOB_TIMEOUT)
-        assert commands.cancel(run_dir) == 0
+        assert cancel(run_dir) == 0
         wait_until(lambda: _not_active(run_dir), JOB_TIMEOUT, "the cancelled job to end", [run_dir])
         # Stopped at a step boundary with a checkpoint (W&B's service, which SLURM's SIGTERM
         # also ends, must not turn that into a failure).
@@ -312,7 +315,7 @@ def test_a_frozen_rank_is_named_and_the_job_requeued_and_resumed_exactly(tp2_ref
     the job, which resumes from its last periodic checkpoint to the uninterrupted run's
     losses; `audiollm status` tells the requeue with its cause."""
     ref_dir = tp2_reference[0]
-    assert commands.train(_on_nodes(root, corpus, "tp2_frozen_rank", TP2_ACROSS_NODES,
+    assert train(_on_nodes(root, corpus, "tp2_frozen_rank", TP2_ACROSS_NODES,
                                     f"train.save_interval={SAVE_INTERVAL}", f"train.hang_timeout={HANG_TIMEOUT}",
                                     ASYNC_SAVE)) == 0
     run_dir = root / "tiny_cpu" / "tp2_frozen_rank"
@@ -336,7 +339,7 @@ def test_a_frozen_rank_is_named_and_the_job_requeued_and_resumed_exactly(tp2_ref
     assert "rank 0" not in cause.partition(";")[2], cause  # only the frozen rank is named
     assert cause.startswith("hang: no progress for") and f"(bound {HANG_TIMEOUT} s)" in cause, cause
     capsys.readouterr()
-    assert commands.status(run_dir) == 0
+    assert status(run_dir) == 0
     story = capsys.readouterr().out
     assert "requeues  1" in story and "attempt 1 on" in story and "hang: no progress" in story, story
     with capsys.disabled():
@@ -370,15 +373,15 @@ def test_the_gpu_recipe_is_accepted_and_started_and_stops_in_one_line_without_cu
     shrunk = [*recipe, "launcher.nodes=2", "launcher.gpus_per_node=2", "parallel.tp=2", "parallel.pp=2", *fit,
               *data, "run.name=gpu_recipe"]
     capsys.readouterr()
-    assert commands.train([*recipe, "launcher.dry_run=true", "run.name=full"]) == 0
+    assert train([*recipe, "launcher.dry_run=true", "run.name=full"]) == 0
     full = _sbatch_options(capsys.readouterr().out)
-    assert commands.train([*shrunk, "launcher.dry_run=true"]) == 0
+    assert train([*shrunk, "launcher.dry_run=true"]) == 0
     small = _sbatch_options(capsys.readouterr().out)
     assert full["nodes"] == "4" and full["gpus-per-node"] == "8" and small["gpus-per-node"] == "2"
     resized = {"nodes", "gpus-per-node", "ntasks-per-node", "cpus-per-task", "mem", "job-name", "output", "error"}
     assert set(full) == set(small) and {k: v for k, v in full.items() if k not in resized} == \
         {k: v for k, v in small.items() if k not in resized}
-    assert commands.train(shrunk) == 0
+    assert train(shrunk) == 0
     run_dir = next(root.glob("*/gpu_recipe"))
     info = wait_for_end(run_dir, timeout=JOB_TIMEOUT)
     assert info["state"] == "FAILED", info
@@ -397,7 +400,7 @@ def _on_node(node: str, argv: list[str]) -> list[str]:
 
 
 def _prepared(root, corpus, name) -> Path:
-    assert commands.prepare_only(_on_nodes(root, corpus, name, TP2_ACROSS_NODES)) == 0
+    assert prepare_only(_on_nodes(root, corpus, name, TP2_ACROSS_NODES)) == 0
     return root / "tiny_cpu" / name
 
 

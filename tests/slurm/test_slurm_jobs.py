@@ -14,8 +14,9 @@ import time
 
 import pytest
 
-from launchers import commands
-from launchers.rundir import read_json
+from launchers.status import status
+from launchers.train import train
+from orchestrator.plan.rundir import read_json
 from tests.launchers.helpers import launches, losses, wait_for_end, wait_for_step
 from tests.slurm.runs import JOB_TIMEOUT, preempt_and_wait_for_resume, slurm_run, wandb_runs
 from tests.train.audiollm_runs import make_corpus
@@ -38,8 +39,8 @@ def corpus(tmp_path_factory):
 def submitted(slurm_cluster, corpus, tmp_path_factory):
     """Queue the 2-rank reference job and the 3-point sweep together; tests wait on them."""
     root = tmp_path_factory.mktemp("slurm")
-    ref_code = commands.train(slurm_run(root, corpus, "run.name=ref", iters=ITERS))
-    sweep_code = commands.train(
+    ref_code = train(slurm_run(root, corpus, "run.name=ref", iters=ITERS))
+    sweep_code = train(
         slurm_run(root, corpus, "run.name=sweep", "optim.lr=1e-3,3e-3,1e-2", ranks=1, iters=SWEEP_ITERS),
         multirun=True,
     )
@@ -68,7 +69,7 @@ def test_two_rank_job_trains_to_completion(submitted, capsys):
     assert f"step {ITERS}/{ITERS} | loss" in rank0 and f"eval at step {ITERS}: val_loss" in rank0
     assert (run_dir / "checkpoints" / "latest").read_text().strip() == f"step_{ITERS:06d}"
     capsys.readouterr()
-    assert commands.status(run_dir) == 0
+    assert status(run_dir) == 0
     out = capsys.readouterr().out
     assert "COMPLETED" in out and f"{ITERS}/{ITERS}" in out
     with capsys.disabled():
@@ -89,7 +90,7 @@ def test_sweep_is_one_job_array_with_a_summary(submitted):
         assert info["state"] == "COMPLETED", (point, info)
         finals.append(info["loss"])
     assert len(set(finals)) == 3  # different learning rates, different runs
-    assert commands.status(sweep_dir) == 0
+    assert status(sweep_dir) == 0
     table = (sweep_dir / "summary.txt").read_text().splitlines()
     assert table[0].split() == ["point", "overrides", "state", "step", "requeues", "final", "loss"]
     rows = table[2:]
@@ -104,7 +105,7 @@ def test_preempted_job_requeues_and_reproduces_every_loss(submitted, corpus, cap
     ref_dir = submitted["ref"]
     assert wait_for_end(ref_dir, timeout=JOB_TIMEOUT)["state"] == "COMPLETED"
     # The same configuration as the reference run but for run.name.
-    assert commands.train(slurm_run(submitted["root"], corpus, "run.name=pre", iters=ITERS)) == 0
+    assert train(slurm_run(submitted["root"], corpus, "run.name=pre", iters=ITERS)) == 0
     run_dir = submitted["root"] / "tiny_cpu" / "pre"
     job_id = launches(run_dir)[0]["job_ids"][0]
     done_before, resume_s = preempt_and_wait_for_resume(run_dir, job_id, SIGNAL_AFTER)
@@ -124,7 +125,7 @@ def test_preempted_job_requeues_and_reproduces_every_loss(submitted, corpus, cap
     # `audiollm status` tells the story: the requeue, on which node, after which step, and
     # the checkpoint the run continues from.
     capsys.readouterr()
-    assert commands.status(run_dir) == 0
+    assert status(run_dir) == 0
     story = capsys.readouterr().out
     assert "requeues  1" in story and f"checkpoint step_{ITERS:06d}" in story, story
     (attempt,) = [line for line in story.splitlines() if "attempt 1 on" in line]

@@ -19,7 +19,7 @@ VAL_SET = "tones_val"
 def make_corpus(root: Path) -> Path:
     """tokenizer/, train/tones_a, train/tones_b, val/tones_val under `root`."""
     from orchestrator.data.tokenizer_build import build_tokenizer
-    from orchestrator.schema.data import DataConfig
+    from orchestrator.plan.schema.data import DataConfig
 
     root = Path(root)
     texts = [" ".join(WORDS[i:] + WORDS[:i]) for i in range(len(WORDS))] * 5
@@ -53,9 +53,9 @@ def write_audiollm_run_dir(run_dir: Path, corpus: Path, *, tp: int = 1, pp: int 
     `audiollm train` writes it."""
     from omegaconf import OmegaConf
 
-    from orchestrator.compose import compose
-    from orchestrator.resolve import resolve
-    from orchestrator.schema.data import DatasetEntry
+    from orchestrator.plan.compose import compose
+    from orchestrator.plan.resolve import resolve
+    from orchestrator.plan.schema.data import DatasetEntry
 
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)

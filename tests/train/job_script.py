@@ -65,9 +65,9 @@ def main() -> int:
             if step == stop_step and dist.get_rank() == 0:
                 import signal
 
-                from launchers import runtime
+                from orchestrator.runtime import job_control
 
-                runtime.request_stop(signal.SIGTERM)
+                job_control.request_stop(signal.SIGTERM)
 
         trainer.callbacks.append(stop)
     if mode == "eval":

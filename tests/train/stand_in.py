@@ -17,7 +17,7 @@ from typing import Optional
 
 import torch
 
-from orchestrator.step_flops import real_tokens
+from orchestrator.plan.step_flops import real_tokens
 
 MODEL_NAME = "stand_in_gpt"  # model.name of the plans tests/train/plans.py writes
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from orchestrator.checkpoint_dirs import checkpoint_files, manifest_problem, read_manifest
+from orchestrator.plan.checkpoint_dirs import checkpoint_files, manifest_problem, read_manifest
 from tests.train.jobs import launch, metrics, result
 from tests.train.plans import write_run_dir
 

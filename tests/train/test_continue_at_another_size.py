@@ -8,7 +8,7 @@ from __future__ import annotations
 
 
 def test_a_distributed_optimizer_checkpoint_continues_at_another_data_parallel_size_only():
-    from orchestrator.checkpoint_dirs import layout_change
+    from orchestrator.plan.validate import layout_change
     from orchestrator.train.checkpoint import optimizer_reshard_problem
 
     saved = {"tp": 1, "pp": 2, "cp": 1, "dp": 4}
@@ -37,9 +37,9 @@ def test_a_distributed_optimizer_checkpoint_continues_at_another_data_parallel_s
 
 
 def test_canonical_nodes_must_be_a_multiple_of_the_data_parallel_size():
-    from orchestrator.compose import compose
-    from orchestrator.resolve import to_object
-    from orchestrator.validate import validate
+    from orchestrator.plan.compose import compose
+    from orchestrator.plan.resolve import to_object
+    from orchestrator.plan.validate import validate
 
     def findings(*overrides):
         return [str(f) for f in validate(to_object(compose(["launcher.gpus_per_node=4", *overrides])))

@@ -91,7 +91,7 @@ def _masked_reference_states(encoder, features: torch.Tensor, lengths: list) -> 
     convolutions over its features (and the zeros the model pads with past them), then
     the HF encoder layers over only the clip's own frames, the final LayerNorm on the
     last. Returns, per clip, the N layer outputs [1, frames, d]."""
-    from orchestrator.model_params import encoder_frame_count
+    from orchestrator.plan.model_params import encoder_frame_count
 
     per_clip = []
     for i, n in enumerate(lengths):
@@ -114,9 +114,9 @@ def _reference_step1_loss(overrides: list, gemma=None) -> float:
     (`gemma`: this HF Gemma2 instead of the pretrained one)."""
     from transformers import Gemma2ForCausalLM, WhisperModel
 
-    from orchestrator.compose import compose
+    from orchestrator.plan.compose import compose
     from orchestrator.data.loader import build_train_loader
-    from orchestrator.resolve import to_object
+    from orchestrator.plan.resolve import to_object
     from tests.models.parity_script import reference_adapter
 
     # The reference reads the log-mel the host loader computes, whatever the run's data.features_on.
@@ -303,7 +303,7 @@ def test_a_peft_adapter_made_elsewhere_is_fine_tuned_on_and_exported_back_as_pef
 @pytest.mark.multiprocess
 def test_a_checkpoint_that_does_not_fit_stops_the_job_before_the_first_step(pretrained):
     """One renamed encoder tensor: the job names both names and never trains a step."""
-    from orchestrator.convert.dist_format import read_model_tensors, write_model_tensors
+    from orchestrator.train.dist_format import read_model_tensors, write_model_tensors
 
     bad = pretrained["root"] / "renamed"
     tensors = read_model_tensors(pretrained["converted"])

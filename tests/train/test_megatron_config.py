@@ -3,9 +3,9 @@
 import pytest
 import torch
 
-from orchestrator import paths
-from orchestrator.compose import compose
-from orchestrator.resolve import resolve
+from orchestrator.plan import paths
+from orchestrator.plan.compose import compose
+from orchestrator.plan.resolve import resolve
 from orchestrator.train import megatron_config as mcfg
 from orchestrator.train.run_plan import RunPlan
 
@@ -34,8 +34,8 @@ def test_flags_the_job_implements_itself_are_said_so_and_off_in_megatron():
     """--apply-layernorm-1p and --window-size describe the model in the printed argv; the
     job's megatron config has both off (its own modules implement them), and the Plan
     and `audiollm plan` say so."""
-    from orchestrator.plan_report import render
-    from orchestrator.resolve import ARGV_IMPLEMENTED_BY_AUDIOLLM
+    from orchestrator.plan.report import render
+    from orchestrator.plan.resolve import ARGV_IMPLEMENTED_BY_AUDIOLLM
     from orchestrator.train.audiollm_provider import AudioLLMProvider
 
     resolved = resolve(compose(["+recipe=gemma2_whisper_8k_cp2"]))  # context parallel: --cp-comm-type too

@@ -1,5 +1,5 @@
 """Data-parallel gradient reduction overlapped with the backward (GPU runs with DP > 1
-plan it: orchestrator/megatron_args.py) trains exactly as the reduction after the
+plan it: orchestrator/plan/megatron_args.py) trains exactly as the reduction after the
 backward does: the plan's flag reaches megatron's DDP, which then starts the reduction
 from backward hooks once the step's last micro-batch has produced every gradient.
 Run here over gloo."""

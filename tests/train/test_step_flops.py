@@ -1,5 +1,5 @@
 """Throughput accounting: a step's FLOPs and tokens counted from its micro-batches
-(orchestrator.step_flops), the peak read from the device name, and the rates
+(orchestrator.plan.step_flops), the peak read from the device name, and the rates
 (orchestrator.train.metrics). Expected numbers are written out from the formulas
 here, not taken from the code under test."""
 
@@ -11,11 +11,11 @@ import torch
 
 from orchestrator.data.packing import Example, collate
 from orchestrator.data.prompts import Tokenized
-from orchestrator.model_params import parameter_inventory
-from orchestrator.schema import AdapterConfig, DecoderConfig, EncoderConfig, LoraConfig, ModelConfig
-from orchestrator.schema.parallel import RecomputeConfig
+from orchestrator.plan.model_params import parameter_inventory
+from orchestrator.plan.schema import AdapterConfig, DecoderConfig, EncoderConfig, LoraConfig, ModelConfig
+from orchestrator.plan.schema.parallel import RecomputeConfig
 from orchestrator.train.metrics import device_peak_flops, peak_flops, throughput
-from orchestrator.step_flops import StepFlops, causal_pairs, parameter_pattern, recomputed_layers
+from orchestrator.plan.step_flops import StepFlops, causal_pairs, parameter_pattern, recomputed_layers
 
 AUDIO_ID = 7
 VOCAB = 16  # decoder vocabulary; the output layer is PADDED wide
@@ -216,9 +216,9 @@ def test_adapter_and_ctc_head_count_per_audio_token():
 
 
 def test_plan_estimate_includes_the_adapter_and_ctc_head():
-    from orchestrator.compose import compose
-    from orchestrator.estimate import flops_per_step, inventory_for, planned_step_items
-    from orchestrator.resolve import to_object
+    from orchestrator.plan.compose import compose
+    from orchestrator.plan.estimate import flops_per_step, inventory_for, planned_step_items
+    from orchestrator.plan.resolve import to_object
 
     with_ctc = to_object(compose(["+recipe=tiny_cpu"]))
     without = to_object(compose(["+recipe=tiny_cpu", "model.adapter.ctc_weight=0"]))

@@ -14,7 +14,7 @@ from typing import Sequence
 
 from omegaconf import DictConfig, OmegaConf
 
-from orchestrator import paths
+from orchestrator.plan import paths
 
 DEFAULT_RECIPE = "tiny_cpu"
 
@@ -27,7 +27,7 @@ def _register() -> None:
     """(Re-)register the schema and the recipes; cheap, and always reflects the files."""
     from hydra.core.config_store import ConfigStore
 
-    from orchestrator.schema import AudioLLMConfig
+    from orchestrator.plan.schema import AudioLLMConfig
 
     store = ConfigStore.instance()
     store.store(name="base_config", node=AudioLLMConfig)

@@ -16,8 +16,9 @@ import re
 from dataclasses import dataclass
 from typing import Callable, Iterable, Iterator
 
-from orchestrator.kernels import ATTENTION_CHOICES, ENCODER_PRECISIONS
-from orchestrator.schema import (
+from orchestrator.plan.checkpoint_dirs import layout_text, resolve_model_checkpoint
+from orchestrator.plan.kernels import ATTENTION_CHOICES, ENCODER_PRECISIONS
+from orchestrator.plan.schema import (
     AudioLLMConfig,
     DataConfig,
     LauncherConfig,
@@ -29,8 +30,8 @@ from orchestrator.schema import (
     RunConfig,
     TrainConfig,
 )
-from orchestrator.topology import RANK_ORDERS
-from orchestrator import tasks
+from orchestrator.plan.topology import RANK_ORDERS
+from orchestrator.plan import tasks
 
 ERROR = "error"
 WARNING = "warning"
@@ -265,6 +266,29 @@ def canonical_nodes_problem(nodes: int, dp: int, fixed: bool, configured: int | 
             f"{sizes}")
 
 
+def layout_change(saved: dict, plan: dict) -> tuple[str | None, list]:
+    """(a line saying how this plan's layout differs from the checkpoint's, or None when
+    it does not; the reasons it cannot continue there). `plan`: the resolved plan."""
+    now = {k: plan[k] for k in ("tp", "pp", "cp", "dp")}
+    before = {k: saved.get(k) for k in now}
+    if before == now:
+        return None, []
+    errors = []
+    nodes = saved.get("canonical_nodes")
+    configured = plan["config"]["data"].get("canonical_nodes")
+    if nodes:
+        problem = canonical_nodes_problem(nodes, now["dp"], fixed=True, configured=configured)
+        if problem:
+            errors.append(problem)
+    if saved.get("optimizer") == "dp_reshardable" and any(before[k] != now[k] for k in ("tp", "pp", "cp")):
+        errors.append(f"the checkpoint's distributed-optimizer state (megatron's dp_reshardable layout) loads at "
+                      f"another data-parallel size only: keep TP {before['tp']} PP {before['pp']} CP {before['cp']} "
+                      f"(runs without parallel.distributed_optimizer also change TP, PP and CP)")
+    share = f"; each data-parallel rank reads {nodes // now['dp']} of its {nodes} canonical nodes" \
+        if nodes and not errors else ""
+    return f"continues at another size: {layout_text(before)} -> {layout_text(now)}{share}", errors
+
+
 def check_canonical_nodes(parallel: ParallelConfig, launcher: LauncherConfig, data: DataConfig,
                           optim: OptimConfig) -> Iterator[Finding]:
     nodes = data.canonical_nodes
@@ -388,8 +412,6 @@ def check_encoder(model: ModelConfig) -> Iterator[Finding]:
 def check_init_checkpoint(model: ModelConfig, lora: LoraConfig) -> Iterator[Finding]:
     """The pretrained weights exist and are a checkpoint; nothing is frozen at its
     random initial value (a frozen random encoder is never what anyone means)."""
-    from orchestrator.checkpoint_dirs import resolve_model_checkpoint
-
     if model.init_checkpoint:
         _, problem = resolve_model_checkpoint(model.init_checkpoint)
         if problem:
@@ -451,7 +473,7 @@ def check_backend(model: ModelConfig, launcher: LauncherConfig) -> Iterator[Find
 def audio_tokens_per_clip(seconds: float, model: ModelConfig) -> int:
     """Decoder tokens the adapter makes for a clip of `seconds` (100 mel frames per second,
     capped at the encoder window)."""
-    from orchestrator.model_params import audio_token_count
+    from orchestrator.plan.model_params import audio_token_count
 
     mel_frames = min(math.ceil(seconds * 100), 2 * model.encoder.max_source_positions)
     return audio_token_count(mel_frames, model.adapter.frame_stack)
@@ -528,7 +550,7 @@ def check_tokenizer(data: DataConfig, model: ModelConfig) -> Iterator[Finding]:
     """A local HF tokenizer (its tokenizer.json, read as JSON: no transformers here)
     knows data.audio_token as one token and fits the model's vocabulary. A tokenizer
     not written yet (the demo corpus is made by `audiollm train`) is checked by the job."""
-    from orchestrator.tokenizer_file import TokenizerFileError, read_vocabulary
+    from orchestrator.plan.tokenizer_file import TokenizerFileError, read_vocabulary
 
     if not data.tokenizer:
         return
@@ -728,7 +750,7 @@ def check_lr_groups_against_params(lora: LoraConfig, params: list[NamedParam], m
 
 
 def _named_params(model: ModelConfig, lora: LoraConfig, tp: int) -> list[NamedParam]:
-    from orchestrator.model_params import parameter_inventory
+    from orchestrator.plan.model_params import parameter_inventory
 
     # At the plan's TP (names do not depend on it): the estimate then reuses this inventory.
     return [NamedParam(p.name, not p.trainable) for p in parameter_inventory(model, lora, max(tp, 1))]

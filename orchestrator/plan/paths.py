@@ -7,7 +7,7 @@ orchestrator/_conf and orchestrator/_recipes (see pyproject.toml package-dir).
 
 from pathlib import Path
 
-_PACKAGE = Path(__file__).resolve().parent
+_PACKAGE = Path(__file__).resolve().parents[1]  # the orchestrator package
 
 
 def _first_existing(*candidates: Path) -> Path:

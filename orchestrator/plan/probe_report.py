@@ -4,7 +4,7 @@ Submit side: no torch here. Each rank role (pipeline stage, and context-parallel
 where there are several) is probed in a process of its own
 (`python -m orchestrator.probe.role`, orchestrator/probe/), at most as many at once as
 this machine has cores; this module starts them, reads their JSON and sets it beside the
-plan's estimate (orchestrator/estimate.py), category by category.
+plan's estimate (orchestrator/plan/estimate.py), category by category.
 
 The comparison: weights, grads and optimizer state as such; the plan's activations
 (everything a step keeps for the backward, its recompute, logits and loss) against the
@@ -24,7 +24,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from orchestrator.estimate import FIXED_OVERHEAD_GIB, GIB, MEMORY_MARGIN
+from orchestrator.plan.estimate import FIXED_OVERHEAD_GIB, GIB, MEMORY_MARGIN
 
 CATEGORIES = ("weights", "grads", "optimizer", "activations")
 

@@ -3,7 +3,7 @@
 `StepFlops(model, ...).count(batch)` gives one micro-batch's model FLOPs (for MFU),
 hardware FLOPs (for HFU), real tokens and token slots; the loop sums them over the
 step's micro-batches and the data-parallel ranks. The plan's estimate
-(orchestrator/estimate.py) uses the same arithmetic on a planned step (every row full,
+(orchestrator/plan/estimate.py) uses the same arithmetic on a planned step (every row full,
 every clip at data.max_audio_seconds), so prediction and measurement differ only by
 what the batches held; hence no module-level torch import here.
 
@@ -55,7 +55,7 @@ import math
 import re
 from typing import Iterable, Optional
 
-from orchestrator.model_params import encoder_frame_count
+from orchestrator.plan.model_params import encoder_frame_count
 
 # The quantities a micro-batch is counted in; FLOPs = sum of items x coefficients.
 KINDS = ("token", "pair_full", "pair_window", "mel_frame", "enc_position", "enc_pair", "audio_token")

@@ -13,8 +13,8 @@ import json
 from dataclasses import asdict, dataclass, is_dataclass
 from typing import Optional
 
-from orchestrator.megatron_args import padded_vocab_size
-from orchestrator.schema import LoraConfig, ModelConfig
+from orchestrator.plan.megatron_args import padded_vocab_size
+from orchestrator.plan.schema import LoraConfig, ModelConfig
 
 ENCODER_LORA_TARGETS = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.out_proj", "fc1", "fc2")
 ADAPTER_LORA_TARGETS = ("linear_1", "linear_2")

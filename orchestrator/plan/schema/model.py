@@ -58,7 +58,7 @@ class EncoderConfig:
     freeze: bool = True
     # auto: bf16 weights with PyTorch's SDPA attention for a frozen encoder on GPUs, fp32
     # with HF's eager attention otherwise (the reference); fp32 | bf16 force one
-    # (orchestrator/kernels.py encoder_precision).
+    # (orchestrator/plan/kernels.py encoder_precision).
     precision: str = "auto"
 
 
@@ -98,7 +98,7 @@ class ModelConfig:
     # Linears and norms. local: megatron-core's own tensor-parallel linears and the project's
     # RMSNorm (CPU and GPU). te: TransformerEngine's (GPU only, the `gpu` extra).
     backend: str = "local"
-    # Core attention, independent of the backend (orchestrator/kernels.py): auto (flex on a
+    # Core attention, independent of the backend (orchestrator/plan/kernels.py): auto (flex on a
     # GPU, reference on a CPU), reference (plain PyTorch, fp32 s x s scores; the parity
     # reference) or flex (torch's flex_attention, compiled; GPU training only).
     attention: str = "auto"

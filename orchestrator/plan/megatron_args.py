@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from orchestrator.schema import DataConfig, ModelConfig, OptimConfig, ParallelConfig, TrainConfig
+from orchestrator.plan.schema import DataConfig, ModelConfig, OptimConfig, ParallelConfig, TrainConfig
 
 # megatron's padding of the vocabulary: a multiple of this times TP.
 MAKE_VOCAB_SIZE_DIVISIBLE_BY = 128

@@ -9,7 +9,7 @@ class DatasetEntry:
     name: str = "default"  # shown in per-dataset metrics; a glob path suffixes it per match
     path: str = "???"  # local directory or remote URI of an MDS dataset; may be a glob
     weight: float = 1.0  # sampling proportion in the training mixture
-    # What the dataset's samples ask of the model (orchestrator/tasks.py). Every
+    # What the dataset's samples ask of the model (orchestrator/plan/tasks.py). Every
     # field left unset takes the `data` group's default, so a plain {name, path, weight}
     # entry is transcription with data.prompt_template, as before.
     # A named task preset (transcribe, translate, answer, caption, instruct): its

@@ -3,13 +3,13 @@
 from dataclasses import dataclass, field
 from typing import Optional
 
-from orchestrator.schema.data import DataConfig
-from orchestrator.schema.launcher import LauncherConfig
-from orchestrator.schema.logger import LoggerConfig
-from orchestrator.schema.lora import LoraConfig
-from orchestrator.schema.model import ModelConfig
-from orchestrator.schema.optim import OptimConfig
-from orchestrator.schema.parallel import ParallelConfig
+from orchestrator.plan.schema.data import DataConfig
+from orchestrator.plan.schema.launcher import LauncherConfig
+from orchestrator.plan.schema.logger import LoggerConfig
+from orchestrator.plan.schema.lora import LoraConfig
+from orchestrator.plan.schema.model import ModelConfig
+from orchestrator.plan.schema.optim import OptimConfig
+from orchestrator.plan.schema.parallel import ParallelConfig
 
 
 @dataclass
@@ -24,7 +24,7 @@ class TrainConfig:
     # Also greedy-decode the validation datasets at every evaluation and score each by its
     # metric (WER, exact match or BLEU: orchestrator/train/generation_eval.py). Runs inside
     # training when tp = pp = cp = 1; other layouts score with `audiollm eval RUN_DIR`.
-    # (Named eval_wer, eval_wer_batches, eval_wer_max_new_tokens before; orchestrator/compose.py
+    # (Named eval_wer, eval_wer_batches, eval_wer_max_new_tokens before; orchestrator/plan/compose.py
     # refuses the old names with the new ones.)
     eval_generation: bool = False
     eval_generation_batches: int = 0  # batches of optim.micro_batch_size per validation dataset; 0: all
@@ -61,7 +61,7 @@ class TrainConfig:
 @dataclass
 class RunConfig:
     experiment: str = "default"
-    name: Optional[str] = None  # default: <recipe>-<config hash>, see launchers/rundir.py
+    name: Optional[str] = None  # default: <recipe>-<config hash>, see orchestrator/plan/rundir.py
     output_root: str = "outputs"  # run directory: <output_root>/<experiment>/<name>/
     resume: str = "auto"  # auto: continue the run directory's latest checkpoint | never
 

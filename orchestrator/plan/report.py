@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 
-from orchestrator.resolve import Plan
+from orchestrator.plan.resolve import Plan
 
 MAX_GROUPS_SHOWN = 8
 
@@ -89,8 +89,8 @@ def render(plan: Plan, with_params: bool = False) -> str:
     if with_params:
         from omegaconf import OmegaConf
 
-        from orchestrator.model_params import parameter_inventory
-        from orchestrator.schema import AudioLLMConfig
+        from orchestrator.plan.model_params import parameter_inventory
+        from orchestrator.plan.schema import AudioLLMConfig
 
         obj = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(AudioLLMConfig), cfg))
         lines.append("parameters (name, full shape, trainable)")

@@ -16,12 +16,12 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from orchestrator import estimate as est
-from orchestrator.kernels import attention_kernel, encoder_precision
-from orchestrator.megatron_args import megatron_args, padded_vocab_size, render_argv
-from orchestrator.schema import AudioLLMConfig
-from orchestrator.topology import rank_layout
-from orchestrator.validate import ERROR, Finding, check, data_parallel_size, validate, world_size
+from orchestrator.plan import estimate as est
+from orchestrator.plan.kernels import attention_kernel, encoder_precision
+from orchestrator.plan.megatron_args import megatron_args, padded_vocab_size, render_argv
+from orchestrator.plan.schema import AudioLLMConfig
+from orchestrator.plan.topology import rank_layout
+from orchestrator.plan.validate import ERROR, Finding, check, data_parallel_size, validate, world_size
 
 
 @dataclass
@@ -99,7 +99,7 @@ DECIDED_AT_START = {
 
 
 def encoder_precision_of(cfg: AudioLLMConfig) -> str:
-    """model.encoder.precision on the planned accelerator (orchestrator/kernels.py)."""
+    """model.encoder.precision on the planned accelerator (orchestrator/plan/kernels.py)."""
     return encoder_precision(cfg.model.encoder.precision, cfg.launcher.accelerator == "gpu")
 
 
@@ -122,7 +122,7 @@ def model_extensions(cfg: AudioLLMConfig) -> dict[str, Any]:
         # modules. Megatron-LM's own layer specs fed this argv build a different model.
         "implemented_by_audiollm": {flags: where for flags, where in ARGV_IMPLEMENTED_BY_AUDIOLLM.items()
                                     if cfg.parallel.cp > 1 or not flags.startswith("--cp-")},
-        # model.attention on the planned accelerator (orchestrator/kernels.py); the memory
+        # model.attention on the planned accelerator (orchestrator/plan/kernels.py); the memory
         # estimate counts this kernel's activations.
         "attention_kernel": attention_kernel(cfg.model.attention, on_gpu),
         "encoder_precision": encoder_precision_of(cfg),
@@ -147,7 +147,7 @@ def resolve(cfg: DictConfig | AudioLLMConfig, purpose: str = "plan", keep_errors
         findings, errors = check(obj, purpose), []
     if obj.model.init_checkpoint:
         # The job loads exactly the checkpoint planned (a run directory's latest step now).
-        from orchestrator.checkpoint_dirs import resolve_model_checkpoint
+        from orchestrator.plan.checkpoint_dirs import resolve_model_checkpoint
 
         obj.model.init_checkpoint = resolve_model_checkpoint(obj.model.init_checkpoint)[0]
     p, launcher, optim = obj.parallel, obj.launcher, obj.optim

@@ -6,14 +6,14 @@ A key that is not declared here, or a value of the wrong type, fails at compose
 time with the key's full path.
 """
 
-from orchestrator.schema.data import DataConfig, DatasetEntry
-from orchestrator.schema.launcher import LauncherConfig
-from orchestrator.schema.logger import LoggerConfig
-from orchestrator.schema.lora import LoraConfig, LrGroup
-from orchestrator.schema.model import AdapterConfig, DecoderConfig, EncoderConfig, ModelConfig
-from orchestrator.schema.optim import OptimConfig
-from orchestrator.schema.parallel import ParallelConfig, RecomputeConfig
-from orchestrator.schema.root import AudioLLMConfig, RunConfig, TrainConfig
+from orchestrator.plan.schema.data import DataConfig, DatasetEntry
+from orchestrator.plan.schema.launcher import LauncherConfig
+from orchestrator.plan.schema.logger import LoggerConfig
+from orchestrator.plan.schema.lora import LoraConfig, LrGroup
+from orchestrator.plan.schema.model import AdapterConfig, DecoderConfig, EncoderConfig, ModelConfig
+from orchestrator.plan.schema.optim import OptimConfig
+from orchestrator.plan.schema.parallel import ParallelConfig, RecomputeConfig
+from orchestrator.plan.schema.root import AudioLLMConfig, RunConfig, TrainConfig
 
 __all__ = [
     "AdapterConfig",

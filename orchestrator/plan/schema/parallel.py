@@ -22,6 +22,6 @@ class ParallelConfig:
     sp: bool = False  # sequence parallel (needs tp > 1)
     distributed_optimizer: bool = False  # shard optimizer state over data-parallel ranks
     recompute: RecomputeConfig = field(default_factory=RecomputeConfig)
-    # How global ranks map to groups, fastest-varying first (see orchestrator/topology.py):
+    # How global ranks map to groups, fastest-varying first (see orchestrator/plan/topology.py):
     # megatron's default, or "tp-cp-ep-pp-dp" (Megatron-LM --use-tp-pp-dp-mapping).
     rank_order: str = "tp-cp-ep-dp-pp"

@@ -16,7 +16,7 @@ All formulas are closed-form, with their sources:
   megatron's schedule, simulated step by step (1F1B: min(pp - stage, micro-batches),
   Narayanan et al. 2021; interleaved: per model chunk). The terms per tensor are those the
   full-size probe measures (orchestrator/probe/, docs/memory.md).
-- Model FLOPs: the job's own count (orchestrator/step_flops.py, which states its
+- Model FLOPs: the job's own count (orchestrator/plan/step_flops.py, which states its
   conventions) applied to a planned step of full rows: 2 x matmul parameters per token
   forward (decoder, encoder per position, adapter and CTC head per audio token) plus
   the attention score and value products 2 x 2 x heads x head_dim per attended (query,
@@ -35,12 +35,12 @@ import math
 from dataclasses import dataclass, field, replace
 from fnmatch import fnmatchcase
 
-from orchestrator.kernels import LOSS_CHUNK_ELEMENTS, LOSS_CHUNK_FP32_COPIES, attention_kernel, encoder_precision
-from orchestrator.megatron_args import padded_vocab_size
-from orchestrator.model_params import ParamSpec, encoder_frame_count, parameter_inventory
-from orchestrator.schema import AudioLLMConfig, ModelConfig, ParallelConfig
-from orchestrator.step_flops import StepFlops, causal_pairs
-from orchestrator.validate import audio_tokens_per_clip
+from orchestrator.plan.kernels import LOSS_CHUNK_ELEMENTS, LOSS_CHUNK_FP32_COPIES, attention_kernel, encoder_precision
+from orchestrator.plan.megatron_args import padded_vocab_size
+from orchestrator.plan.model_params import ParamSpec, encoder_frame_count, parameter_inventory
+from orchestrator.plan.schema import AudioLLMConfig, ModelConfig, ParallelConfig
+from orchestrator.plan.step_flops import StepFlops, causal_pairs
+from orchestrator.plan.validate import audio_tokens_per_clip
 
 GIB = 1024**3
 MEMORY_MARGIN = 0.10  # fraction added to the computed total
@@ -143,7 +143,7 @@ def stage_params(inventory: list[ParamSpec], model: ModelConfig, parallel: Paral
 def decoder_layer_activation_bytes(model: ModelConfig, parallel: ParallelConfig, seq: int, mbs: int, dtype_bytes: int,
                                    attention: str, fused_norms: bool = True) -> float:
     """Bytes saved for backward by one Gemma2 decoder layer for one micro-batch, with the
-    `attention` kernel ("reference" or "flex", orchestrator.kernels); `fused_norms`: the
+    `attention` kernel ("reference" or "flex", orchestrator.plan.kernels); `fused_norms`: the
     norms are one kernel each (GPUs: compiled or TransformerEngine's) rather than eager
     PyTorch (CPUs). Under context parallelism a rank holds seq / cp tokens, but its
     attention keeps the whole row's keys and values (gathered over the CP group) and
@@ -391,7 +391,7 @@ def _mel_frames(cfg: AudioLLMConfig) -> int:
 
 
 def planned_step_items(cfg: AudioLLMConfig) -> dict:
-    """What a planned step holds, in orchestrator.step_flops' terms: every row full
+    """What a planned step holds, in orchestrator.plan.step_flops' terms: every row full
     (one document of data.seq_length tokens) and as many clips of data.max_audio_seconds
     as a row can hold (clips_per_row), each clip's encoder over its own frames when
     model.encoder.mask_padding is on, else over the whole window."""
@@ -408,7 +408,7 @@ def planned_step_items(cfg: AudioLLMConfig) -> dict:
 
 def flops_per_step(cfg: AudioLLMConfig, inventory: list[ParamSpec], world: int) -> FlopsEstimate:
     """Model and hardware FLOPs of a planned step (planned_step_items) by the job's own
-    arithmetic (orchestrator.step_flops: decoder, encoder, adapter and CTC head;
+    arithmetic (orchestrator.plan.step_flops: decoder, encoder, adapter and CTC head;
     backward per weight that trains; recompute), and the step time at ASSUMED_MFU."""
     model, parallel = cfg.model, cfg.parallel
     vocab = padded_vocab_size(model.decoder.vocab_size, parallel.tp)

@@ -29,7 +29,7 @@ ENCODER_SUBDIR = "whisper_encoder"
 ADAPTER_SUBDIR = "audio_adapter"
 MANIFEST = "manifest.json"
 # A run's checkpoint: the parallel layout that wrote it, its data order's canonical
-# nodes and the distributed optimizer's layout (None: none), for `layout_change`.
+# nodes and the distributed optimizer's layout (None: none), for validate.layout_change.
 LAYOUT = "layout.json"
 STEP_DIR = re.compile(r"^step_(\d{6,})$")
 
@@ -169,28 +169,3 @@ def saved_layout_of(path: Path) -> Optional[dict]:
         return json.loads((Path(path) / LAYOUT).read_text())
     except (OSError, ValueError):
         return None
-
-
-def layout_change(saved: dict, plan: dict) -> Tuple[Optional[str], list]:
-    """(a line saying how this plan's layout differs from the checkpoint's, or None when
-    it does not; the reasons it cannot continue there). `plan`: the resolved plan."""
-    from orchestrator.validate import canonical_nodes_problem
-
-    now = {k: plan[k] for k in ("tp", "pp", "cp", "dp")}
-    before = {k: saved.get(k) for k in now}
-    if before == now:
-        return None, []
-    errors = []
-    nodes = saved.get("canonical_nodes")
-    configured = plan["config"]["data"].get("canonical_nodes")
-    if nodes:
-        problem = canonical_nodes_problem(nodes, now["dp"], fixed=True, configured=configured)
-        if problem:
-            errors.append(problem)
-    if saved.get("optimizer") == "dp_reshardable" and any(before[k] != now[k] for k in ("tp", "pp", "cp")):
-        errors.append(f"the checkpoint's distributed-optimizer state (megatron's dp_reshardable layout) loads at "
-                      f"another data-parallel size only: keep TP {before['tp']} PP {before['pp']} CP {before['cp']} "
-                      f"(runs without parallel.distributed_optimizer also change TP, PP and CP)")
-    share = f"; each data-parallel rank reads {nodes // now['dp']} of its {nodes} canonical nodes" \
-        if nodes and not errors else ""
-    return f"continues at another size: {layout_text(before)} -> {layout_text(now)}{share}", errors

@@ -1,0 +1,119 @@
+"""Checks before submission that need more than the plan: the demo corpus is there (or
+is written first), local datasets open from this machine, and the SLURM cluster could
+ever start the job."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Optional, Sequence
+
+from launchers.runs import PreparedRun, print_errors
+
+
+class DemoCorpusError(RuntimeError):
+    """Writing the demo corpus failed (its own message is already on stderr)."""
+
+
+def ensure_demo_corpus(runs: Sequence[PreparedRun]) -> None:
+    """data.demo_corpus: write the espeak-ng demo corpus into that directory first unless
+    it holds one already (manifest.json, written last). A subprocess, so that this side
+    never imports torch."""
+    wanted = {}
+    for run in runs:
+        data = run.container["data"]
+        if data.get("demo_corpus"):
+            wanted[str(data["demo_corpus"])] = (int(data["demo_corpus_samples"]), data.get("demo_corpus_accent"))
+    for root, (samples, accent) in wanted.items():
+        manifest = Path(root) / "manifest.json"
+        if manifest.is_file():
+            _check_demo_corpus(root, json.loads(manifest.read_text()), samples, accent)
+            continue
+        print(f"data.demo_corpus={root} holds no corpus yet: synthesizing {samples} training utterances "
+              f"with espeak-ng first", flush=True)
+        proc = subprocess.run([sys.executable, "-m", "orchestrator.data.cli", "demo", root,
+                               "--num-samples", str(samples), "--no-progress",
+                               *(["--accent", str(accent)] if accent else [])])
+        if proc.returncode != 0:
+            raise DemoCorpusError(f"writing the demo corpus into {root} failed (exit {proc.returncode}); fix what "
+                                  f"it printed above, or point data.demo_corpus (or $AUDIOLLM_DEMO_DATA) elsewhere")
+
+
+def _check_demo_corpus(root: str, manifest: dict, samples: int, accent: Optional[str]) -> None:
+    """The corpus already in data.demo_corpus is the one the config asks for: its format,
+    number of training utterances and accent (a silent reuse would train on another corpus)."""
+    from orchestrator.data.demo import CORPUS_FORMAT, CORPUS_FORMAT_CHANGE
+
+    again = (f"delete {root} to have it written again, or point data.demo_corpus (or $AUDIOLLM_DEMO_DATA) "
+             f"elsewhere")
+    found = manifest.get("format", 1)
+    if found != CORPUS_FORMAT:
+        raise DemoCorpusError(f"data.demo_corpus={root} holds a demo corpus of format {found}; this version writes and "
+                              f"reads format {CORPUS_FORMAT} ({CORPUS_FORMAT_CHANGE}): {again}")
+    if manifest.get("num_samples") != samples:
+        raise DemoCorpusError(f"data.demo_corpus={root} holds a demo corpus of {manifest.get('num_samples')} training "
+                              f"utterances, but data.demo_corpus_samples={samples}: set "
+                              f"data.demo_corpus_samples={manifest.get('num_samples')} to train on it, or {again}")
+    if (manifest.get("accent") or None) != (accent or None):
+        found_accent = manifest.get("accent") or "null"
+        raise DemoCorpusError(f"data.demo_corpus={root} holds the demo corpus of accent {found_accent}, but "
+                              f"data.demo_corpus_accent={accent or 'null'}: {again}")
+
+
+def local_dataset_problems(runs: Sequence[PreparedRun]) -> list[str]:
+    """Every local dataset path (data.train, data.validation; globs expanded) that is not an
+    MDS dataset as seen from this machine, one line each; remote ones are checked by the
+    job (orchestrator/data/remote.py). Runs after the demo corpus is written."""
+    from orchestrator.data.sources import is_remote, resolve_entries
+
+    problems: list[str] = []
+    for run in runs:
+        data = run.container["data"]
+        for split in ("train", "validation"):
+            for entry in data.get(split) or []:
+                if is_remote(str(entry["path"])):
+                    continue
+                try:
+                    resolve_entries([_Entry(entry)])
+                except (OSError, ValueError) as exc:
+                    problem = f"data.{split}[{entry['name']}]: {exc}"
+                    if problem not in problems:
+                        problems.append(problem)
+    return problems
+
+
+class _Entry:
+    """A dataset entry of the composed config (a dict) as resolve_entries reads it."""
+
+    def __init__(self, entry: dict):
+        self.name, self.path, self.weight = entry["name"], entry["path"], entry.get("weight", 1.0)
+
+
+def check_local_datasets(runs: Sequence[PreparedRun]) -> bool:
+    """False (after saying why) when a local job could not open its datasets; a SLURM job's
+    nodes may see paths this machine does not, so there it is a warning."""
+    problems = local_dataset_problems(runs)
+    if not problems:
+        return True
+    if runs[0].launcher["kind"] == "slurm":
+        print_errors(problems, header="warning: these datasets are not found from this machine (the job fails "
+                                       "at start unless the compute nodes see them)")
+        return True
+    print_errors(problems, header="not submitted: datasets not found")
+    return False
+
+
+NEVER_STARTS = "not submitted: this cluster could never start the job (it would pend forever)"
+
+
+def cluster_problems(launcher: dict) -> list[str]:
+    """Why this SLURM cluster could never start the job (launchers/slurm_fit.py); [] if it
+    could or nothing was checked."""
+    from launchers.slurm_fit import check_request
+
+    check = check_request(launcher)
+    if check.skipped:
+        print(f"cluster check skipped: {check.skipped}", file=sys.stderr)
+    return check.problems or []

@@ -1,0 +1,47 @@
+"""`audiollm prepare OVERRIDES...`: the run directory written, nothing submitted; prints
+the srun and torchrun commands that start it by hand."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Sequence
+
+from launchers.checks import DemoCorpusError, ensure_demo_corpus
+from launchers.runs import EXIT_INVALID, EXIT_OK, config_yaml, prepare, print_errors
+from launchers.submit import RunActive, ensure_not_active
+from orchestrator.plan import rundir as rd
+
+
+def prepare_only(overrides: Sequence[str]) -> int:
+    """`audiollm prepare OVERRIDES...`: validate, resolve and write the run directory, and
+    print how to start it by hand (inside a SLURM allocation, or with torchrun); nothing
+    is submitted. The job then runs on whatever starts it, with the same entry."""
+    run, errors = prepare(overrides)
+    if run is None:
+        print_errors(errors)
+        return EXIT_INVALID
+    try:
+        ensure_not_active(run.run_dir)
+        ensure_demo_corpus([run])
+    except (RunActive, DemoCorpusError) as exc:
+        print_errors([str(exc)], header="not prepared")
+        return EXIT_INVALID
+    rd.prepare(run.run_dir, config_yaml(run), run.plan)
+    nodes, per_node = int(run.launcher["nodes"]), int(run.launcher["gpus_per_node"])
+    entry = f"-m orchestrator.train.entry {run.run_dir}"
+    print(f"prepared run {run.run_dir} for {nodes} node(s) x {per_node} processes; start it with one of\n"
+          f"  inside a SLURM allocation (salloc -N{nodes} --ntasks-per-node={per_node} ...):\n"
+          f"    srun --nodes={nodes} --ntasks-per-node={per_node} {sys.executable} {entry}\n"
+          f"  torchrun, once on every node (HOST: the first node):\n"
+          f"    {Path(sys.executable).parent / 'torchrun'} --nnodes={nodes} --nproc-per-node={per_node} "
+          f"--rdzv-backend=c10d --rdzv-endpoint=HOST:29500 {entry}")
+    return EXIT_OK
+
+
+def prepare_main(argv: Sequence[str]) -> int:
+    if argv and argv[0] in ("-h", "--help"):
+        print("usage: audiollm prepare [OVERRIDES...]\n\nValidate and resolve like `audiollm train`, write the run "
+              "directory, and print the srun and torchrun commands that start it; submits nothing.")
+        return EXIT_OK
+    return prepare_only(list(argv))

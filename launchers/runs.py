@@ -1,0 +1,137 @@
+"""One run, prepared: compose -> validate -> plan -> the run directory it will use.
+
+What every command that starts a run shares (train, prepare, a sweep's points): the
+PreparedRun, its dry-run text, and how errors are printed. Nothing is written or
+submitted here.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Sequence
+
+from orchestrator.plan import rundir as rd
+
+
+EXIT_OK, EXIT_FAILED, EXIT_INVALID = 0, 1, 2
+
+
+@dataclass
+class PreparedRun:
+    overrides: list[str]
+    cfg: Any  # DictConfig
+    container: dict
+    plan: dict
+    run_dir: Path
+    resumes: bool = False
+    # How the layout differs from the latest checkpoint's (validate.layout_change).
+    continuation: str | None = None
+
+    @property
+    def launcher(self) -> dict:
+        return self.container["launcher"]
+
+    @property
+    def job_name(self) -> str:
+        return f"audiollm-{self.run_dir.name}"
+
+
+def _compose(overrides: Sequence[str]):
+    from orchestrator.plan.compose import compose
+
+    return compose(list(overrides))
+
+
+def prepare(overrides: Sequence[str], run_dir: Path | None = None) -> tuple[PreparedRun | None, list[str]]:
+    """Compose, validate and plan one run; (None, errors) when it is not valid."""
+    from omegaconf import OmegaConf
+
+    from orchestrator.plan.compose import ComposeError
+    from orchestrator.plan.resolve import resolve, to_object
+    from orchestrator.plan.validate import ERROR, validate
+
+    try:
+        cfg = _compose(overrides)
+    except ComposeError as exc:
+        return None, [str(exc)]
+    # A dry run shows what would run (like `audiollm plan`); a real launch is checked for training.
+    purpose = "plan" if cfg.launcher.dry_run else "train"
+    findings = validate(to_object(cfg), purpose)
+    errors = [str(f) for f in findings if f.severity == ERROR]
+    if errors:
+        return None, errors
+    for warning in (str(f) for f in findings if f.severity != ERROR):
+        print(warning, file=sys.stderr)
+    plan = resolve(cfg, purpose).to_dict()
+    container = OmegaConf.to_container(cfg, resolve=True)
+    run_dir = Path(run_dir or rd.run_dir_for(container)).absolute()
+    try:
+        resumes = rd.check_resume(run_dir, container["run"]["resume"])
+    except rd.RunDirError as exc:
+        return None, [str(exc)]
+    continuation, problems = continuation_of(run_dir, plan) if resumes else (None, [])
+    if problems:
+        return None, problems
+    return PreparedRun(list(overrides), cfg, container, plan, run_dir, resumes, continuation), []
+
+
+def continuation_of(run_dir: Path, plan: dict) -> tuple[str | None, list[str]]:
+    """How this plan continues the run directory's latest checkpoint at another parallel
+    layout (None: the same layout, or a checkpoint that did not record its own), and why
+    it cannot, each naming the checkpoint."""
+    from orchestrator.plan.checkpoint_dirs import saved_layout
+    from orchestrator.plan.validate import layout_change
+
+    name, saved = saved_layout(run_dir)
+    if saved is None:
+        return None, []
+    line, problems = layout_change(saved, plan)
+    return (f"{name} {line}" if line else None), [f"{run_dir / 'checkpoints' / name}: {p}" for p in problems]
+
+
+def config_yaml(run: PreparedRun) -> str:
+    from omegaconf import OmegaConf
+
+    return OmegaConf.to_yaml(run.cfg, resolve=True)
+
+
+def launch_index(run_dir: Path) -> int:
+    return len((rd.read_json(run_dir / "launch.json", default={}) or {}).get("launches") or [])
+
+
+def rank_job(launcher: dict):
+    from launchers.job import RankJob
+
+    return RankJob(launcher["entry"], launcher["accelerator"], int(launcher["max_requeues"]))
+
+
+def dry_run_text(run: PreparedRun, array_size: int | None = None) -> str:
+    from launchers.executors import render_sbatch
+
+    launcher = run.launcher
+    parts = [
+        f"# dry run: nothing written, nothing submitted\n# run directory: {run.run_dir}"
+        + (f"\n# {run.continuation}" if run.continuation else ""),
+        "# composed config (config.yaml)\n" + config_yaml(run),
+        # The plan's copy of the config is left out: it is printed just above.
+        "# plan (plan.json)\n" + json.dumps({k: v for k, v in run.plan.items() if k != "config"}, indent=2, default=str),
+        "# argv\n" + " ".join(str(a) for a in run.plan.get("argv") or []),
+    ]
+    if launcher["kind"] == "slurm":
+        parts.append("# sbatch script\n" + render_sbatch(
+            launcher, run.run_dir / "submitit", run.job_name, array_size=array_size))
+    else:
+        from launchers.executors import world_size
+
+        parts.append(f"# local: {world_size(launcher)} processes on this machine "
+                     f"({'gloo' if launcher['accelerator'] == 'cpu' else 'nccl'}), entry {launcher['entry']}")
+    return "\n\n".join(parts) + "\n"
+
+
+def print_errors(errors: Sequence[str], header: str = "invalid configuration") -> None:
+    print(f"{header}:", file=sys.stderr)
+    for error in errors:
+        print("  - " + error.replace("\n", "\n    "), file=sys.stderr)

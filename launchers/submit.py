@@ -1,0 +1,103 @@
+"""Submitting a prepared run: one job per run directory at a time, the launch recorded,
+local jobs started in a session of their own (so that Ctrl-C reaches this command only),
+and signals to a local job."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+from pathlib import Path
+
+from launchers.runs import PreparedRun, config_yaml, launch_index, rank_job
+from launchers.summary import run_state
+from orchestrator.plan import rundir as rd
+
+
+ACTIVE_STATES = ("PENDING", "RUNNING", "SUBMITTED")
+
+
+class RunActive(RuntimeError):
+    """The run already has a queued or running job."""
+
+
+def ensure_not_active(run_dir: Path) -> None:
+    """Two jobs must never write one run directory's checkpoints."""
+    if not rd.last_launch(run_dir):
+        return
+    info = run_state(run_dir)
+    if info["state"] in ACTIVE_STATES and info["scheduler"] not in (None, "ENDED", "COMPLETED"):
+        raise RunActive(
+            f"run {run_dir} already has job {info['job_id']} ({info['state']}); "
+            f"follow it with `audiollm status {run_dir}` or stop it with `audiollm cancel {run_dir}` first"
+        )
+
+
+def submit_run(run: PreparedRun):
+    """Write the run directory, submit, record the launch. Returns the submitit job."""
+    from launchers.executors import make_executor
+
+    with rd.submission_lock(run.run_dir):  # check -> submit -> record, one command at a time
+        ensure_not_active(run.run_dir)
+        rd.prepare(run.run_dir, config_yaml(run), run.plan)
+        index = launch_index(run.run_dir)
+        executor = make_executor(run.launcher, run.run_dir / "submitit", run.job_name)
+        with own_session(run.launcher["kind"] == "local"):
+            job = executor.submit(rank_job(run.launcher), str(run.run_dir), index)
+        rd.record_launch(run.run_dir, {
+            "kind": run.launcher["kind"], "job_ids": [str(job.job_id)], "launch_index": index,
+            "submitit_folder": str(run.run_dir / "submitit"), "overrides": run.overrides, "resumed": run.resumes,
+        })
+    return job
+
+
+@contextlib.contextmanager
+def own_session(enabled: bool = True):
+    """submitit's local executor starts its controller (which starts the ranks) with a
+    plain Popen, in this command's process group: a terminal's Ctrl-C, sent to the whole
+    foreground group, would kill every rank mid-step and lose the steps since the last
+    checkpoint. Within this block, processes start in a session of their own; this
+    command forwards the stop request itself (stream_local). The controller is
+    launchers.local_controller, which records how each task ended."""
+    if not enabled:
+        yield
+        return
+    original = subprocess.Popen
+
+    class SessionPopen(original):  # type: ignore[misc, valid-type]
+        def __init__(self, args, *rest, **kwargs):
+            kwargs.setdefault("start_new_session", True)
+            super().__init__(_recording_controller(args), *rest, **kwargs)
+
+    subprocess.Popen = SessionPopen
+    try:
+        yield
+    finally:
+        subprocess.Popen = original
+
+
+def _recording_controller(args):
+    """submitit's local controller command (a list, or a shell line after launcher.setup)
+    with launchers.local_controller in its place: the same controller, keeping each
+    task's exit status for launchers/failures.py."""
+    module, ours = "submitit.local._local", "launchers.local_controller"
+    if isinstance(args, str):
+        return args.replace(f"-m {module} ", f"-m {ours} ")
+    return [ours if a == module else a for a in args]
+
+
+def kill_local(job_id: str) -> None:
+    """Every process of a local job at once: its controller started a session of its own."""
+    try:
+        os.killpg(os.getpgid(int(job_id)), signal.SIGKILL)
+    except (ValueError, ProcessLookupError, PermissionError):
+        pass
+
+
+def signal_local(job_id: str, sig: int) -> bool:
+    try:
+        os.kill(int(job_id), sig)  # the local controller forwards it to every task
+    except (ValueError, ProcessLookupError, PermissionError):
+        return False
+    return True

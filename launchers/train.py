@@ -1,0 +1,78 @@
+"""`audiollm train [-m] OVERRIDES...`: compose -> validate (every point of a sweep, before
+anything is submitted) -> plan -> run directory written -> submit. launcher=local blocks
+and streams rank 0's output; launcher=slurm returns once the job is queued (unless
+launcher.wait=true). launcher.dry_run=true prints and submits nothing. -m: a sweep
+(launchers/sweep.py).
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+from launchers.checks import DemoCorpusError, NEVER_STARTS, check_local_datasets, cluster_problems, ensure_demo_corpus
+from launchers.follow import follow_hint, stream_local, wait_slurm
+from launchers.runs import EXIT_INVALID, EXIT_OK, dry_run_text, prepare, print_errors
+from launchers.submit import RunActive, submit_run
+from launchers.sweep import train_sweep
+from orchestrator.plan import rundir as rd
+
+
+def train(overrides: Sequence[str], multirun: bool = False) -> int:
+    """`audiollm train [-m] OVERRIDES...`; returns the process exit code."""
+    if multirun:
+        return train_sweep(overrides)
+    run, errors = prepare(overrides)
+    if run is None:
+        print_errors(errors)
+        return EXIT_INVALID
+    launcher = run.launcher
+    problems = cluster_problems(launcher)
+    if launcher["dry_run"]:
+        print(dry_run_text(run), end="")
+        if problems:
+            print_errors(problems, header="this cluster could never start the job")
+        return EXIT_OK
+    if problems:
+        print_errors(problems, header=NEVER_STARTS)
+        return EXIT_INVALID
+    try:
+        ensure_demo_corpus([run])
+        if not check_local_datasets([run]):
+            return EXIT_INVALID
+        job = submit_run(run)
+    except (RunActive, rd.RunBusy, DemoCorpusError) as exc:
+        print_errors([str(exc)], header="not submitted")
+        return EXIT_INVALID
+    except OSError as exc:  # run.output_root read-only, on a full disk, under a file, ...
+        print_errors([f"cannot write the run directory {run.run_dir}: {exc}; set run.output_root to a writable "
+                       f"directory"], header="not submitted")
+        return EXIT_INVALID
+    verb = "resuming" if run.resumes else "starting"
+    if run.continuation:
+        print(run.continuation)
+    if launcher["kind"] == "slurm":
+        print(f"{verb} run {run.run_dir}\nsubmitted SLURM job {job.job_id} "
+              f"({launcher['nodes']} node(s) x {launcher['gpus_per_node']} tasks)\n{follow_hint(run.run_dir)}")
+        return wait_slurm([job], [run.run_dir]) if launcher.get("wait") else EXIT_OK
+    print(f"{verb} run {run.run_dir} ({launcher['nodes'] * launcher['gpus_per_node']} local processes, "
+          f"job {job.job_id})", flush=True)
+    if launcher.get("wait") is False:
+        print(follow_hint(run.run_dir))
+        return EXIT_OK
+    return stream_local(job, run_dir=run.run_dir)
+
+
+def train_main(argv: Sequence[str]) -> int:
+    """`audiollm train [-m|--multirun] OVERRIDES...`"""
+    import argparse
+
+    parser = argparse.ArgumentParser(
+        prog="audiollm train",
+        description="Compose, validate, resolve and launch a run; with -m, one run per point of a sweep. "
+        "launcher=local (default recipe) runs here and streams rank 0; launcher=slurm returns once queued. "
+        "launcher.dry_run=true prints the config, plan, argv and sbatch script and submits nothing.",
+    )
+    parser.add_argument("-m", "--multirun", action="store_true", help="sweep: a=1,2 b=x,y runs every combination")
+    parser.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. +recipe=tiny_cpu optim.lr=1e-3")
+    args = parser.parse_args(list(argv))
+    return train(args.overrides, multirun=args.multirun)
