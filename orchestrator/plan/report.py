@@ -74,7 +74,8 @@ def render(plan: Plan, with_params: bool = False) -> str:
         )
     if not math.isnan(flops["step_time_s"]):
         lines.append(
-            f"throughput    at {flops['assumed_mfu']:.0%} MFU: {flops['step_time_s']:.2f} s/step, "
+            f"throughput    at an assumed {flops['assumed_mfu']:.0%} MFU (not a measurement; measured MFU: "
+            f"docs/gpu-machines.md): {flops['step_time_s']:.2f} s/step, "
             f"{flops['tokens_per_s_per_gpu']:.0f} tokens/s/GPU; model {flops['model_flops_per_step'] / 1e15:.1f} PFLOP/step, "
             f"hardware (with recompute) {flops['hardware_flops_per_step'] / 1e15:.1f} PFLOP/step"
         )

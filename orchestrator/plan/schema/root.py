@@ -23,7 +23,9 @@ class TrainConfig:
     eval_at_start: bool = False
     # Also greedy-decode the validation datasets at every evaluation and score each by its
     # metric (WER, exact match or BLEU: orchestrator/train/generation_eval.py). Runs inside
-    # training when tp = pp = cp = 1; other layouts score with `audiollm eval RUN_DIR`.
+    # training at the run's own layout (TP, PP, CP, DP), except with virtual pipeline
+    # chunks (parallel.vpp > 1: validation warns); `audiollm eval RUN_DIR` scores any
+    # checkpoint at the layout you choose.
     # (Named eval_wer, eval_wer_batches, eval_wer_max_new_tokens before; orchestrator/plan/compose.py
     # refuses the old names with the new ones.)
     eval_generation: bool = False
