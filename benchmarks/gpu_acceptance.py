@@ -15,7 +15,9 @@ FAILs. Checks:
   throughput  gemma2-2b + whisper-large-v3 + adapter (random weights), LoRA r16, bf16,
               seq 2048, packed speech batches: tokens/s/GPU, MFU, HFU (the project's own
               FLOP counter, orchestrator/plan/step_flops.py), peak memory against
-              `audiollm plan`'s estimate for the same config;
+              `audiollm plan`'s estimate for the same config; on the no-TE path once more with
+              model.compile=layers (every decoder layer compiled whole), the warm-up steps
+              (its compilation) excluded;
   fp8         model.fp8=hybrid on the te backend against bf16 (n/a without TransformerEngine);
   job         `audiollm train` itself on this machine, on a small demo corpus (--demo-corpus;
               n/a without): the default recipe trains, saves, resumes and decodes; the
@@ -32,7 +34,8 @@ backend local + attention flex (a configuration users run where TE is not instal
 and the table says which.
 
 --dry-run runs what a CPU can: parity of `local` in fp32 (fp32 bounds), LoRA training
-in fp32, the throughput step at the tiny model's size (tokens/s, no MFU), the encoder
+in fp32, the throughput step at the tiny model's size, eager and with compiled layers
+(tokens/s, no MFU), the encoder
 timing at tiny size; the recompile row is n/a (flex_attention is compiled on CUDA only).
 """
 
@@ -354,13 +357,13 @@ def check_fp8(table: Table, dry_run: bool):
 
 
 # ---- throughput ------------------------------------------------------------------------
-def _overrides(dry_run: bool, backend: str, attention: str, ckpt: str) -> list:
+def _overrides(dry_run: bool, backend: str, attention: str, ckpt: str, compiled: str = "none") -> list:
     # A placeholder init_checkpoint (an empty dist-checkpoint directory) satisfies the
     # frozen_random check: LoRA freezes the decoder, which validation refuses to leave at
     # random weights. Nothing is loaded from it here; the weights are random on purpose.
     common = ["lora=decoder_r16", "data.packing=true", "optim.micro_batch_size=1",
               f"model.init_checkpoint={ckpt}", "model.adapter.ctc_weight=0", f"model.backend={backend}",
-              f"model.attention={attention}"]
+              f"model.attention={attention}", f"model.compile={compiled}"]
     if dry_run:
         return ["model=tiny_audiollm", "data.seq_length=256", "data.max_audio_seconds=5",
                 "launcher.accelerator=cpu", "optim.global_batch_size=2", *common]
@@ -371,14 +374,14 @@ def _overrides(dry_run: bool, backend: str, attention: str, ckpt: str) -> list:
 _CKPT_DIR = tempfile.TemporaryDirectory(prefix="acceptance_ckpt_")  # removed at exit
 
 
-def _compose(dry_run: bool, backend: str, attention: str):
+def _compose(dry_run: bool, backend: str, attention: str, compiled: str = "none"):
     from orchestrator.plan.compose import compose
     from orchestrator.plan.resolve import resolve, to_object
 
     ckpt = _CKPT_DIR.name
     Path(ckpt, "metadata.json").write_text(json.dumps({"sharded_backend": "torch_dist", "sharded_backend_version": 1,
                                                          "common_backend": "torch", "common_backend_version": 1}))
-    overrides = _overrides(dry_run, backend, attention, ckpt)
+    overrides = _overrides(dry_run, backend, attention, ckpt, compiled)
     cfg = compose(overrides)
     return cfg, resolve(cfg), to_object(cfg), overrides
 
@@ -444,7 +447,7 @@ def profile_step(step, sync, out: Path):
 
 
 def check_throughput(table: Table, name: str, backend: str, attention: str, dry_run: bool,
-                     profile_dir: Path | None = None):
+                     profile_dir: Path | None = None, compiled: str = "none"):
     import torch
     from omegaconf import OmegaConf
     from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
@@ -452,6 +455,7 @@ def check_throughput(table: Table, name: str, backend: str, attention: str, dry_
     from orchestrator.train.audiollm_provider import model_inputs
     from orchestrator.plan.megatron_args import padded_vocab_size
     from orchestrator.models.audiollm import build_audiollm
+    from orchestrator.models.compile import compile_layers
     from orchestrator.train import lr_groups as lrg
     from orchestrator.train.lora import apply_lora
     from orchestrator.train.loop import freeze_model_parts
@@ -463,9 +467,9 @@ def check_throughput(table: Table, name: str, backend: str, attention: str, dry_
     dtype = torch.bfloat16 if on_gpu else torch.float32
     device = "cuda" if on_gpu else "cpu"
     size = "tiny seq 256" if dry_run else "gemma2-2b+whisper-large-v3 seq 2048"
-    label = f"{name} {'bf16' if on_gpu else 'fp32'}"
+    label = f"{name} {'bf16' if on_gpu else 'fp32'}" + (", compiled layers" if compiled == "layers" else "")
     try:
-        cfg, plan, obj, overrides = _compose(dry_run, backend, attention)
+        cfg, plan, obj, overrides = _compose(dry_run, backend, attention, compiled)
         audio_token_id = 3
         if on_gpu:
             torch.cuda.reset_peak_memory_stats()
@@ -476,10 +480,11 @@ def check_throughput(table: Table, name: str, backend: str, attention: str, dry_
                                gradient_accumulation_fusion=decisions.gradient_accumulation_fusion)
         if on_gpu:
             model.cuda()
-        # The trainer's order: build -> LoRA -> model freezes -> lr groups -> DDP -> optimizer.
+        # The trainer's order: build -> LoRA -> model freezes -> compile -> lr groups -> DDP -> optimizer.
         lora_cfg = OmegaConf.to_container(cfg.lora, resolve=True)
         apply_lora(model, lora_cfg, seed=0)
         freeze_model_parts([model], OmegaConf.to_container(cfg.model, resolve=True))
+        compile_layers(model, decisions.compile)
         lrg.apply_lr_groups([model], lora_cfg["lr_groups"], 1e-4, 1e-5)
         trained = [n for n, p in model.named_parameters() if p.requires_grad]
         counter = StepFlops(obj.model, obj.lora.rank, obj.parallel.recompute,
@@ -509,7 +514,7 @@ def check_throughput(table: Table, name: str, backend: str, attention: str, dry_
                 optimizer.step()
 
         sync = torch.cuda.synchronize if on_gpu else (lambda: None)
-        warmup, timed = (1, 2) if dry_run else (2, 5)
+        warmup, timed = (1, 2) if dry_run else (2, 5)  # warm-up: compiles (flex, the layers), excluded
         for _ in range(warmup):
             step()
         sync()
@@ -851,6 +856,7 @@ def main() -> int:
             check_recompiles(table, "local+flex", "local", "flex", dry_run=True)
         if run("throughput"):  # flex_attention has no backward on CPU
             check_throughput(table, *reference, dry_run=True, profile_dir=args.profile)
+            check_throughput(table, *reference, dry_run=True, compiled="layers")
         if run("generation"):
             check_generation(table, dry_run=True)
         if run("encoder"):
@@ -875,6 +881,8 @@ def main() -> int:
             check_recompiles(table, *flex, dry_run=False)
         if run("throughput"):
             check_throughput(table, *flex, dry_run=False, profile_dir=args.profile)
+            if flex[1] == "local":  # the no-TE path's lever: every decoder layer compiled whole
+                check_throughput(table, *flex, dry_run=False, compiled="layers")
         if run("generation"):
             check_generation(table, dry_run=False)
         if run("encoder"):

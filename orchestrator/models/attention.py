@@ -59,6 +59,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+from dataclasses import dataclass
 from typing import Any, Optional
 
 import torch
@@ -148,8 +149,18 @@ class _Gemma2CoreAttentionBase(MegatronModule):
         sliding_window = getattr(config, "sliding_window", None)
         self.window = sliding_window if sliding_window and is_sliding_window_layer(layer_number) else None
         self.dropout_p = config.attention_dropout if attention_dropout is None else attention_dropout
+        # A layer's input holds 1/TP of the sequence under sequence parallelism; the
+        # attention sees the whole (prepare_mask).
+        self.sequence_factor = tp_size if config.sequence_parallel else 1
         # Set while decoding (orchestrator.models.kv_cache.decoding): attend through the cache.
         self.kv_cache = None
+
+    def prepare_mask(self, attention_mask: Optional[Tensor], packed_seq_params: Optional[PackedSeqParams],
+                     local_length: int, device: torch.device):
+        """What this layer's attention takes as its mask, made before a compiled layer runs
+        (orchestrator.models.compile): the reference attention builds its mask from the
+        tensors inside the graph, so the mask passes unchanged."""
+        return attention_mask
 
     def forward(
         self,
@@ -274,6 +285,16 @@ class SoftcapDotProductAttention(_Gemma2CoreAttentionBase):
 
 # --- flex_attention: bucketed widths, block masks per micro-batch -------------------------
 
+
+@dataclass(frozen=True)
+class PreparedBlockMask:
+    """A micro-batch's flex block mask for one window variant, looked up before a compiled
+    layer runs (`FlexSoftcapAttention.prepare_mask`) and handed down as the layer's
+    attention mask: the lookup (keyed by tensor storage, outside any graph) cannot be
+    traced, a BlockMask argument can, and a new one per micro-batch compiles nothing new."""
+
+    block_mask: Any
+
 FLEX_MIN_BUCKET = 128
 FLEX_MAX_BUCKET = 2**17
 
@@ -394,7 +415,26 @@ class FlexSoftcapAttention(_Gemma2CoreAttentionBase):
         self._score_mod = _softcap_score_mod(self.softcap) if self.softcap is not None else None
 
     def _attention_kernel(self, device: torch.device):
-        return compiled_flex_attention() if device.type == "cuda" else self._flex.flex_attention
+        # Inside a compiled layer flex_attention is part of that graph (compiled with it).
+        if torch.compiler.is_compiling() or device.type != "cuda":
+            return self._flex.flex_attention
+        return compiled_flex_attention()
+
+    def prepare_mask(self, attention_mask: Optional[Tensor], packed_seq_params: Optional[PackedSeqParams],
+                     local_length: int, device: torch.device):
+        """This layer's block mask of the micro-batch (`_block_mask`), for a layer of
+        `local_length` input rows: the attention's query length is that times TP under
+        sequence parallelism, its key length that times CP under context parallelism."""
+        if self.kv_cache is not None:
+            return attention_mask
+        sq = local_length * self.sequence_factor
+        cu_seqlens = self._packed_boundaries(packed_seq_params)
+        sk, q_slots, layout = sq, None, None
+        if self.cp_group is not None:
+            cp_size, cp_rank = self.cp_group.size(), self.cp_group.rank()
+            sk, q_slots, layout = sq * cp_size, _cp_layout(sq, cp_size, cp_rank, device)[1], (cp_size, cp_rank)
+        return PreparedBlockMask(self._block_mask(sq, sk, flex_bucket_width(sq), flex_bucket_width(sk), device,
+                                                  cu_seqlens, attention_mask, q_slots, layout))
 
     def _attend(self, query: Tensor, key: Tensor, value: Tensor, attention_mask: Optional[Tensor],
                 cu_seqlens: Optional[Tensor], q_slots: Optional[Tensor]) -> Tensor:
@@ -402,9 +442,12 @@ class FlexSoftcapAttention(_Gemma2CoreAttentionBase):
         if q_slots is None and sk != sq:
             raise ValueError(f"training attention needs equal query ({sq}) and key ({sk}) lengths")
         width_q, width_k = flex_bucket_width(sq), flex_bucket_width(sk)
-        layout = None if q_slots is None else (self.cp_group.size(), self.cp_group.rank())
-        block_mask = self._block_mask(sq, sk, width_q, width_k, query.device, cu_seqlens, attention_mask,
-                                      q_slots, layout)
+        if isinstance(attention_mask, PreparedBlockMask):
+            block_mask = attention_mask.block_mask
+        else:
+            layout = None if q_slots is None else (self.cp_group.size(), self.cp_group.rank())
+            block_mask = self._block_mask(sq, sk, width_q, width_k, query.device, cu_seqlens, attention_mask,
+                                          q_slots, layout)
         # pad the sequence dimension of [s, b, heads, dim]
         query = torch.nn.functional.pad(query, (0, 0, 0, 0, 0, 0, 0, width_q - sq)) if width_q != sq else query
         if width_k != sk:

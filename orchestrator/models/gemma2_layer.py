@@ -42,6 +42,26 @@ class Gemma2TransformerLayer(TransformerLayer):
                 sequence_len_offset=None, padding_mask=None, **unused):
         if inference_context is not None:
             raise NotImplementedError("the Gemma2 layer has no KV-cache inference path")
+        core_attention = self.self_attention.core_attention
+        sandwich = self.sandwich
+        if self.compiled_sandwich is not None and core_attention.kv_cache is None:
+            # What cannot be traced happens here, eagerly (the flex block mask's lookup);
+            # decoding through the KV cache stays eager altogether.
+            attention_mask = core_attention.prepare_mask(attention_mask, packed_seq_params, hidden_states.shape[0],
+                                                         hidden_states.device)
+            sandwich = self.compiled_sandwich
+        hidden_states = sandwich(hidden_states, attention_mask, rotary_pos_emb, rotary_pos_cos, rotary_pos_sin,
+                                 attention_bias, packed_seq_params, sequence_len_offset)
+        output = make_viewless_tensor(inp=hidden_states, requires_grad=hidden_states.requires_grad, keep_graph=True)
+        return output, context
+
+    # Set by orchestrator.models.compile.compile_layers (model.compile=layers): `sandwich`
+    # under torch.compile. An instance attribute, not a submodule: state dicts are unchanged.
+    compiled_sandwich = None
+
+    def sandwich(self, hidden_states, attention_mask, rotary_pos_emb, rotary_pos_cos, rotary_pos_sin,
+                 attention_bias, packed_seq_params, sequence_len_offset):
+        """The layer's arithmetic: sandwich-normed attention and MLP with their residuals."""
         residual = hidden_states
         attn_out, attn_bias = self.self_attention(
             self.input_layernorm(hidden_states),
@@ -61,9 +81,7 @@ class Gemma2TransformerLayer(TransformerLayer):
         mlp_out, mlp_bias = self.mlp(self.pre_mlp_layernorm(hidden_states))
         if mlp_bias is not None:
             mlp_out = mlp_out + mlp_bias
-        hidden_states = residual + self._dropout(self.post_mlp_layernorm(mlp_out))
-        output = make_viewless_tensor(inp=hidden_states, requires_grad=hidden_states.requires_grad, keep_graph=True)
-        return output, context
+        return residual + self._dropout(self.post_mlp_layernorm(mlp_out))
 
     def _dropout(self, x: torch.Tensor) -> torch.Tensor:
         if self.hidden_dropout > 0 and self.training:

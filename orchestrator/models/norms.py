@@ -27,7 +27,9 @@ class ZeroCenteredRMSNorm(nn.Module):
         setattr(self.weight, "sequence_parallel", bool(config.sequence_parallel))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        norm = compiled_zero_centered_rms_norm() if x.is_cuda else zero_centered_rms_norm
+        # Inside a compiled layer (model.compile=layers) the norm is part of that graph.
+        fused = x.is_cuda and not torch.compiler.is_compiling()
+        norm = compiled_zero_centered_rms_norm() if fused else zero_centered_rms_norm
         return norm(x, self.weight, self.eps)
 
 

@@ -42,6 +42,12 @@ def encoder_precision(choice: str, on_gpu: bool) -> str:
     return choice
 
 
+# `model.compile`: none (eager) or layers (every decoder layer compiled whole, fullgraph:
+# orchestrator/models/compile.py). A choice, not decided from the machine yet: its gain on a
+# GPU is measured by benchmarks/gpu_acceptance.py before it becomes a default.
+COMPILE_CHOICES = ("none", "layers")
+
+
 # Logits per chunk of the final softcap + cross entropy (Gemma2Model.softcapped_loss):
 # 2^27 fp32 values, 512 MiB per fp32 copy.
 LOSS_CHUNK_ELEMENTS = 2**27

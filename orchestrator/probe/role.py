@@ -98,12 +98,15 @@ class RepeatedBatches:
 
 def _probe_plan(plan_json: Path):
     """The plan, as the probe runs it: no init checkpoint (the weights are fake), the
-    step's micro-batches capped (probe_microbatches)."""
+    step's micro-batches capped (probe_microbatches), the layers eager (model.compile:
+    fake tensors step the eager layers, whose saved activations the stand-ins model;
+    what a compiled layer saves is inductor's choice, which the GPU acceptance measures)."""
     from orchestrator.plan.estimate import probe_microbatches
     from orchestrator.train.run_plan import RunPlan
 
     plan = RunPlan(run_dir=plan_json.parent, plan=json.loads(plan_json.read_text()))
     plan.plan["config"]["model"]["init_checkpoint"] = None
+    plan.plan["config"]["model"]["compile"] = "none"
     plan.plan["num_microbatches"] = probe_microbatches(plan.pp, plan.vpp if plan.pp > 1 else None,
                                                        plan.num_microbatches)
     return plan

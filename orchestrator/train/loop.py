@@ -31,6 +31,7 @@ from orchestrator.runtime.machine import Machine, decide
 from orchestrator.train import checkpoint as ckpt
 from orchestrator.train import lr_groups as lrg
 from orchestrator.train import megatron_config as mcfg
+from orchestrator.models.compile import compile_layers
 from orchestrator.train.lora import apply_lora
 from orchestrator.train.metrics import (LossStats, MetricsWriter, eval_line, memory_gib, peak_flops, plot_loss_curve,
                                         progress_line, run_summary, throughput)
@@ -116,6 +117,9 @@ class Trainer:
                 init["lora_names"] = load_init_lora(init["path"], chunks, plan.section("lora"))
             self._log_init(init, chunks)
         freeze_model_parts(chunks, plan.section("model"))
+        # Last of the model transforms: the compiled layers see LoRA and the freezes as they are.
+        for chunk in chunks:
+            compile_layers(chunk, self.decisions.compile)
         self.unwrapped = chunks
         self.stats = LossStats(components.train_source.dataset_names)
         self.val_stats = LossStats(components.val_source.dataset_names) if components.val_source else None

@@ -42,7 +42,7 @@ from orchestrator.plan.schema import AudioLLMConfig
 
 ROOT = Path(__file__).resolve().parents[2]
 PRODUCT_DIRS = (ROOT / "orchestrator", ROOT / "launchers")
-NOT_READERS = (ROOT / "orchestrator" / "schema", ROOT / "orchestrator" / "validate.py")
+NOT_READERS = (ROOT / "orchestrator" / "plan" / "schema", ROOT / "orchestrator" / "plan" / "validate.py")
 
 # Everyday words: a read of one proves little unless the enclosing section is near.
 GENERIC = {"name", "path", "enabled", "kind", "mode", "weight", "seed", "backend", "entry", "setup", "wait"}

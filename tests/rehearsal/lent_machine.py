@@ -1,7 +1,7 @@
 """A rehearsal of the lent GPU machine, on CPU: the first GPU contact must not fail on
 what a CPU can already show.
 
-Run:  .venv/bin/python -m tests.rehearsal.lent_machine [--keep DIR]
+Run:  .venv/bin/python -m tests.rehearsal.lent_machine [--keep DIR] [--machine DIR]
 (tests/rehearsal/test_lent_machine.py runs it in the test suite.)
 
 The lent machine (docs/gpu-machines.md) has its own Python 3.12 whose `python3` is
@@ -12,7 +12,11 @@ numpy 2.x, no TransformerEngine, no megatron-core and no internet. This script:
    `python3.12`; the running Python where there is none, and the report says so) with
    torch 2.11.0, transformers 5.17.0 and numpy 2.x from the package index. torch 2.11
    for Linux x86-64 on the index is the CUDA build (its CUDA libraries install with it,
-   about 2.6 GB, unused on a CPU); `torch.cuda.is_available()` is False here;
+   about 2.6 GB, unused on a CPU); `torch.cuda.is_available()` is False here. The machine
+   is kept between rehearsals on the same machine (`machine_dir`: one folder per Python
+   and package set, under $AUDIOLLM_CACHE or ~/.cache/audiollm); it is reused only once
+   its installation finished (a marker written last), so an interrupted one is made
+   again, and one rehearsal at a time makes it (a lock);
 2. writes the device kit on this (connected) machine, `audiollm wheels --kit`;
 3. installs it there exactly as on the lent machine: `PYTHON=<its python3> bash setup.sh
    --from-wheels KIT SITE` (pip --no-index --no-deps --target), then everything below
@@ -40,6 +44,8 @@ Prints one line per step and exits non-zero at the first failure, with its outpu
 from __future__ import annotations
 
 import argparse
+import fcntl
+import hashlib
 import json
 import os
 import shutil
@@ -98,26 +104,47 @@ def machine_python() -> tuple[str, str]:
     return base, f"{sys.version_info[0]}.{sys.version_info[1]}"
 
 
-def make_machine(root: Path) -> tuple[Path, str]:
-    """A virtual environment shaped like the lent machine's python3; returns its python3."""
+def machine_dir(version: str) -> Path:
+    """Where the machine of this Python version and MACHINE_PACKAGES is kept between
+    rehearsals: another package set or Python gets a folder of its own."""
+    cache = Path(os.environ.get("AUDIOLLM_CACHE") or Path.home() / ".cache" / "audiollm")
+    key = hashlib.sha256(" ".join((version, *MACHINE_PACKAGES)).encode()).hexdigest()[:10]
+    return cache / f"lent-machine-py{version}-{key}"
+
+
+# Written into the machine's folder once its packages are installed: a folder without it
+# is an installation that was interrupted, made again from scratch.
+READY = "ready.json"
+
+
+def make_machine(venv: Path | None = None) -> tuple[Path, str]:
+    """A virtual environment shaped like the lent machine's python3 (made once, then
+    reused: `machine_dir`); returns its python3 and Python version."""
     interpreter, version = machine_python()
     if version != MACHINE_PYTHON:
         print(f"[rehearsal] no python{MACHINE_PYTHON} here: the machine uses Python {version}", flush=True)
-    venv = root / "machine"
+    venv = venv or machine_dir(version)
     python3 = venv / "bin" / "python3"
-    if python3.exists():  # --keep DIR of an earlier rehearsal: its machine is reused
-        print(f"[rehearsal] machine: reusing {venv}", flush=True)
-        return python3, version
-    _run(f"machine: venv of Python {version}", [interpreter, "-m", "venv", venv])
-    # The lent machine comes with these packages: how they get here is not rehearsed.
-    # uv (setup.sh puts it beside this interpreter) installs torch's 2.6 GB of CUDA
-    # libraries in a fraction of pip's time; pip where there is no uv. Compiled to bytecode
-    # as pip does, or every process of the rehearsal compiles torch again where
-    # PYTHONDONTWRITEBYTECODE is set.
-    uv = Path(sys.executable).parent / "uv"
-    install = ([uv, "pip", "install", "-q", "--compile-bytecode", "--python", python3] if uv.exists()
-               else [python3, "-m", "pip", "install", "-q"])
-    _run("machine: " + " ".join(MACHINE_PACKAGES), [*install, *MACHINE_PACKAGES], timeout=1800)
+    venv.parent.mkdir(parents=True, exist_ok=True)
+    with open(venv.parent / f"{venv.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # a second rehearsal waits for the first's installation
+        if (venv / READY).is_file() and python3.exists():
+            print(f"[rehearsal] machine: reusing {venv} (made {json.loads((venv / READY).read_text())['made']})",
+                  flush=True)
+            return python3, version
+        shutil.rmtree(venv, ignore_errors=True)
+        _run(f"machine: venv of Python {version}", [interpreter, "-m", "venv", venv])
+        # The lent machine comes with these packages: how they get here is not rehearsed.
+        # uv (setup.sh puts it beside this interpreter) installs torch's 2.6 GB of CUDA
+        # libraries in a fraction of pip's time; pip where there is no uv. Compiled to
+        # bytecode as pip does, or every process of the rehearsal compiles torch again where
+        # PYTHONDONTWRITEBYTECODE is set.
+        uv = Path(sys.executable).parent / "uv"
+        install = ([uv, "pip", "install", "-q", "--compile-bytecode", "--python", python3] if uv.exists()
+                   else [python3, "-m", "pip", "install", "-q"])
+        _run("machine: " + " ".join(MACHINE_PACKAGES), [*install, *MACHINE_PACKAGES], timeout=1800)
+        (venv / READY).write_text(json.dumps({"made": time.strftime("%Y-%m-%d %H:%M:%S"),
+                                              "packages": list(MACHINE_PACKAGES)}))
     return python3, version
 
 
@@ -135,10 +162,10 @@ def corpus(root: Path) -> list:
     return train_overrides(make_corpus(root / "corpus"))
 
 
-def rehearse(root: Path) -> dict:
+def rehearse(root: Path, machine: Path | None = None) -> dict:
     root.mkdir(parents=True, exist_ok=True)
     report = {}
-    python3, version = make_machine(root)
+    python3, version = make_machine(machine)
     versions = _run("machine: versions", [python3, "-c", "import sys, torch, transformers, numpy; print(sys.prefix "
                                           "!= sys.base_prefix, torch.__version__, torch.cuda.is_available(), "
                                           "transformers.__version__, numpy.__version__)"])
@@ -209,11 +236,13 @@ def rehearse(root: Path) -> dict:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--keep", type=Path, help="work in this folder and keep it (default: a temporary one)")
+    parser.add_argument("--machine", type=Path, help="the machine's virtual environment (default: machine_dir, kept "
+                                                     "between rehearsals)")
     args = parser.parse_args(argv)
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="lent_machine_") as tmp:
         try:
-            report = rehearse(args.keep or Path(tmp))
+            report = rehearse(args.keep or Path(tmp), args.machine)
         except StepFailed as failure:
             print(f"[rehearsal] FAILED: {failure}", flush=True)
             return 1

@@ -1,0 +1,123 @@
+"""model.compile=layers on CPU, run by tests/models/test_compile.py under torchrun.
+
+First, every recipe's decoder layers (each recipe shrunk to the tiny model, its LoRA
+and freezes kept, at TP = CP = 1: validation refuses model.compile=layers at larger
+sizes, whose layers hold megatron's collectives) compiled whole with fullgraph=True by a counting dynamo backend, on a packed micro-batch
+of the recipe's own making: with the reference attention a forward and backward, with
+flex (the GPU kernel; torch has no flex backward on CPU) a forward without gradients.
+fullgraph makes any graph break an error; the backend counts the graphs captured.
+
+Then the default recipe's model, compiled by inductor (what a GPU run uses) against
+the same model eager: per-token losses and every gradient.
+
+Prints one `RESULT {json}` line per case.
+"""
+
+import json
+
+import torch
+from omegaconf import OmegaConf
+
+from orchestrator.runtime.distributed import ParallelSizes, init_distributed, shutdown
+
+RECIPES = ("gemma2_whisper_tp4pp2", "gemma2_whisper_tp1", "gemma2_whisper_8k_cp2", "tiny_cpu")
+# The recipes shrunk as the rehearsal shrinks them (the tiny model, local backend, CPU),
+# with pretrained weights left out (random ones serve) and a short packed row.
+SHRINK = ["model=tiny_audiollm", "model.backend=local", "launcher=local", "launcher.accelerator=cpu",
+          "launcher.nodes=1", "data=demo", "data.audio_token='<audio>'", "model.adapter.ctc_weight=0",
+          "model.init_checkpoint=null", "data.seq_length=96", "optim.micro_batch_size=2",
+          "parallel.pp=1", "parallel.vpp=null", "parallel.cp=1", "model.compile=layers"]
+
+
+def build(overrides, attention):
+    """The recipe's model as the job transforms it: built, LoRA applied, parts frozen,
+    layers compiled (orchestrator.train.loop.Trainer's order)."""
+    from orchestrator.models.audiollm import build_audiollm
+    from orchestrator.plan.compose import compose
+    from orchestrator.plan.resolve import to_object
+    from orchestrator.probe.role import AUDIO_TOKEN_ID
+    from orchestrator.train.loop import freeze_model_parts
+    from orchestrator.train.lora import apply_lora
+
+    composed = compose(overrides)
+    cfg = to_object(composed)
+    model = build_audiollm(cfg.model, cfg.parallel, audio_token_id=AUDIO_TOKEN_ID, attention=attention,
+                           on_gpu=False).train()
+    apply_lora(model, OmegaConf.to_container(composed.lora, resolve=True), seed=1234)
+    freeze_model_parts([model], OmegaConf.to_container(composed.model, resolve=True))
+    return cfg, model
+
+
+def inputs_of(cfg):
+    from orchestrator.probe.role import synthetic_microbatch
+    from orchestrator.train.audiollm_provider import model_inputs, trimmed_width
+
+    batch = synthetic_microbatch(cfg)
+    return model_inputs(batch, trimmed_width(batch, cfg.parallel), "cpu")
+
+
+def graphs() -> None:
+    from orchestrator.models.compile import compile_layers
+
+    layout = ["parallel.tp=1", "parallel.sp=false"]
+    for recipe in RECIPES:
+        for attention in ("reference", "flex"):
+            torch._dynamo.reset()
+            cfg, model = build([f"+recipe={recipe}", *SHRINK, *layout], attention)
+            captured = []
+
+            def counting(gm, example_inputs):
+                captured.append(sum(node.op == "call_function" for node in gm.graph.nodes))
+                return gm.forward
+
+            layers = compile_layers(model, cfg.model.compile, backend=counting)
+            inputs = inputs_of(cfg)
+            if attention == "reference":
+                model(**inputs).sum().backward()
+                trained = [p for p in model.parameters() if p.requires_grad]
+                grads = sum(p.grad is not None for p in trained)
+            else:
+                with torch.no_grad():
+                    model(**inputs)
+                trained, grads = [], 0
+            print("RESULT " + json.dumps({
+                "case": f"{recipe}/{attention}", "layers": layers, "graphs": len(captured),
+                "ops": captured, "trained": len(trained), "grads": grads,
+                "lora": bool(cfg.lora.rank)}), flush=True)
+
+
+def parity() -> None:
+    from orchestrator.models.compile import compile_layers
+
+    overrides = ["+recipe=tiny_cpu", *SHRINK, "parallel.tp=1", "parallel.sp=false",
+                 "model.spec_augment.enabled=false", "model.adapter.dropout=0"]  # no random draw differs
+    cfg, eager = build(overrides, "reference")
+    _, compiled = build(overrides, "reference")
+    compiled.load_state_dict(eager.state_dict())
+    layers = compile_layers(compiled, "layers")
+    inputs = inputs_of(cfg)
+    losses = {}
+    for name, model in (("eager", eager), ("compiled", compiled)):
+        loss = model(**inputs)
+        loss.sum().backward()
+        losses[name] = loss.detach()
+    grads = {name: (p.grad, dict(compiled.named_parameters())[name].grad)
+             for name, p in eager.named_parameters() if p.grad is not None}
+    rel = lambda a, b: float((a - b).abs().max() / b.abs().max().clamp_min(1e-30))  # noqa: E731
+    print("RESULT " + json.dumps({
+        "case": "parity", "layers": layers, "loss": float(losses["eager"].sum()),
+        "loss_rel": rel(losses["compiled"], losses["eager"]),
+        "grad_rel": {name: rel(b, a) for name, (a, b) in grads.items()},
+        "grads": len(grads)}), flush=True)
+
+
+def main():
+    init_distributed(ParallelSizes(), seed=0)
+    graphs()
+    torch._dynamo.reset()
+    parity()
+    shutdown()
+
+
+if __name__ == "__main__":
+    main()
