@@ -1,12 +1,13 @@
-"""Regional compilation (`model.compile: layers`): every decoder layer compiled whole.
+"""Regional compilation (`model.compile: layers`): every decoder and encoder layer compiled whole.
 
 On a GPU without TransformerEngine the step is bound by the host: each decoder layer's
 norms, projections, rotary embedding, softcap, GeGLU and residuals are dozens of small
 kernels, each launched from Python through megatron's modules. `torch.compile` of a
 whole layer (fullgraph: one graph, no break; torchtitan compiles its blocks the same
 way) turns that into a few fused kernels per layer, and its backward into one compiled
-graph too. Each layer's arithmetic (`Gemma2TransformerLayer.sandwich`) is compiled in
-place, so parameter names, checkpoints, LoRA, freezing, DDP's hooks and megatron's
+graph too; the Whisper encoder's layers (HF's WhisperEncoderLayer) likewise. Each
+decoder layer's arithmetic (`Gemma2TransformerLayer.sandwich`) and each encoder layer is
+compiled in place, so parameter names, checkpoints, LoRA, freezing, DDP's hooks and megatron's
 activation recomputation (which calls the layer again) see the same modules as without.
 The layer's own forward stays eager around it: it looks up the flex block mask of the
 micro-batch (`prepare_mask`), which no graph can do, and decoding through the KV cache
@@ -77,10 +78,18 @@ def decoder_layers(model: torch.nn.Module) -> list:
     return [m for m in model.modules() if isinstance(m, Gemma2TransformerLayer)]
 
 
+def encoder_layers(model: torch.nn.Module) -> list:
+    """The Whisper encoder layers of a model chunk (HF's WhisperEncoderLayer)."""
+    from transformers.models.whisper.modeling_whisper import WhisperEncoderLayer
+
+    return [m for m in model.modules() if isinstance(m, WhisperEncoderLayer)]
+
+
 def compile_layers(model: torch.nn.Module, choice: str, backend="inductor") -> int:
     """`model.compile` applied to one model chunk: "layers" compiles each decoder layer's
-    arithmetic in place, fullgraph (after LoRA and the freezes, which it then sees as
-    they are); "none" leaves the chunk eager. Returns the number of layers compiled."""
+    arithmetic and each encoder layer in place, fullgraph (after LoRA and the freezes,
+    which it then sees as they are); "none" leaves the chunk eager. Returns the number of
+    layers compiled."""
     if choice not in COMPILE_CHOICES:
         raise ValueError(f"model.compile={choice!r} is not one of {COMPILE_CHOICES}")
     if choice == "none":
@@ -96,4 +105,7 @@ def compile_layers(model: torch.nn.Module, choice: str, backend="inductor") -> i
     layers = decoder_layers(model)
     for layer in layers:
         layer.compiled_sandwich = torch.compile(layer.sandwich, **options)
-    return len(layers)
+    encoder = encoder_layers(model)
+    for layer in encoder:
+        layer.compile(**options)
+    return len(layers) + len(encoder)

@@ -12,8 +12,8 @@ section and what this machine has:
   backends, and that layer refuses the fusion without apex's kernel (megatron-core
   0.16.1, tensor_parallel/layers.py); TransformerEngine's linears could fuse without it,
   but megatron reads one config field for all of them;
-- `model.compile`: layers compiles every decoder layer (orchestrator.models.compile);
-  said here with the attention kernel it compiles around;
+- `model.compile`: layers compiles every decoder and encoder layer
+  (orchestrator.models.compile); said here beside the attention kernel it compiles around;
 - `model.backend=te` needs TransformerEngine to import: without it the job stops at
   start, naming the fix, rather than building another model than planned.
 """
@@ -90,7 +90,7 @@ def decide(model: dict, machine: Machine) -> Decisions:
         f"linears/norms: {backend} backend" + (" (TransformerEngine)" if backend == "te" else " (megatron-core's own)"),
         f"attention: {attention} (model.attention={choice}, {'CUDA' if machine.cuda else 'CPU'})",
         f"gradient-accumulation fusion: {'on' if fusion else 'off'} ({fusion_why})",
-        "compile: " + ("each decoder layer, fullgraph (model.compile=layers)" if compiled == "layers"
+        "compile: " + ("each decoder and encoder layer, fullgraph (model.compile=layers)" if compiled == "layers"
                        else "none, eager (model.compile=none)"),
     )
     return Decisions(cuda=machine.cuda, attention=attention, gradient_accumulation_fusion=fusion, compile=compiled,

@@ -1,6 +1,6 @@
 """model.compile=layers on CPU, run by tests/models/test_compile.py under torchrun.
 
-First, every recipe's decoder layers (each recipe shrunk to the tiny model, its LoRA
+First, every recipe's decoder and encoder layers (each recipe shrunk to the tiny model, its LoRA
 and freezes kept, at TP = CP = 1: validation refuses model.compile=layers at larger
 sizes, whose layers hold megatron's collectives) compiled whole with fullgraph=True by a counting dynamo backend, on a packed micro-batch
 of the recipe's own making: with the reference attention a forward and backward, with
@@ -8,7 +8,9 @@ flex (the GPU kernel; torch has no flex backward on CPU) a forward without gradi
 fullgraph makes any graph break an error; the backend counts the graphs captured.
 
 Then the default recipe's model, compiled by inductor (what a GPU run uses) against
-the same model eager: per-token losses and every gradient.
+the same model eager: per-token losses and every gradient. Last, the host cost of a
+micro-batch, eager and compiled (benchmarks/host_cost.py's own measurement, at the same
+shapes, so that the compiled graphs of the parity case serve it).
 
 Prints one `RESULT {json}` line per case.
 """
@@ -25,7 +27,7 @@ RECIPES = ("gemma2_whisper_tp4pp2", "gemma2_whisper_tp1", "gemma2_whisper_8k_cp2
 # with pretrained weights left out (random ones serve) and a short packed row.
 SHRINK = ["model=tiny_audiollm", "model.backend=local", "launcher=local", "launcher.accelerator=cpu",
           "launcher.nodes=1", "data=demo", "data.audio_token='<audio>'", "model.adapter.ctc_weight=0",
-          "model.init_checkpoint=null", "data.seq_length=96", "optim.micro_batch_size=2",
+          "model.init_checkpoint=null", "data.seq_length=128", "optim.micro_batch_size=2",
           "parallel.pp=1", "parallel.vpp=null", "parallel.cp=1", "model.compile=layers"]
 
 
@@ -116,6 +118,10 @@ def main():
     graphs()
     torch._dynamo.reset()
     parity()
+    from benchmarks.host_cost import measure
+
+    for choice in ("none", "layers"):
+        print("RESULT " + json.dumps({"case": f"host_cost/{choice}", **measure(choice)}), flush=True)
     shutdown()
 
 

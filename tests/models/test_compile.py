@@ -1,6 +1,6 @@
 """model.compile=layers (orchestrator/models/compile.py) on CPU, from one process launch
-of tests/models/compile_script.py: every recipe's decoder layers compile with no graph
-break, with either attention kernel; compiled equals eager within fp32 rounding; and
+of tests/models/compile_script.py: every recipe's decoder and encoder layers compile with
+no graph break, with either attention kernel; compiled equals eager within fp32 rounding; and
 validation refuses the layouts whose layers hold collectives."""
 
 import json
@@ -33,13 +33,13 @@ def results():
 
 @pytest.mark.parametrize("recipe", RECIPES)
 @pytest.mark.parametrize("attention", ["reference", "flex"])
-def test_every_recipes_decoder_layer_compiles_whole(results, recipe, attention):
-    """fullgraph=True: a graph break would have raised. One graph per window variant
-    (windowed and global layers), shared by all layers of the variant: the model's four
-    layers compiled twice, not four times."""
+def test_every_recipes_layers_compile_whole(results, recipe, attention):
+    """fullgraph=True: a graph break would have raised. The tiny model's 4 decoder and 2
+    encoder layers compile into 3 graphs: one per decoder window variant (windowed and
+    global layers) and one for the encoder's layers, each shared by its layers."""
     result = results[f"{recipe}/{attention}"]
-    assert result["layers"] == 4
-    assert result["graphs"] == 2 and all(ops > 20 for ops in result["ops"]), result
+    assert result["layers"] == 4 + 2
+    assert result["graphs"] == 3 and all(ops > 10 for ops in result["ops"]), result
     if attention == "reference":  # trained through the compiled layers
         assert result["trained"] > 0 and result["grads"] == result["trained"]
     assert result["lora"] == (recipe == "gemma2_whisper_tp1")
@@ -47,7 +47,7 @@ def test_every_recipes_decoder_layer_compiles_whole(results, recipe, attention):
 
 def test_compiled_layers_equal_eager_within_fp32_rounding(results):
     result = results["parity"]
-    assert result["layers"] == 4 and result["grads"] > 70
+    assert result["layers"] == 4 + 2 and result["grads"] > 70
     assert result["loss_rel"] <= FP32_REORDER
     worst = max(result["grad_rel"].items(), key=lambda item: item[1])
     assert worst[1] <= FP32_REORDER, worst
@@ -68,3 +68,27 @@ def test_the_default_recipe_compiles_its_layers_when_asked():
     cfg = to_object(compose(["+recipe=tiny_cpu", "model.compile=layers"]))
     assert not [f for f in validate(cfg, "plan") if f.severity == ERROR]
     assert to_object(compose(["+recipe=tiny_cpu"])).model.compile == "none"
+
+
+# Host operators per micro-batch (benchmarks/host_cost.py): what bounds a GPU step without
+# TransformerEngine. Today's counts (torch 2.14, the tiny model): eager 272 a decoder layer
+# and 150 an encoder layer, 12,068 at gemma2-2b + whisper-large-v3 depth (the GPU profile
+# saw about 12,000 kernel launches there); compiled layers 26, 51 and 2,517. The bounds
+# leave about a third of headroom for other torch versions' decompositions: an operator
+# added to every layer's eager path, or a layer that stops compiling, crosses them.
+HOST_COST_BOUNDS = {"none": {"per_decoder_layer": 360, "per_encoder_layer": 200, "at_2b_depth": 16_000},
+                    "layers": {"per_decoder_layer": 35, "per_encoder_layer": 70, "at_2b_depth": 3_400}}
+
+
+@pytest.mark.parametrize("choice", ["none", "layers"])
+def test_host_operators_per_micro_batch_stay_within_their_bounds(results, choice):
+    result = results[f"host_cost/{choice}"]
+    for figure, bound in HOST_COST_BOUNDS[choice].items():
+        assert 0 < result[figure] <= bound, (figure, result)
+
+
+def test_compiled_layers_dispatch_a_fraction_of_the_eager_operators(results):
+    eager, compiled = results["host_cost/none"], results["host_cost/layers"]
+    assert compiled["per_decoder_layer"] * 5 <= eager["per_decoder_layer"], (eager, compiled)
+    assert compiled["at_2b_depth"] * 3 <= eager["at_2b_depth"], (eager, compiled)
+    assert compiled["rest"] == eager["rest"]  # what the layers do not hold is the same
