@@ -45,7 +45,6 @@ def _free_port() -> int:
 
 def count_operators(compiled: str, decoder_layers: int, encoder_layers: int) -> int:
     """Top-level aten operators of one micro-batch's forward and backward."""
-    import torch
     from omegaconf import OmegaConf
     from torch.profiler import ProfilerActivity, profile
 
