@@ -11,7 +11,8 @@ virtual environment).
 `--kit` writes only what a machine that brings its own torch, transformers and numpy
 lacks (the typical GPU image): those three and every package they require (by this
 machine's metadata) are left out, and so is wandb with what only it needs (jobs log to
-metrics.jsonl without it; `--with-wandb` adds it). For Python 3.12: 35 wheels, 40.7 MiB
+metrics.jsonl without it; `--with-wandb` adds it). `--with-peft` adds the `peft` package and
+what it needs, for the acceptance's HF + PEFT comparison (benchmarks/gpu_acceptance.py). For Python 3.12: 35 wheels, 40.7 MiB
 with the project's own (matplotlib and its fonts and images, 24 MiB, are the largest).
 mosaicml-streaming imports torchvision when it is imported: for a machine whose torch
 comes without it, `--machine-torch 2.11.0` adds the torchvision built for that torch
@@ -77,10 +78,14 @@ def machine_brings(packages=KIT_MACHINE_BRINGS, python: str = "3.12") -> frozens
     return frozenset(_closure(packages, python, lambda name: False, include_roots=True))
 
 
-def kit_closure(python: str = "3.12", with_wandb: bool = False) -> dict[str, str]:
-    """What `--kit` writes: the job side minus what the machine brings (and wandb)."""
+def kit_closure(python: str = "3.12", with_wandb: bool = False, with_peft: bool = False) -> dict[str, str]:
+    """What `--kit` writes: the job side minus what the machine brings (and wandb), plus
+    peft and its requirements with `with_peft`."""
     brought = machine_brings(python=python) | (frozenset() if with_wandb else frozenset({"wandb"}))
-    return job_side_closure(python, brought)
+    closure = job_side_closure(python, brought)
+    if with_peft:
+        closure.update(_closure(["peft"], python, lambda name: _excluded(name) or name in brought, include_roots=True))
+    return dict(sorted(closure.items()))
 
 
 def _closure(roots, python: str, skip, include_roots: bool) -> dict[str, str]:
@@ -148,10 +153,12 @@ def main(argv=None) -> int:
     parser.add_argument("--kit", action="store_true",
                         help="only what a machine with its own torch, transformers and numpy lacks")
     parser.add_argument("--with-wandb", action="store_true", help="with --kit: add wandb and what it needs")
+    parser.add_argument("--with-peft", action="store_true",
+                        help="with --kit: add peft and what it needs (the acceptance's HF + PEFT comparison)")
     parser.add_argument("--machine-torch", metavar="VERSION",
                         help="add the torchvision of this torch (e.g. 2.11.0) for a machine that has none")
     args = parser.parse_args(argv)
-    closure = kit_closure(args.python, args.with_wandb) if args.kit else job_side_closure(args.python)
+    closure = kit_closure(args.python, args.with_wandb, args.with_peft) if args.kit else job_side_closure(args.python)
     if args.machine_torch:
         closure["torchvision"] = torchvision_for(args.machine_torch)
     if args.list:

@@ -49,6 +49,8 @@ def test_the_kit_leaves_out_what_a_gpu_image_brings_and_wandb():
     assert not brought & set(kit), brought & set(kit)
     assert "wandb" not in kit and "protobuf" not in kit  # protobuf: wandb's alone here
     assert "wandb" in kit_closure("3.12", with_wandb=True)
+    with_peft = kit_closure("3.12", with_peft=True)  # the acceptance's HF + PEFT rows
+    assert {"peft", "accelerate"} <= set(with_peft) and not brought & set(with_peft)
 
 
 def test_torchvision_is_paired_with_the_machines_torch():
