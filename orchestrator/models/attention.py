@@ -149,9 +149,6 @@ class _Gemma2CoreAttentionBase(MegatronModule):
         sliding_window = getattr(config, "sliding_window", None)
         self.window = sliding_window if sliding_window and is_sliding_window_layer(layer_number) else None
         self.dropout_p = config.attention_dropout if attention_dropout is None else attention_dropout
-        # A layer's input holds 1/TP of the sequence under sequence parallelism; the
-        # attention sees the whole (prepare_mask).
-        self.sequence_factor = tp_size if config.sequence_parallel else 1
         # Set while decoding (orchestrator.models.kv_cache.decoding): attend through the cache.
         self.kv_cache = None
 
@@ -295,6 +292,7 @@ class PreparedBlockMask:
 
     block_mask: Any
 
+
 FLEX_MIN_BUCKET = 128
 FLEX_MAX_BUCKET = 2**17
 
@@ -422,19 +420,17 @@ class FlexSoftcapAttention(_Gemma2CoreAttentionBase):
 
     def prepare_mask(self, attention_mask: Optional[Tensor], packed_seq_params: Optional[PackedSeqParams],
                      local_length: int, device: torch.device):
-        """This layer's block mask of the micro-batch (`_block_mask`), for a layer of
-        `local_length` input rows: the attention's query length is that times TP under
-        sequence parallelism, its key length that times CP under context parallelism."""
+        """This layer's block mask of the micro-batch (`_block_mask`) for a layer of
+        `local_length` rows: the whole sequence at TP = CP = 1, the layouts whose layers
+        compile (validation refuses model.compile=layers at others)."""
         if self.kv_cache is not None:
             return attention_mask
-        sq = local_length * self.sequence_factor
-        cu_seqlens = self._packed_boundaries(packed_seq_params)
-        sk, q_slots, layout = sq, None, None
-        if self.cp_group is not None:
-            cp_size, cp_rank = self.cp_group.size(), self.cp_group.rank()
-            sk, q_slots, layout = sq * cp_size, _cp_layout(sq, cp_size, cp_rank, device)[1], (cp_size, cp_rank)
-        return PreparedBlockMask(self._block_mask(sq, sk, flex_bucket_width(sq), flex_bucket_width(sk), device,
-                                                  cu_seqlens, attention_mask, q_slots, layout))
+        if self.cp_group is not None or self.heads_per_partition != self.config.num_attention_heads:
+            raise ValueError("compiled layers take tensor and context parallel size 1 (model.compile=layers)")
+        width = flex_bucket_width(local_length)
+        return PreparedBlockMask(self._block_mask(local_length, local_length, width, width, device,
+                                                  self._packed_boundaries(packed_seq_params), attention_mask,
+                                                  None, None))
 
     def _attend(self, query: Tensor, key: Tensor, value: Tensor, attention_mask: Optional[Tensor],
                 cu_seqlens: Optional[Tensor], q_slots: Optional[Tensor]) -> Tensor:

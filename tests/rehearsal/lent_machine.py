@@ -17,7 +17,8 @@ numpy 2.x, no TransformerEngine, no megatron-core and no internet. This script:
    and package set, under $AUDIOLLM_CACHE or ~/.cache/audiollm); it is reused only once
    its installation finished (a marker written last), so an interrupted one is made
    again, and one rehearsal at a time makes it (a lock);
-2. writes the device kit on this (connected) machine, `audiollm wheels --kit`;
+2. writes the device kit on this (connected) machine, `audiollm wheels --kit --with-peft`
+   (peft for the acceptance's HF + PEFT rows, which then run on transformers 5 here);
 3. installs it there exactly as on the lent machine: `PYTHON=<its python3> bash setup.sh
    --from-wheels KIT SITE` (pip --no-index --no-deps --target), then everything below
    runs with PYTHONPATH=SITE from a folder outside the repository, so that the kit's
@@ -174,8 +175,9 @@ def rehearse(root: Path, machine: Path | None = None) -> dict:
     for old in (kit, root / "site", root / "work", root / "outputs", root / "corpus"):
         shutil.rmtree(old, ignore_errors=True)
     torch_version = MACHINE_PACKAGES[0].split("==")[1]
-    out = _run("kit: audiollm wheels --kit", [sys.executable, "-m", "orchestrator.cli", "wheels", kit, "--kit",
-                                              "--python", version, "--machine-torch", torch_version], cwd=REPO)
+    out = _run("kit: audiollm wheels --kit --with-peft",
+               [sys.executable, "-m", "orchestrator.cli", "wheels", kit, "--kit", "--with-peft", "--python", version,
+                "--machine-torch", torch_version], cwd=REPO)
     report["kit"] = out.strip().splitlines()[0]
     site = root / "site"
     _run("machine: bash setup.sh --from-wheels", ["bash", REPO / "setup.sh", "--from-wheels", kit, site],
