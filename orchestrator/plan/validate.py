@@ -567,13 +567,21 @@ def check_data(data: DataConfig, model: ModelConfig, purpose: str) -> Iterator[F
 
 
 # --------------------------------------------------------------------------- optimizer and loop
-def check_tokenizer(data: DataConfig, model: ModelConfig) -> Iterator[Finding]:
-    """A local HF tokenizer (its tokenizer.json, read as JSON: no transformers here)
-    knows data.audio_token as one token and fits the model's vocabulary. A tokenizer
-    not written yet (the demo corpus is made by `audiollm train`) is checked by the job."""
+def check_tokenizer(data: DataConfig, model: ModelConfig, purpose: str = "plan") -> Iterator[Finding]:
+    """There is a tokenizer (every job tokenizes its text: without one it would stop at
+    start, on the cluster); a local HF tokenizer (its tokenizer.json, read as JSON: no
+    transformers here) knows data.audio_token as one token and fits the model's
+    vocabulary. A tokenizer not written yet (the demo corpus is made by `audiollm train`)
+    is checked by the job."""
     from orchestrator.plan.tokenizer_file import TokenizerFileError, read_vocabulary
 
     if not data.tokenizer:
+        finding = _error if purpose == "train" else _warning
+        yield finding("tokenizer", f"data.tokenizer is unset, and every job tokenizes its prompts and answers with "
+                                   f"it: set data.tokenizer to the model's own tokenizer, a local HF directory with "
+                                   f"tokenizer.json (for model {model.name}: its HF model directory, e.g. "
+                                   f"data.tokenizer=gemma-2-9b, or the directory `audiollm convert megatron-to-hf` "
+                                   f"wrote)")
         return
     try:
         vocab = read_vocabulary(data.tokenizer)
@@ -802,7 +810,7 @@ def validate(cfg: AudioLLMConfig, purpose: str = "plan") -> list[Finding]:
         lambda: check_init_checkpoint(m, cfg.lora),
         lambda: check_data(cfg.data, m, purpose),
         lambda: check_packing(cfg.data, cfg.optim),
-        lambda: check_tokenizer(cfg.data, m),
+        lambda: check_tokenizer(cfg.data, m, purpose),
         lambda: check_optim(cfg.optim, cfg.train),
         lambda: check_train(cfg.train, cfg.run),
         lambda: check_eval_generation(cfg.train, cfg.data, p),

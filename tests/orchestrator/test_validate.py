@@ -194,6 +194,17 @@ def test_missing_training_data_is_a_warning_for_plan_and_an_error_for_train():
     assert [f.severity for f in validate(cfg, "train") if f.rule == "no_train_data"] == ["error"]
 
 
+def test_a_run_without_a_tokenizer_is_refused_before_submission():
+    """The 9B recipes read the user's MDS datasets and name no tokenizer: a launch without
+    one would stop at start on the cluster; `audiollm plan` only warns."""
+    data = "data.train=[{name: asr, path: /data/asr_mds}]"
+    cfg = to_object(compose([TP4PP2, data]))
+    (error,) = [f for f in validate(cfg, "train") if f.rule == "tokenizer"]
+    assert error.severity == "error" and "data.tokenizer is unset" in error.message and "gemma-2-9b" in error.message
+    assert [f.severity for f in validate(cfg, "plan") if f.rule == "tokenizer"] == ["warning"]
+    assert [f for f in validate(to_object(compose(["+recipe=tiny_cpu"])), "train") if f.rule == "tokenizer"] == []
+
+
 def test_too_few_microbatches_for_the_pipeline_is_a_warning():
     cfg = to_object(compose([TP4PP2, "optim.global_batch_size=4"]))
     findings = [f for f in validate(cfg) if f.rule == "pipeline_bubble"]
