@@ -450,6 +450,20 @@ def profile_step(step, sync, out: Path):
     print(f"profile of one step written to {out}", flush=True)
 
 
+def seconds_per_step(step, sync, dry_run: bool) -> float:
+    """Wall seconds per call of `step`, after warm-up calls that are not counted (they
+    compile: flex attention, the compiled layers; and fill caches)."""
+    warmup, timed = (1, 2) if dry_run else (2, 5)
+    for _ in range(warmup):
+        step()
+    sync()
+    started = time.perf_counter()
+    for _ in range(timed):
+        step()
+    sync()
+    return (time.perf_counter() - started) / timed
+
+
 def check_throughput(table: Table, name: str, backend: str, attention: str, dry_run: bool,
                      profile_dir: Path | None = None, compiled: str = "none") -> dict:
     """The throughput rows; returns {row label: tokens/s} (empty when the step failed)."""
@@ -519,15 +533,7 @@ def check_throughput(table: Table, name: str, backend: str, attention: str, dry_
                 optimizer.step()
 
         sync = torch.cuda.synchronize if on_gpu else (lambda: None)
-        warmup, timed = (1, 2) if dry_run else (2, 5)  # warm-up: compiles (flex, the layers), excluded
-        for _ in range(warmup):
-            step()
-        sync()
-        t0 = time.perf_counter()
-        for _ in range(timed):
-            step()
-        sync()
-        step_s = (time.perf_counter() - t0) / timed
+        step_s = seconds_per_step(step, sync, dry_run)
         if profile_dir is not None:
             profile_step(step, sync, profile_dir)
         tps = step_tokens / step_s
@@ -659,16 +665,7 @@ def check_hf_peft(table: Table, dry_run: bool, ours: dict):
                 optimizer.step()
                 optimizer.zero_grad(set_to_none=True)
 
-            sync = torch.cuda.synchronize if on_gpu else (lambda: None)
-            warmup, timed = (1, 2) if dry_run else (2, 5)
-            for _ in range(warmup):
-                step()
-            sync()
-            t0 = time.perf_counter()
-            for _ in range(timed):
-                step()
-            sync()
-            step_s = (time.perf_counter() - t0) / timed
+            step_s = seconds_per_step(step, torch.cuda.synchronize if on_gpu else (lambda: None), dry_run)
         except Exception as exc:
             traceback.print_exc()
             table.add("hf_peft_tokens", f"{label} {attention}", f"error: {type(exc).__name__}: {exc}"[:160], "-",
