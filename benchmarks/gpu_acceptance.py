@@ -579,7 +579,7 @@ HF_PEFT_GOAL = 2.0  # our tokens/s at least twice HF + PEFT's on the same tokens
 PEFT_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]  # lora=decoder_r16's linears
 
 
-def unpacked(batch: dict, audio_token_id: int) -> dict:
+def unpacked(batch: dict) -> dict:
     """The samples of a packed row (packed_microbatch: positions restart at each sample) as
     a padded batch for HF, which packs no documents with its attention kernels: ids,
     attention mask, labels (-100 on the padding) and the padding's share."""
@@ -644,7 +644,7 @@ def check_hf_peft(table: Table, dry_run: bool, ours: dict):
             optimizer = torch.optim.AdamW(trained, lr=1e-4, fused=on_gpu)
             n_micro = plan.num_microbatches
             batches = [packed_microbatch(obj, audio_token_id, seed=i) for i in range(n_micro)]
-            rows = [unpacked(b, audio_token_id) for b in batches]
+            rows = [unpacked(b) for b in batches]
             inputs = [({k: v.to(device) for k, v in r.items() if k != "padding"},
                        b["audio_features"].to(device, dtype=encoder.dtype), b["audio_lengths"].tolist())
                       for r, b in zip(rows, batches)]

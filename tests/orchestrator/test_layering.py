@@ -56,13 +56,12 @@ def _imports(path: Path, modules: dict) -> set:
     return found
 
 
-def _graph() -> dict:
-    modules = _project_modules()
+def _graph(modules: dict) -> dict:
     return {name: _imports(path, modules) - {name} for name, path in modules.items()}
 
 
 def test_imports_point_down_the_layers():
-    graph = _graph()
+    graph = _graph(_project_modules())
     assert {"orchestrator.plan.validate", "orchestrator.plan.resolve", "launchers.train",
             "orchestrator.train.loop", "orchestrator.cli"} <= set(graph)
     upward = [f"{src} imports {dst}" for src, dsts in graph.items() for dst in sorted(dsts)
@@ -71,11 +70,11 @@ def test_imports_point_down_the_layers():
 
 
 def test_no_import_cycle_between_modules():
-    graph = _graph()
+    modules = _project_modules()
     # Package __init__ modules are left out: importing a.b runs a/__init__.py, which is
     # an order of loading, not a dependency of a.b on its siblings.
-    graph = {m: {d for d in deps if Path(_project_modules()[d]).name != "__init__.py"}
-             for m, deps in graph.items() if _project_modules()[m].name != "__init__.py"}
+    packages = {name for name, path in modules.items() if path.name == "__init__.py"}
+    graph = {m: deps - packages for m, deps in _graph(modules).items() if m not in packages}
     state, cycles = {}, []
 
     def visit(node, stack):
