@@ -23,8 +23,11 @@ not in it, so a resumed loader rebuilds the buffer exactly and repeats or drops 
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
+import os
+import signal
 import weakref
 from collections import Counter, deque
 from typing import Any, Deque, Dict, Iterator, List, Optional, Sequence, Tuple
@@ -476,7 +479,8 @@ class TrainLoader:
         prefetch = max(2, -(-int(self.cfg.packing_buffer) // self.num_workers))
         self._workers = iter(DataLoader(self.reader, sampler=tasks, batch_size=None, collate_fn=_as_is,
                                         num_workers=self.num_workers, prefetch_factor=prefetch,
-                                        multiprocessing_context="fork", persistent_workers=False))
+                                        multiprocessing_context="fork", persistent_workers=False,
+                                        worker_init_fn=functools.partial(_die_with, os.getpid())))
         self._results = _one_by_one(self._workers)
 
     def _stop_workers(self) -> None:
@@ -755,7 +759,7 @@ class ValidationSuite:
             _VALIDATION_READERS[id(self)] = (self, processor)  # what the forked workers find
             self._pool = concurrent.futures.ProcessPoolExecutor(self.cfg.num_workers,
                                                                 mp_context=multiprocessing.get_context("fork"),
-                                                                initializer=_one_thread)
+                                                                initializer=_validation_worker, initargs=(os.getpid(),))
         pending: Deque = deque()
         tasks = iter(tasks)
         try:
@@ -832,11 +836,28 @@ def _validation_example(mixture, processor: "SampleProcessor", k: int, position:
     return processor.for_transport(example) if with_features else example
 
 
-def _one_thread() -> None:
-    """In a forked worker: one intra-op thread, as torch's DataLoader workers do (the
-    OpenMP pool inherited from the parent, whose threads did not survive the fork, would
-    otherwise hang the first parallel op)."""
+def _validation_worker(parent: int) -> None:
+    """A forked validation worker's start: one intra-op thread, as torch's DataLoader
+    workers do (the OpenMP pool inherited from the parent, whose threads did not survive
+    the fork, would otherwise hang the first parallel op); it ends with its parent."""
     torch.set_num_threads(1)
+    _die_with(parent)
+
+
+def _die_with(parent: int, *_worker_id) -> None:
+    """In a forked worker of the training process `parent`: end when it ends. A rank that
+    dies hard (the out-of-memory killer, SIGKILL, os._exit) runs no clean-up, and its
+    workers, blocked writing a result into a pipe they hold both ends of, lived on
+    (an orphaned worker was found an hour after its rank, test suite). Linux's
+    parent-death signal; elsewhere (no prctl) the workers keep torch's own check."""
+    import ctypes
+
+    prctl = getattr(ctypes.CDLL(None, use_errno=True), "prctl", None)
+    if prctl is None:
+        return
+    prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    if os.getppid() != parent:  # the parent died before the signal was armed
+        os._exit(1)
 
 
 def _read_in_worker(suite_id: int, k: int, position: int, sample_id: int):

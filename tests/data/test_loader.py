@@ -2,6 +2,7 @@
 
 import os
 from collections import Counter
+from pathlib import Path
 
 import pytest
 import torch
@@ -207,6 +208,43 @@ def test_workers_give_the_same_batches_and_resume_exactly(three_datasets, tokeni
             assert torch.equal(got["audio_features"], batches[j]["audio_features"])
         resumed.close()
     workers.close()
+
+
+def test_the_workers_of_a_rank_that_dies_hard_end_with_it(three_datasets, tokenizer_dir, tmp_path):
+    """A training process killed without clean-up (out-of-memory killer, os._exit) takes
+    its data workers with it: they were found blocked an hour on, writing to a pipe
+    nobody read."""
+    import subprocess
+    import sys
+    import time
+
+    import psutil
+
+    from tests.distributed_run import REPO
+
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    log = tmp_path / "rank.log"  # a file, not a pipe: a surviving worker would hold a pipe open
+    with open(log, "w") as out:
+        subprocess.run([sys.executable, str(Path(__file__).with_name("dying_rank_script.py")), str(tokenizer_dir),
+                        *(str(three_datasets / name) for name in ("alpha", "beta", "gamma"))],
+                       stdout=out, stderr=subprocess.STDOUT, timeout=120, env=env, cwd=REPO)
+    (line,) = [line for line in log.read_text().splitlines() if line.startswith("WORKERS ")]
+    workers = [int(pid) for pid in line.split()[1:]]
+    assert len(workers) == 2, log.read_text()
+
+    def alive(pid):
+        try:
+            return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+        except psutil.NoSuchProcess:
+            return False
+
+    deadline = time.monotonic() + 20  # torch's own parent check would take 5 s, if the worker got to it
+    while any(alive(pid) for pid in workers) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    survivors = [pid for pid in workers if alive(pid)]
+    for pid in survivors:  # leave nothing behind, whatever the verdict
+        psutil.Process(pid).kill()
+    assert survivors == []
 
 
 def _shared_memory_descriptors() -> int:
