@@ -699,7 +699,7 @@ def check_hf_peft(table: Table, dry_run: bool, ours: dict):
 GENERATION_ROWS, GENERATION_TOKENS = 4, 8
 
 
-def check_generation(table: Table, dry_run: bool):
+def check_generation(table: Table, dry_run: bool, dtype_name: str = ""):
     """Greedy decoding as validation runs it (train.eval_generation, audiollm eval): the
     tiny AudioLLM built by the job's own path for this machine (on a GPU: bf16, the
     flex_attention kernel), random weights, prompts of different lengths with a clip
@@ -716,9 +716,15 @@ def check_generation(table: Table, dry_run: bool):
     from orchestrator.plan.resolve import to_object
 
     on_gpu = not dry_run
-    dtype, device = (torch.bfloat16, "cuda") if on_gpu else (torch.float32, "cpu")
-    bound = 2 * BOUNDS["bf16" if on_gpu else "fp32"]["logits"]
-    label = f"tiny AudioLLM, {'bf16 flex' if on_gpu else 'fp32 reference'}"
+    dtype_name = dtype_name or ("bf16" if on_gpu else "fp32")
+    dtype, device = (getattr(torch, {"bf16": "bfloat16", "fp32": "float32"}[dtype_name]), "cuda" if on_gpu else "cpu")
+    bound = 2 * BOUNDS[dtype_name]["logits"]
+    label = f"tiny AudioLLM, {dtype_name} {'flex' if on_gpu else 'reference'}"
+    # fp32 on a GPU: without TF32 (which the job turns on), so that its rounding is fp32's.
+    tf32 = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    if on_gpu and dtype_name == "fp32":
+        label += " (TF32 off)"
+        torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
     try:
         obj = to_object(compose(["model=tiny_audiollm", "data.seq_length=256", "data.max_audio_seconds=5",
                                  f"launcher.accelerator={'gpu' if on_gpu else 'cpu'}"]))
@@ -753,7 +759,7 @@ def check_generation(table: Table, dry_run: bool):
             decoder_input, _, _ = model.embed(ids, features.to(device), mel_lengths)
             positions = torch.arange(width, device=device)[None].expand(GENERATION_ROWS, -1)
             logits = lm(ids, positions, None, decoder_input=decoder_input).float()
-        same, margins = 0, []
+        same, margins, scales = 0, [], []
         for i, (c, u) in enumerate(zip(cached, plain)):
             if c == u:
                 same += 1
@@ -761,8 +767,10 @@ def check_generation(table: Table, dry_run: bool):
             j = next(k for k in range(GENERATION_TOKENS) if c[k] != u[k])
             row = logits[i, len(prompts[i]) + j - 1]
             margins.append(float(row[u[j]] - row[c[j]]))
+            scales.append(float(row.abs().max()))
         print(f"generation: KV cache {cached}; uncached {plain}", flush=True)
-        parted = (f"; rows parted at logit margins {', '.join(f'{m:.2e}' for m in margins)}" if margins else "")
+        parted = (f"; rows parted at logit margins {', '.join(f'{m:.2e}' for m in margins)} (largest |logit| there "
+                  f"{', '.join(f'{m:.1f}' for m in scales)})" if margins else "")
         table.add("generation", label, f"KV cache vs uncached: {same} of {GENERATION_ROWS} rows identical over "
                   f"{GENERATION_TOKENS} tokens{parted}", f"parting margin <= {bound:g}",
                   _ok(all(abs(m) <= bound for m in margins)))
@@ -770,6 +778,7 @@ def check_generation(table: Table, dry_run: bool):
     except Exception as exc:
         traceback.print_exc()
         table.add("generation", label, f"error: {type(exc).__name__}: {exc}"[:160], "-", "FAIL")
+    torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = tf32
     _free()
 
 
@@ -1022,8 +1031,9 @@ def main() -> int:
             if compiled:
                 ours |= check_throughput(table, *flex, dry_run=False, compiled="layers", profile_dir=args.profile)
             check_hf_peft(table, dry_run=False, ours=ours)
-        if run("generation"):
+        if run("generation"):  # bf16 as validation runs on GPUs; fp32 tells rounding from a defect
             check_generation(table, dry_run=False)
+            check_generation(table, dry_run=False, dtype_name="fp32")
         if run("encoder"):
             check_encoder(table, dry_run=False)
         if run("fp8"):

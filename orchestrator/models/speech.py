@@ -14,7 +14,11 @@ Encoder window, two modes (`model.encoder.mask_padding`):
   however long the window is, and no time is spent on padding.
 
 Either way, padding frames are removed (per sample, by the true mel length) before
-the adapter.
+the adapter. Either way the layers are run here, one by one, not through HF's
+`WhisperEncoder.forward(output_hidden_states=True)`: transformers 5 collects hidden
+states with forward hooks on every layer and attention module that read a ContextVar,
+which `torch.compile` cannot trace, so a compiled layer (`model.compile=layers`) would
+break its graph on them (found on the first GPU run of the compiled layers).
 
 Which encoder states are mixed: HF's `hidden_states` tuple holds num_layers+1 entries,
 the convolution/position embedding and the residual stream after layers 1..N-1 (all
@@ -110,25 +114,26 @@ def run_encoder(encoder: nn.Module, features: torch.Tensor, pad_value: float = 0
                    if features.device.type in ("cpu", "cuda") else contextlib.nullcontext())
     with no_autocast, torch.set_grad_enabled(
             torch.is_grad_enabled() and not frozen):
-        if mel_lengths is None:
-            return list(encoder(features, output_hidden_states=True, return_dict=True).hidden_states[1:])
-        return _masked_encoder_states(encoder, features, mel_lengths)
+        return encoder_states(encoder, features, mel_lengths)
 
 
-def _masked_encoder_states(encoder: nn.Module, features: torch.Tensor, mel_lengths: Sequence[int]) -> List[torch.Tensor]:
-    """HF WhisperEncoder's forward (eval-mode layerdrop, no head mask) on a window of any
-    even length, with a key mask keeping each clip's attention inside its own frames.
-    Returns what HF's hidden_states[1:] holds: the outputs of layers 1..N-1, then layer
-    N's output after the final LayerNorm."""
+def encoder_states(encoder: nn.Module, features: torch.Tensor,
+                   mel_lengths: Optional[Sequence[int]] = None) -> List[torch.Tensor]:
+    """HF WhisperEncoder's forward (no layerdrop: the config has none; no head mask) on a
+    window of any even length; with `mel_lengths`, a key mask keeps each clip's attention
+    inside its own frames. Returns what HF's hidden_states[1:] holds: the outputs of
+    layers 1..N-1, then layer N's output after the final LayerNorm."""
     act = nn.functional.gelu
     hidden = act(encoder.conv2(act(encoder.conv1(features)))).permute(0, 2, 1)
     frames = hidden.shape[1]
     hidden = hidden + encoder.embed_positions.weight[:frames]
     hidden = nn.functional.dropout(hidden, p=encoder.dropout, training=encoder.training)
-    valid = to_device(torch.tensor([encoder_frame_count(int(n)) for n in mel_lengths]), hidden.device)
-    keys_out = torch.arange(frames, device=hidden.device)[None, :] >= valid[:, None]  # [b, frames]
-    mask = torch.zeros(keys_out.shape, dtype=hidden.dtype, device=hidden.device)
-    mask = mask.masked_fill(keys_out, torch.finfo(hidden.dtype).min)[:, None, None, :]  # additive, [b, 1, 1, k]
+    mask = None
+    if mel_lengths is not None:
+        valid = to_device(torch.tensor([encoder_frame_count(int(n)) for n in mel_lengths]), hidden.device)
+        keys_out = torch.arange(frames, device=hidden.device)[None, :] >= valid[:, None]  # [b, frames]
+        mask = torch.zeros(keys_out.shape, dtype=hidden.dtype, device=hidden.device)
+        mask = mask.masked_fill(keys_out, torch.finfo(hidden.dtype).min)[:, None, None, :]  # additive, [b, 1, 1, k]
     states = []
     for layer in encoder.layers:
         out = layer(hidden, mask, layer_head_mask=None)
