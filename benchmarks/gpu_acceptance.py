@@ -706,8 +706,13 @@ def check_generation(table: Table, dry_run: bool, dtype_name: str = ""):
     each. The KV-cache path (its own attention over the cache, left padding) against the
     uncached one (the training forward over the whole sequence, each step). Two paths of
     different rounding may part only at a near tie: where a row's tokens first differ,
-    the uncached forward's logits of the two tokens must lie within twice the parity
-    logits bound of each other (each path within the bound of exact)."""
+    the uncached forward's logits of the two tokens must lie within twice fp32's parity
+    logits bound of each other (each path within the bound of exact). The verdict is
+    fp32's, on a GPU with TF32 off and the GPU's kernels; the bf16 row is reported with
+    its error against an fp32 twin of the same weights: widened weights (so that every
+    token moves the logits) make this model's bf16 logits as far off as their own scale
+    (2.7-5.7 of ~7 on a CPU), and an H200 parted one bf16 row of four where fp32 decoded
+    every row identically."""
     import torch
     from orchestrator.plan.compose import compose
     from orchestrator.models.audiollm import build_audiollm
@@ -718,7 +723,7 @@ def check_generation(table: Table, dry_run: bool, dtype_name: str = ""):
     on_gpu = not dry_run
     dtype_name = dtype_name or ("bf16" if on_gpu else "fp32")
     dtype, device = (getattr(torch, {"bf16": "bfloat16", "fp32": "float32"}[dtype_name]), "cuda" if on_gpu else "cpu")
-    bound = 2 * BOUNDS[dtype_name]["logits"]
+    bound = 2 * BOUNDS["fp32"]["logits"]
     label = f"tiny AudioLLM, {dtype_name} {'flex' if on_gpu else 'reference'}"
     # fp32 on a GPU: without TF32 (which the job turns on), so that its rounding is fp32's.
     tf32 = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
@@ -727,7 +732,9 @@ def check_generation(table: Table, dry_run: bool, dtype_name: str = ""):
         torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
     try:
         obj = to_object(compose(["model=tiny_audiollm", "data.seq_length=256", "data.max_audio_seconds=5",
-                                 f"launcher.accelerator={'gpu' if on_gpu else 'cpu'}"]))
+                                 f"launcher.accelerator={'gpu' if on_gpu else 'cpu'}",
+                                 # a CPU's encoder is fp32 by default; bf16 beside a bf16 decoder, as on GPUs
+                                 *(["model.encoder.precision=bf16"] if dtype_name == "bf16" else [])]))
         torch.manual_seed(0)
         audio_token_id = 3
         model = build_audiollm(obj.model, obj.parallel, audio_token_id=audio_token_id, params_dtype=dtype).to(device)
@@ -750,15 +757,30 @@ def check_generation(table: Table, dry_run: bool, dtype_name: str = ""):
             cached = greedy_generate(model, prompts, features, mel_lengths, use_cache=True, **common)
             plain = greedy_generate(model, prompts, features, mel_lengths, use_cache=False, **common)
             # The uncached forward's logits over each prompt and its uncached tokens.
-            lm = model.language_model
             width = max(len(p) for p in prompts) + GENERATION_TOKENS
             ids = torch.zeros(GENERATION_ROWS, width, dtype=torch.long)
             for i, (p, t) in enumerate(zip(prompts, plain)):
                 ids[i, :len(p) + len(t)] = torch.tensor(p + t)
             ids = ids.to(device)
-            decoder_input, _, _ = model.embed(ids, features.to(device), mel_lengths)
             positions = torch.arange(width, device=device)[None].expand(GENERATION_ROWS, -1)
-            logits = lm(ids, positions, None, decoder_input=decoder_input).float()
+
+            def uncached_logits(m):
+                decoder_input, _, _ = m.embed(ids, features.to(device), mel_lengths)
+                return m.language_model(ids, positions, None, decoder_input=decoder_input).float()
+
+            logits = uncached_logits(model)
+            error = None
+            if dtype != torch.float32:
+                # What a lower precision does to this model: the same forward in fp32 with the
+                # same (rounded) weights, over the positions that decode.
+                exact = build_audiollm(obj.model, obj.parallel, audio_token_id=audio_token_id,
+                                       params_dtype=torch.float32).to(device)
+                for (_, mine), (_, twin) in zip(model.named_parameters(), exact.named_parameters()):
+                    twin.copy_(mine.float())
+                diff = (logits - uncached_logits(exact)).abs().amax(-1)  # [rows, width]
+                error = max(float(diff[i, len(p) - 1:len(p) - 1 + GENERATION_TOKENS].max())
+                            for i, p in enumerate(prompts))
+                del exact
         same, margins, scales = 0, [], []
         for i, (c, u) in enumerate(zip(cached, plain)):
             if c == u:
@@ -771,9 +793,13 @@ def check_generation(table: Table, dry_run: bool, dtype_name: str = ""):
         print(f"generation: KV cache {cached}; uncached {plain}", flush=True)
         parted = (f"; rows parted at logit margins {', '.join(f'{m:.2e}' for m in margins)} (largest |logit| there "
                   f"{', '.join(f'{m:.1f}' for m in scales)})" if margins else "")
-        table.add("generation", label, f"KV cache vs uncached: {same} of {GENERATION_ROWS} rows identical over "
-                  f"{GENERATION_TOKENS} tokens{parted}", f"parting margin <= {bound:g}",
-                  _ok(all(abs(m) <= bound for m in margins)))
+        figure = f"KV cache vs uncached: {same} of {GENERATION_ROWS} rows identical over {GENERATION_TOKENS} tokens"
+        if error is None:
+            table.add("generation", label, figure + parted, f"parting margin <= {bound:g}",
+                      _ok(all(abs(m) <= bound for m in margins)))
+        else:  # reported: the fp32 row judges
+            table.add("generation", label, f"{figure}{parted}; {dtype_name} logits off fp32's by up to {error:.2f} "
+                      f"here", "reported (the fp32 row judges)", "PASS")
         del model
     except Exception as exc:
         traceback.print_exc()
@@ -1003,6 +1029,7 @@ def main() -> int:
             check_hf_peft(table, dry_run=True, ours=ours)
         if run("generation"):
             check_generation(table, dry_run=True)
+            check_generation(table, dry_run=True, dtype_name="bf16")
         if run("encoder"):
             check_encoder(table, dry_run=True)
         if run("fp8"):
@@ -1031,9 +1058,9 @@ def main() -> int:
             if compiled:
                 ours |= check_throughput(table, *flex, dry_run=False, compiled="layers", profile_dir=args.profile)
             check_hf_peft(table, dry_run=False, ours=ours)
-        if run("generation"):  # bf16 as validation runs on GPUs; fp32 tells rounding from a defect
-            check_generation(table, dry_run=False)
+        if run("generation"):  # fp32 (TF32 off) judges; bf16, as validation runs on GPUs, is reported
             check_generation(table, dry_run=False, dtype_name="fp32")
+            check_generation(table, dry_run=False)
         if run("encoder"):
             check_encoder(table, dry_run=False)
         if run("fp8"):
