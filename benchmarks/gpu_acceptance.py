@@ -499,7 +499,8 @@ def check_throughput(table: Table, name: str, backend: str, attention: str, dry_
         if on_gpu:
             torch.cuda.reset_peak_memory_stats()
         # The job's own start-up decisions on this machine (gradient-accumulation fusion).
-        decisions = decide(OmegaConf.to_container(cfg.model, resolve=True), Machine.probe())
+        decisions = decide(OmegaConf.to_container(cfg.model, resolve=True), Machine.probe(),
+                           OmegaConf.to_container(cfg.parallel, resolve=True))
         print("decided on this machine: " + "; ".join(decisions.lines), flush=True)
         model = build_audiollm(obj.model, obj.parallel, audio_token_id=audio_token_id, params_dtype=dtype,
                                gradient_accumulation_fusion=decisions.gradient_accumulation_fusion)

@@ -13,6 +13,12 @@ The layer's own forward stays eager around it: it looks up the flex block mask o
 micro-batch (`prepare_mask`), which no graph can do, and decoding through the KV cache
 does not use the compiled graph.
 
+The last pipeline stage's softcapped loss (`softcapped_cross_entropy`) is compiled too:
+eagerly, the softcap and the cross entropy over a 256000-token vocabulary are a dozen
+fp32 element-wise passes over the logits per micro-batch (a quarter of an H200's GPU time
+in the compiled-layers step); compiled, a few fused ones, with no fp32 copy of the
+logits kept for the backward.
+
 What megatron-core 0.16.1 does inside a layer that stops a fullgraph trace, and how it
 is met (found with `torch._dynamo.explain` on the tiny model; tests/models/test_compile.py):
 both are calls of `warnings.warn`, which dynamo cannot trace, and `quiet_megatron_warnings()`
@@ -78,6 +84,13 @@ def decoder_layers(model: torch.nn.Module) -> list:
     return [m for m in model.modules() if isinstance(m, Gemma2TransformerLayer)]
 
 
+def decoders(model: torch.nn.Module) -> list:
+    """The Gemma2 decoders (megatron GPTModels) of a model chunk."""
+    from orchestrator.models.gemma2_model import Gemma2Model
+
+    return [m for m in model.modules() if isinstance(m, Gemma2Model)]
+
+
 def encoder_layers(model: torch.nn.Module) -> list:
     """The Whisper encoder layers of a model chunk (HF's WhisperEncoderLayer)."""
     from transformers.models.whisper.modeling_whisper import WhisperEncoderLayer
@@ -88,8 +101,8 @@ def encoder_layers(model: torch.nn.Module) -> list:
 def compile_layers(model: torch.nn.Module, choice: str, backend="inductor") -> int:
     """`model.compile` applied to one model chunk: "layers" compiles each decoder layer's
     arithmetic and each encoder layer in place, fullgraph (after LoRA and the freezes,
-    which it then sees as they are); "none" leaves the chunk eager. Returns the number of
-    layers compiled."""
+    which it then sees as they are), and the last stage's softcapped loss; "none" leaves
+    the chunk eager. Returns the number of layers compiled."""
     if choice not in COMPILE_CHOICES:
         raise ValueError(f"model.compile={choice!r} is not one of {COMPILE_CHOICES}")
     if choice == "none":
@@ -105,6 +118,11 @@ def compile_layers(model: torch.nn.Module, choice: str, backend="inductor") -> i
     layers = decoder_layers(model)
     for layer in layers:
         layer.compiled_sandwich = torch.compile(layer.sandwich, **options)
+    from orchestrator.models.gemma2_model import softcapped_cross_entropy
+
+    for decoder in decoders(model):
+        if decoder.post_process:  # the last pipeline stage: the softcapped loss, fused
+            decoder.compiled_loss = torch.compile(softcapped_cross_entropy, **options)
     encoder = encoder_layers(model)
     for layer in encoder:
         layer.compile(**options)

@@ -64,6 +64,26 @@ def _logits_grad_as_one_matrix(module, args, output):
     return _LogitsGradAsOneMatrix.apply(logits), bias
 
 
+def softcapped_cross_entropy(logits: torch.Tensor, labels: torch.Tensor, cap: Optional[float],
+                             real_vocab_size: int) -> torch.Tensor:
+    """Per-token loss [b, s] of the whole vocabulary's logits [b, s, v] (one TP rank holds
+    it all): the final softcap, the vocabulary's padding rows out, then the cross entropy,
+    in fp32 -- the arithmetic of `cap_logits` and megatron's vocab-parallel cross entropy
+    at TP = 1 (a label outside [0, v) picks no logit there either), written as one
+    function so that `model.compile=layers` compiles it into a few fused passes over the
+    logits, forward and backward, where eager runs a dozen fp32 element-wise passes
+    (each a read and write of 2 GiB at gemma2-2b's 256000-token vocabulary and 2048
+    tokens: ~150 ms of an H200's 581 ms step, docs/gpu-machines.md)."""
+    z = logits.float()
+    if cap is not None:
+        z = torch.tanh(z / cap) * cap
+    v = z.shape[-1]
+    if real_vocab_size < v:
+        z = z.masked_fill(torch.arange(v, device=z.device) >= real_vocab_size, torch.finfo(z.dtype).min)
+    picked = z.gather(-1, labels.clamp(0, v - 1).unsqueeze(-1)).squeeze(-1)
+    return torch.logsumexp(z, dim=-1) - torch.where((labels >= 0) & (labels < v), picked, 0.0)
+
+
 @dataclass
 class Gemma2TransformerConfig(TransformerConfig):
     """TransformerConfig plus the Gemma2 fields megatron-core has no place for."""
@@ -154,6 +174,9 @@ class Gemma2Model(GPTModel):
         self.embedding_scale = _rounded(config.hidden_size**0.5, config.params_dtype)
         # Logits per chunk of the loss (softcapped_loss): 2^27 fp32 values = 512 MiB.
         self.loss_chunk_elements = LOSS_CHUNK_ELEMENTS
+        # The compiled softcapped_cross_entropy (model.compile=layers, TP = 1): set by
+        # orchestrator.models.compile; None runs the loss eagerly in chunks.
+        self.compiled_loss = None
         if post_process:
             self.output_layer.register_forward_hook(_logits_grad_as_one_matrix)
 
@@ -199,7 +222,11 @@ class Gemma2Model(GPTModel):
         their input: at gemma2-2b's 256000-token vocabulary and 2048 tokens, 2 GiB each);
         chunked, each chunk's fp32 work is recomputed in the backward from the saved
         compute-dtype logits (torch.utils.checkpoint), so one chunk's fp32 copies are
-        alive at a time. Tokens are independent here: chunking changes no value."""
+        alive at a time. Tokens are independent here: chunking changes no value. Compiled
+        (`compiled_loss`), the whole micro-batch in one call: its fused kernels keep no fp32
+        copy of the logits (tests/models/test_compile.py)."""
+        if self.compiled_loss is not None:
+            return self.compiled_loss(logits, labels, self.config.final_logit_softcapping, self.real_vocab_size)
         b, s, v = logits.shape
         chunk = max(1, self.loss_chunk_elements // max(1, b * v))
         if chunk >= s:

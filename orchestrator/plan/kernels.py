@@ -42,10 +42,45 @@ def encoder_precision(choice: str, on_gpu: bool) -> str:
     return choice
 
 
-# `model.compile`: none (eager) or layers (every decoder layer compiled whole, fullgraph:
-# orchestrator/models/compile.py). A choice, not decided from the machine yet: its gain on a
-# GPU is measured by benchmarks/gpu_acceptance.py before it becomes a default.
-COMPILE_CHOICES = ("none", "layers")
+# `model.compile`: none (eager), layers (every decoder and encoder layer compiled whole,
+# fullgraph, and the softcapped loss: orchestrator/models/compile.py) or auto (the default:
+# layers on a GPU where the layout allows it, none elsewhere).
+COMPILE_CHOICES = ("auto", "none", "layers")
+
+
+def compile_blockers(backend: str, tp: int, cp: int, recompute_granularity) -> list:
+    """Why the compiled layer cannot take this layout: [(setting, reason)], empty if it can."""
+    blockers = []
+    if backend != "local":
+        blockers.append((f"model.backend={backend}", "TransformerEngine's fused modules, where model.compile=layers "
+                                                     "compiles megatron-core's own linears and the project's norms"))
+    if tp > 1 or cp > 1:
+        blockers.append((f"parallel.tp={tp} and parallel.cp={cp}",
+                         "megatron's tensor- and context-parallel communication (all-gathers into its global memory "
+                         "buffer) in every layer, which the compiled graph does not take yet"))
+    if recompute_granularity == "selective":
+        blockers.append(("parallel.recompute.granularity=selective",
+                         "megatron recomputes the core attention inside the layer with a checkpoint that takes "
+                         "tensors only, and the compiled layer hands it the prepared block mask"))
+    return blockers
+
+
+def compile_kind(choice: str, on_gpu: bool, backend: str, tp: int, cp: int, recompute_granularity) -> tuple:
+    """`model.compile` on a GPU (on_gpu) or CPU machine -> ("none" | "layers", why). auto
+    compiles on GPUs, where the step is bound by the host's launches (an H200 at
+    gemma2-2b: 1.43x the eager tokens/s, docs/gpu-machines.md), not on CPUs, whose steps
+    are bound by the arithmetic and where tests and the default run would pay the
+    compilation and the CPU path keeps its exact eager arithmetic."""
+    if choice not in COMPILE_CHOICES:
+        raise ValueError(f"model.compile={choice!r} is not one of {COMPILE_CHOICES}")
+    if choice != "auto":
+        return choice, f"model.compile={choice}"
+    if not on_gpu:
+        return "none", "model.compile=auto, CPU"
+    blockers = compile_blockers(backend, tp, cp, recompute_granularity)
+    if blockers:
+        return "none", f"model.compile=auto, not with {blockers[0][0]}"
+    return "layers", "model.compile=auto, CUDA"
 
 
 # Logits per chunk of the final softcap + cross entropy (Gemma2Model.softcapped_loss):

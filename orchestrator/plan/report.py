@@ -34,7 +34,8 @@ def render(plan: Plan, with_params: bool = False) -> str:
     mem, flops = plan.memory, plan.flops
     lines = [
         f"recipe        {plan.recipe}   model {cfg['model']['name']} (backend {cfg['model']['backend']}, attention "
-        f"{plan.model_extensions['attention_kernel']}, encoder {plan.model_extensions['encoder_precision']})",
+        f"{plan.model_extensions['attention_kernel']}, encoder {plan.model_extensions['encoder_precision']}, "
+        f"compiled {plan.model_extensions['compiled']})",
         f"topology      world {plan.world_size} = nodes {launcher['nodes']} x gpus_per_node {launcher['gpus_per_node']}"
         f" ({launcher['accelerator']}) = TP {plan.tp} x PP {plan.pp} x CP {plan.cp} x DP {plan.dp}",
         f"              VPP {plan.vpp or '-'}, sequence parallel {'on' if plan.sp else 'off'}, distributed optimizer "

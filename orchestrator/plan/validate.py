@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Callable, Iterable, Iterator
 
 from orchestrator.plan.checkpoint_dirs import layout_text, resolve_model_checkpoint
-from orchestrator.plan.kernels import ATTENTION_CHOICES, COMPILE_CHOICES, ENCODER_PRECISIONS
+from orchestrator.plan.kernels import ATTENTION_CHOICES, COMPILE_CHOICES, ENCODER_PRECISIONS, compile_blockers
 from orchestrator.plan.schema import (
     AudioLLMConfig,
     DataConfig,
@@ -470,24 +470,14 @@ def check_backend(model: ModelConfig, launcher: LauncherConfig) -> Iterator[Find
 
 
 def check_compile(model: ModelConfig, parallel: ParallelConfig) -> Iterator[Finding]:
+    """model.compile=layers where the compiled layer cannot go (auto leaves those layouts
+    eager by itself)."""
     yield from _one_of("compile", "model.compile", model.compile, COMPILE_CHOICES)
     if model.compile != "layers":
         return
-    if model.backend != "local":
-        yield _error("compile", f"model.compile=layers compiles megatron-core's own linears and the project's norms, "
-                                f"but model.backend={model.backend} (TransformerEngine's fused modules); use "
-                                f"model.backend=local, or model.compile=none")
-    if parallel.tp > 1 or parallel.cp > 1:
-        yield _error("compile", f"model.compile=layers compiles layers without collectives inside: parallel.tp="
-                                f"{parallel.tp} and parallel.cp={parallel.cp} put megatron's tensor- and context-"
-                                f"parallel communication (all-gathers into its global memory buffer) in every layer, "
-                                f"which the compiled graph does not take yet; use tp = cp = 1 (data and pipeline "
-                                f"parallelism are fine), or model.compile=none")
-    if parallel.recompute.granularity == "selective":
-        yield _error("compile", "model.compile=layers with parallel.recompute.granularity=selective: megatron "
-                                "recomputes the core attention inside the layer with a checkpoint that takes tensors "
-                                "only, and the compiled layer hands it the prepared block mask; use "
-                                "parallel.recompute.granularity=full (or null), or model.compile=none")
+    for setting, reason in compile_blockers(model.backend, parallel.tp, parallel.cp, parallel.recompute.granularity):
+        yield _error("compile", f"model.compile=layers with {setting}: {reason}; change {setting.split('=')[0]}, "
+                                f"or use model.compile=auto (compiles where it can) or none")
 
 
 # --------------------------------------------------------------------------- data

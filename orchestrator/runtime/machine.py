@@ -12,8 +12,9 @@ section and what this machine has:
   backends, and that layer refuses the fusion without apex's kernel (megatron-core
   0.16.1, tensor_parallel/layers.py); TransformerEngine's linears could fuse without it,
   but megatron reads one config field for all of them;
-- `model.compile`: layers compiles every decoder and encoder layer
-  (orchestrator.models.compile); said here beside the attention kernel it compiles around;
+- `model.compile`: layers compiles every decoder and encoder layer and the loss
+  (orchestrator.models.compile); auto does so on a GPU where the layout allows it
+  (plan/kernels.compile_kind); said here beside the attention kernel it compiles around;
 - `model.backend=te` needs TransformerEngine to import: without it the job stops at
   start, naming the fix, rather than building another model than planned.
 """
@@ -22,7 +23,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from orchestrator.plan.kernels import attention_kernel
+from orchestrator.plan.kernels import attention_kernel, compile_kind
 
 
 @dataclass(frozen=True)
@@ -58,15 +59,15 @@ class Decisions:
     cuda: bool  # the model is built for a GPU (bf16 where planned, the GPU's kernels and encoder precision)
     attention: str  # "reference" | "flex"
     gradient_accumulation_fusion: bool
-    compile: str  # model.compile: "none" | "layers"
+    compile: str  # model.compile resolved: "none" | "layers"
     lines: tuple  # what was decided and why, one line each
 
     def describe(self) -> str:
         return "\n".join(self.lines)
 
 
-def decide(model: dict, machine: Machine) -> Decisions:
-    """The job's decisions for the plan's `model` section on `machine`."""
+def decide(model: dict, machine: Machine, parallel: dict) -> Decisions:
+    """The job's decisions for the plan's `model` and `parallel` sections on `machine`."""
     backend, choice = model.get("backend", "local"), model.get("attention", "auto")
     if backend == "te" and not (machine.cuda and machine.transformer_engine):
         missing = "CUDA" if not machine.cuda else "TransformerEngine (transformer_engine.pytorch does not import)"
@@ -85,13 +86,14 @@ def decide(model: dict, machine: Machine) -> Decisions:
     else:
         fusion_why = ("apex's fused_weight_gradient_mlp_cuda is not installed, and megatron's output layer "
                       "refuses the fusion without it")
-    compiled = model.get("compile", "none")
+    compiled, compile_why = compile_kind(model.get("compile", "auto"), machine.cuda, backend, parallel.get("tp", 1),
+                                         parallel.get("cp", 1), (parallel.get("recompute") or {}).get("granularity"))
     lines = (
         f"linears/norms: {backend} backend" + (" (TransformerEngine)" if backend == "te" else " (megatron-core's own)"),
         f"attention: {attention} (model.attention={choice}, {'CUDA' if machine.cuda else 'CPU'})",
         f"gradient-accumulation fusion: {'on' if fusion else 'off'} ({fusion_why})",
-        "compile: " + ("each decoder and encoder layer, fullgraph (model.compile=layers)" if compiled == "layers"
-                       else "none, eager (model.compile=none)"),
+        "compile: " + ("each decoder and encoder layer and the loss, fullgraph" if compiled == "layers"
+                       else "none, eager") + f" ({compile_why})",
     )
     return Decisions(cuda=machine.cuda, attention=attention, gradient_accumulation_fusion=fusion, compile=compiled,
                      lines=lines)

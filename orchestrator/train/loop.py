@@ -99,7 +99,7 @@ class Trainer:
         self.train_iters = plan.train_iters
         self.seed = int(train_cfg.get("seed", 1234))
         provider = components.provider
-        self.decisions = decide(plan.section("model"), machine or Machine.probe())
+        self.decisions = decide(plan.section("model"), machine or Machine.probe(), plan.section("parallel"))
         on_gpu = self.decisions.cuda
         if self.rank == 0:
             log.info("decided on this machine:\n  %s", "\n  ".join(self.decisions.lines))

@@ -8,7 +8,8 @@ flex (the GPU kernel; torch has no flex backward on CPU) a forward without gradi
 fullgraph makes any graph break an error; the backend counts the graphs captured.
 
 Then the default recipe's model, compiled by inductor (what a GPU run uses) against
-the same model eager: per-token losses and every gradient. Last, the host cost of a
+the same model eager: per-token losses and every gradient; the compiled softcapped loss
+alone in bf16 (what it keeps for the backward). Last, the host cost of a
 micro-batch, eager and compiled (benchmarks/host_cost.py's own measurement, at the same
 shapes, so that the compiled graphs of the parity case serve it).
 
@@ -113,11 +114,47 @@ def parity() -> None:
         "grads": len(grads)}), flush=True)
 
 
+def fused_loss() -> None:
+    """The compiled softcapped loss in bf16, as a GPU runs it: what its forward keeps for
+    the backward (eagerly: fp32 copies of the logits, recomputed per chunk), and its
+    values and gradient against the same function eager."""
+    from orchestrator.models.gemma2_model import softcapped_cross_entropy
+
+    b, s, v, real = 2, 48, 320, 300  # padding rows 300..319; labels outside [0, v) too
+    gen = torch.Generator().manual_seed(0)
+    logits = (torch.randn(b, s, v, generator=gen) * 20).to(torch.bfloat16)
+    labels = torch.randint(-1, real, (b, s), generator=gen)
+    compiled = torch.compile(softcapped_cross_entropy, fullgraph=True, dynamic=False)
+    results = {}
+    for name, fn in (("eager", softcapped_cross_entropy), ("compiled", compiled)):
+        x = logits.clone().requires_grad_()
+        saved = []
+
+        def pack(t):
+            saved.append({"shape": list(t.shape), "dtype": str(t.dtype).removeprefix("torch.")})
+            return t
+
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            loss = fn(x, labels, 30.0, real)
+        loss.sum().backward()
+        results[name] = (loss.detach(), x.grad.float(), saved)
+    (loss_e, grad_e, saved_e), (loss_c, grad_c, saved_c) = results["eager"], results["compiled"]
+    full = [b, s, v]
+    print("RESULT " + json.dumps({
+        "case": "fused_loss", "shape": full,
+        "saved_eager": saved_e, "saved_compiled": saved_c,
+        "loss_rel": float((loss_c - loss_e).abs().max() / loss_e.abs().max()),
+        "grad_rel": float((grad_c - grad_e).abs().max() / grad_e.abs().max()),
+        "padding_grad": float(grad_c[..., real:].abs().max())}), flush=True)
+
+
 def main():
     init_distributed(ParallelSizes(), seed=0)
     graphs()
     torch._dynamo.reset()
     parity()
+    torch._dynamo.reset()
+    fused_loss()
     from benchmarks.host_cost import measure
 
     for choice in ("none", "layers"):

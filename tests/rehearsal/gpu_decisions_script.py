@@ -6,7 +6,7 @@ For each GPU recipe, planned as a GPU run (bf16, the plan's GPU flags) with its 
 shrunk to the tiny AudioLLM at TP = PP = CP = 1, and for two GPU machines — with
 TransformerEngine but without apex (a common cluster image), and without either (the
 lent machine) — the job's own start-up decisions (orchestrator/runtime/machine.decide:
-gradient-accumulation fusion, attention kernel) go through the job's own code:
+gradient-accumulation fusion, attention kernel, compiled layers) go through the job's own code:
 megatron_config.transformer_config -> AudioLLMProvider.build -> the loader's first
 micro-batch (LoRA and the freezes applied as the trainer does) -> AudioLLMProvider.forward (no backward: torch has none for flex_attention
 on a CPU). TransformerEngine's linears cannot be built here: the TE machine's model uses
@@ -38,6 +38,7 @@ def main(data_overrides: list) -> int:
     os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()))
     import torch
 
+    from orchestrator.models.compile import compile_layers
     from orchestrator.plan.compose import compose
     from orchestrator.plan.resolve import resolve
     from orchestrator.runtime.distributed import ParallelSizes, init_distributed
@@ -71,7 +72,7 @@ def main(data_overrides: list) -> int:
                 resolved = resolve(compose([*overrides, f"model.backend={backend}"]))
                 assert resolved.config["launcher"]["accelerator"] == "gpu" and resolved.megatron_args["bf16"]
                 plan = RunPlan(Path(run_dir), resolved.to_dict())
-                decisions = decide(plan.section("model"), machine)
+                decisions = decide(plan.section("model"), machine, plan.section("parallel"))
                 # Built here with megatron's linears (no TransformerEngine on this CPU) and the
                 # kernel the GPU job picks.
                 plan.config["model"].update(backend="local", attention=decisions.attention)
@@ -83,6 +84,11 @@ def main(data_overrides: list) -> int:
                 # The trainer's order: build -> LoRA -> the model's freezes.
                 adapted = apply_lora(model, plan.section("lora"), 0)
                 freeze_model_parts([model], plan.section("model"))
+                # The layers compiled as the job compiles them (model.compile=auto: on the
+                # machine without TE), traced by dynamo alone (fullgraph: a break raises)
+                # with this machine's transformers: transformers 5's output-capture hooks
+                # broke the first GPU run's compiled encoder layers.
+                compile_layers(model, decisions.compile, backend="eager")
                 # megatron's bf16 optimizer keeps fp32 master weights of bf16 parameters and
                 # its checkpoints hold no other: a trained fp32 adapter beside the bf16
                 # decoder failed the first GPU run's first save (KeyError in

@@ -12,16 +12,17 @@ CPU = Machine(cuda=False, transformer_engine=False, apex_gradient_fusion=False)
 GPU_BARE = Machine(cuda=True, transformer_engine=False, apex_gradient_fusion=False)
 GPU_TE = Machine(cuda=True, transformer_engine=True, apex_gradient_fusion=False)
 GPU_TE_APEX = Machine(cuda=True, transformer_engine=True, apex_gradient_fusion=True)
+ONE = {"tp": 1, "cp": 1, "recompute": {"granularity": None}}  # the parallel section of a one-GPU layout
 
 
 def test_gradient_accumulation_fusion_needs_apex_on_either_backend():
     """megatron's output layer is its own ColumnParallelLinear on both backends and refuses
     the fusion without apex's kernel: TE alone does not turn it on."""
-    assert not decide({"backend": "local"}, CPU).gradient_accumulation_fusion
-    assert not decide({"backend": "local"}, GPU_BARE).gradient_accumulation_fusion
-    assert not decide({"backend": "te"}, GPU_TE).gradient_accumulation_fusion
-    assert decide({"backend": "te"}, GPU_TE_APEX).gradient_accumulation_fusion
-    lines = decide({"backend": "te"}, GPU_TE).describe()
+    assert not decide({"backend": "local"}, CPU, ONE).gradient_accumulation_fusion
+    assert not decide({"backend": "local"}, GPU_BARE, ONE).gradient_accumulation_fusion
+    assert not decide({"backend": "te"}, GPU_TE, ONE).gradient_accumulation_fusion
+    assert decide({"backend": "te"}, GPU_TE_APEX, ONE).gradient_accumulation_fusion
+    lines = decide({"backend": "te"}, GPU_TE, ONE).describe()
     assert "gradient-accumulation fusion: off" in lines and "fused_weight_gradient_mlp_cuda is not installed" in lines
 
 
@@ -30,18 +31,34 @@ def test_gradient_accumulation_fusion_needs_apex_on_either_backend():
     (GPU_TE, "flex", "flex"),
 ])
 def test_attention_kernel_follows_the_choice_and_the_device(machine, choice, kernel):
-    decisions = decide({"backend": "local", "attention": choice}, machine)
+    decisions = decide({"backend": "local", "attention": choice}, machine, ONE)
     assert decisions.attention == kernel
     assert f"attention: {kernel} (model.attention={choice}" in decisions.describe()
 
 
+@pytest.mark.parametrize("machine, model, parallel, compiled, why", [
+    (GPU_BARE, {"backend": "local"}, ONE, "layers", "model.compile=auto, CUDA"),
+    (CPU, {"backend": "local"}, ONE, "none", "model.compile=auto, CPU"),
+    (GPU_TE, {"backend": "te"}, ONE, "none", "not with model.backend=te"),
+    (GPU_BARE, {"backend": "local"}, {**ONE, "tp": 4}, "none", "not with parallel.tp=4 and parallel.cp=1"),
+    (GPU_BARE, {"backend": "local"}, {**ONE, "recompute": {"granularity": "selective"}}, "none",
+     "not with parallel.recompute.granularity=selective"),
+    (GPU_BARE, {"backend": "local", "compile": "none"}, ONE, "none", "model.compile=none"),
+    (CPU, {"backend": "local", "compile": "layers"}, ONE, "layers", "model.compile=layers"),
+])
+def test_compile_auto_compiles_the_layers_on_gpus_where_the_layout_allows(machine, model, parallel, compiled, why):
+    decisions = decide(model, machine, parallel)
+    assert decisions.compile == compiled
+    assert why in decisions.describe().splitlines()[-1]
+
+
 def test_what_this_machine_cannot_run_stops_the_job_naming_the_fix():
     with pytest.raises(MachineCannotRunPlan, match="TransformerEngine.*model.backend=local"):
-        decide({"backend": "te"}, GPU_BARE)
+        decide({"backend": "te"}, GPU_BARE, ONE)
     with pytest.raises(MachineCannotRunPlan, match="needs CUDA"):
-        decide({"backend": "te"}, CPU)
+        decide({"backend": "te"}, CPU, ONE)
     with pytest.raises(MachineCannotRunPlan, match="no backward on CPU"):
-        decide({"backend": "local", "attention": "flex"}, CPU)
+        decide({"backend": "local", "attention": "flex"}, CPU, ONE)
 
 
 def test_the_plan_leaves_the_fusion_to_the_job_on_gpus_and_turns_it_off_on_cpus():
