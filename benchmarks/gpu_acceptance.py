@@ -27,6 +27,10 @@ FAILs. Checks:
               n/a without): the default recipe trains, saves, resumes and decodes; the
               tp4pp2 recipe shrunk to one device saves with the distributed optimizer; the
               tp1 recipe's LoRA starts from that checkpoint;
+  job9b       gemma2_whisper_tp1 at full size (9B, random weights) on this GPU through
+              `audiollm train`: MFU, tokens/s and peak memory against the plan and the
+              probe, an asynchronous save and a resume, KV-cache decoding (--only job9b
+              on a lent machine: minutes);
   encoder     whisper-large-v3 encoder forward, ms per 30-s clip, model.encoder.precision
               fp32 (HF's eager forward: the reference) vs bf16 (SDPA), with the bf16
               output's relative difference against fp32 (bound ENCODER_BF16_BOUND); and the
@@ -48,6 +52,7 @@ from __future__ import annotations
 import argparse
 import gc
 import json
+import statistics
 import math
 import os
 import socket
@@ -85,7 +90,7 @@ PARITY_SEQ = 64
 #   yet catch any real mistake (a wrong norm offset, window or cap moves logits by > 1e-2).
 BOUNDS = {"bf16": dict(logits=0.1, loss=0.02, grad=0.05), "fp32": dict(logits=1e-4, loss=1e-5, grad=1e-4)}
 
-CHECKS = {"parity", "lora", "recompiles", "throughput", "generation", "encoder", "fp8", "job"}
+CHECKS = {"parity", "lora", "recompiles", "throughput", "generation", "encoder", "fp8", "job", "job9b"}
 # The log-mel on the GPU against the host's: both take fp32 STFTs of 400 samples, by
 # different FFT algorithms (cuFFT, pocketfft); each bin's error is ~ eps32 x sqrt(log2 400)
 # ~ 2e-7 of its frame's norm. Whisper's scaling floors every clip at 8 decades below its
@@ -892,6 +897,83 @@ def check_job(table: Table, corpus: Path | None, dry_run: bool):
                       "runs, saves", _ok(ok and saved))
 
 
+def check_job_9b(table: Table, corpus: Path | None, dry_run: bool):
+    """gemma2_whisper_tp1 (gemma-2-9b + whisper-large-v3, LoRA r16 on the frozen decoder,
+    full recompute, 2048-token packed rows) at full size on this one GPU, through `audiollm
+    train` itself: random weights (no hub here: model.allow_frozen_random), the local backend
+    (no TransformerEngine; model.compile=auto compiles its layers), the demo corpus. Steps
+    with the tokens/s and MFU the job logs (median after the warm-up: the steps that
+    compile, and the first after the resume, excluded) and its peak memory against the
+    plan's and the probe's tensors; an asynchronous save, a resume from it, and greedy
+    decoding through the KV cache of the validation set at the end. The dry run: the
+    tiny model on the CPU, the same path. On a lent machine run it alone (--only job9b):
+    it takes minutes."""
+    label = "gemma2_whisper_tp1, " + ("tiny model, CPU" if dry_run else "full size (9B), local backend")
+    if corpus is None:
+        table.add("job_9b", label, "-", "runs, saves, resumes, decodes", "n/a (no --demo-corpus)")
+        return
+    from orchestrator.plan.compose import compose
+    from orchestrator.plan.probe_report import compare, run_probe
+    from orchestrator.plan.resolve import resolve
+
+    first, second = (3, 5) if dry_run else (10, 14)
+    warmup = 2 if dry_run else 4
+    samples = json.loads((corpus / "manifest.json").read_text())["num_samples"]
+    with tempfile.TemporaryDirectory(prefix="acceptance_9b_") as root:
+        overrides = ["+recipe=gemma2_whisper_tp1", *(["model=tiny_audiollm", "data.seq_length=256"] if dry_run else []),
+                     "model.backend=local", "model.init_checkpoint=null", "model.allow_frozen_random=true",
+                     "launcher=local", f"launcher.accelerator={'cpu' if dry_run else 'gpu'}", "launcher.nodes=1",
+                     "launcher.gpus_per_node=1", "data=demo", "data.audio_token='<audio>'",
+                     "model.adapter.ctc_weight=0", f"data.demo_corpus={corpus.resolve()}",
+                     f"data.demo_corpus_samples={samples}", "optim.global_batch_size=4", "optim.lr_warmup_iters=0",
+                     "train.eval_generation=true", "train.eval_generation_batches=1", "train.log_interval=1",
+                     f"train.save_interval={first}", f"train.eval_interval={second}", f"run.output_root={root}",
+                     "run.name=9b"]
+        try:
+            plan = resolve(compose(overrides)).to_dict()
+            planned = plan["memory"]["total_gib"] - plan["memory"]["overhead_gib"]
+            probed = compare(plan, run_probe(plan))[0].probed["total"]
+        except Exception as exc:
+            traceback.print_exc()
+            table.add("job_9b", label, f"plan or probe failed: {type(exc).__name__}: {exc}"[:160], "-", "FAIL")
+            return
+        ok, out = _job("gemma2_whisper_tp1 at full size", [*overrides, f"train.iters={first}"], timeout=560)
+        resumed = False
+        if ok:
+            ok, out = _job("gemma2_whisper_tp1, resumed", [*overrides, f"train.iters={second}"], timeout=560)
+            resumed = f"at step {first}" in out and "resumed from" in out
+        run_dir = Path(root) / "gemma2_whisper" / "9b"
+        rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()
+                if line.strip()] if (run_dir / "metrics.jsonl").exists() else []
+        steps = [r for r in rows if "tokens_per_s_per_gpu" in r and r["step"] > warmup and r["step"] != first + 1]
+        decoded = [r for r in rows if "wer/all" in r]
+        saved = (run_dir / "checkpoints" / f"step_{first:06d}").is_dir()
+        if not (ok and resumed and saved and steps and decoded):
+            table.add("job_9b", label, f"resumed {resumed}, saved {saved}, timed steps {len(steps)}, decoded "
+                      f"{bool(decoded)}: {_job_failure(out)}", "runs, saves, resumes, decodes", "FAIL")
+            return
+        median = lambda key: statistics.median(r[key] for r in steps if key in r)  # noqa: E731
+        table.add("job_9b", label, f"{first} steps, async save, resumed at step {first} to {second}, KV-cache "
+                  f"decoding of the validation set (WER {decoded[-1]['wer/all']:.0%} at random weights)",
+                  "runs, saves, resumes, decodes", "PASS")
+        figure = f"{median('tokens_per_s_per_gpu'):,.0f} tokens/s/GPU over {len(steps)} steps (median, warm-up excluded)"
+        if "mfu" in steps[0]:
+            mfu = median("mfu")
+            table.add("job_9b_mfu", label, f"MFU {mfu:.1%}; {figure}", f"goal {MFU_GOAL:.0%}",
+                      "PASS" if mfu >= MFU_GOAL else "PASS (BELOW goal)")
+        else:
+            table.add("job_9b_mfu", label, figure, f"goal {MFU_GOAL:.0%}", "n/a (CPU: no peak, no MFU)")
+        memory = [r["memory/max_allocated_gib"] for r in rows if "memory/max_allocated_gib" in r]
+        if memory:
+            measured = max(memory)
+            table.add("job_9b_memory", label, f"{measured:.1f} GiB max allocated vs plan {planned:.1f} "
+                      f"({measured / planned - 1:+.0%}) and probe {probed:.1f} GiB ({measured / probed - 1:+.0%})",
+                      "within 10 % of both", _ok(abs(measured / planned - 1) <= 0.1 and abs(measured / probed - 1) <= 0.1))
+        else:
+            table.add("job_9b_memory", label, f"plan {planned:.2f} GiB, probe {probed:.2f} GiB of tensors",
+                      "within 10 % of both", "n/a (CPU: no device memory counter)")
+
+
 # ---- encoder ---------------------------------------------------------------------------
 def check_encoder(table: Table, dry_run: bool):
     import torch
@@ -988,7 +1070,7 @@ def main() -> int:
     parser.add_argument("--dry-run", action="store_true", help="CPU-possible parts only, at tiny size")
     parser.add_argument("--json", type=Path, help="write the rows here")
     parser.add_argument("--only", help="comma-separated checks to run (parity,lora,recompiles,throughput,"
-                                       "generation,encoder,fp8,job); all by default")
+                                       "generation,encoder,fp8,job,job9b); all by default")
     parser.add_argument("--demo-corpus", type=Path, metavar="DIR",
                         help="a small demo corpus (audiollm data demo DIR --num-samples 96 --num-val-samples 8) "
                              "for the job rows: audiollm train on this machine")
@@ -1037,6 +1119,8 @@ def main() -> int:
             check_fp8(table, dry_run=True)
         if run("job"):
             check_job(table, args.demo_corpus, dry_run=True)
+        if run("job9b"):
+            check_job_9b(table, args.demo_corpus, dry_run=True)
     else:
         if _has_te():
             flex = ("te+flex", "te", "flex")
@@ -1068,6 +1152,8 @@ def main() -> int:
             check_fp8(table, dry_run=False)
         if run("job"):
             check_job(table, args.demo_corpus, dry_run=False)
+        if run("job9b"):
+            check_job_9b(table, args.demo_corpus, dry_run=False)
 
     print()
     print(table.render())

@@ -9,7 +9,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 EXPECTED = {"parity_logits", "parity_loss", "parity_grads", "lora_trains", "lora_base_frozen", "recompiles",
-            "throughput_tokens", "throughput_mfu", "peak_memory", "hf_peft_tokens", "hf_peft_ratio", "generation", "encoder_fp32", "encoder_bf16", "features_device", "fp8", "job"}
+            "throughput_tokens", "throughput_mfu", "peak_memory", "hf_peft_tokens", "hf_peft_ratio", "generation", "encoder_fp32", "encoder_bf16", "features_device", "fp8", "job", "job_9b"}
 
 
 def test_gpu_acceptance_dry_run(tmp_path):

@@ -421,12 +421,17 @@ def check_init_checkpoint(model: ModelConfig, lora: LoraConfig) -> Iterator[Find
               if getattr(model, part).freeze]
     if lora.rank > 0:
         frozen.append(f"lora.rank={lora.rank} (LoRA freezes the adapted decoder weights)")
-    if frozen:
+    if frozen and model.allow_frozen_random:
+        yield _warning("frozen_random", f"{', '.join(frozen)} with random weights (model.init_checkpoint is null, "
+                                        f"model.allow_frozen_random=true): for measuring speed and memory only, the "
+                                        f"losses mean nothing")
+    elif frozen:
         yield _error("frozen_random", f"{', '.join(frozen)} but model.init_checkpoint is null: frozen weights would "
                                       f"stay at their random initial values; set model.init_checkpoint to pretrained "
                                       f"weights (`audiollm convert hf-to-megatron --hf GEMMA2_DIR --whisper "
                                       f"WHISPER_DIR --out DIR`), or unfreeze to train from scratch "
-                                      f"(model.encoder.freeze=false, lora=none)")
+                                      f"(model.encoder.freeze=false, lora=none), or to measure speed and memory only "
+                                      f"set model.allow_frozen_random=true")
 
 
 def check_trained_encoder_precision(model: ModelConfig, lora: LoraConfig, launcher: LauncherConfig) -> Iterator[Finding]:

@@ -117,6 +117,9 @@ class Trainer:
                 init["lora_names"] = load_init_lora(init["path"], chunks, plan.section("lora"))
             self._log_init(init, chunks)
         freeze_model_parts(chunks, plan.section("model"))
+        if init is None and plan.section("model").get("allow_frozen_random") and self.rank == 0:
+            log.warning("frozen weights are random (model.allow_frozen_random=true, no model.init_checkpoint): "
+                        "this run measures speed and memory; its losses and scores mean nothing")
         # Last of the model transforms: the compiled layers see LoRA and the freezes as they are.
         for chunk in chunks:
             compile_layers(chunk, self.decisions.compile)

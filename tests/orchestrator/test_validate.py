@@ -133,7 +133,8 @@ INVALID = [
     pytest.param(["model.encoder.freeze=true"], "frozen_random",
                  ["model.encoder.freeze=true", "model.init_checkpoint is null", "random"], id="frozen_random_encoder"),
     pytest.param(["lora=decoder_r16", "model.encoder.freeze=false", "lora.lr_groups=[{name: all, patterns: ['*'], lr_scale: 1.0}]"],
-                 "frozen_random", ["lora.rank=16", "model.init_checkpoint is null"], id="lora_on_random_decoder"),
+                 "frozen_random", ["lora.rank=16", "model.init_checkpoint is null", "model.allow_frozen_random=true"],
+                 id="lora_on_random_decoder"),
     # LoRA freezes the weights of the linears it adapts, nothing else of the decoder: a rate
     # for those weights alone trains nothing
     pytest.param([TP4PP2, "lora=decoder_r16", "lora.lr_groups=[{name: lora, patterns: ['*lora_*'], lr_scale: 1.0}, {name: dec, patterns: ['language_model.*.linear_*.weight'], lr_scale: 1.0}, {name: rest, patterns: ['*'], lr_scale: 1.0}]"],
@@ -203,6 +204,14 @@ def test_a_run_without_a_tokenizer_is_refused_before_submission():
     assert error.severity == "error" and "data.tokenizer is unset" in error.message and "gemma-2-9b" in error.message
     assert [f.severity for f in validate(cfg, "plan") if f.rule == "tokenizer"] == ["warning"]
     assert [f for f in validate(to_object(compose(["+recipe=tiny_cpu"])), "train") if f.rule == "tokenizer"] == []
+
+
+def test_frozen_random_weights_are_a_warning_when_allowed_for_measuring():
+    overrides = ["lora=decoder_r16", "model.encoder.freeze=false",
+                 "lora.lr_groups=[{name: all, patterns: ['*'], lr_scale: 1.0}]", "model.allow_frozen_random=true"]
+    findings = [f for f in validate(to_object(compose(overrides)), "train") if f.rule == "frozen_random"]
+    assert [f.severity for f in findings] == ["warning"], findings
+    assert "lora.rank=16" in str(findings[0]) and "speed and memory only" in str(findings[0])
 
 
 def test_too_few_microbatches_for_the_pipeline_is_a_warning():

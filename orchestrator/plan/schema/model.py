@@ -124,3 +124,8 @@ class ModelConfig:
     # (its latest step, fixed when planned). None: random initialisation, which
     # validation refuses for frozen modules. See orchestrator/train/init_weights.py.
     init_checkpoint: Optional[str] = None
+    # true: frozen modules may keep their random initial weights (no init_checkpoint), which
+    # validation otherwise refuses: for measuring a LoRA or frozen-encoder recipe's speed and
+    # memory at full size where no pretrained weights are at hand (benchmarks/gpu_acceptance.py's
+    # 9B row); its losses mean nothing, and plan and train say so.
+    allow_frozen_random: bool = False
