@@ -31,6 +31,7 @@ from orchestrator.plan.schema import (
     TrainConfig,
 )
 from orchestrator.plan.topology import RANK_ORDERS
+from orchestrator.plan.wandb_settings import WANDB_MODES
 from orchestrator.plan import tasks
 
 ERROR = "error"
@@ -685,7 +686,8 @@ def check_launcher(launcher: LauncherConfig) -> Iterator[Finding]:
 
 def check_logger(logger: LoggerConfig) -> Iterator[Finding]:
     yield from _one_of("logger", "logger.backend", logger.backend, ("wandb", "none"))
-    yield from _one_of("logger", "logger.mode", logger.mode, ("offline", "online", "disabled"))
+    if logger.mode is not None:  # null: $WANDB_MODE, read by the job
+        yield from _one_of("logger", "logger.mode", logger.mode, WANDB_MODES)
 
 
 # --------------------------------------------------------------------------- LoRA and lr groups

@@ -20,6 +20,7 @@ from typing import Optional
 import torch
 
 from orchestrator.plan.rundir import write_text_atomic
+from orchestrator.plan.wandb_settings import WandbSettings, wandb_settings
 
 log = logging.getLogger(__name__)
 
@@ -258,9 +259,12 @@ class MetricsWriter:
         self._truncate_after(resumed_step)
         self.wandb = None
         backend = (logger_cfg.get("backend") or "none").lower()
-        if backend == "wandb" and (logger_cfg.get("mode") or "offline") != "disabled":
+        settings = wandb_settings(logger_cfg, os.environ) if backend == "wandb" else None
+        if settings is not None:
+            log.info("%s", "; ".join(settings.lines))
+        if settings is not None and settings.mode != "disabled":
             if _installed("wandb"):
-                self.wandb = _init_wandb(self.run_dir, logger_cfg, run_cfg, run_id, config_for_wandb)
+                self.wandb = _init_wandb(self.run_dir, settings, logger_cfg, run_cfg, run_id, config_for_wandb)
             else:  # GPU images installed from `audiollm wheels --kit` have no wandb
                 log.warning("W&B logging is off: wandb is not installed here (pip install wandb, or "
                             "logger=none); metrics go to %s only", self.path)
@@ -313,19 +317,22 @@ def _api_key_configured() -> bool:
         return False
 
 
-def _init_wandb(run_dir: Path, logger_cfg: dict, run_cfg: dict, run_id: str, config: Optional[dict]):
+def _init_wandb(run_dir: Path, settings: WandbSettings, logger_cfg: dict, run_cfg: dict, run_id: str,
+                config: Optional[dict]):
     import wandb
 
-    mode = logger_cfg.get("mode") or "offline"
+    mode = settings.mode
     if mode == "online" and not _api_key_configured():
-        log.warning("logger.mode is online but no W&B API key is configured: logging offline "
+        log.warning("W&B mode is online but no W&B API key is configured: logging offline "
                     "(sync later with `wandb sync %s/wandb`)", run_dir)
         mode = "offline"
+    # System metrics (GPU utilisation and memory charts) online only: offline they would
+    # fill the run directory for a sync that may never come.
     return wandb.init(
-        project=logger_cfg.get("project") or "audiollm", entity=logger_cfg.get("entity"),
+        project=settings.project, entity=settings.entity,
         group=run_cfg.get("experiment"), name=run_cfg.get("name") or run_dir.name,
         tags=list(logger_cfg.get("tags") or []), id=run_id, resume="allow", mode=mode, dir=str(run_dir),
-        config=config, settings=wandb.Settings(console="off", x_disable_stats=True, silent=True),
+        config=config, settings=wandb.Settings(console="off", x_disable_stats=mode != "online", silent=True),
     )
 
 

@@ -53,10 +53,12 @@ def test_tp2_lora_training_exact_resume_and_tp1_reshard(tmp_path):
     directory; the W&B run id survives the restart."""
     lr, min_lr, iters = 3e-3, 3e-4, 20
     common = dict(tp=2, iters=iters, lr=lr, min_lr=min_lr, warmup=0, lora=LORA, save_interval=10)
-    wandb_logger = {"backend": "wandb", "mode": "offline", "project": "audiollm-tests"}
+    # mode, project and entity unset: W&B's environment variables give them (the ecosystem's way)
+    wandb_logger = {"backend": "wandb"}
     straight = write_run_dir(tmp_path / "straight", keep_last=1, **common)
     resumed = write_run_dir(tmp_path / "resumed", keep_last=3, logger=wandb_logger, **common)
-    env = {"WANDB_API_KEY": SENTINEL, "WANDB_MODE": "offline", "WANDB_SILENT": "true"}
+    env = {"WANDB_API_KEY": SENTINEL, "WANDB_MODE": "offline", "WANDB_SILENT": "true",
+           "WANDB_PROJECT": "audiollm-env-project", "WANDB_ENTITY": "audiollm-env-entity"}
 
     out_straight = launch("job_script.py", 2, "train", str(straight), log_dir=tmp_path, env=env)
     launch("job_script.py", 2, "kill", str(resumed), "10", log_dir=tmp_path, env=env, expect_rc=17)
@@ -121,6 +123,10 @@ def test_tp2_lora_training_exact_resume_and_tp1_reshard(tmp_path):
     run_id = (resumed / "wandb_id").read_text().strip()
     runs = sorted(p.name for p in (resumed / "wandb").glob("offline-run-*"))
     assert len(runs) == 2 and all(r.endswith(run_id) for r in runs), (runs, run_id)
+    # the run carries the environment's project and entity, and the job said where they came from
+    records = (resumed / "wandb" / runs[-1] / f"run-{run_id}.wandb").read_bytes()
+    assert b"audiollm-env-project" in records and b"audiollm-env-entity" in records
+    assert "W&B project: audiollm-env-project ($WANDB_PROJECT; logger.project unset)" in out_resumed
     assert _grep_tree(resumed, SENTINEL) == [] and _grep_tree(tmp_path, SENTINEL) == []
     assert SENTINEL not in out_straight + out_resumed
 

@@ -1,0 +1,56 @@
+"""A run's W&B settings: the config's `logger` section over W&B's own environment
+variables ($WANDB_MODE, $WANDB_PROJECT, $WANDB_ENTITY), as users of W&B set them.
+
+Set in the config, a value wins; unset (null), the environment's is taken; neither, the
+default (offline, project "audiollm", wandb's default entity). The job reads them where
+it runs (SLURM passes the submitting shell's environment on) and says which it took and
+from where. Plan side (no torch, no wandb): validation and the job share the rule.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Mapping, Optional
+
+WANDB_MODES = ("offline", "online", "disabled")
+# $WANDB_MODE as W&B spells it (dryrun and run are its older names).
+_ENV_MODES = {"offline": "offline", "dryrun": "offline", "online": "online", "run": "online",
+              "disabled": "disabled"}
+DEFAULTS = {"mode": "offline", "project": "audiollm", "entity": None}
+
+
+@dataclass(frozen=True)
+class WandbSettings:
+    mode: str
+    project: str
+    entity: Optional[str]
+    lines: tuple  # one per setting: its value and where it came from
+
+
+def _pick(key: str, configured, env: Mapping[str, str]) -> tuple:
+    variable = f"WANDB_{key.upper()}"
+    from_env = env.get(variable) or None
+    if key == "mode" and from_env is not None:
+        mode = _ENV_MODES.get(from_env.strip().lower())
+        if mode is None:
+            if configured is None:
+                return DEFAULTS[key], (f"{DEFAULTS[key]} (${variable}={from_env} is not one of "
+                                       f"{', '.join(_ENV_MODES)}: the default)")
+            from_env = None  # the config's value wins anyway
+        else:
+            from_env = mode
+    if configured is not None:
+        over = f", over ${variable}={from_env}" if from_env is not None and from_env != configured else ""
+        return configured, f"{configured} (logger.{key}{over})"
+    if from_env is not None:
+        return from_env, f"{from_env} (${variable}; logger.{key} unset)"
+    default = DEFAULTS[key]
+    return default, f"{default if default is not None else 'wandb default'} (neither logger.{key} nor ${variable})"
+
+
+def wandb_settings(logger: Mapping, env: Mapping[str, str]) -> WandbSettings:
+    """The W&B mode, project and entity of a run whose logger section is `logger`, in the
+    environment `env` (os.environ where the job runs)."""
+    picked = {key: _pick(key, logger.get(key), env) for key in ("mode", "project", "entity")}
+    lines = tuple(f"W&B {key}: {why}" for key, (_, why) in picked.items())
+    return WandbSettings(mode=picked["mode"][0], project=picked["project"][0], entity=picked["entity"][0], lines=lines)
