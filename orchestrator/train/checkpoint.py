@@ -6,6 +6,10 @@ Layout under <run_dir>/checkpoints/:
     rank_state/rank_00000.pt   per-rank RNG states and data-loader state
     manifest.json              size and CRC-32 of every file (orchestrator/plan/checkpoint_dirs.py)
   latest                  name of the newest published checkpoint (replaced atomically)
+  iter_0000010 -> step_000010           Megatron-LM's names for the same checkpoints, so
+  latest_checkpointed_iteration.txt     that its loaders and tools find them: a relative
+                                        link per checkpoint, and the tracker file holding
+                                        the step `latest` names
   .tmp-step_000020/       a save in progress (never read; removed by the next save)
   step_000030.damaged/    a checkpoint found damaged at a resume, set aside (never read)
 
@@ -212,6 +216,8 @@ def _begin(root: Path, name: str, step: int, chunks: Sequence, optimizer, schedu
     state["scheduler"] = scheduler.state_dict()
     state["step"] = step
     state["wandb_run_id"] = wandb_run_id
+    state["iteration"] = step  # what Megatron-LM's checkpointing.py reads for the step
+    state["checkpoint_version"] = MEGATRON_CHECKPOINT_VERSION
     return tmp, state
 
 
@@ -243,12 +249,46 @@ def _publish(root: Path, name: str, keep_last: int, written: dict) -> None:
     _write_manifest(tmp, written)
     if dist.get_rank() == 0:
         os.replace(tmp, root / name)
-        pointer_tmp = root / "latest.tmp"
-        pointer_tmp.write_text(name + "\n")
-        os.replace(pointer_tmp, root / "latest")
+        _point_latest(root, name)
         shutil.rmtree(root / f".tmp-{name}.written", ignore_errors=True)
         _prune(root, keep_last)
     dist.barrier()
+
+
+# Megatron-LM's tracker file and checkpoint names (its training/checkpointing.py), and the
+# checkpoint_version its loader expects of checkpoints it did not write.
+MEGATRON_TRACKER = "latest_checkpointed_iteration.txt"
+MEGATRON_CHECKPOINT_VERSION = 3.0
+
+
+def _megatron_name(name: str) -> str:
+    return f"iter_{int(name.split('_')[1]):07d}"
+
+
+def _replace_text(path: Path, text: str) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+def _point_latest(root: Path, name: str) -> None:
+    """Rank 0: `latest` names checkpoint `name`, and Megatron-LM's names follow: its
+    iter_ link first, then `latest`, then the tracker, each replaced atomically, so that
+    at any moment both pointers name a complete checkpoint that their names reach."""
+    link = root / _megatron_name(name)
+    if not (link.is_symlink() and os.readlink(link) == name):
+        tmp = link.with_name(link.name + ".tmp")
+        tmp.unlink(missing_ok=True)
+        tmp.symlink_to(name)  # relative: the run directory may move
+        os.replace(tmp, link)
+    _replace_text(root / "latest", name + "\n")
+    _replace_text(root / MEGATRON_TRACKER, str(int(name.split("_")[1])))
+
+
+def _drop_dangling_megatron_names(root: Path) -> None:
+    for link in root.glob("iter_*"):
+        if link.is_symlink() and not link.exists():
+            link.unlink()
 
 
 class BackgroundSaves:
@@ -330,6 +370,7 @@ def _write_in_background(write, results_dir: Path, rank: int, buckets, results_q
 def _prune(root: Path, keep_last: int) -> None:
     for old in step_dirs(root.parent)[max(keep_last, 1):]:
         shutil.rmtree(old, ignore_errors=True)
+    _drop_dangling_megatron_names(root)
 
 
 def _my_share(names: Sequence[str]) -> list:
@@ -396,9 +437,9 @@ def resumable_checkpoint(run_dir) -> Optional[Path]:
             log.warning("checkpoint %s is damaged: %s; set aside as %s", bad, problem, aside.name)
         if damaged and path is not None:
             log.warning("resuming from %s, the newest complete checkpoint", path.name)
-            pointer_tmp = checkpoints_dir(run_dir) / "latest.tmp"
-            pointer_tmp.write_text(path.name + "\n")
-            os.replace(pointer_tmp, checkpoints_dir(run_dir) / "latest")
+            _point_latest(checkpoints_dir(run_dir), path.name)
+        if damaged:
+            _drop_dangling_megatron_names(checkpoints_dir(run_dir))
     dist.barrier()
     earlier = [p.name for p in reversed(set_aside_dirs(run_dir))  # newest first, as `damaged`
                if p.name not in {f"{bad.name}.damaged" for bad, _ in damaged}]

@@ -149,7 +149,8 @@ cp {run_dir}/metrics.jsonl {kept}/metrics_again.jsonl
         r"\(or lower train.keep_last, now 2\) and run the same command again \(log: .*/logs/rank[01]\.log\)",
         first.strip().splitlines()[-1]), first[-4000:]
     assert "lost sys.stderr" not in first and "unraisablehook" not in first, first[-4000:]
-    assert sorted(p.name for p in (kept / "checkpoints").iterdir()) == ["latest", "step_000003"]
+    assert sorted(p.name for p in (kept / "checkpoints").iterdir()) == [
+        "iter_0000003", "latest", "latest_checkpointed_iteration.txt", "step_000003"]
     assert json.loads((kept / "state.json").read_text())["state"] == "FAILED"
     again = (tmp_path / "again.txt").read_text()
     assert (tmp_path / "again.rc").read_text().strip() == "0", again[-4000:]

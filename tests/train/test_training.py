@@ -45,6 +45,20 @@ def _grep_tree(root, needle: str) -> list:
 
 
 @pytest.mark.multiprocess
+def _megatron_lm_latest(checkpoints) -> int:
+    """The latest checkpoint's iteration as Megatron-LM finds it: its tracker file, then
+    `iter_{:07d}` under the same directory, a dist checkpoint whose common state holds the
+    iteration (megatron-core's dist_checkpointing, which Megatron-LM's loader calls)."""
+    from megatron.core import dist_checkpointing
+
+    iteration = int((checkpoints / "latest_checkpointed_iteration.txt").read_text().strip())
+    path = checkpoints / f"iter_{iteration:07d}"
+    assert dist_checkpointing.check_is_distributed_checkpoint(str(path)), path
+    common = dist_checkpointing.load_common_state_dict(str(path))
+    assert common["iteration"] == iteration and common["checkpoint_version"] == 3.0
+    return iteration
+
+
 def test_tp2_lora_training_exact_resume_and_tp1_reshard(tmp_path):
     """TP=2 with LoRA and lr groups: falling loss; each group's lr is the configured
     scale of the schedule; lr_scale 0 freezes; 20 steps straight equal 10 steps + a
@@ -115,7 +129,11 @@ def test_tp2_lora_training_exact_resume_and_tp1_reshard(tmp_path):
         assert trained and all(rank_report["changes"][n] > 0 for n in trained), rank_report["changes"]
 
     # checkpoints: atomic publication and keep_last
-    assert sorted(p.name for p in (straight / "checkpoints").iterdir()) == ["latest", "step_000020"]
+    assert sorted(p.name for p in (straight / "checkpoints").iterdir()) == [
+        "iter_0000020", "latest", "latest_checkpointed_iteration.txt", "step_000020"]
+    # Megatron-LM's way to the latest checkpoint (training/checkpointing.py): the tracker
+    # file's iteration, the iter_NNNNNNN directory, its common state's iteration
+    assert _megatron_lm_latest(straight / "checkpoints") == 20
     assert not list((resumed / "checkpoints").glob(".tmp-*"))
     assert (straight / "loss_curve.png").stat().st_size > 1000
 
@@ -213,7 +231,9 @@ def test_nan_loss_stops_without_saving_then_resumes_with_distributed_optimizer(t
     assert "datasets in this step's batch: ['synthetic_a', 'synthetic_b']" in out
     assert "datasets with a non-finite loss: ['synthetic_a']" in out
     published = sorted(p.name for p in (run_dir / "checkpoints").iterdir())
-    assert published == ["latest", "step_000001", "step_000002"], published
+    assert published == ["iter_0000001", "iter_0000002", "latest", "latest_checkpointed_iteration.txt",
+                         "step_000001", "step_000002"], published
+    assert _megatron_lm_latest(run_dir / "checkpoints") == 2
     assert (run_dir / "checkpoints" / "latest").read_text().strip() == "step_000002"
     assert [m["step"] for m in metrics(run_dir)] == [1, 2]
 
