@@ -1,0 +1,39 @@
+"""Checkpoint names stay in order past 999,999 steps: step_N is six digits or more, and
+every listing sorts by the step, not by the name (as text, step_1000000 sorts before
+step_999999)."""
+
+from orchestrator.plan.checkpoint_dirs import STEP_DIR, resolve_model_checkpoint, set_aside_dirs, step_dirs
+
+STEPS = (10, 999_999, 1_000_000, 12_345_678)
+
+
+def _name(step: int) -> str:  # orchestrator/train/checkpoint.py's naming, without torch
+    return f"step_{step:06d}"
+
+
+def test_steps_past_999999_are_listed_newest_first(tmp_path):
+    root = tmp_path / "checkpoints"
+    for step in STEPS:
+        (root / _name(step)).mkdir(parents=True)
+        (root / f"{_name(step)}.damaged").mkdir()
+    assert [p.name for p in step_dirs(tmp_path)] == [_name(s) for s in sorted(STEPS, reverse=True)]
+    assert [p.name for p in set_aside_dirs(tmp_path)] == [f"{_name(s)}.damaged" for s in sorted(STEPS)]
+    assert all(STEP_DIR.match(_name(s)) for s in STEPS)
+
+
+def test_the_job_names_its_checkpoints_as_the_listings_read_them():
+    from orchestrator.train.checkpoint import _megatron_name, _step_name
+
+    assert [_step_name(s) for s in STEPS] == [_name(s) for s in STEPS]
+    assert _megatron_name(_step_name(1_000_000)) == "iter_1000000"  # Megatron-LM's iter_{:07d}
+    assert _megatron_name(_step_name(12_345_678)) == "iter_12345678"
+
+
+def test_a_run_directory_past_999999_steps_resolves_to_its_latest(tmp_path):
+    root = tmp_path / "checkpoints"
+    latest = root / _name(1_000_000)
+    latest.mkdir(parents=True)
+    (latest / "metadata.json").write_text('{"sharded_backend": "torch_dist"}')
+    (root / "latest").write_text(latest.name + "\n")
+    path, problem = resolve_model_checkpoint(str(tmp_path))
+    assert problem is None and path.endswith("step_1000000"), (path, problem)
