@@ -267,22 +267,48 @@ def _plain(cfg):
     return cfg
 
 
+# Bad samples a dataset must have before its share is judged: one bad sample among the
+# first reads is not a broken dataset.
+MIN_BAD_TO_JUDGE = 10
+
+
+def bad_share_problem(bad: Dict[str, float], read: Dict[str, float], max_fraction: float,
+                      over: str = "") -> Optional[str]:
+    """The stop of data.on_bad_sample=skip: a dataset whose bad samples, at least
+    MIN_BAD_TO_JUDGE of them, are more than `max_fraction` of the samples read from it.
+    `bad` and `read` per dataset (`over` says whose: the training job sums them over its
+    data-parallel ranks, orchestrator.train.loop); the message names every dataset with
+    bad samples. None when none is over."""
+    over_bound = [name for name in sorted(bad) if bad[name] >= MIN_BAD_TO_JUDGE
+                  and bad[name] > max_fraction * read.get(name, 0)]
+    if not over_bound:
+        return None
+    name = over_bound[0]
+    b, r = int(bad[name]), int(read.get(name, 0))
+    others = [f"{n} {int(bad[n])} of {int(read.get(n, 0))}" for n in sorted(bad) if n != name and bad[n]]
+    return (f"dataset {name}: {b} of the {r} samples read{over} are bad ({b / max(r, 1):.0%}, more than "
+            f"data.max_bad_fraction={max_fraction:g})" + (f"; bad samples elsewhere: {', '.join(others)}" if others
+                                                          else "")
+            + ". Where they are: the log's 'skipped a bad sample' lines. Fix or remove the dataset, or raise "
+              "data.max_bad_fraction to go on without those samples")
+
+
 class BadSamples:
     """Skipped samples per dataset (exposed to the metrics), told on the console as they
     are skipped (the first few of each dataset with where they are, then at 10, 100, ...),
     and a stop when one dataset's share of bad samples passes data.max_bad_fraction:
     skipping a few bad samples is what data.on_bad_sample=skip is for, losing a dataset is
-    not. The share is judged once a dataset has MIN_BAD_TO_JUDGE skipped samples (one bad
-    sample among a rank's first reads is not a broken dataset), over the samples this rank
-    has read from it."""
+    not (bad_share_problem). `judge_here`: judged over the samples this reader has read
+    (validation); training loaders leave it to the training job, which judges over every
+    data-parallel rank's reads (a broken dataset spread over 8 ranks has 8 times fewer
+    bad samples on each)."""
 
-    MIN_BAD_TO_JUDGE = 10
     SHOWN_EACH = 3  # skipped samples told one by one per dataset
 
-    def __init__(self, policy: str, max_fraction: float = 1.0):
+    def __init__(self, policy: str, max_fraction: float = 1.0, judge_here: bool = True):
         if policy not in ("error", "skip"):
             raise ValueError(f"data.on_bad_sample={policy!r}; use 'error' or 'skip'")
-        self.policy, self.max_fraction = policy, float(max_fraction)
+        self.policy, self.max_fraction, self.judge_here = policy, float(max_fraction), judge_here
         self.counts: Counter = Counter()
         self.read: Counter = Counter()  # samples read per dataset, good and bad
 
@@ -302,11 +328,14 @@ class BadSamples:
             log.warning("skipped a bad sample (data.on_bad_sample=skip) in %s: %s", place, reason)
         elif str(bad).strip("0") == "1":  # 10, 100, 1000, ...
             log.warning("dataset %s: %d bad samples skipped of %d read", name, bad, read)
-        if bad >= self.MIN_BAD_TO_JUDGE and bad > self.max_fraction * read:
-            raise BadSampleError(
-                f"dataset {name}: {bad} of the {read} samples read are bad ({bad / read:.0%}, more than "
-                f"data.max_bad_fraction={self.max_fraction:g}); the last in {place}: {reason}. Fix or remove the "
-                f"dataset, or raise data.max_bad_fraction to go on without those samples")
+        if self.judge_here:
+            problem = bad_share_problem({name: bad}, {name: read}, self.max_fraction)
+            if problem:
+                raise BadSampleError(f"{problem} (the last in {place}: {reason})")
+
+    def read_of_bad(self) -> Dict[str, int]:
+        """Samples read from each dataset that has bad ones (what judging their share needs)."""
+        return {name: self.read[name] for name in sorted(self.counts)}
 
     def as_dict(self) -> Dict[str, int]:
         return dict(sorted(self.counts.items()))
@@ -455,7 +484,7 @@ class TrainLoader:
         self.locator = sources.SampleLocator(self.mixture, self.datasets)
         self.reader = SampleReader(self.mixture, self.processor)
         self.packer = Packer(data_cfg.seq_length, micro_batch_size, data_cfg.packing_buffer, data_cfg.packing)
-        self.bad = BadSamples(data_cfg.on_bad_sample, data_cfg.max_bad_fraction)
+        self.bad = BadSamples(data_cfg.on_bad_sample, data_cfg.max_bad_fraction, judge_here=False)
         self.truncated: Counter = Counter()  # conversations cut to fit, per dataset
         self.next_position = 0  # the rank's position of the next sample to hand to the packer
         self._skip_below = 0  # after a resume: positions below this were emitted unless pending
@@ -566,8 +595,10 @@ class TrainLoader:
 
     def sample_counts(self) -> Dict[str, int]:
         """Skipped (data.on_bad_sample=skip) and truncated (data.long_conversation=truncate)
-        samples of this rank so far, per dataset, as metric names."""
+        samples of this rank so far, per dataset, as metric names; and the samples read from
+        each dataset with skipped ones (the training job judges their share over all ranks)."""
         return {**{f"bad_samples/{k}": v for k, v in self.bad.as_dict().items()},
+                **{f"read_samples/{k}": v for k, v in self.bad.read_of_bad().items()},
                 **{f"truncated_samples/{k}": v for k, v in sorted(self.truncated.items())}}
 
 

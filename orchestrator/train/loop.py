@@ -26,6 +26,7 @@ from typing import Callable, Optional
 import torch
 import torch.distributed as dist
 
+from orchestrator.data.loader import BadSampleError, bad_share_problem
 from orchestrator.plan.checkpoint_dirs import set_aside_dirs, step_dirs
 from orchestrator.runtime.machine import Machine, decide
 from orchestrator.train import checkpoint as ckpt
@@ -236,16 +237,36 @@ class Trainer:
         (TP, PP and CP rank 0) counts them, as read (a CP rank's share keeps the micro-batch
         it came from as `cp_unsplit`); the model is counted whole, not per stage."""
         ps = self.ps
-        local = torch.zeros(4, dtype=torch.float64)
+        names = self.components.train_source.dataset_names
+        local = torch.zeros(4 + 2 * len(names), dtype=torch.float64)
         if (ps.get_tensor_model_parallel_rank() == 0 and ps.get_pipeline_model_parallel_rank() == 0
                 and ps.get_context_parallel_rank() == 0):
             for batch in microbatches:
                 c = self.count_flops(batch.get("cp_unsplit", batch))
-                local += torch.tensor([c["tokens"], c["slots"], c["model"], c["hardware"]], dtype=torch.float64)
+                local[:4] += torch.tensor([c["tokens"], c["slots"], c["model"], c["hardware"]], dtype=torch.float64)
+            # The replica's reader (this rank: the lowest global rank of its replica) counts
+            # the samples it skipped and read, summed below over the job.
+            counts = self.components.train_source.sample_counts()
+            local[4:] = torch.tensor([counts.get(f"bad_samples/{n}", 0) for n in names]
+                                     + [counts.get(f"read_samples/{n}", 0) for n in names], dtype=torch.float64)
         local = local.to("cuda" if self.device == "cuda" else "cpu")
         dist.all_reduce(local)
-        tokens, slots, model, hardware = local.tolist()
+        tokens, slots, model, hardware, *samples = local.tolist()
+        self._judge_bad_samples(dict(zip(names, samples[:len(names)])), dict(zip(names, samples[len(names):])))
         return {"tokens": tokens, "slots": slots, "model": model, "hardware": hardware}
+
+    def _judge_bad_samples(self, bad: dict, read: dict) -> None:
+        """data.max_bad_fraction over the whole job: the samples every data-parallel rank
+        skipped and read, summed (a broken dataset spread over many ranks shows few bad
+        samples on each). Every rank has the same sums, so every rank stops together."""
+        data = self.plan.section("data")
+        if data.get("on_bad_sample") != "skip" or not any(bad.values()):
+            return
+        problem = bad_share_problem({n: b for n, b in bad.items() if b}, read, float(data.get("max_bad_fraction", 1.0)),
+                                    over=f" by the job's {self.ps.get_data_parallel_world_size()} data-parallel "
+                                         f"rank(s) together")
+        if problem:
+            raise BadSampleError(problem)
 
     # ---- one step -------------------------------------------------------------------
     def _loss_func(self, batch: dict, per_token_loss: torch.Tensor):

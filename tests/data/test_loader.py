@@ -1,14 +1,15 @@
 """The training and validation loaders over real MDS datasets (mosaic streaming)."""
 
 import os
+import re
 from collections import Counter
 from pathlib import Path
 
 import pytest
 import torch
 
-from orchestrator.data.loader import (BadSampleError, RankLoader, build_train_loader, build_validation_loaders,
-                                      merge_rank_states)
+from orchestrator.data.loader import (BadSampleError, BadSamples, RankLoader, bad_share_problem, build_train_loader,
+                                      build_validation_loaders, merge_rank_states)
 from orchestrator.data.sources import resolve_entries
 from orchestrator.plan.schema.data import DatasetEntry
 
@@ -544,25 +545,36 @@ def test_torchrun_ranks_with_workers_read_half_each_and_resume_exactly(three_dat
     assert len(v0) == len(v1) == 15 and sorted(v0 + v1) == sorted(full)
 
 
-def test_skipping_stops_when_a_dataset_is_mostly_bad_and_names_it(tmp_path, tokenizer_dir, encoder_cfg, adapter_cfg,
-                                                                  caplog):
+def test_skipping_counts_what_the_job_judges_and_names_the_dataset(tmp_path, tokenizer_dir, encoder_cfg, adapter_cfg,
+                                                                   caplog):
     """data.on_bad_sample=skip with a dataset whose samples are all garbage: the first
-    skips are told with their place, and the run stops at the 10th, naming the dataset
-    and data.max_bad_fraction, instead of training on the other datasets in silence."""
+    skips are told with their place; the training loader goes on counting (the training
+    job judges data.max_bad_fraction over every data-parallel rank's counts,
+    tests/train/test_damaged_run.py), and the judgement of these counts names the
+    dataset and the bound; a validation reader judges its own reads and stops."""
     good = write_mds(tmp_path / "good", tone_samples(24, seed=1))
     broken = write_mds(tmp_path / "broken", [{"audio": b"not audio at all", "text": "one two"}] * 24)
     cfg = data_config([DatasetEntry(name="good", path=str(good)), DatasetEntry(name="broken", path=str(broken))],
                       tokenizer=str(tokenizer_dir), shuffle=False, packing_buffer=8, on_bad_sample="skip")
     loader = build_train_loader(cfg, encoder_cfg, adapter_cfg, 2, seed=0)
     with caplog.at_level("WARNING", logger="orchestrator.data.loader"):
-        with pytest.raises(BadSampleError, match=r"dataset broken: 10 of the 10 samples read are bad \(100%, more "
-                                                 r"than data.max_bad_fraction=0.01\); the last in dataset broken: shard "
-                                                 r"\S+, sample \d+: .*raise data.max_bad_fraction"):
-            for _ in range(24):
-                next(loader)
+        while loader.bad.counts["broken"] < 12:
+            next(loader)
     told = [r.getMessage() for r in caplog.records]
     assert sum(m.startswith("skipped a bad sample (data.on_bad_sample=skip) in dataset broken: shard ") for m in told) == 3
     assert "dataset broken: 10 bad samples skipped of 10 read" in told
+    counts = loader.sample_counts()
+    assert counts["bad_samples/broken"] == counts["read_samples/broken"] >= 12 and "read_samples/good" not in counts
+    problem = bad_share_problem(dict(loader.bad.counts), dict(loader.bad.read), 0.01)
+    assert re.match(r"dataset broken: (\d+) of the \1 samples read are bad \(100%, more than data.max_bad_fraction="
+                    r"0.01\)\. .*raise data.max_bad_fraction", problem), problem
+    assert bad_share_problem({"broken": 9}, {"broken": 9}, 0.01) is None  # too few to judge
+    assert bad_share_problem({"broken": 10}, {"broken": 2000}, 0.01) is None  # under the bound
+    validation = BadSamples("skip", 0.01)  # judges its own reads
+    with pytest.raises(BadSampleError, match=r"dataset v: 10 of the 10 samples read are bad .* \(the last in dataset v: "
+                                             r"shard s, sample 9: garbage\)"):
+        for i in range(10):
+            validation.handle({"dataset": "v", "shard": "s", "index": i}, "garbage")
     # A higher bound goes on without them; the counts survive a resume.
     cfg.max_bad_fraction = 1.0
     loader = build_train_loader(cfg, encoder_cfg, adapter_cfg, 2, seed=0)

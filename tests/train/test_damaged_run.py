@@ -161,7 +161,10 @@ cp {run_dir}/metrics.jsonl {kept}/metrics_again.jsonl
 
 def test_a_broken_dataset_stops_a_skipping_run_naming_it(trained, tmp_path):
     """data.on_bad_sample=skip, and one of three training datasets is garbage: the
-    console tells the first skips, then the run stops in one line naming the dataset."""
+    console tells the first skips, then the run stops in one line naming the dataset,
+    judged over the two data-parallel ranks' reads together (each alone under the bound's
+    minimum of 10 bad samples; before, each rank judged its own and the job went on
+    until one rank had 10)."""
     from tests.data.conftest import write_mds
 
     overrides, first_dir, _ = trained
@@ -175,5 +178,9 @@ def test_a_broken_dataset_stops_a_skipping_run_naming_it(trained, tmp_path):
     assert proc.returncode == 1, proc.stdout[-4000:]
     assert "skipped a bad sample (data.on_bad_sample=skip) in dataset broken: shard " in proc.stdout
     last = proc.stdout.strip().splitlines()[-1]
-    assert re.match(r"job failed: rank [01]: BadSampleError: dataset broken: (\d+) of the (\d+) samples read are bad "
-                    r"\(100%, more than data.max_bad_fraction=0.01\)", last), last
+    assert re.match(r"job failed: rank [01]: BadSampleError: dataset broken: (\d+) of the (\d+) samples read by the "
+                    r"job's 2 data-parallel rank\(s\) together are bad \(100%, more than data.max_bad_fraction=0.01\)",
+                    last), last
+    # judged over both ranks: the job stopped before either rank alone had 10 bad samples
+    # (each rank says so at its 10th)
+    assert "dataset broken: 10 bad samples skipped" not in proc.stdout, proc.stdout[-4000:]

@@ -73,8 +73,8 @@ class DataConfig:
     shuffle: bool = True  # shuffle the training mixture (validation is never shuffled)
     on_bad_sample: str = "error"  # error | skip (counted per dataset in the step metrics as bad_samples/<name>)
     # With on_bad_sample=skip: the run stops when one dataset's bad samples pass this share
-    # of the samples read from it (judged from its 10th bad sample on, per data-parallel
-    # rank): a few bad samples are skipped, a broken dataset is not trained without.
+    # of the samples read from it (judged from its 10th bad sample on, over every data-parallel
+    # rank's reads together): a few bad samples are skipped, a broken dataset is not trained without.
     max_bad_fraction: float = 0.01
     # Local cache of remote (s3://, gs://, ...) datasets; local datasets are read in place.
     # None: a directory under the system temp dir. Each process caches in its own
