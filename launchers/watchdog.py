@@ -19,9 +19,11 @@ A rank whose own progress has stalled past the bound decides that the job hangs:
    command resumes it.
 
 The bound, per phase of the loop: `train.hang_timeout` seconds when set (> 0); otherwise
-max(HANG_FLOOR_S, 5 x the slowest step seen). Before the first step is timed (model
-build, compilation, the first data), during evaluation and while a checkpoint is
-written, STARTUP_S.
+max(HANG_FLOOR_S, 5 x the slowest step seen). While a checkpoint is written (or waited
+for, when written in the background) or the model evaluated: max(train.hang_timeout or
+HANG_FLOOR_S, 10 x the slowest of the same kind seen so far) -- a rank frozen in a save (a hung filesystem, the commonest hang on shared
+storage) is found as soon as a rank stuck in a step would be. Before the first step, save
+or evaluation is timed (model build, compilation, the first data): STARTUP_S.
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ BEAT_S = 5.0
 HANG_FLOOR_S = 120.0
 STARTUP_S = 1800.0
 STEP_MULTIPLE = 5
+PHASE_MULTIPLE = 10  # saves and evaluations vary more than steps (the filesystem, generation lengths)
 STALE_BEATS = 4  # a heartbeat this many beats old: the process no longer runs
 REQUEUE_GRACE_S = 120.0
 
@@ -51,8 +54,12 @@ def heartbeat_path(run_dir: Path, rank: int) -> Path:
     return Path(run_dir) / "heartbeats" / f"rank{rank}.json"
 
 
-def hang_bound(phase: str, slowest_step: Optional[float], configured: float) -> float:
-    """Seconds without progress after which the job is declared hung."""
+def hang_bound(phase: str, slowest_step: Optional[float], configured: float,
+               slowest_phase: Optional[float] = None) -> float:
+    """Seconds without progress after which the job is declared hung; `slowest_phase`:
+    the slowest save or evaluation seen, in those phases."""
+    if phase in job_control.TIMED_PHASES and slowest_phase is not None:
+        return max(configured if configured > 0 else HANG_FLOOR_S, PHASE_MULTIPLE * slowest_phase)
     if phase != "train" or slowest_step is None:
         return max(STARTUP_S, configured)
     if configured > 0:
@@ -115,7 +122,8 @@ class Watchdog:
             now = time.time()
             progress = job_control.progress_state(self.started)
             self._beat(now, progress)
-            bound = hang_bound(progress["phase"], progress["slowest_step_s"], self.hang_timeout)
+            bound = hang_bound(progress["phase"], progress["slowest_step_s"], self.hang_timeout,
+                               progress.get(f"slowest_{progress['phase']}_s"))
             stalled = now - progress["progress_at"]
             if stalled > bound and self._declare(progress, stalled, bound):
                 return

@@ -77,23 +77,33 @@ def reset() -> None:
     """Forget any stop request (a new attempt in the same process, tests)."""
     global _requested, _agreed, _agreed_signal
     _requested, _agreed, _agreed_signal = None, False, None
-    _progress.update(step=0, phase="start", progress_at=None, slowest_step_s=None)
+    _progress.update(_START)
 
 
 # The training loop's progress, read by the watchdog thread (launchers/watchdog.py).
-_progress: dict = {"step": 0, "phase": "start", "progress_at": None, "slowest_step_s": None}
+# Phases besides steps whose durations bound the next ones: a save (synchronous, or the stall
+# of a background one), the wait for background saves to be written (the run's end, a stop),
+# an evaluation.
+TIMED_PHASES = ("save", "save_wait", "eval")
+_START = {"step": 0, "phase": "start", "progress_at": None, "slowest_step_s": None,
+          **{f"slowest_{phase}_s": None for phase in TIMED_PHASES}}
+_progress: dict = dict(_START)
 
 
 def progress(step: int, phase: str = "train") -> None:
     """The loop calls this after every step (phase "train"), before what may take longer
-    than a step ("eval", "save") and after it ("train" again, same step). A step's time
+    than a step ("eval", "save", "save_wait") and after it ("train" again, same step). A step's time
     is measured only between two "train" calls of consecutive steps, so evaluations and
-    saves never count as slow steps."""
+    saves never count as slow steps; an evaluation's or a save's from its start to the
+    "train" after it (the watchdog bounds the next ones by them)."""
     now = time.time()
-    if phase == "train" and _progress["phase"] == "train" and _progress["progress_at"] is not None \
-            and step > _progress["step"]:
-        took = (now - _progress["progress_at"]) / (step - _progress["step"])
+    before, since = _progress["phase"], _progress["progress_at"]
+    if phase == "train" and before == "train" and since is not None and step > _progress["step"]:
+        took = (now - since) / (step - _progress["step"])
         _progress["slowest_step_s"] = max(_progress["slowest_step_s"] or 0.0, took)
+    if phase == "train" and before in TIMED_PHASES and since is not None:
+        key = f"slowest_{before}_s"
+        _progress[key] = max(_progress[key] or 0.0, now - since)
     _progress.update(step=step, phase=phase, progress_at=now)
 
 

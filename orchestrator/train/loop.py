@@ -449,8 +449,8 @@ class Trainer:
         """Collective: publish the background saves every rank has written (all, with `wait`)."""
         if self.background is None or not self.background.pending():
             return
-        if wait:
-            self.progress(self.step, "save")
+        if wait:  # the whole background write: a phase of its own, longer than a save's stall
+            self.progress(self.step, "save_wait")
         self.background.finish(blocking=wait)
         if wait:
             self.progress(self.step, "train")

@@ -4,7 +4,8 @@ detected, the job requeued and resumed exactly) is
 tests/slurm/test_multinode.py::test_a_frozen_rank_is_named_and_the_job_requeued_and_resumed_exactly."""
 
 from orchestrator.runtime import job_control
-from launchers.watchdog import BEAT_S, HANG_FLOOR_S, STALE_BEATS, STARTUP_S, hang_bound, stopped_ranks
+from launchers.watchdog import (BEAT_S, HANG_FLOOR_S, PHASE_MULTIPLE, STALE_BEATS, STARTUP_S, hang_bound,
+                               stopped_ranks)
 
 
 def test_the_bound_is_five_slowest_steps_with_a_floor_and_longer_before_steps_are_timed():
@@ -14,6 +15,28 @@ def test_the_bound_is_five_slowest_steps_with_a_floor_and_longer_before_steps_ar
     assert hang_bound("train", 60.0, 0) == 300.0
     assert hang_bound("train", 60.0, 45) == 45  # train.hang_timeout
     assert hang_bound("save", 60.0, 45) == STARTUP_S and hang_bound("eval", 1.0, 0) == STARTUP_S
+
+
+def test_a_save_or_evaluation_is_bounded_by_the_slowest_seen_once_one_was_timed():
+    assert hang_bound("save", 1.0, 0, slowest_phase=0.4) == HANG_FLOOR_S  # a sub-second save: 2 minutes, not 30
+    assert hang_bound("save", 1.0, 0, slowest_phase=60.0) == PHASE_MULTIPLE * 60.0
+    assert hang_bound("eval", 1.0, 900, slowest_phase=30.0) == 900  # train.hang_timeout, where larger
+    assert hang_bound("save", None, 0, slowest_phase=None) == STARTUP_S  # the first save
+    assert hang_bound("save_wait", 1.0, 0, slowest_phase=None) == STARTUP_S  # a save's stall bounds no write
+
+
+def test_saves_and_evaluations_are_timed_from_their_start_to_the_step_after():
+    job_control.reset()
+    job_control.progress(1)
+    job_control.progress(1, "save")
+    started = job_control.progress_state(0)["progress_at"]
+    job_control.progress(1, "train")
+    state = job_control.progress_state(0)
+    assert 0 <= state["slowest_save_s"] <= state["progress_at"] - started and state["slowest_eval_s"] is None
+    assert state["slowest_step_s"] is None  # a save is no step
+    job_control.progress(2, "eval")
+    job_control.progress(2, "train")
+    assert job_control.progress_state(0)["slowest_eval_s"] is not None
 
 
 def test_step_times_count_only_between_steps():
@@ -27,7 +50,9 @@ def test_step_times_count_only_between_steps():
     state = job_control.progress_state(0)
     assert state["step"] == 2 and 0 <= state["slowest_step_s"] <= state["progress_at"] - first
     job_control.reset()
-    assert job_control.progress_state(7.0) == {"step": 0, "phase": "start", "progress_at": 7.0, "slowest_step_s": None}
+    assert job_control.progress_state(7.0) == {"step": 0, "phase": "start", "progress_at": 7.0, "slowest_step_s": None,
+                                               "slowest_save_s": None, "slowest_save_wait_s": None,
+                                               "slowest_eval_s": None}
 
 
 def test_a_rank_without_heartbeat_is_named_frozen_else_the_one_furthest_behind():
