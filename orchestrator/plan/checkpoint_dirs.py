@@ -146,9 +146,10 @@ def set_aside_dirs(run_dir: Path) -> list:
     """Checkpoints an earlier resume found damaged (checkpoints/step_N.damaged), oldest
     first by step (not by name: step_1000000 sorts before step_999999 as text)."""
     root = Path(run_dir) / "checkpoints"
-    found = [p for p in root.glob("step_*.damaged") if STEP_DIR.match(p.name[:-len(".damaged")])] \
-        if root.is_dir() else []
-    return sorted(found, key=lambda p: int(STEP_DIR.match(p.name[:-len(".damaged")]).group(1)))
+    if not root.is_dir():
+        return []
+    steps = {p: STEP_DIR.match(p.name.removesuffix(".damaged")) for p in root.glob("step_*.damaged")}
+    return sorted((p for p, m in steps.items() if m), key=lambda p: int(steps[p].group(1)))
 
 
 def saved_layout(run_dir: Path) -> Tuple[Optional[str], Optional[dict]]:

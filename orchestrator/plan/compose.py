@@ -36,7 +36,7 @@ def _register() -> None:
     from orchestrator.plan.schema import AudioLLMConfig
 
     recipes = sorted(paths.recipes_dir().glob("*.yaml"))
-    signature = tuple((str(path), path.stat().st_mtime_ns, path.stat().st_size) for path in recipes)
+    signature = tuple((str(path), stat.st_mtime_ns, stat.st_size) for path, stat in ((p, p.stat()) for p in recipes))
     if signature == _registered:
         return
     store = ConfigStore.instance()

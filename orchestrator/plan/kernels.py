@@ -49,19 +49,22 @@ COMPILE_CHOICES = ("auto", "none", "layers")
 
 
 def compile_blockers(backend: str, tp: int, cp: int, recompute_granularity) -> list:
-    """Why the compiled layer cannot take this layout: [(setting, reason)], empty if it can."""
+    """Why the compiled layer cannot take this layout: [(setting, reason, fix)], empty if it can."""
     blockers = []
     if backend != "local":
         blockers.append((f"model.backend={backend}", "TransformerEngine's fused modules, where model.compile=layers "
-                                                     "compiles megatron-core's own linears and the project's norms"))
+                                                     "compiles megatron-core's own linears and the project's norms",
+                         "model.backend=local"))
     if tp > 1 or cp > 1:
         blockers.append((f"parallel.tp={tp} and parallel.cp={cp}",
                          "megatron's tensor- and context-parallel communication (all-gathers into its global memory "
-                         "buffer) in every layer, which the compiled graph does not take yet"))
+                         "buffer) in every layer, which the compiled graph does not take yet",
+                         "tp = cp = 1 (data and pipeline parallelism are fine)"))
     if recompute_granularity == "selective":
         blockers.append(("parallel.recompute.granularity=selective",
                          "megatron recomputes the core attention inside the layer with a checkpoint that takes "
-                         "tensors only, and the compiled layer hands it the prepared block mask"))
+                         "tensors only, and the compiled layer hands it the prepared block mask",
+                         "parallel.recompute.granularity=full (or null)"))
     return blockers
 
 

@@ -28,23 +28,18 @@ class WandbSettings:
 
 
 def _pick(key: str, configured, env: Mapping[str, str]) -> tuple:
+    """(value, where it came from) of one setting."""
     variable = f"WANDB_{key.upper()}"
-    from_env = env.get(variable) or None
-    if key == "mode" and from_env is not None:
-        mode = _ENV_MODES.get(from_env.strip().lower())
-        if mode is None:
-            if configured is None:
-                return DEFAULTS[key], (f"{DEFAULTS[key]} (${variable}={from_env} is not one of "
-                                       f"{', '.join(_ENV_MODES)}: the default)")
-            from_env = None  # the config's value wins anyway
-        else:
-            from_env = mode
+    raw = env.get(variable) or None
+    from_env = _ENV_MODES.get(raw.strip().lower()) if key == "mode" and raw is not None else raw
     if configured is not None:
         over = f", over ${variable}={from_env}" if from_env is not None and from_env != configured else ""
         return configured, f"{configured} (logger.{key}{over})"
     if from_env is not None:
         return from_env, f"{from_env} (${variable}; logger.{key} unset)"
     default = DEFAULTS[key]
+    if raw is not None:  # a $WANDB_MODE that W&B does not know
+        return default, f"{default} (${variable}={raw} is not one of {', '.join(_ENV_MODES)}: the default)"
     return default, f"{default if default is not None else 'wandb default'} (neither logger.{key} nor ${variable})"
 
 
