@@ -40,7 +40,9 @@ def test_every_recipes_layers_compile_whole(results, recipe, attention):
     softcapped loss is a fourth."""
     result = results[f"{recipe}/{attention}"]
     assert result["layers"] == 4 + 2
-    assert result["graphs"] == 4 and all(ops >= 3 for ops in result["ops"]), result  # call_function nodes
+    # call_function nodes: each layer graph holds dozens; the loss graph a few (tanh, logsumexp, where)
+    layer_graphs = [ops for ops in result["ops"] if ops > 10]
+    assert result["graphs"] == 4 and len(layer_graphs) == 3 and min(result["ops"]) >= 3, result
     if attention == "reference":  # trained through the compiled layers
         assert result["trained"] > 0 and result["grads"] == result["trained"]
     assert result["lora"] == (recipe == "gemma2_whisper_tp1")
