@@ -1,0 +1,121 @@
+"""One training step of the job under test (torchrun), with every torch.distributed
+collective and point-to-point send wrapped to sum its payload by process group.
+Usage: comm_count_script.py RUN_DIR. Each rank writes RUN_DIR/comm-rank{R}.json:
+{"stage", "bytes": {kind: {collective: bytes}}, "widths": [micro-batch token widths]}.
+
+The wrapping happens before megatron is imported: megatron binds some collectives to
+module-level names at import (`dist_all_gather_func`)."""
+
+import inspect
+import json
+import os
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import torch.distributed as dist
+import torch.distributed.distributed_c10d as c10d
+
+COUNTING = {"on": False}
+COUNTS: dict = {}
+_INSIDE = {"depth": 0}
+_GROUP_KINDS: list = []  # (ProcessGroup, kind), filled once megatron's groups exist
+
+
+def _kind(group) -> str:
+    for candidate, kind in _GROUP_KINDS:
+        if group is candidate:
+            return kind
+    return "other"
+
+
+def _record(kind: str, collective: str, nbytes: int, group=None) -> None:
+    # A group of one rank moves nothing (megatron still calls the collective at DP = 1).
+    if COUNTING["on"] and (group is None or dist.get_world_size(group) > 1):
+        entry = COUNTS.setdefault(kind, {})
+        entry[collective] = entry.get(collective, 0) + nbytes
+
+
+def _nbytes(tensor) -> int:
+    return tensor.numel() * tensor.element_size()
+
+
+def _wrap(name: str, collective: str, payload) -> None:
+    original = getattr(dist, name)
+    signature = inspect.signature(original)
+
+    def wrapped(*args, **kwargs):
+        # The job's CPU layer (a TorchFunctionMode) re-dispatches isend to the public
+        # function, i.e. this wrapper: count the outermost call only.
+        if _INSIDE["depth"]:
+            return original(*args, **kwargs)
+        bound = signature.bind_partial(*args, **kwargs)
+        group = bound.arguments.get("group")
+        _record(_kind(group), collective, payload(bound.arguments), group)
+        _INSIDE["depth"] += 1
+        try:
+            return original(*args, **kwargs)
+        finally:
+            _INSIDE["depth"] -= 1
+
+    setattr(dist, name, wrapped)
+
+
+_wrap("all_reduce", "all_reduce", lambda a: _nbytes(a["tensor"]))
+_wrap("all_gather_into_tensor", "all_gather", lambda a: _nbytes(a["output_tensor"]))
+_wrap("reduce_scatter_tensor", "reduce_scatter", lambda a: _nbytes(a["input"]))
+_wrap("all_gather", "all_gather", lambda a: sum(_nbytes(t) for t in a["tensor_list"]))
+_wrap("broadcast", "broadcast", lambda a: _nbytes(a["tensor"]))
+_wrap("send", "send", lambda a: _nbytes(a["tensor"]))
+_wrap("isend", "send", lambda a: _nbytes(a["tensor"]))
+# P2POp accepts only distributed_c10d's own isend/irecv, and batch_isend_irecv calls
+# each op's function: the wrapped isend stands there too, so batched sends count once.
+c10d.isend = dist.isend
+
+
+def main() -> int:
+    run_dir = Path(sys.argv[1])
+    from megatron.core import parallel_state as ps
+
+    from orchestrator.runtime.distributed import shutdown
+    from orchestrator.train import entry
+    from orchestrator.train.audiollm_provider import trimmed_width
+    from orchestrator.train.run_plan import load_run_plan
+
+    entry.setup_logging(int(os.environ["RANK"]))
+    plan = load_run_plan(run_dir)
+    trainer = entry.make_trainer(run_dir, None, plan=plan)
+    _GROUP_KINDS.extend([
+        (ps.get_tensor_model_parallel_group(), "tp"),
+        (ps.get_context_parallel_group(), "cp"),
+        (ps.get_data_parallel_group(with_context_parallel=True), "dp"),
+        (ps.get_data_parallel_group(), "dp"),
+        (ps.get_pipeline_model_parallel_group(), "pp"),
+        (ps.get_embedding_group(), "pp"),
+    ])
+    widths = []
+    source = trainer.components.train_source
+    next_microbatch = source.next_microbatch
+
+    parallel = SimpleNamespace(**{k: plan.section("parallel")[k] for k in ("tp", "pp", "cp")})
+
+    def recorded():
+        batch = next_microbatch()
+        widths.append(trimmed_width(batch.get("cp_unsplit", batch), parallel))  # as the model runs it
+        return batch
+
+    source.next_microbatch = recorded
+    dist.barrier()
+    COUNTING["on"] = True
+    trainer.train_step()
+    COUNTING["on"] = False
+    dist.barrier()
+    rank = dist.get_rank()
+    (run_dir / f"comm-rank{rank}.json").write_text(json.dumps({
+        "stage": ps.get_pipeline_model_parallel_rank(), "bytes": COUNTS, "widths": widths}))
+    shutdown()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
