@@ -1,7 +1,10 @@
 """One training step of the job under test (torchrun), with every torch.distributed
 collective and point-to-point send wrapped to sum its payload by process group.
 Usage: comm_count_script.py RUN_DIR. Each rank writes RUN_DIR/comm-rank{R}.json:
-{"stage", "bytes": {kind: {collective: bytes}}, "widths": [micro-batch token widths]}.
+{"stage", "bytes": {kind: {collective: bytes}}, "widths": [micro-batch token widths],
+"trainable_tensors", "model_chunks"}. Collectives on a group of one rank move nothing and
+are not counted; those on groups other than megatron's TP, CP, DP, PP and embedding
+groups count as "other".
 
 The wrapping happens before megatron is imported: megatron binds some collectives to
 module-level names at import (`dist_all_gather_func`)."""
@@ -112,7 +115,10 @@ def main() -> int:
     dist.barrier()
     rank = dist.get_rank()
     (run_dir / f"comm-rank{rank}.json").write_text(json.dumps({
-        "stage": ps.get_pipeline_model_parallel_rank(), "bytes": COUNTS, "widths": widths}))
+        "stage": ps.get_pipeline_model_parallel_rank(), "bytes": COUNTS, "widths": widths,
+        # what bounds megatron's padding of its gradient buffers (one buffer per chunk and dtype)
+        "trainable_tensors": sum(p.requires_grad for c in trainer.unwrapped for p in c.parameters()),
+        "model_chunks": len(trainer.chunks)}))
     shutdown()
     return 0
 
