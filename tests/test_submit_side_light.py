@@ -30,6 +30,7 @@ from orchestrator.cli import main
 with contextlib.redirect_stdout(io.StringIO()):
     assert main(["plan", "+recipe=gemma2_whisper_tp4pp2", "--json"]) == 0
     assert main(["plan", "+recipe=tiny_cpu"]) == 0
+    assert main(["plan", "-m", "+recipe=gemma2_whisper_tp4pp2", "parallel.tp=2,4", "parallel.pp=1,2"]) == 0
 heavy = sorted({{m.split('.')[0] for m in sys.modules}} & set({HEAVY!r}))
 print(json.dumps(heavy))
 """

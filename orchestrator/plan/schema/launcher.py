@@ -18,6 +18,11 @@ class LauncherConfig:
     gpus_per_node: int = 1
     accelerator: str = "gpu"  # gpu (nccl) | cpu (gloo)
     gpu_type: str = "h100"  # for memory and throughput estimates (see estimate.py DEVICES)
+    # Link speeds per GPU and direction, GB/s, for the step-time estimate of `audiollm plan`
+    # (orchestrator/plan/step_time.py): NVLink inside a node, the network between nodes.
+    # None: the GPU type's nominal figures (step_time.LINKS).
+    intra_node_gb_s: Optional[float] = None
+    inter_node_gb_s: Optional[float] = None
     cpus_per_task: int = 8
     mem_gb: Optional[int] = None  # memory per node; None: the cluster's default
     timeout_min: int = 240  # wall-time limit of one attempt (sbatch --time)

@@ -1,0 +1,102 @@
+"""One layout's communication, pipeline bubble and step time, from its resolved plan:
+the figures of a row of `audiollm plan -m` (orchestrator/plan/sweep_table.py)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from orchestrator.plan import communication as comm
+from orchestrator.plan import estimate as est
+from orchestrator.plan import step_time
+from orchestrator.plan.megatron_args import padded_vocab_size
+from orchestrator.plan.step_flops import StepFlops, recomputed_layers
+from orchestrator.plan.topology import rank_layout
+
+ENCODER_SIDE = ("mel_frame", "enc_position", "enc_pair", "audio_token")
+
+
+@dataclass
+class LayoutEstimate:
+    wire_gb: dict  # kind -> GB one GPU of the busiest stage sends per step (ring factors applied)
+    payload_gb: dict  # kind -> GB handed to collectives (communication.py's count)
+    crosses_nodes: dict  # kind -> whether its groups span nodes (then the network's speed applies)
+    step: step_time.StepTime
+    inputs: list = field(default_factory=list)  # what the estimate rests on, measured or assumed
+
+
+def stage_flops_per_microbatch(cfg, inventory) -> list[float]:
+    """Hardware FLOPs of one micro-batch on one GPU of each pipeline stage. The decoder's
+    layers split evenly over the stages and over TP x CP; the output layer sits on the
+    last stage; the Whisper encoder and the adapter on the first, computed whole by every
+    TP and CP rank (replicated, not sharded)."""
+    model, parallel = cfg.model, cfg.parallel
+    vocab = padded_vocab_size(model.decoder.vocab_size, parallel.tp)
+    trained = [p.name for p in inventory if p.trainable]
+    counter = StepFlops(model, cfg.lora.rank, parallel.recompute, vocab, trained, pp=parallel.pp, vpp=parallel.vpp)
+    share = cfg.optim.micro_batch_size / cfg.optim.global_batch_size
+    items = {kind: n * share for kind, n in est.planned_step_items(cfg).items()}
+    encoder_side = counter.flops({k: v for k, v in items.items() if k in ENCODER_SIDE})["hardware"]
+    decoder_all = counter.flops({k: v for k, v in items.items() if k not in ENCODER_SIDE})["hardware"]
+    h = model.decoder.hidden_size
+    output_weight = ("language_model.embedding.word_embeddings.weight" if model.decoder.tie_embeddings
+                     else "language_model.output_layer.weight")
+    output = items["token"] * 2.0 * h * vocab * (2 + int(output_weight in trained))  # forward, input grad, weight grad
+    layers = max(decoder_all - output, 0.0)
+    split = parallel.tp * parallel.cp
+    stages = [layers / parallel.pp / split for _ in range(parallel.pp)]
+    stages[0] += encoder_side
+    stages[-1] += output / split
+    return stages
+
+
+def estimate_layout(cfg, plan: dict) -> LayoutEstimate:
+    """`cfg`: the validated AudioLLMConfig of `plan` (resolve's Plan.to_dict())."""
+    parallel, launcher = cfg.parallel, cfg.launcher
+    inventory = est.inventory_for(cfg)
+    stages = est.stage_params(inventory, cfg.model, parallel)
+    rc = parallel.recompute
+    full = recomputed_layers(cfg.model.decoder.num_layers, rc.granularity, rc.method, rc.num_layers,
+                             parallel.pp, parallel.vpp)
+    dp, m = plan["dp"], plan["num_microbatches"]
+    traffic = comm.stage_traffic(comm.shape_of(cfg, dp, m, inventory, full), [s.trainable for s in stages])
+    layout = rank_layout(parallel.tp, parallel.cp, dp, parallel.pp, parallel.rank_order)
+    per_node = launcher.gpus_per_node
+    groups = {"tp": layout.tp, "cp": layout.cp, "pp": layout.pp,
+              "dp": _dp_cp_groups(layout) if parallel.cp > 1 else layout.dp}
+    link, link_notes = step_time.links(launcher)
+    crosses = {kind: step_time.group_spans_nodes(g, per_node) for kind, g in groups.items()}
+    bandwidth = {kind: link.inter_node_gb_s if crosses[kind] else link.intra_node_gb_s for kind in groups}
+    sizes = {"tp": parallel.tp, "cp": parallel.cp, "pp": parallel.pp, "dp": dp * parallel.cp}
+    device = est.DEVICES["cpu"] if launcher.accelerator == "cpu" else est.DEVICES[launcher.gpu_type]
+    efficiency = step_time.efficiency(launcher.gpu_type)
+    timing = step_time.estimate(
+        stage_flops_per_microbatch(cfg, inventory), traffic, num_microbatches=m, vpp=parallel.vpp or 1,
+        group_sizes=sizes, bandwidths=bandwidth, peak_flops=device.peak_tflops * 1e12 or float("nan"),
+        mfu=efficiency.mfu, world=plan["world_size"], tokens=plan["tokens_per_step"],
+        overlap_grad_reduce=bool(plan["megatron_args"].get("overlap_grad_reduce")),
+        distributed_optimizer=parallel.distributed_optimizer)
+    busiest = max(traffic, key=lambda t: t.total())
+    wire = {kind: sum(p * comm.wire_factor(c, 2 if c == "send" else sizes[kind]) for c, p in busiest.by_kind[kind].items())
+            / 1e9 for kind in comm.KINDS}
+    return LayoutEstimate(
+        wire_gb=wire, payload_gb={kind: busiest.payload(kind) / 1e9 for kind in comm.KINDS}, crosses_nodes=crosses,
+        step=timing, inputs=[f"compute: {efficiency.source}", *link_notes,
+                             "bubble: megatron's 1F1B (interleaved with vpp) over the stages' own compute times"])
+
+
+def _dp_cp_groups(layout) -> list[list[int]]:
+    """The groups gradients are reduced over under context parallelism: DP x CP ranks of
+    one (TP rank, PP stage)."""
+    merged: list[set] = []
+    for group in layout.dp:
+        members = set(group)
+        for cp_group in layout.cp:
+            if members & set(cp_group):
+                members |= set(cp_group)
+        for existing in merged:
+            if existing & members:
+                existing |= members
+                break
+        else:
+            merged.append(members)
+    return [sorted(g) for g in merged]

@@ -1,0 +1,126 @@
+"""Step time of a planned layout, from what it rests on: FLOPs at a measured efficiency,
+collective bytes at link speeds, and the pipeline schedule's bubble.
+
+- Compute: each pipeline stage's hardware FLOPs per micro-batch (the step's, split as
+  the model is: encoder and adapter on the first stage, the output layer on the last,
+  decoder layers where megatron puts them) at the GPU's bf16 peak times an efficiency
+  MEASURED on a real GPU by benchmarks/gpu_acceptance.py (its whole-step throughput:
+  optimizer, data and host overheads included). A GPU type without its own measurement
+  borrows another's, and the estimate says so.
+- Communication: communication.py's bytes per collective, times the ring factor, over
+  the bandwidth of the slowest link the group spans (NVLink inside a node, the network
+  between nodes; `launcher.intra_node_gb_s` / `launcher.inter_node_gb_s` override the
+  GPU type's defaults). Without TransformerEngine nothing overlaps tensor- and context-
+  parallel collectives with compute, so they add to every micro-batch; pipeline sends
+  add to it too. The data-parallel gradient reduction overlaps the last micro-batch's
+  backward when the plan turns overlap_grad_reduce on; the distributed optimizer's
+  parameter all-gather does not overlap.
+- Bubble: megatron's 1F1B runs m micro-batches through p stages in
+  (m - 1) x t_max + sum(t_s) for per-stage times t_s (stages differ: the first holds
+  the encoder and embeddings, the last the logits); interleaving v chunks per rank cuts
+  the fill and drain to (sum(t_s) - t_max) / v (Narayanan et al. 2021). The bubble is
+  the share of the step a GPU idles for it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from orchestrator.plan.communication import Traffic, wire_factor
+
+
+@dataclass(frozen=True)
+class Efficiency:
+    mfu: float  # model FLOPs / (peak x time), of whole steps
+    source: str
+    measured_here: bool  # measured on this GPU type (else borrowed)
+
+
+# Whole-step MFU measured by benchmarks/gpu_acceptance.py (docs/gpu-machines.md "Third GPU
+# contact"): gemma2_2b_whisper_large_v3, LoRA r16, seq 2048, 4 micro-batches of 1 row,
+# compiled layers, local backend + flex attention, bf16, no TransformerEngine.
+MEASURED = {
+    "h200": Efficiency(0.235, "measured: 14,095 tokens/s, MFU 23.5 % on one H200 (gemma2-2b LoRA, compiled layers, "
+                              "commit 861f173, benchmarks/gpu_acceptance.py)", True),
+}
+BORROW = "h200"
+
+
+@dataclass(frozen=True)
+class Links:
+    intra_node_gb_s: float  # per GPU, one direction: NVLink
+    inter_node_gb_s: float  # per GPU, one direction: the GPU's share of the node's network
+
+
+# Nominal per-GPU figures of the usual SXM nodes: NVLink 4 (H100/H200) 450 GB/s and NVLink 3
+# (A100) 300 GB/s a direction; one 400 Gb/s (NDR) or 200 Gb/s (HDR) NIC per GPU.
+LINKS = {
+    "h100": Links(450.0, 50.0),
+    "h200": Links(450.0, 50.0),
+    "a100": Links(300.0, 25.0),
+}
+
+
+def efficiency(gpu_type: str) -> Efficiency:
+    if gpu_type in MEASURED:
+        return MEASURED[gpu_type]
+    borrowed = MEASURED[BORROW]
+    return Efficiency(borrowed.mfu, f"assumed: no measurement on {gpu_type}; the {BORROW}'s MFU "
+                                    f"{borrowed.mfu:.1%} ({borrowed.source})", False)
+
+
+def links(launcher) -> tuple[Links, list[str]]:
+    """The link speeds and which of them the configuration set (the others are defaults)."""
+    default = LINKS.get(launcher.gpu_type, LINKS["h100"])
+    intra = launcher.intra_node_gb_s or default.intra_node_gb_s
+    inter = launcher.inter_node_gb_s or default.inter_node_gb_s
+    notes = [f"NVLink {intra:g} GB/s per GPU" + (" (set)" if launcher.intra_node_gb_s else
+                                                 f" (assumed: {launcher.gpu_type} SXM nominal)"),
+             f"network {inter:g} GB/s per GPU" + (" (set)" if launcher.inter_node_gb_s else
+                                                  " (assumed: one 400 Gb/s NIC per GPU)"
+                                                  if inter == 50.0 else " (assumed)")]
+    return Links(intra, inter), notes
+
+
+def group_spans_nodes(groups: list[list[int]], gpus_per_node: int) -> bool:
+    return any(len({rank // gpus_per_node for rank in group}) > 1 for group in groups)
+
+
+@dataclass
+class StepTime:
+    step_s: float
+    compute_s: float  # the busiest stage's compute, all micro-batches
+    exposed_comm_s: float  # the busiest stage's collectives on the critical path
+    bubble: float  # share of the step the average GPU idles in the pipeline's fill and drain
+    tokens_per_s_per_gpu: float
+
+
+def comm_seconds(traffic: Traffic, kind: str, group_size: int, bandwidth_gb_s: float) -> float:
+    return sum(payload * wire_factor(collective, 2 if collective == "send" else group_size)
+               for collective, payload in traffic.by_kind[kind].items()) / (bandwidth_gb_s * 1e9)
+
+
+def estimate(stage_flops: list[float], traffic: list[Traffic], *, num_microbatches: int, vpp: int,
+             group_sizes: dict, bandwidths: dict, peak_flops: float, mfu: float, world: int, tokens: int,
+             overlap_grad_reduce: bool, distributed_optimizer: bool) -> StepTime:
+    """`stage_flops`: hardware FLOPs of one micro-batch on one GPU of each stage;
+    `group_sizes` and `bandwidths` (GB/s) per kind (tp, cp, pp, dp)."""
+    m, v = num_microbatches, max(vpp, 1)
+    per_microbatch, once = [], []
+    for flops, t in zip(stage_flops, traffic):
+        comm = sum(comm_seconds(t, kind, group_sizes[kind], bandwidths[kind]) for kind in ("tp", "cp", "pp"))
+        per_microbatch.append(flops / (peak_flops * mfu) + comm / m)
+        dp_s = comm_seconds(t, "dp", group_sizes["dp"], bandwidths["dp"])
+        once.append(dp_s)
+    t_max = max(per_microbatch)
+    pipeline_s = m * t_max + (sum(per_microbatch) - t_max) / v
+    busiest = per_microbatch.index(t_max)
+    dp_s = once[busiest]
+    if overlap_grad_reduce:
+        gather_s = dp_s / 3 if distributed_optimizer else 0.0  # the all-gather: 2 of the 6 bytes a parameter
+        dp_s = max(0.0, dp_s - gather_s - t_max / 2) + gather_s  # the reduction hides behind the last backward
+    step = pipeline_s + dp_s
+    compute = m * stage_flops[busiest] / (peak_flops * mfu)
+    average_busy = sum(m * t for t in per_microbatch) / len(per_microbatch)
+    return StepTime(step_s=step, compute_s=compute, exposed_comm_s=step - compute - (pipeline_s - m * t_max),
+                    bubble=(pipeline_s - average_busy) / step, tokens_per_s_per_gpu=tokens / step / world)

@@ -1,0 +1,85 @@
+"""`audiollm plan -m`: every point of a sweep planned as `audiollm plan` plans it, one row
+each, ranked by the step-time estimate, the points that cannot run last."""
+
+import json
+
+import pytest
+from omegaconf import OmegaConf
+
+from orchestrator.cli import main
+from orchestrator.plan.compose import compose
+from orchestrator.plan.resolve import resolve
+from orchestrator.plan.step_time import estimate
+from orchestrator.plan.communication import Traffic
+from orchestrator.plan.sweep import compose_points, expand
+
+SWEEP = ["+recipe=gemma2_whisper_tp4pp2", "parallel.tp=1,2,4,8", "parallel.pp=1,2,4", "optim.micro_batch_size=1,2",
+         "parallel.recompute=none,selective,full"]
+
+
+def test_points_composed_once_per_group_choice_equal_a_full_compose_of_each():
+    overrides = ["+recipe=tiny_cpu", "lora=none,decoder_r16", "parallel.tp=1,2", "optim.lr=1e-3,2e-4",
+                 "parallel.recompute=full,none", "data.seq_length=256"]
+    points = expand(overrides)
+    assert len(points) == 16
+    for point, (cfg, problem) in zip(points, compose_points(points)):
+        assert problem is None
+        assert OmegaConf.to_container(cfg, resolve=True) == OmegaConf.to_container(compose(point), resolve=True), point
+
+
+def test_a_point_with_an_unknown_key_or_a_wrong_type_is_its_own_error():
+    points = [["+recipe=tiny_cpu", "parallel.tpp=2"], ["+recipe=tiny_cpu", "parallel.tp=two"],
+              ["+recipe=tiny_cpu", "parallel.tp=2"]]
+    (bad_key, why_key), (bad_type, why_type), (good, none) = compose_points(points)
+    assert bad_key is None and "parallel.tpp" in why_key
+    assert bad_type is None and "parallel.tp" in why_type and "two" in why_type
+    assert good is not None and none is None
+
+
+def test_table_ranks_runnable_points_first_and_names_broken_rules(capsys):
+    rc = main(["plan", "-m", *SWEEP, "--json"])
+    report = json.loads(capsys.readouterr().out)
+    assert rc == 0 and report["shared_errors"] == []
+    points = report["points"]
+    assert len(points) == 72
+    runnable = [p for p in points if p["runs"]]
+    assert runnable and points[:len(runnable)] == runnable  # runnable first
+    rates = [p["tokens_per_s_per_gpu"] for p in runnable]
+    assert rates == sorted(rates, reverse=True)
+    by_point = {(p["point"]["parallel.tp"], p["point"]["parallel.pp"]): p for p in points}
+    assert any("[sp_needs_tp]" in e for e in by_point[("1", "1")]["errors"])  # the recipe's sp=true
+    assert any("[layers_pp]" in e for e in by_point[("2", "4")]["errors"])  # 42 layers over 4 stages
+    # the memory column is `audiollm plan`'s of the same point
+    for p in points[::9]:
+        if p["memory_gib"] is not None:
+            plan = resolve(compose(p["overrides"]), purpose="plan", keep_errors=True).to_dict()
+            assert p["memory_gib"] == pytest.approx(plan["memory"]["total_gib"], rel=1e-12)
+            assert p["fits"] == plan["memory"]["fits"]
+
+
+def test_table_says_what_the_estimate_rests_on_and_errors_every_point_shares_once(capsys, tmp_path):
+    rc = main(["plan", "-m", "+recipe=gemma2_whisper_tp4pp2", "parallel.tp=2,4", "launcher.inter_node_gb_s=25",
+               f"model.init_checkpoint={tmp_path / 'absent'}"])
+    text = capsys.readouterr().out
+    assert rc == 2  # no point can run until the shared error is fixed
+    assert "2 points" in text and "network 25 GB/s per GPU (set)" in text
+    assert "NVLink 450 GB/s per GPU (assumed" in text and "MFU 23.5%" in text
+    assert "every point has 1 error(s)" in text and "[init_checkpoint]" in text
+    table = text.split("best estimate first:")[1].split("GB: what one GPU")[0]
+    assert "init_checkpoint" not in table and table.count(" ok ") == 2
+
+
+def _uniform(p, m, v):
+    t = Traffic(stage=0)
+    return estimate([1e12] * p, [t] * p, num_microbatches=m, vpp=v, group_sizes=dict(tp=1, cp=1, pp=p, dp=1),
+                    bandwidths=dict(tp=1, cp=1, pp=1, dp=1), peak_flops=1e12, mfu=1.0, world=p, tokens=1,
+                    overlap_grad_reduce=False, distributed_optimizer=False)
+
+
+@pytest.mark.parametrize("p,m,v", [(1, 4, 1), (2, 4, 1), (4, 8, 1), (4, 8, 2), (2, 16, 3)])
+def test_bubble_of_equal_stages_is_the_schedules(p, m, v):
+    """1F1B: (p-1)/(m+p-1) of the step; interleaved over v chunks: (p-1)/(v*m+p-1)
+    (Narayanan et al. 2021, section 2.2)."""
+    step = _uniform(p, m, v)
+    assert step.bubble == pytest.approx((p - 1) / (v * m + p - 1))
+    assert step.step_s == pytest.approx(m + (p - 1) / v)
