@@ -29,6 +29,8 @@ class PreparedRun:
     resumes: bool = False
     # How the layout differs from the latest checkpoint's (validate.layout_change).
     continuation: str | None = None
+    # The recipe's file and the search path it was found on (compose.source).
+    source: dict | None = None
 
     @property
     def launcher(self) -> dict:
@@ -49,7 +51,7 @@ def prepare(overrides: Sequence[str], run_dir: Path | None = None) -> tuple[Prep
     """Compose, validate and plan one run; (None, errors) when it is not valid."""
     from omegaconf import OmegaConf
 
-    from orchestrator.plan.compose import ComposeError
+    from orchestrator.plan.compose import ComposeError, source
     from orchestrator.plan.resolve import resolve, to_object
     from orchestrator.plan.validate import ERROR, validate
 
@@ -57,6 +59,7 @@ def prepare(overrides: Sequence[str], run_dir: Path | None = None) -> tuple[Prep
         cfg = _compose(overrides)
     except ComposeError as exc:
         return None, [str(exc)]
+    where = source(overrides)
     # A dry run shows what would run (like `audiollm plan`); a real launch is checked for training.
     purpose = "plan" if cfg.launcher.dry_run else "train"
     findings = validate(to_object(cfg), purpose)
@@ -75,7 +78,7 @@ def prepare(overrides: Sequence[str], run_dir: Path | None = None) -> tuple[Prep
     continuation, problems = continuation_of(run_dir, plan) if resumes else (None, [])
     if problems:
         return None, problems
-    return PreparedRun(list(overrides), cfg, container, plan, run_dir, resumes, continuation), []
+    return PreparedRun(list(overrides), cfg, container, plan, run_dir, resumes, continuation, where), []
 
 
 def continuation_of(run_dir: Path, plan: dict) -> tuple[str | None, list[str]]:
@@ -93,9 +96,16 @@ def continuation_of(run_dir: Path, plan: dict) -> tuple[str | None, list[str]]:
 
 
 def config_yaml(run: PreparedRun) -> str:
+    """The composed config, headed by where its recipe came from (comments: whatever reads
+    config.yaml as YAML reads the same values)."""
     from omegaconf import OmegaConf
 
-    return OmegaConf.to_yaml(run.cfg, resolve=True)
+    head = ""
+    if run.source:
+        searched = "".join(f"\n#   {entry['dir']} ({entry['from']})" for entry in run.source["config_path"])
+        head = (f"# recipe {run.source['recipe']}: {run.source['recipe_file']}\n"
+                f"# config path, the first file of a name winning:{searched}\n")
+    return head + OmegaConf.to_yaml(run.cfg, resolve=True)
 
 
 def launch_index(run_dir: Path) -> int:

@@ -48,6 +48,7 @@ def submit_run(run: PreparedRun):
         rd.record_launch(run.run_dir, {
             "kind": run.launcher["kind"], "job_ids": [str(job.job_id)], "launch_index": index,
             "submitit_folder": str(run.run_dir / "submitit"), "overrides": run.overrides, "resumed": run.resumes,
+            "source": run.source,
         })
     return job
 

@@ -1,8 +1,6 @@
 """`audiollm train -m OVERRIDES...`: a sweep, one run per point.
 
-Expansion uses Hydra's override grammar and BasicSweeper semantics: `a=1,2 b=x,y` is
-the cartesian product in the order given (a varies slowest), as `hydra -m` does;
-`range(...)`, `choice(...)` and quoted values follow Hydra's parser. Every point is
+Expansion: orchestrator/plan/sweep.py (Hydra's grammar, as `audiollm plan -m`). Every point is
 validated before anything is submitted; on SLURM the points are one job array per
 distinct launcher section, locally they run one after another.
 """
@@ -31,32 +29,7 @@ from launchers.runs import (
 from launchers.submit import RunActive, ensure_not_active, submit_run
 from launchers.summary import write_sweep_summary
 from orchestrator.plan import rundir as rd
-
-
-class SweepError(ValueError):
-    pass
-
-
-def expand(overrides: Sequence[str]) -> list[list[str]]:
-    """Every point of the sweep as a full override list (non-swept overrides included)."""
-    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-    from hydra.errors import HydraException
-
-    try:
-        parsed = OverridesParser.create().parse_overrides(list(overrides))
-        batches = BasicSweeper.split_arguments(parsed, max_batch_size=None)
-    except HydraException as exc:
-        raise SweepError(f"invalid sweep overrides {' '.join(overrides)}: {exc}") from None
-    return [list(point) for point in batches[0]]
-
-
-def swept_keys(overrides: Sequence[str]) -> list[str]:
-    """Keys that take more than one value (for naming points in tables)."""
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-
-    parsed = OverridesParser.create().parse_overrides(list(overrides))
-    return [o.get_key_element() for o in parsed if o.is_sweep_override()]
+from orchestrator.plan.sweep import SweepError, expand, swept_keys
 
 
 def _sweep_dir(points: list[PreparedRun], overrides: Sequence[str]) -> Path:
@@ -70,7 +43,6 @@ def _sweep_dir(points: list[PreparedRun], overrides: Sequence[str]) -> Path:
 
 def prepare_sweep(overrides: Sequence[str]) -> tuple[Path | None, list[tuple[list[str], PreparedRun]], list[str]]:
     """Expand, compose, validate and plan every point; all errors of all points together."""
-    from launchers.sweep import SweepError, expand, swept_keys
 
     try:
         point_overrides = expand(overrides)
@@ -121,7 +93,7 @@ def submit_sweep(sweep_dir: Path, points: list[tuple[list[str], PreparedRun]]) -
             rd.record_launch(run.run_dir, {
                 "kind": launcher["kind"], "job_ids": [str(job.job_id)], "launch_index": index,
                 "submitit_folder": str(sweep_dir / "submitit"), "overrides": run.overrides,
-                "resumed": run.resumes, "sweep": str(sweep_dir),
+                "resumed": run.resumes, "sweep": str(sweep_dir), "source": run.source,
             })
         jobs += group_jobs
     write_sweep_summary(sweep_dir, query_scheduler=False)

@@ -17,6 +17,8 @@ DELEGATED: dict[str, tuple[str, str, str]] = {
     "train": ("launchers.train", "train_main", "compose, validate, resolve and launch a run (or a sweep with -m)"),
     "prepare": ("launchers.prepare", "prepare_main", "write a run directory to start by hand (srun in an allocation, "
                 "or torchrun); submits nothing"),
+    "recipes": ("orchestrator.plan.config_path", "recipes_main", "list the recipes (shipped and your own, "
+                "--config-dir / $AUDIOLLM_CONFIG_PATH / audiollm.yaml) with where each comes from"),
     "status": ("launchers.status", "status_main", "state, last step and last loss of a run or sweep directory"),
     "cancel": ("launchers.status", "cancel_main", "cancel the jobs of a run or sweep directory"),
     "eval": ("orchestrator.train.evaluate", "main", "greedy decoding and WER of a run's checkpoint"),
@@ -50,6 +52,14 @@ def _plan_parser() -> argparse.ArgumentParser:
     parser.add_argument("--probe", action="store_true",
                         help="also build and step each pipeline stage at full size on fake tensors (one CPU process "
                              "per stage, no GPU, under a minute) and set its memory beside the estimate")
+    parser.add_argument("-m", "--multirun", action="store_true",
+                        help="plan every point of a sweep (Hydra's syntax, as `audiollm train -m`: "
+                             "parallel.tp=1,2,4 parallel.pp=1,2) and print one row each, best estimate first")
+    parser.add_argument("--probe-best", type=int, default=0, metavar="N",
+                        help="with -m: also probe (as --probe) the N best points that can run")
+    from orchestrator.plan.config_path import add_argument
+
+    add_argument(parser)
     return parser
 
 
@@ -57,11 +67,24 @@ def plan_main(argv: Sequence[str]) -> int:
     """Everything the configuration allows to compute, then its errors (exit 2 when there
     are any): a user sees the layout, memory and argv of a recipe before converting its
     weights, and `audiollm train` still refuses it."""
-    args = _plan_parser().parse_args(argv)
-    from orchestrator.plan.compose import ComposeError, compose
+    args = _plan_parser().parse_intermixed_args(argv)
+    from orchestrator.plan.config_path import command_line_dirs
+
+    with command_line_dirs(args.config_dir):
+        return _plan(args)
+
+
+def _plan(args: argparse.Namespace) -> int:
+    from orchestrator.plan.compose import ComposeError, compose, group_choice_without_recipe
     from orchestrator.plan.resolve import resolve, to_object
     from orchestrator.plan.validate import ConfigInvalid, validate
 
+    refused = group_choice_without_recipe(args.overrides)
+    if refused:
+        print(refused, file=sys.stderr)
+        return 2
+    if args.multirun:
+        return _plan_sweep(args)
     try:
         cfg = compose(args.overrides)
     except ComposeError as exc:
@@ -111,6 +134,34 @@ def plan_main(argv: Sequence[str]) -> int:
               f"`audiollm train` refuses it until then:\n" + "\n".join(f"  {e}" for e in errors), file=sys.stderr)
         return 2
     return 0
+
+
+def _plan_sweep(args: argparse.Namespace) -> int:
+    """`audiollm plan -m`: the table of every point (exit 2 when no point can run)."""
+    from orchestrator.plan.sweep import SweepError
+    from orchestrator.plan.sweep_table import plan_rows, render, shared_errors, to_json
+
+    try:
+        rows = plan_rows(args.overrides)
+    except SweepError as exc:
+        print(str(exc), file=sys.stderr)
+        return 2
+    report = to_json(rows)
+    print(json.dumps(report, allow_nan=False) if args.json else render(rows, args.overrides))
+    runnable = [p for p in report["points"] if p["runs"]]
+    if args.probe_best:
+        from orchestrator.plan.compose import compose
+        from orchestrator.plan.probe_report import ProbeFailed, render as render_probe, run_probe
+        from orchestrator.plan.resolve import resolve
+
+        for point in runnable[:args.probe_best]:
+            plan = resolve(compose(point["overrides"]), purpose="plan", keep_errors=True).to_dict()
+            try:
+                print(f"\nprobe of {' '.join(point['overrides'])}:\n" + render_probe(plan, run_probe(plan)), flush=True)
+            except ProbeFailed as exc:
+                print(f"\n{exc}", file=sys.stderr)
+                return 1
+    return 0 if runnable and not report["shared_errors"] else 2
 
 
 def _continuation(cfg, plan) -> tuple:

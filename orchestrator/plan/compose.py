@@ -3,20 +3,24 @@
 The root schema (schema.AudioLLMConfig) is registered as `base_config`, so a key
 that does not exist or a value of the wrong type fails here with its full path.
 recipes/*.yaml are registered as the `recipe` group (they live outside conf/ so
-that a recipe is one visible file per reproducible run).
+that a recipe is one visible file per reproducible run). The user's own folders
+(config_path.py: --config-dir, $AUDIOLLM_CONFIG_PATH, audiollm.yaml) come first on
+Hydra's search path and add recipes and group entries, or replace shipped ones.
 """
 
 from __future__ import annotations
 
+import contextlib
 import re
 
 from typing import Sequence
 
 from omegaconf import DictConfig, OmegaConf
 
-from orchestrator.plan import paths
+from orchestrator.plan import config_path, paths
+from orchestrator.plan.shorthands import expand_shorthands
 
-DEFAULT_RECIPE = "tiny_cpu"
+DEFAULT_RECIPE = paths.DEFAULT_RECIPE
 
 
 class ComposeError(ValueError):
@@ -26,24 +30,43 @@ class ComposeError(ValueError):
 _registered: tuple | None = None  # what the store holds: the recipe files as last registered
 
 
-def _register() -> None:
-    """Register the schema and the recipes, again only when a recipe file changed (name,
-    size or modification time): registering takes about 0.5 s, half of a compose, which
-    a sweep of a hundred points (`audiollm plan -m`) or the tests would pay every time."""
+def _register(dirs: Sequence[config_path.UserDir]) -> None:
+    """Register the schema and the recipes of the search path, again only when the recipe
+    that a name selects changed (another file, or its size or modification time):
+    registering takes about 0.5 s, half of a compose, which a sweep of a hundred points
+    (`audiollm plan -m`) or the tests would pay every time."""
     global _registered
     from hydra.core.config_store import ConfigStore
 
     from orchestrator.plan.schema import AudioLLMConfig
 
-    recipes = sorted(paths.recipes_dir().glob("*.yaml"))
-    signature = tuple((str(path), stat.st_mtime_ns, stat.st_size) for path, stat in ((p, p.stat()) for p in recipes))
+    recipes = config_path.recipe_files(dirs)
+    signature = tuple((name, str(r.path), stat.st_mtime_ns, stat.st_size)
+                      for name, r, stat in ((n, r, r.path.stat()) for n, r in recipes.items()))
     if signature == _registered:
         return
+    nodes = {}
+    for name, recipe in recipes.items():  # every file read before the store changes: a bad one leaves it whole
+        try:
+            node = OmegaConf.load(recipe.path)
+        except Exception as exc:  # noqa: BLE001 - yaml's and omegaconf's errors alike
+            raise ComposeError(f"recipe {recipe.path} cannot be read: {exc}") from None
+        if not isinstance(node, DictConfig):
+            raise ComposeError(f"recipe {recipe.path} must be a mapping of keys (like the shipped recipes/*.yaml)")
+        # A recipe's name is its file's name: a copied recipe that still says `recipe: tiny_cpu`
+        # would otherwise name its runs (and its run directories) after the one it was copied from.
+        node.recipe = name
+        nodes[name] = node
     store = ConfigStore.instance()
     store.store(name="base_config", node=AudioLLMConfig)
-    for path in recipes:
-        store.store(group="recipe", name=path.stem, node=OmegaConf.load(path), package="_global_")
+    store.repo.pop("recipe", None)  # a recipe of an earlier search path must not stay selectable
+    for name, node in nodes.items():
+        store.store(group="recipe", name=name, node=node, package="_global_")
     _registered = signature
+
+
+def _key(item: str) -> str:
+    return item.split("=", 1)[0].lstrip("+~")
 
 
 def with_default_recipe(overrides: Sequence[str]) -> list[str]:
@@ -59,6 +82,55 @@ def with_default_recipe(overrides: Sequence[str]) -> list[str]:
     if not has_recipe:
         out.insert(0, f"+recipe={DEFAULT_RECIPE}")
     return out
+
+
+def recipe_name(overrides: Sequence[str]) -> str:
+    """The recipe `overrides` select (the default one when they name none)."""
+    return next(o.split("=", 1)[1] for o in with_default_recipe(overrides) if o.startswith("+recipe="))
+
+
+# Groups that may be chosen on the command line without a recipe: where the metrics go
+# changes nothing the default recipe's other values were set for.
+WITHOUT_RECIPE = ("logger",)
+
+
+def group_choice_without_recipe(overrides: Sequence[str]) -> str | None:
+    """Why a command line that chooses a config group (`model=X`, `launcher=slurm`, ...) but
+    no recipe is refused, or None. Such a choice would land on the default recipe and keep
+    its other values, set for its tiny model on one CPU machine (the CPU accelerator, the
+    demo data, the learning rate, the number of steps): `audiollm train
+    model=gemma2_9b_whisper_large_v3 launcher=slurm` would queue a 9B model on CPUs.
+    Value overrides (`optim.lr=1e-3`) keep applying to the default recipe. Checked by the
+    commands, not by compose(), which programs and tests call with the default recipe's
+    groups changed on purpose."""
+    if any(_key(o) == "recipe" for o in overrides):
+        return None
+    try:
+        dirs = config_path.user_dirs()
+    except config_path.ConfigPathError:
+        dirs = []  # compose() reports it
+    groups = config_path.group_names(dirs) - set(WITHOUT_RECIPE)
+    chosen = [o for o in overrides if "=" in o and _key(o) in groups]
+    if not chosen:
+        return None
+    names = ", ".join(config_path.recipe_files(dirs))
+    verb = "chooses a config group" if len(chosen) == 1 else "choose config groups"
+    return (f"{' '.join(chosen)} {verb}, but no recipe is named: the choice would change the "
+            f"default recipe {DEFAULT_RECIPE}\nand keep its other values, set for its tiny model on one CPU machine "
+            f"(launcher.accelerator=cpu, the demo data, optim.lr, train.iters, ...).\n"
+            f"Add +recipe=NAME to start from a recipe ({names}; `audiollm recipes` says what each is),\n"
+            f"or +recipe={DEFAULT_RECIPE} to change the default run on purpose. Value overrides such as "
+            f"optim.lr=1e-3 need no recipe.")
+
+
+def source(overrides: Sequence[str]) -> dict:
+    """Where the config of `overrides` comes from: the recipe's name and file and the whole
+    search path, for the run directory (what ran can be found again)."""
+    dirs = config_path.user_dirs()
+    name = recipe_name(overrides)
+    recipe = config_path.recipe_files(dirs).get(name)
+    return {"recipe": name, "recipe_file": str(recipe.path) if recipe else None,
+            "config_path": config_path.describe(dirs)}
 
 
 # Dict settings whose keys are the user's (sbatch options): Hydra's struct mode refuses new
@@ -79,14 +151,17 @@ def with_open_dicts(overrides: Sequence[str]) -> list[str]:
 def compose(overrides: Sequence[str] = ()) -> DictConfig:
     """Compose the config for `overrides` (Hydra override syntax). Raises ComposeError."""
     from hydra import compose as hydra_compose
-    from hydra import initialize_config_dir
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
 
-    _register()
-    overrides = with_open_dicts(with_default_recipe(overrides))
     try:
-        with initialize_config_dir(str(paths.conf_dir()), version_base=None):
+        dirs = config_path.user_dirs()
+    except config_path.ConfigPathError as exc:
+        raise ComposeError(str(exc)) from None
+    _register(dirs)
+    overrides = with_open_dicts(with_default_recipe(expand_shorthands(overrides)))
+    try:
+        with _initialize(dirs):
             cfg = hydra_compose("config", overrides=overrides)
     except (HydraException, OmegaConfBaseException) as exc:
         raise ComposeError(_explain(exc, overrides)) from None
@@ -94,6 +169,29 @@ def compose(overrides: Sequence[str] = ()) -> DictConfig:
     if missing:
         raise ComposeError(f"invalid configuration (overrides: {' '.join(overrides)}):\n" + "\n".join(missing))
     return cfg
+
+
+@contextlib.contextmanager
+def _initialize(dirs: Sequence[config_path.UserDir]):
+    """hydra.initialize_config_dir(conf/) with the user's folders searched before conf/.
+    Hydra's own way to add folders (`hydra.searchpath`) puts them after conf/, where a
+    shipped entry would hide the user's of the same name; so the search path is built
+    here as initialize_config_dir builds it (hydra-core is pinned in pyproject.toml)."""
+    from hydra import version
+    from hydra._internal.hydra import Hydra
+    from hydra._internal.utils import create_config_search_path
+    from hydra.initialize import get_gh_backup, restore_gh_from_backup
+
+    backup = get_gh_backup()
+    version.setbase(None)
+    search_path = create_config_search_path(str(paths.conf_dir()))
+    for entry in dirs:  # each before conf/ ("main"), after the ones already placed
+        search_path.prepend("audiollm-user", f"file://{entry.path}", anchor="main")
+    Hydra.create_main_hydra2(task_name="app", config_search_path=search_path)
+    try:
+        yield
+    finally:
+        restore_gh_from_backup(backup)
 
 
 def _missing_values(cfg) -> list[str]:
@@ -130,4 +228,7 @@ def _explain(exc: Exception, overrides: Sequence[str]) -> str:
     cause = exc.__cause__ or exc.__context__
     if cause is not None and str(cause).strip() and str(cause).strip() not in text:
         text += "\n" + str(cause).strip()
+    if "Could not find 'recipe/" in text:  # perhaps one of the user's, in a folder not given this time
+        text += (f"\nYour own recipes are searched in the folders of --config-dir, ${config_path.ENV_VAR} and "
+                 f"{config_path.PROJECT_FILE}'s config_path; `audiollm recipes` lists every recipe found.")
     return f"invalid configuration (overrides: {' '.join(overrides)}):\n{text}"

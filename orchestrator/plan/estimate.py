@@ -45,7 +45,6 @@ from orchestrator.plan.validate import audio_tokens_per_clip
 GIB = 1024**3
 MEMORY_MARGIN = 0.10  # fraction added to the computed total
 FIXED_OVERHEAD_GIB = 2.0  # CUDA context, NCCL buffers, allocator reserve
-ASSUMED_MFU = 0.38  # throughput estimates; published effective MFU of 9B-class runs on 8xH100: 35-40%
 
 
 @dataclass(frozen=True)
@@ -99,9 +98,6 @@ class FlopsEstimate:
     model_flops_per_step: float
     hardware_flops_per_step: float
     tokens_per_step: int
-    assumed_mfu: float
-    step_time_s: float
-    tokens_per_s_per_gpu: float
 
 
 def _stage_of_layer(layer: int, num_layers: int, pp: int) -> int:
@@ -406,33 +402,18 @@ def planned_step_items(cfg: AudioLLMConfig) -> dict:
             "audio_token": clips * audio_tokens_per_clip(seconds, model)}
 
 
-def flops_per_step(cfg: AudioLLMConfig, inventory: list[ParamSpec], world: int) -> FlopsEstimate:
+def flops_per_step(cfg: AudioLLMConfig, inventory: list[ParamSpec]) -> FlopsEstimate:
     """Model and hardware FLOPs of a planned step (planned_step_items) by the job's own
     arithmetic (orchestrator.plan.step_flops: decoder, encoder, adapter and CTC head;
-    backward per weight that trains; recompute), and the step time at ASSUMED_MFU."""
+    backward per weight that trains; recompute). Its time: layout_estimate.py."""
     model, parallel = cfg.model, cfg.parallel
     vocab = padded_vocab_size(model.decoder.vocab_size, parallel.tp)
     counter = StepFlops(model, cfg.lora.rank, parallel.recompute, vocab, [p.name for p in inventory if p.trainable],
                         pp=parallel.pp, vpp=parallel.vpp)
     items = planned_step_items(cfg)
     flops = counter.flops(items)
-    model_flops, hardware_flops = flops["model"], flops["hardware"]
-    tokens = items["token"]
-    device = DEVICES["cpu"] if cfg.launcher.accelerator == "cpu" else DEVICES[cfg.launcher.gpu_type]
-    if device.peak_tflops > 0:
-        step_time = model_flops / (ASSUMED_MFU * device.peak_tflops * 1e12 * world)
-        tokens_per_gpu = tokens / step_time / world
-    else:
-        step_time = float("nan")
-        tokens_per_gpu = float("nan")
-    return FlopsEstimate(
-        model_flops_per_step=model_flops,
-        hardware_flops_per_step=hardware_flops,
-        tokens_per_step=tokens,
-        assumed_mfu=ASSUMED_MFU,
-        step_time_s=step_time,
-        tokens_per_s_per_gpu=tokens_per_gpu,
-    )
+    return FlopsEstimate(model_flops_per_step=flops["model"], hardware_flops_per_step=flops["hardware"],
+                         tokens_per_step=items["token"])
 
 
 def inventory_for(cfg: AudioLLMConfig) -> list[ParamSpec]:

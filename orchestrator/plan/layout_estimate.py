@@ -1,5 +1,5 @@
-"""One layout's communication, pipeline bubble and step time, from its resolved plan:
-the figures of a row of `audiollm plan -m` (orchestrator/plan/sweep_table.py)."""
+"""One layout's communication, pipeline bubble and step time on GPUs: the plan's
+`step_estimate` (`audiollm plan`, and a row of `audiollm plan -m`)."""
 
 from __future__ import annotations
 
@@ -17,10 +17,14 @@ ENCODER_SIDE = ("mel_frame", "enc_position", "enc_pair", "audio_token")
 
 @dataclass
 class LayoutEstimate:
+    step_s: float
+    tokens_per_s_per_gpu: float
+    bubble: float  # share of the step a GPU idles in the pipeline's fill and drain
+    mfu: float  # the efficiency the compute time assumes
+    mfu_measured_here: bool  # measured on this GPU type (else borrowed from another)
     wire_gb: dict  # kind -> GB one GPU of the busiest stage sends per step (ring factors applied)
     payload_gb: dict  # kind -> GB handed to collectives (communication.py's count)
     crosses_nodes: dict  # kind -> whether its groups span nodes (then the network's speed applies)
-    step: step_time.StepTime
     inputs: list = field(default_factory=list)  # what the estimate rests on, measured or assumed
 
 
@@ -49,15 +53,15 @@ def stage_flops_per_microbatch(cfg, inventory) -> list[float]:
     return stages
 
 
-def estimate_layout(cfg, plan: dict) -> LayoutEstimate:
-    """`cfg`: the validated AudioLLMConfig of `plan` (resolve's Plan.to_dict())."""
+def estimate_layout(cfg, inventory, stages, dp: int, num_microbatches: int,
+                    overlap_grad_reduce: bool) -> LayoutEstimate:
+    """The step of a validated AudioLLMConfig on GPUs (resolve.py: `inventory` and `stages`
+    as estimate.inventory_for and stage_params give them)."""
     parallel, launcher = cfg.parallel, cfg.launcher
-    inventory = est.inventory_for(cfg)
-    stages = est.stage_params(inventory, cfg.model, parallel)
     rc = parallel.recompute
     full = recomputed_layers(cfg.model.decoder.num_layers, rc.granularity, rc.method, rc.num_layers,
                              parallel.pp, parallel.vpp)
-    dp, m = plan["dp"], plan["num_microbatches"]
+    dp, m = dp, num_microbatches
     traffic = comm.stage_traffic(comm.shape_of(cfg, dp, m, inventory, full), [s.trainable for s in stages])
     layout = rank_layout(parallel.tp, parallel.cp, dp, parallel.pp, parallel.rank_order)
     per_node = launcher.gpus_per_node
@@ -67,20 +71,21 @@ def estimate_layout(cfg, plan: dict) -> LayoutEstimate:
     crosses = {kind: step_time.group_spans_nodes(g, per_node) for kind, g in groups.items()}
     bandwidth = {kind: link.inter_node_gb_s if crosses[kind] else link.intra_node_gb_s for kind in groups}
     sizes = {"tp": parallel.tp, "cp": parallel.cp, "pp": parallel.pp, "dp": dp * parallel.cp}
-    device = est.DEVICES["cpu"] if launcher.accelerator == "cpu" else est.DEVICES[launcher.gpu_type]
+    device = est.DEVICES[launcher.gpu_type]
     efficiency = step_time.efficiency(launcher.gpu_type)
     timing = step_time.estimate(
         stage_flops_per_microbatch(cfg, inventory), traffic, num_microbatches=m, vpp=parallel.vpp or 1,
-        group_sizes=sizes, bandwidths=bandwidth, peak_flops=device.peak_tflops * 1e12 or float("nan"),
-        mfu=efficiency.mfu, world=plan["world_size"], tokens=plan["tokens_per_step"],
-        overlap_grad_reduce=bool(plan["megatron_args"].get("overlap_grad_reduce")),
-        distributed_optimizer=parallel.distributed_optimizer)
+        group_sizes=sizes, bandwidths=bandwidth, peak_flops=device.peak_tflops * 1e12, mfu=efficiency.mfu,
+        world=launcher.nodes * launcher.gpus_per_node, tokens=cfg.optim.global_batch_size * cfg.data.seq_length,
+        overlap_grad_reduce=overlap_grad_reduce, distributed_optimizer=parallel.distributed_optimizer)
     busiest = max(traffic, key=lambda t: t.total())
     wire = {kind: sum(p * comm.wire_factor(c, 2 if c == "send" else sizes[kind]) for c, p in busiest.by_kind[kind].items())
             / 1e9 for kind in comm.KINDS}
     return LayoutEstimate(
+        step_s=timing.step_s, tokens_per_s_per_gpu=timing.tokens_per_s_per_gpu, bubble=timing.bubble,
+        mfu=efficiency.mfu, mfu_measured_here=efficiency.measured_here,
         wire_gb=wire, payload_gb={kind: busiest.payload(kind) / 1e9 for kind in comm.KINDS}, crosses_nodes=crosses,
-        step=timing, inputs=[f"compute: {efficiency.source}", *link_notes,
+        inputs=[f"compute: {efficiency.source}", *link_notes,
                              "bubble: megatron's 1F1B (interleaved with vpp) over the stages' own compute times"])
 
 

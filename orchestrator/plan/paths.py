@@ -9,6 +9,8 @@ from pathlib import Path
 
 _PACKAGE = Path(__file__).resolve().parents[1]  # the orchestrator package
 
+DEFAULT_RECIPE = "tiny_cpu"  # what a command without +recipe= composes
+
 
 def _first_existing(*candidates: Path) -> Path:
     for path in candidates:

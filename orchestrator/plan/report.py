@@ -73,13 +73,15 @@ def render(plan: Plan, with_params: bool = False) -> str:
             f"{at_cp1['optimizer_gib']:.1f} + activations {at_cp1['activations_gib']:.1f} + margin "
             f"{at_cp1['overhead_gib']:.1f}: {'fits' if at_cp1['fits'] else 'DOES NOT FIT'}"
         )
-    if not math.isnan(flops["step_time_s"]):
-        lines.append(
-            f"throughput    at an assumed {flops['assumed_mfu']:.0%} MFU (not a measurement; measured MFU: "
-            f"docs/gpu-machines.md): {flops['step_time_s']:.2f} s/step, "
-            f"{flops['tokens_per_s_per_gpu']:.0f} tokens/s/GPU; model {flops['model_flops_per_step'] / 1e15:.1f} PFLOP/step, "
-            f"hardware (with recompute) {flops['hardware_flops_per_step'] / 1e15:.1f} PFLOP/step"
-        )
+    lines.append(f"FLOPs/step    model {_flop(flops['model_flops_per_step'])}, hardware (with recompute) "
+                 f"{_flop(flops['hardware_flops_per_step'])}")
+    step = plan.step_estimate
+    if step is not None:
+        sent = ", ".join(f"{kind.upper()} {gb:.1f} GB" + (" (between nodes)" if step["crosses_nodes"][kind] else "")
+                         for kind, gb in step["wire_gb"].items() if gb)
+        lines.append(f"step estimate {step['step_s']:.2f} s/step, {step['tokens_per_s_per_gpu']:,.0f} tokens/s/GPU, "
+                     f"pipeline bubble {step['bubble']:.0%}; each GPU sends per step: {sent or 'nothing'}")
+        lines.append("  rests on: " + "; ".join(step["inputs"]))
     lines.append("megatron argv")
     lines.append("  " + " ".join(plan.argv))
     lines.append("  implemented by audiollm's own modules, not by megatron-core: " + "; ".join(
@@ -99,3 +101,10 @@ def render(plan: Plan, with_params: bool = False) -> str:
         for spec in parameter_inventory(obj.model, obj.lora, plan.tp):
             lines.append(f"  {spec.name} {list(spec.shape)} {'trainable' if spec.trainable else 'frozen'}")
     return "\n".join(lines)
+
+
+def _flop(value: float) -> str:
+    for unit, size in (("PFLOP", 1e15), ("TFLOP", 1e12), ("GFLOP", 1e9)):
+        if value >= size:
+            return f"{value / size:.2f} {unit}"
+    return f"{value / 1e6:.2f} MFLOP"

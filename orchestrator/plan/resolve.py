@@ -17,6 +17,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from orchestrator.plan import estimate as est
+from orchestrator.plan.layout_estimate import estimate_layout
 from orchestrator.plan.kernels import attention_kernel, compile_kind, encoder_precision
 from orchestrator.plan.megatron_args import megatron_args, padded_vocab_size, render_argv
 from orchestrator.plan.schema import AudioLLMConfig
@@ -47,6 +48,8 @@ class Plan:
     # comparison; None at CP=1.
     memory_at_cp1: dict[str, Any] | None
     flops: dict[str, Any]
+    # On GPUs: step time, tokens/s, bubble and communication per kind (layout_estimate.py)
+    step_estimate: dict[str, Any] | None
     warnings: list[str]
     config: dict[str, Any]  # the full composed config
     # Configuration errors of a plan resolved to be shown (`audiollm plan`), not run; a run's
@@ -170,7 +173,11 @@ def resolve(cfg: DictConfig | AudioLLMConfig, purpose: str = "plan", keep_errors
         at_cp1 = est.memory_per_gpu(without_cp, stages, dp * p.cp,
                                     max(1, optim.global_batch_size // (optim.micro_batch_size * dp * p.cp)))
         memory_at_cp1 = asdict(at_cp1) | {"fits": at_cp1.fits}
-    flops = est.flops_per_step(obj, inventory, world)
+    flops = est.flops_per_step(obj, inventory)
+    step_estimate = None
+    if gpu:
+        step_estimate = asdict(estimate_layout(obj, inventory, stages, dp, num_microbatches,
+                                               overlap_grad_reduce=bool({a.dest: a.value for a in args}.get("overlap_grad_reduce"))))
     return Plan(
         recipe=obj.recipe,
         world_size=world,
@@ -194,6 +201,7 @@ def resolve(cfg: DictConfig | AudioLLMConfig, purpose: str = "plan", keep_errors
         memory=asdict(memory) | {"fits": memory.fits, "by_stage": [asdict(m) | {"fits": m.fits} for m in by_stage]},
         memory_at_cp1=memory_at_cp1,
         flops=asdict(flops),
+        step_estimate=step_estimate,
         warnings=[str(f) for f in findings],
         config=OmegaConf.to_container(OmegaConf.structured(obj), resolve=True),
         errors=errors,

@@ -14,10 +14,13 @@ Files in a run directory (written before anything is submitted, except where not
 every file but the append-only logs and metrics is written atomically: a temporary file
 renamed over it, so a crash or a full disk never leaves half of one):
 
-    config.yaml      the composed configuration
+    config.yaml      the composed configuration, headed by two comments: the recipe's
+                     file and the config search path it was found on (--config-dir,
+                     $AUDIOLLM_CONFIG_PATH, audiollm.yaml, shipped)
     plan.json        the resolved plan (the job reads this, never raw YAML)
     launch.json      launch record: one entry per submission (job ids, command line,
-                     overrides, project version, time)
+                     overrides, `source`: recipe, recipe_file and config_path, project
+                     version, time)
     wandb_id         W&B run id, kept across restarts
     submitit/        submitit's pickles and per-task stdout/stderr (SLURM-side logs)
     logs/rank<N>.log per-rank log written by the job (appended across restarts)

@@ -47,7 +47,6 @@ def rule_of(error: str) -> str:
 
 def plan_rows(overrides: Sequence[str]) -> list[Row]:
     """Every point planned (the same compose, validation and estimates as `audiollm plan`)."""
-    from orchestrator.plan.layout_estimate import estimate_layout
     from orchestrator.plan.resolve import resolve, to_object
     from orchestrator.plan.validate import validate
 
@@ -75,11 +74,10 @@ def plan_rows(overrides: Sequence[str]) -> list[Row]:
         row.memory_gib, row.device_gib, row.fits = memory["total_gib"], memory["device_gib"], memory["fits"]
         row.trainable_per_gpu = max(s["trainable"] for s in plan["parameters"]["per_rank_by_stage"])
         row.model_tflop_per_gpu = plan["flops"]["model_flops_per_step"] / plan["world_size"] / 1e12
-        if obj.launcher.accelerator == "gpu":
-            layout = estimate_layout(obj, plan)
-            row.wire_gb, row.crosses_nodes, row.inputs = layout.wire_gb, layout.crosses_nodes, layout.inputs
-            row.bubble, row.step_s = layout.step.bubble, layout.step.step_s
-            row.tokens_per_s_per_gpu = layout.step.tokens_per_s_per_gpu
+        step = plan["step_estimate"]  # None on CPUs
+        if step is not None:
+            row.wire_gb, row.crosses_nodes, row.inputs = step["wire_gb"], step["crosses_nodes"], step["inputs"]
+            row.bubble, row.step_s, row.tokens_per_s_per_gpu = step["bubble"], step["step_s"], step["tokens_per_s_per_gpu"]
     return rows
 
 

@@ -100,7 +100,7 @@ def test_plan_skips_the_cluster_check_saying_so_when_the_controller_does_not_ans
                     "NodeName=n1 CPUs=1 State=UNKNOWN\nPartitionName=p Nodes=n1 Default=YES\n")
     env = {**os.environ, "PYTHONPATH": str(REPO), "SLURM_CONF": str(conf)}
     env.pop("AUDIOLLM_SLURM_QUERY_TIMEOUT_S", None)  # the default wait (tests/slurm/conftest.py raises it)
-    argv = [sys.executable, "-m", "orchestrator.cli", "plan", "launcher=slurm", "launcher.accelerator=cpu"]
+    argv = [sys.executable, "-m", "orchestrator.cli", "plan", "+recipe=tiny_cpu", "launcher=slurm", "launcher.accelerator=cpu"]
     proc = subprocess.run(argv, capture_output=True, text=True, env=env, cwd=tmp_path, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert (f"cluster check skipped: the controller at localhost(127.0.0.1) ({conf}) did not answer in "

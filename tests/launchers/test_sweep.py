@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from launchers.sweep import prepare_sweep
 from launchers.train import train
-from launchers.sweep import expand, swept_keys
+from orchestrator.plan.sweep import expand, swept_keys
 
 
 def test_cartesian_product_in_hydra_order():

@@ -58,7 +58,7 @@ def test_a_job_that_could_never_start_is_refused_naming_the_numbers(slurm_cluste
 
 
 def test_plan_shows_the_same_check_and_a_fitting_request_passes_it(slurm_cluster, tmp_path, capsys):
-    argv = [*SLURM, "launcher.gpus_per_node=1", "launcher.nodes=3", "optim.global_batch_size=48"]
+    argv = ["+recipe=tiny_cpu", *SLURM, "launcher.gpus_per_node=1", "launcher.nodes=3", "optim.global_batch_size=48"]
     proc = subprocess.run([sys.executable, "-c", "import sys; from orchestrator.cli import main; "
                            "sys.exit(main(sys.argv[1:]))", "plan", "--json", *argv],
                           capture_output=True, text=True, timeout=120, cwd=REPO)
@@ -66,7 +66,7 @@ def test_plan_shows_the_same_check_and_a_fitting_request_passes_it(slurm_cluster
     problems = json.loads(proc.stdout)["cluster_problems"]
     assert len(problems) == 1 and problems[0].startswith("launcher.nodes=3 but partition debug has 1 node(s)")
     proc = subprocess.run([sys.executable, "-c", "import sys; from orchestrator.cli import main; "
-                           "sys.exit(main(sys.argv[1:]))", "plan", *SLURM],
+                           "sys.exit(main(sys.argv[1:]))", "plan", "+recipe=tiny_cpu", *SLURM],
                           capture_output=True, text=True, timeout=120, cwd=REPO)
     assert proc.returncode == 0 and "cluster check (this SLURM cluster's partitions and nodes): the request fits" \
         in proc.stdout, proc.stdout[-2000:] + proc.stderr

@@ -152,7 +152,7 @@ def test_a_rank_killed_in_a_slurm_job_is_named_with_its_signal(slurm_cluster, tm
     from tests.launchers.helpers import rank_pids, tiny_overrides
     from tests.slurm.runs import SLURM
 
-    argv = [*tiny_overrides(tmp_path, "run.name=killed", iters=40), *SLURM, "launcher.gpus_per_node=2",
+    argv = ["+recipe=tiny_cpu", *tiny_overrides(tmp_path, "run.name=killed", iters=40), *SLURM, "launcher.gpus_per_node=2",
             "launcher.wait=true"]
     env = {**os.environ, "PYTHONPATH": str(REPO), "AUDIOLLM_MINIMAL_STEP_DELAY_S": "0.25"}
     proc = subprocess.Popen([sys.executable, "-m", "orchestrator.cli", "train", *argv], stdout=subprocess.PIPE,

@@ -67,7 +67,8 @@ def pretrained(tmp_path_factory):
 
 def _overrides(pretrained, run_name: str, extra=()) -> list:
     """The step-1 run's overrides; a key in `extra` replaces the default one."""
-    base = [*train_overrides(pretrained["corpus"]), f"model.init_checkpoint={pretrained['converted']}",
+    # The command line chooses lora= in some runs: a group choice names its recipe.
+    base = ["+recipe=tiny_cpu", *train_overrides(pretrained["corpus"]), f"model.init_checkpoint={pretrained['converted']}",
             "data.validation=[]", "train.eval_generation=false", "model.adapter.ctc_weight=0",
             "model.spec_augment.enabled=false", "model.encoder.mask_padding=false", "train.iters=1",
             "optim.lr_warmup_iters=0",

@@ -225,8 +225,8 @@ def test_plan_estimate_includes_the_adapter_and_ctc_head():
     assert with_ctc.model.adapter.ctc_weight > 0 and not with_ctc.model.adapter.freeze
     audio_tokens = planned_step_items(with_ctc)["audio_token"]
     h, vocab = with_ctc.model.decoder.hidden_size, with_ctc.model.decoder.vocab_size
-    difference = (flops_per_step(with_ctc, inventory_for(with_ctc), 1).model_flops_per_step
-                  - flops_per_step(without, inventory_for(without), 1).model_flops_per_step)
+    difference = (flops_per_step(with_ctc, inventory_for(with_ctc)).model_flops_per_step
+                  - flops_per_step(without, inventory_for(without)).model_flops_per_step)
     assert audio_tokens > 0
     assert difference == pytest.approx(audio_tokens * 3 * 2 * h * (vocab + 1), rel=1e-9)
 
