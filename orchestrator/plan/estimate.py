@@ -389,11 +389,12 @@ def _mel_frames(cfg: AudioLLMConfig) -> int:
 def planned_step_items(cfg: AudioLLMConfig) -> dict:
     """What a planned step holds, in orchestrator.plan.step_flops' terms: every row full
     (one document of data.seq_length tokens) and as many clips of data.max_audio_seconds
-    as a row can hold (clips_per_row), each clip's encoder over its own frames when
-    model.encoder.mask_padding is on, else over the whole window."""
+    as a row can hold (clips_in_a_row: each counted once, though under context parallelism
+    a clip astride two ranks' chunks is encoded by both), each clip's encoder over its own
+    frames when model.encoder.mask_padding is on, else over the whole window."""
     model, rows, seq = cfg.model, cfg.optim.global_batch_size, cfg.data.seq_length
     window = model.decoder.sliding_window or None
-    clips = clips_per_row(cfg) * rows
+    clips = clips_in_a_row(cfg) * rows
     mel = _mel_frames(cfg)
     frames = encoder_frame_count(mel)
     seconds = min(cfg.data.max_audio_seconds, model.encoder.max_source_positions / 50)

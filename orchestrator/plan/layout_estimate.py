@@ -31,15 +31,17 @@ class LayoutEstimate:
 def stage_flops_per_microbatch(cfg, inventory) -> list[float]:
     """Hardware FLOPs of one micro-batch on one GPU of each pipeline stage. The decoder's
     layers split evenly over the stages and over TP x CP; the output layer sits on the
-    last stage; the Whisper encoder and the adapter on the first, computed whole by every
-    TP and CP rank (replicated, not sharded)."""
+    last stage; the Whisper encoder and the adapter on the first, replicated over TP (every
+    TP rank encodes every clip of its rows) and split over CP (a rank encodes the clips of
+    its chunks, estimate.clips_per_row)."""
     model, parallel = cfg.model, cfg.parallel
     vocab = padded_vocab_size(model.decoder.vocab_size, parallel.tp)
     trained = [p.name for p in inventory if p.trainable]
     counter = StepFlops(model, cfg.lora.rank, parallel.recompute, vocab, trained, pp=parallel.pp, vpp=parallel.vpp)
     share = cfg.optim.micro_batch_size / cfg.optim.global_batch_size
     items = {kind: n * share for kind, n in est.planned_step_items(cfg).items()}
-    encoder_side = counter.flops({k: v for k, v in items.items() if k in ENCODER_SIDE})["hardware"]
+    per_rank = est.clips_per_row(cfg) / max(est.clips_in_a_row(cfg), 1)
+    encoder_side = per_rank * counter.flops({k: v for k, v in items.items() if k in ENCODER_SIDE})["hardware"]
     decoder_all = counter.flops({k: v for k, v in items.items() if k not in ENCODER_SIDE})["hardware"]
     h = model.decoder.hidden_size
     output_weight = ("language_model.embedding.word_embeddings.weight" if model.decoder.tie_embeddings
