@@ -25,3 +25,8 @@ Modules: norms (zero-centred RMSNorm), attention (Gemma2 core attention, local a
 flex), gemma2_layer / gemma2_spec / gemma2_model (the decoder), speech (Whisper encoder,
 adapter), fusion, audiollm.
 """
+
+from orchestrator.runtime.megatron_import import import_megatron
+
+import_megatron()  # first, before any module here imports megatron (see there why)
+

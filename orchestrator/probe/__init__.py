@@ -12,3 +12,8 @@ Job side: imports torch and megatron. The modules:
   role.py         one rank role: the job's Trainer on the plan, micro-batches of the
                   plan's shapes, two steps, the measurement as JSON
 """
+
+from orchestrator.runtime.megatron_import import import_megatron
+
+import_megatron()  # first, before any module here imports megatron (see there why)
+

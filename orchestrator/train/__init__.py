@@ -13,3 +13,8 @@ loop                     the Trainer: model transforms, DDP, optimizer, steps, e
 checkpoint               dist_checkpointing save/load, atomic publication, keep-last-K
 metrics                  loss statistics, throughput/MFU (peak from the device name), W&B, console, loss curve
 """
+
+from orchestrator.runtime.megatron_import import import_megatron
+
+import_megatron()  # first, before any module here imports megatron (see there why)
+
