@@ -21,6 +21,8 @@ Modules: frames (frame arithmetic), audio (decode, resample), mel (log-mel),
 tokenizer_build (HF tokenizer with chat and audio tokens), prompts
 (templates and conversations -> tokens and loss mask), packing (packer, batch format), sources (MDS mixture via mosaic streaming),
 loader (train/validation loaders, bad samples), context_parallel (CP split),
-demo (espeak-ng corpus), cli (`audiollm data ...`). Each dataset's format (task
+demo (espeak-ng corpus), resample (the resampling filter, torch-free), importing
+(`audiollm data import` of NeMo / HF / Kaldi / WebDataset corpora, `audiollm data show`),
+cli (`audiollm data ...`). Each dataset's format (task
 presets, own templates, conversations, metric) is planning knowledge: orchestrator/plan/tasks.py.
 """

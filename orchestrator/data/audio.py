@@ -21,6 +21,8 @@ import numpy as np
 import soundfile as sf
 import torch
 
+from orchestrator.data.resample import polyphase_kernel
+
 
 class AudioError(ValueError):
     """Audio that cannot be decoded or is not acceptable under the data config."""
@@ -107,21 +109,9 @@ def load_audio(value, sample_rate: Optional[int], target_rate: int, wrong_rate: 
 
 @lru_cache(maxsize=16)
 def _polyphase_kernel(orig: int, new: int, zero_crossings: int, rolloff: float) -> Tuple[torch.Tensor, int]:
-    """Kernel [new, 1, taps] of a Kaiser-windowed sinc low-pass, one row per output phase.
-
-    Output sample q*new + j sits at input position q*orig + j*orig/new; row j holds the
-    filter evaluated at the input taps around that position.
-    """
-    cutoff = rolloff * min(1.0, new / orig)  # fraction of the input Nyquist kept
-    half_width = math.ceil(zero_crossings / cutoff)  # taps on each side, in input samples
-    taps = np.arange(-half_width, half_width + orig, dtype=np.float64)
-    offsets = np.arange(new, dtype=np.float64)[:, None] * orig / new
-    t = taps[None, :] - offsets  # distance from each tap to the output position
-    beta = 14.769656459379492  # Kaiser beta for a ~ -100 dB stop band
-    inside = np.abs(t) <= half_width
-    ratio = np.clip(1.0 - (t / half_width) ** 2, 0.0, None)
-    window = np.where(inside, np.i0(beta * np.sqrt(ratio)) / np.i0(beta), 0.0)
-    kernel = cutoff * np.sinc(cutoff * t) * window
+    """Kernel [new, 1, taps] of the filter designed in orchestrator.data.resample (one
+    design for this conv1d and for the numpy resampler of `audiollm data import`)."""
+    kernel, half_width = polyphase_kernel(orig, new, zero_crossings, rolloff)
     return torch.from_numpy(kernel.astype(np.float32)).unsqueeze(1), half_width
 
 

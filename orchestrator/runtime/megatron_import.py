@@ -11,7 +11,11 @@ there (orchestrator/train/megatron_config.py `_CPU_FIELDS`). megatron's own
 import first. So there, the first import of megatron.core runs with torch.compile
 standing for the identity decorator, the value `disable_jit_fuser()` would set, and
 torch.compile is restored right after (a later `torch.compile` call of the project's
-own, `model.compile`, is the real one). With CUDA, megatron is imported as it is.
+own, `model.compile`, is the real one). Likewise wandb (0.7 s): megatron imports it, if
+present, for its inference engine's and its timers' W&B writers, which the job never uses
+(its own logger imports wandb when a run logs there); during that first import `import
+wandb` fails as if wandb were absent, which megatron handles. With CUDA, megatron is
+imported as it is.
 
 The job-side packages that use megatron (models, train, convert, probe) call this from
 their `__init__`, before any of their modules imports megatron.
@@ -35,7 +39,13 @@ def import_megatron() -> None:
         return model if model is not None else (lambda fn: fn)
 
     torch.compile = identity
+    wandb_loaded = "wandb" in sys.modules
+    if not wandb_loaded:
+        sys.modules["wandb"] = None  # `import wandb` raises ImportError
     try:
         import megatron.core.jit  # noqa: F401  (megatron.core and its fusions with it)
+        import megatron.core.timers  # noqa: F401
     finally:
         torch.compile = real
+        if not wandb_loaded:
+            del sys.modules["wandb"]
