@@ -36,6 +36,7 @@ from dataclasses import dataclass, field, replace
 from fnmatch import fnmatchcase
 
 from orchestrator.plan.kernels import LOSS_CHUNK_ELEMENTS, LOSS_CHUNK_FP32_COPIES, attention_kernel, encoder_precision
+from orchestrator.plan import schedule
 from orchestrator.plan.megatron_args import padded_vocab_size
 from orchestrator.plan.model_params import ParamSpec, encoder_frame_count, parameter_inventory
 from orchestrator.plan.schema import AudioLLMConfig, ModelConfig, ParallelConfig
@@ -240,35 +241,10 @@ def clips_per_row(cfg: AudioLLMConfig) -> int:
     return whole_row if cp == 1 else min(whole_row, math.ceil(whole_row / cp) + (2 if cp == 2 else 4))
 
 
-def _schedule(pp: int, vpp: int | None, microbatches: int, stage: int):
-    """megatron's order of forwards and backwards on pipeline stage `stage` (its
-    pipeline_parallel/schedules.py): 1F1B, or with `vpp` model chunks the interleaved
-    schedule in groups of `pp` micro-batches. Yields ("F" or "B", model chunk)."""
-    chunks = vpp or 1
-    total = microbatches * chunks
-    if vpp:
-        table = []  # the model chunk of each virtual micro-batch, forward order
-        for first in range(0, microbatches, pp):
-            last = microbatches if first + pp >= microbatches else first + pp
-            table += [chunk for chunk in range(chunks) for _ in range(first, last)]
-        warmup = (pp - stage - 1) * 2 + (chunks - 1) * pp
-    else:
-        table = [0] * total
-        warmup = pp - stage - 1
-    warmup = min(warmup, total)
-    for k in range(warmup):
-        yield "F", table[k]
-    for k in range(total - warmup):
-        yield "F", table[warmup + k]
-        yield "B", chunks - 1 - table[k]
-    for k in range(total - warmup, total):
-        yield "B", chunks - 1 - table[k]
-
-
 def _held(pp: int, vpp: int | None, microbatches: int, stage: int):
     """The micro-batches each model chunk of a stage holds, after every step of its schedule."""
     held = [0] * (vpp or 1)
-    for step, chunk in _schedule(pp, vpp, microbatches, stage):
+    for step, chunk, _ in schedule.order(pp, vpp, microbatches, stage):
         held[chunk] += 1 if step == "F" else -1
         yield held
 

@@ -28,31 +28,41 @@ class LayoutEstimate:
     inputs: list = field(default_factory=list)  # what the estimate rests on, measured or assumed
 
 
-def stage_flops_per_microbatch(cfg, inventory) -> list[float]:
-    """Hardware FLOPs of one micro-batch on one GPU of each pipeline stage. The decoder's
-    layers split evenly over the stages and over TP x CP; the output layer sits on the
-    last stage; the Whisper encoder and the adapter on the first, replicated over TP (every
-    TP rank encodes every clip of its rows) and split over CP (a rank encodes the clips of
-    its chunks, estimate.clips_per_row)."""
+def chunk_flops_per_microbatch(cfg, inventory) -> tuple[list[list[float]], list[list[float]]]:
+    """Hardware FLOPs of one micro-batch on one GPU, forward and backward (recompute
+    included), per pipeline stage and model chunk. The decoder's layers split evenly over
+    the stages' chunks and over TP x CP; the output layer sits on the last chunk of the
+    last stage; the Whisper encoder and the adapter on the first chunk of the first,
+    replicated over TP (every TP rank encodes every clip of its rows) and split over CP (a
+    rank encodes the clips of its chunks, estimate.clips_per_row)."""
     model, parallel = cfg.model, cfg.parallel
     vocab = padded_vocab_size(model.decoder.vocab_size, parallel.tp)
     trained = [p.name for p in inventory if p.trainable]
     counter = StepFlops(model, cfg.lora.rank, parallel.recompute, vocab, trained, pp=parallel.pp, vpp=parallel.vpp)
     share = cfg.optim.micro_batch_size / cfg.optim.global_batch_size
     items = {kind: n * share for kind, n in est.planned_step_items(cfg).items()}
+
+    def forward_backward(kinds) -> tuple[float, float]:
+        forward = sum(items.get(k, 0) * counter.coefficients[k][0] for k in kinds)
+        backward = sum(items.get(k, 0) * (counter.coefficients[k][1] + counter.coefficients[k][2]) for k in kinds)
+        return forward, backward
+
     per_rank = est.clips_per_row(cfg) / max(est.clips_in_a_row(cfg), 1)
-    encoder_side = per_rank * counter.flops({k: v for k, v in items.items() if k in ENCODER_SIDE})["hardware"]
-    decoder_all = counter.flops({k: v for k, v in items.items() if k not in ENCODER_SIDE})["hardware"]
-    h = model.decoder.hidden_size
+    encoder_f, encoder_b = (per_rank * x for x in forward_backward([k for k in counter.coefficients if k in ENCODER_SIDE]))
+    decoder_f, decoder_b = forward_backward([k for k in counter.coefficients if k not in ENCODER_SIDE])
     output_weight = ("language_model.embedding.word_embeddings.weight" if model.decoder.tie_embeddings
                      else "language_model.output_layer.weight")
-    output = items["token"] * 2.0 * h * vocab * (2 + int(output_weight in trained))  # forward, input grad, weight grad
-    layers = max(decoder_all - output, 0.0)
-    split = parallel.tp * parallel.cp
-    stages = [layers / parallel.pp / split for _ in range(parallel.pp)]
-    stages[0] += encoder_side
-    stages[-1] += output / split
-    return stages
+    output_f = items["token"] * 2.0 * model.decoder.hidden_size * vocab
+    output_b = output_f * (1 + int(output_weight in trained))  # the input gradient, the weight's where it trains
+    split, chunks = parallel.tp * parallel.cp, parallel.pp * (parallel.vpp or 1)
+    layers_f, layers_b = max(decoder_f - output_f, 0.0) / chunks / split, max(decoder_b - output_b, 0.0) / chunks / split
+    forward = [[layers_f] * (parallel.vpp or 1) for _ in range(parallel.pp)]
+    backward = [[layers_b] * (parallel.vpp or 1) for _ in range(parallel.pp)]
+    forward[0][0] += encoder_f
+    backward[0][0] += encoder_b
+    forward[-1][-1] += output_f / split
+    backward[-1][-1] += output_b / split
+    return forward, backward
 
 
 def estimate_layout(cfg, inventory, stages, dp: int, num_microbatches: int,
@@ -76,7 +86,7 @@ def estimate_layout(cfg, inventory, stages, dp: int, num_microbatches: int,
     device = est.DEVICES[launcher.gpu_type]
     efficiency = step_time.efficiency(launcher.gpu_type)
     timing = step_time.estimate(
-        stage_flops_per_microbatch(cfg, inventory), traffic, num_microbatches=m, vpp=parallel.vpp or 1,
+        *chunk_flops_per_microbatch(cfg, inventory), traffic, num_microbatches=m, vpp=parallel.vpp,
         group_sizes=sizes, bandwidths=bandwidth, peak_flops=device.peak_tflops * 1e12, mfu=efficiency.mfu,
         world=launcher.nodes * launcher.gpus_per_node, tokens=cfg.optim.global_batch_size * cfg.data.seq_length,
         overlap_grad_reduce=overlap_grad_reduce, distributed_optimizer=parallel.distributed_optimizer)
@@ -88,7 +98,7 @@ def estimate_layout(cfg, inventory, stages, dp: int, num_microbatches: int,
         mfu=efficiency.mfu, mfu_measured_here=efficiency.measured_here,
         wire_gb=wire, payload_gb={kind: busiest.payload(kind) / 1e9 for kind in comm.KINDS}, crosses_nodes=crosses,
         inputs=[f"compute: {efficiency.source}", *link_notes,
-                             "bubble: megatron's 1F1B (interleaved with vpp) over the stages' own compute times"])
+                             "bubble: megatron's schedule played with each stage's own times"])
 
 
 def _dp_cp_groups(layout) -> list[list[int]]:

@@ -15,11 +15,11 @@ collective bytes at link speeds, and the pipeline schedule's bubble.
   add to it too. The data-parallel gradient reduction overlaps the last micro-batch's
   backward when the plan turns overlap_grad_reduce on; the distributed optimizer's
   parameter all-gather does not overlap.
-- Bubble: megatron's 1F1B runs m micro-batches through p stages in
-  (m - 1) x t_max + sum(t_s) for per-stage times t_s (stages differ: the first holds
-  the encoder and embeddings, the last the logits); interleaving v chunks per rank cuts
-  the fill and drain to (sum(t_s) - t_max) / v (Narayanan et al. 2021). The bubble is
-  the share of the step a GPU idles for it.
+- Bubble: megatron's schedule (orchestrator/plan/schedule.py: 1F1B, or interleaved over
+  `vpp` model chunks) played with each stage's and chunk's own forward and backward times
+  (the first stage holds the encoder and embeddings, the last the logits); with equal
+  stages that is Narayanan et al. 2021's (p-1)/(v*m+p-1) of the step. The bubble is the
+  share of the step the average GPU idles for it.
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from orchestrator.plan.communication import Traffic, wire_factor
+from orchestrator.plan.schedule import makespan
 
 
 @dataclass(frozen=True)
@@ -89,8 +90,6 @@ def group_spans_nodes(groups: list[list[int]], gpus_per_node: int) -> bool:
 @dataclass
 class StepTime:
     step_s: float
-    compute_s: float  # the busiest stage's compute, all micro-batches
-    exposed_comm_s: float  # the busiest stage's collectives on the critical path
     bubble: float  # share of the step the average GPU idles in the pipeline's fill and drain
     tokens_per_s_per_gpu: float
 
@@ -100,27 +99,33 @@ def comm_seconds(traffic: Traffic, kind: str, group_size: int, bandwidth_gb_s: f
                for collective, payload in traffic.by_kind[kind].items()) / (bandwidth_gb_s * 1e9)
 
 
-def estimate(stage_flops: list[float], traffic: list[Traffic], *, num_microbatches: int, vpp: int,
-             group_sizes: dict, bandwidths: dict, peak_flops: float, mfu: float, world: int, tokens: int,
-             overlap_grad_reduce: bool, distributed_optimizer: bool) -> StepTime:
-    """`stage_flops`: hardware FLOPs of one micro-batch on one GPU of each stage;
-    `group_sizes` and `bandwidths` (GB/s) per kind (tp, cp, pp, dp)."""
-    m, v = num_microbatches, max(vpp, 1)
-    per_microbatch, once = [], []
-    for flops, t in zip(stage_flops, traffic):
-        comm = sum(comm_seconds(t, kind, group_sizes[kind], bandwidths[kind]) for kind in ("tp", "cp", "pp"))
-        per_microbatch.append(flops / (peak_flops * mfu) + comm / m)
-        dp_s = comm_seconds(t, "dp", group_sizes["dp"], bandwidths["dp"])
-        once.append(dp_s)
-    t_max = max(per_microbatch)
-    pipeline_s = m * t_max + (sum(per_microbatch) - t_max) / v
-    busiest = per_microbatch.index(t_max)
-    dp_s = once[busiest]
-    if overlap_grad_reduce:
-        gather_s = dp_s / 3 if distributed_optimizer else 0.0  # the all-gather: 2 of the 6 bytes a parameter
-        dp_s = max(0.0, dp_s - gather_s - t_max / 2) + gather_s  # the reduction hides behind the last backward
-    step = pipeline_s + dp_s
-    compute = m * stage_flops[busiest] / (peak_flops * mfu)
-    average_busy = sum(m * t for t in per_microbatch) / len(per_microbatch)
-    return StepTime(step_s=step, compute_s=compute, exposed_comm_s=step - compute - (pipeline_s - m * t_max),
-                    bubble=(pipeline_s - average_busy) / step, tokens_per_s_per_gpu=tokens / step / world)
+def estimate(forward_flops: list[list[float]], backward_flops: list[list[float]], traffic: list[Traffic], *,
+             num_microbatches: int, vpp: int | None, group_sizes: dict, bandwidths: dict, peak_flops: float,
+             mfu: float, world: int, tokens: int, overlap_grad_reduce: bool,
+             distributed_optimizer: bool) -> StepTime:
+    """`forward_flops` / `backward_flops`: one micro-batch's hardware FLOPs on one GPU per
+    stage and model chunk (layout_estimate.chunk_flops_per_microbatch); `group_sizes` and
+    `bandwidths` (GB/s) per kind (tp, cp, pp, dp)."""
+    m = num_microbatches
+    rate = peak_flops * mfu
+    forward_s, backward_s, reduce_s, gather_s = [], [], [], []
+    for stage, t in enumerate(traffic):
+        # TP, CP and pipeline traffic on the critical path, shared over the stage's
+        # micro-batch chunks in proportion to their compute
+        comm = sum(comm_seconds(t, kind, group_sizes[kind], bandwidths[kind]) for kind in ("tp", "cp", "pp")) / m
+        compute = sum(forward_flops[stage]) + sum(backward_flops[stage])
+        scale = (1 + comm * rate / compute) / rate if compute else 0.0
+        forward_s.append([f * scale for f in forward_flops[stage]])
+        backward_s.append([b * scale for b in backward_flops[stage]])
+        dp = {c: p for c, p in t.by_kind["dp"].items()}
+        size = group_sizes["dp"]
+        reduce_s.append(sum(p * wire_factor(c, size) for c, p in dp.items() if c != "all_gather") / (bandwidths["dp"] * 1e9))
+        gather_s.append(dp.get("all_gather", 0.0) * wire_factor("all_gather", size) / (bandwidths["dp"] * 1e9))
+    pipeline_s, busy = makespan(forward_s, backward_s, m, vpp)
+    # the gradient reduction hides behind the last micro-batch's backward when it overlaps;
+    # the distributed optimizer's parameter all-gather does not overlap
+    after = [max(0.0, r - (sum(b) if overlap_grad_reduce else 0.0)) + g
+             for r, g, b in zip(reduce_s, gather_s, backward_s)]
+    step = pipeline_s + max(after)
+    idle = pipeline_s - sum(busy) / len(busy)  # the average stage's wait in the fill and drain
+    return StepTime(step_s=step, bubble=idle / step, tokens_per_s_per_gpu=tokens / step / world)

@@ -2,6 +2,7 @@
 collective and point-to-point send wrapped to sum its payload by process group.
 Usage: comm_count_script.py RUN_DIR. Each rank writes RUN_DIR/comm-rank{R}.json:
 {"stage", "bytes": {kind: {collective: bytes}}, "widths": [micro-batch token widths],
+"schedule": [[F or B, model chunk, micro-batch], ...] in the order the rank ran them,
 "trainable_tensors", "model_chunks"}. Collectives on a group of one rank move nothing and
 are not counted; those on groups other than megatron's TP, CP, DP, PP and embedding
 groups count as "other".
@@ -76,6 +77,32 @@ _wrap("isend", "send", lambda a: _nbytes(a["tensor"]))
 c10d.isend = dist.isend
 
 
+def _record_schedule(trainer) -> list:
+    """megatron's forwards and backwards on this rank, in order: [kind, model chunk,
+    micro-batch]. The schedules call `forward_step` and `backward_step` through their
+    module's globals; a backward is matched to its forward by the output it consumes."""
+    from megatron.core.pipeline_parallel import schedules
+
+    events, counts, outputs = [], {}, {}
+    forward, backward = schedules.forward_step, schedules.backward_step
+
+    def forward_step(*args, **kwargs):
+        model = kwargs["model"] if "model" in kwargs else args[2]
+        chunk = next(i for i, c in enumerate(trainer.chunks) if c is model)
+        microbatch = counts[chunk] = counts.get(chunk, -1) + 1
+        result = forward(*args, **kwargs)
+        outputs[id(result[0])] = (chunk, microbatch)
+        events.append(["F", chunk, microbatch])
+        return result
+
+    def backward_step(input_tensor, output_tensor, *args, **kwargs):
+        events.append(["B", *outputs[id(output_tensor)]])
+        return backward(input_tensor, output_tensor, *args, **kwargs)
+
+    schedules.forward_step, schedules.backward_step = forward_step, backward_step
+    return events
+
+
 def main() -> int:
     run_dir = Path(sys.argv[1])
     from megatron.core import parallel_state as ps
@@ -108,6 +135,7 @@ def main() -> int:
         return batch
 
     source.next_microbatch = recorded
+    events = _record_schedule(trainer)
     dist.barrier()
     COUNTING["on"] = True
     trainer.train_step()
@@ -115,7 +143,7 @@ def main() -> int:
     dist.barrier()
     rank = dist.get_rank()
     (run_dir / f"comm-rank{rank}.json").write_text(json.dumps({
-        "stage": ps.get_pipeline_model_parallel_rank(), "bytes": COUNTS, "widths": widths,
+        "stage": ps.get_pipeline_model_parallel_rank(), "bytes": COUNTS, "widths": widths, "schedule": events,
         # what bounds megatron's padding of its gradient buffers (one buffer per chunk and dtype)
         "trainable_tensors": sum(p.requires_grad for c in trainer.unwrapped for p in c.parameters()),
         "model_chunks": len(trainer.chunks)}))

@@ -70,16 +70,32 @@ def test_table_says_what_the_estimate_rests_on_and_errors_every_point_shares_onc
 
 
 def _uniform(p, m, v):
-    t = Traffic(stage=0)
-    return estimate([1e12] * p, [t] * p, num_microbatches=m, vpp=v, group_sizes=dict(tp=1, cp=1, pp=p, dp=1),
+    """p equal stages of v chunks, a micro-batch's forward 1 s and backward 2 s a stage."""
+    chunks = v or 1
+    return estimate([[1e12 / chunks] * chunks] * p, [[2e12 / chunks] * chunks] * p, [Traffic(stage=s) for s in range(p)],
+                    num_microbatches=m, vpp=v, group_sizes=dict(tp=1, cp=1, pp=p, dp=1),
                     bandwidths=dict(tp=1, cp=1, pp=1, dp=1), peak_flops=1e12, mfu=1.0, world=p, tokens=1,
                     overlap_grad_reduce=False, distributed_optimizer=False)
 
 
-@pytest.mark.parametrize("p,m,v", [(1, 4, 1), (2, 4, 1), (4, 8, 1), (4, 8, 2), (2, 16, 3)])
+@pytest.mark.parametrize("p,m,v", [(1, 4, None), (2, 4, None), (4, 8, None), (4, 8, 2), (2, 16, 3), (4, 4, 4)])
 def test_bubble_of_equal_stages_is_the_schedules(p, m, v):
-    """1F1B: (p-1)/(m+p-1) of the step; interleaved over v chunks: (p-1)/(v*m+p-1)
-    (Narayanan et al. 2021, section 2.2)."""
+    """megatron's order played with equal stages: 1F1B idles (p-1)/(m+p-1) of the step,
+    interleaved over v chunks (p-1)/(v*m+p-1) (Narayanan et al. 2021, section 2.2)."""
+    chunks = v or 1
     step = _uniform(p, m, v)
-    assert step.bubble == pytest.approx((p - 1) / (v * m + p - 1))
-    assert step.step_s == pytest.approx(m + (p - 1) / v)
+    assert step.bubble == pytest.approx((p - 1) / (chunks * m + p - 1))
+    assert step.step_s == pytest.approx(3 * (m + (p - 1) / chunks))
+
+
+def test_a_heavier_first_stage_sets_the_pace():
+    """Stage 0 also runs the encoder: 1F1B's steady state goes at its pace, and the others wait."""
+    slow = estimate([[2e12], [1e12]], [[4e12], [2e12]], [Traffic(stage=0), Traffic(stage=1)], num_microbatches=8,
+                    vpp=None, group_sizes=dict(tp=1, cp=1, pp=2, dp=1), bandwidths=dict(tp=1, cp=1, pp=1, dp=1),
+                    peak_flops=1e12, mfu=1.0, world=2, tokens=1, overlap_grad_reduce=False,
+                    distributed_optimizer=False)
+    # stage 0 runs its 8 micro-batches (6 s each) back to back but for one wait: its first
+    # backward needs micro-batch 0's gradient, back from stage 1 at 5 s, while its second
+    # forward ends at 4 s
+    assert slow.step_s == pytest.approx(8 * 6 + 1)
+    assert slow.bubble == pytest.approx((49 - (48 + 24) / 2) / 49)
