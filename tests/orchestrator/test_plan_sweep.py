@@ -99,3 +99,13 @@ def test_a_heavier_first_stage_sets_the_pace():
     # forward ends at 4 s
     assert slow.step_s == pytest.approx(8 * 6 + 1)
     assert slow.bubble == pytest.approx((49 - (48 + 24) / 2) / 49)
+
+
+def test_probe_best_probes_the_first_runnable_points(capsys):
+    """`--probe-best 1` probes the best point that can run (here the tiny recipe on a CPU:
+    no step estimate, so the runnable points keep their sweep order)."""
+    rc = main(["plan", "-m", "+recipe=tiny_cpu", "parallel.tp=3,1", "--probe-best", "1"])
+    text = capsys.readouterr().out
+    assert rc == 0
+    assert "probe of +recipe=tiny_cpu parallel.tp=1:" in text  # tp=3 breaks a rule: not probed
+    assert "probe of +recipe=tiny_cpu parallel.tp=3" not in text
