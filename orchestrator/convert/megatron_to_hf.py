@@ -28,7 +28,8 @@ from typing import Dict, List, Optional
 
 import torch
 
-from orchestrator.plan.checkpoint_dirs import ADAPTER_SUBDIR, CONVERTED_META, ENCODER_SUBDIR, resolve_model_checkpoint
+from orchestrator.plan.checkpoint_dirs import (ADAPTER_SUBDIR, CONVERTED_META, ENCODER_SUBDIR, checkpoint_at_step,
+                                               resolve_model_checkpoint)
 from orchestrator.convert.gemma2_mapping import Gemma2Shape, gemma2_hf_config, hf_gemma2_config, megatron_full_to_hf
 from orchestrator.convert.hf_io import write_hf_checkpoint
 
@@ -154,12 +155,16 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument("--megatron", required=True, type=Path,
                         help="a converted checkpoint, a training checkpoint (RUN/checkpoints/step_N) or a run directory")
     parser.add_argument("--out", required=True, type=Path, help="output HF directory")
+    parser.add_argument("--step", default=None,
+                        help="with a run directory: the checkpoint at this step, or `best`, the one `audiollm eval "
+                             "RUN --all` chose (RUN/eval/best.json); default: the latest")
     parser.add_argument("--lora", choices=LORA_MODES, default="merge",
                         help=f"merge LoRA into the weights (default), or write the decoder's as a PEFT adapter "
                              f"(HF_DIR/{PEFT_SUBDIR}) beside the un-merged base")
     args = parser.parse_args(argv)
     try:
-        result = convert(args.megatron, args.out, args.lora)
+        source = checkpoint_at_step(args.megatron, args.step) if args.step is not None else args.megatron
+        result = convert(source, args.out, args.lora)
     except ValueError as exc:
         print(str(exc), file=sys.stderr)
         return 2

@@ -142,6 +142,26 @@ def resolve_model_checkpoint(path: str) -> Tuple[Optional[str], Optional[str]]:
                   f"a training checkpoint (RUN/checkpoints/step_N) or a run directory")
 
 
+def checkpoint_at_step(run_dir: Path, step: str) -> Path:
+    """A run's checkpoint by step number, or "best": the one `audiollm eval RUN --all`
+    named in RUN/eval/best.json. ValueError naming what there is otherwise."""
+    run_dir = Path(run_dir)
+    if step == "best":
+        best = run_dir / "eval" / "best.json"
+        if not best.is_file():
+            raise ValueError(f"--step best: {best} does not exist; score the run's checkpoints first with "
+                             f"`audiollm eval {run_dir} --all`")
+        path = run_dir / "checkpoints" / json.loads(best.read_text())["checkpoint"]
+        if not path.is_dir():
+            raise ValueError(f"--step best: {best} names {path.name}, which is no longer kept in {path.parent}")
+        return path
+    kept = {int(STEP_DIR.match(p.name).group(1)): p for p in step_dirs(run_dir)}
+    if not step.isdigit() or int(step) not in kept:
+        raise ValueError(f"--step {step}: {run_dir} keeps checkpoints at steps "
+                         f"{', '.join(str(s) for s in sorted(kept)) or '(none)'}; or pass --step best")
+    return kept[int(step)]
+
+
 def set_aside_dirs(run_dir: Path) -> list:
     """Checkpoints an earlier resume found damaged (checkpoints/step_N.damaged), oldest
     first by step (not by name: step_1000000 sorts before step_999999 as text)."""

@@ -6,6 +6,9 @@ dataset, whatever the run's train.eval_generation. Writes <run_dir>/eval/<checkp
     audiollm eval RUN_DIR [--checkpoint DIR] [--ctc-weight W] [--examples N]
         one process: the checkpoint is loaded resharded to TP=PP=1 (dist_checkpointing
         reshards on load), so any run can be evaluated without its cluster layout;
+    audiollm eval RUN_DIR --all [--best-by KEY]
+        every kept checkpoint not scored yet, then the table over steps, its plot and the
+        best checkpoint (orchestrator/eval/checkpoint_table.py);
     audiollm eval RUN_DIR --tp 2 [--pp P] [--cp C] [--gpus N]
         N processes on this machine (default tp x pp x cp; the rest is data parallel),
         the checkpoint resharded to that layout: a 9B model split over 2 GPUs;
@@ -94,21 +97,9 @@ def evaluate_run(run_dir: str | Path, checkpoint: Optional[str | Path] = None,
     rest data parallel); None: one process, or the run's own layout under torchrun.
     `ctc_weight`: train.eval_generation_ctc_weight for this evaluation (None: the run's).
     `examples`: (reference, answer) pairs per dataset to write into the JSON."""
-    from orchestrator.runtime.distributed import shutdown
     from orchestrator.train import checkpoint as ckpt
-    from orchestrator.train.entry import make_trainer, setup_logging
-    from orchestrator.train.run_plan import load_run_plan
 
     run_dir = Path(run_dir)
-    plan = load_run_plan(run_dir)
-    trained_ctc = float(plan.section("model").get("adapter", {}).get("ctc_weight", 0.0))
-    head = trained_ctc > 0  # the model has the CTC head
-    if ctc_weight is not None:
-        if not 0 <= ctc_weight <= 1 or (ctc_weight > 0 and not head):
-            raise PlanError(f"--ctc-weight {ctc_weight}: joint CTC/attention decoding takes a weight within [0, 1] and "
-                            f"the adapter's CTC head, which the run's model has only when trained with "
-                            f"model.adapter.ctc_weight > 0 (its is {trained_ctc}); use --ctc-weight 0")
-        plan.config["train"]["eval_generation_ctc_weight"] = ctc_weight
     path = Path(checkpoint) if checkpoint else ckpt.latest_checkpoint(run_dir)
     if path is None or not path.is_dir():
         raise FileNotFoundError(f"{run_dir}: no checkpoint to evaluate ({path or 'checkpoints/latest is missing'}); "
@@ -119,6 +110,42 @@ def evaluate_run(run_dir: str | Path, checkpoint: Optional[str | Path] = None,
         raise DamagedCheckpoint(f"checkpoint {path} is damaged: {problem}; "
                                 + (f"evaluate the newest complete one with --checkpoint {others[0]}" if others
                                    else "the run has no other complete checkpoint"))
+    return _score(run_dir, [path], components_factory, layout, ctc_weight, examples)[path.name]
+
+
+def evaluate_every_checkpoint(run_dir: str | Path, components_factory: Optional[Callable] = None,
+                              layout: Optional[Tuple[int, int, int]] = None, ctc_weight: Optional[float] = None,
+                              examples: int = 0) -> tuple[dict, list]:
+    """Score each kept checkpoint that RUN/eval/ has no result for yet, oldest first, with
+    the model built once: an evaluation stopped half-way (a preempted job) goes on where
+    it stopped. Returns ({checkpoint name: results} of those scored now, [damaged ones
+    left out, with why])."""
+    run_dir = Path(run_dir)
+    kept = list(reversed(step_dirs(run_dir)))
+    damaged = [f"{p.name}: {checkpoint_problem(p)}" for p in kept if checkpoint_problem(p)]
+    todo = [p for p in kept if checkpoint_problem(p) is None and not (run_dir / "eval" / f"{p.name}.json").is_file()]
+    if not kept:
+        raise FileNotFoundError(f"{run_dir}: no checkpoint to evaluate (checkpoints/step_N); train first")
+    return (_score(run_dir, todo, components_factory, layout, ctc_weight, examples) if todo else {}), damaged
+
+
+def _score(run_dir: Path, paths: list, components_factory, layout, ctc_weight, examples) -> dict:
+    """Load each checkpoint of `paths` into one model and evaluate it; rank 0 writes
+    RUN/eval/<checkpoint>.json after each."""
+    from orchestrator.runtime.distributed import shutdown
+    from orchestrator.train import checkpoint as ckpt
+    from orchestrator.train.entry import make_trainer, setup_logging
+    from orchestrator.train.run_plan import load_run_plan
+
+    plan = load_run_plan(run_dir)
+    trained_ctc = float(plan.section("model").get("adapter", {}).get("ctc_weight", 0.0))
+    head = trained_ctc > 0  # the model has the CTC head
+    if ctc_weight is not None:
+        if not 0 <= ctc_weight <= 1 or (ctc_weight > 0 and not head):
+            raise PlanError(f"--ctc-weight {ctc_weight}: joint CTC/attention decoding takes a weight within [0, 1] and "
+                            f"the adapter's CTC head, which the run's model has only when trained with "
+                            f"model.adapter.ctc_weight > 0 (its is {trained_ctc}); use --ctc-weight 0")
+        plan.config["train"]["eval_generation_ctc_weight"] = ctc_weight
     if plan.section("data").get("validation"):
         plan.config["train"]["eval_generation"] = True  # what this command is for, whatever the run's setting
     if "WORLD_SIZE" not in os.environ or int(os.environ["WORLD_SIZE"]) == 1:
@@ -134,23 +161,25 @@ def evaluate_run(run_dir: str | Path, checkpoint: Optional[str | Path] = None,
                         f"(got pp {plan.pp}); evaluate at --pp 1 or pass --ctc-weight 0")
     rank = int(os.environ["RANK"])
     setup_logging(rank)
+    scores = {}
     try:
         trainer = make_trainer(run_dir, components_factory, plan=plan, training=False)
-        ckpt.load_model_weights(path, trainer.chunks)
         generation = trainer.components.generation_eval if examples else None
         if generation is not None:
             generation.examples = examples
-        results = trainer.evaluate()
-        if rank == 0:
-            out = run_dir / "eval" / f"{path.name}.json"
-            out.parent.mkdir(exist_ok=True)
-            shown = {"examples": generation.last_examples} if generation is not None else {}
-            write_text_atomic(out, json.dumps({"checkpoint": path.name, "eval_generation_ctc_weight": joint, **results,
-                                               **shown}, indent=1) + "\n")
-            print(" | ".join(f"{k} {v:.4f}" for k, v in results.items()), flush=True)
+        for path in paths:
+            ckpt.load_model_weights(path, trainer.chunks)
+            results = scores[path.name] = trainer.evaluate()
+            if rank == 0:
+                out = run_dir / "eval" / f"{path.name}.json"
+                out.parent.mkdir(exist_ok=True)
+                shown = {"examples": generation.last_examples} if generation is not None else {}
+                write_text_atomic(out, json.dumps({"checkpoint": path.name, "eval_generation_ctc_weight": joint,
+                                                   **results, **shown}, indent=1) + "\n")
+                print(f"{path.name}: " + " | ".join(f"{k} {v:.4f}" for k, v in results.items()), flush=True)
     finally:
         shutdown()
-    return results
+    return scores
 
 
 def _launch(argv: Sequence[str], processes: int) -> int:
@@ -178,8 +207,18 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                              "train.eval_generation_ctc_weight; 0: the decoder alone)")
     parser.add_argument("--examples", type=int, default=0,
                         help="also write the first N (reference, answer) pairs of each validation dataset into the JSON")
+    parser.add_argument("--all", action="store_true",
+                        help="score every kept checkpoint not scored yet (one model, loaded with each in turn), then "
+                             "write RUN/eval/steps.tsv, RUN/eval_curve.png and RUN/eval/best.json")
+    parser.add_argument("--best-by", default=None, metavar="KEY",
+                        help="with --all: the figure that names the best checkpoint, e.g. wer/all, "
+                             "wer/DATASET, exact/all, val_loss (default: wer/all, exact/all, bleu/all or val_loss, "
+                             "the first the run measures); WER and loss lower is better, exact match and BLEU higher")
     argv = list(sys.argv[1:] if argv is None else argv)
     args = parser.parse_args(argv)
+    if args.all and args.checkpoint:
+        print("--all scores every kept checkpoint; --checkpoint names one: pass one of them", file=sys.stderr)
+        return 2
     layout = None
     if any(v is not None for v in (args.tp, args.pp, args.cp, args.gpus)):
         layout = (args.tp or 1, args.pp or 1, args.cp or 1)
@@ -191,10 +230,35 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         if processes > 1 and "WORLD_SIZE" not in os.environ:
             return _launch(argv, processes)
     try:
-        evaluate_run(args.run_dir, args.checkpoint, layout=layout, ctc_weight=args.ctc_weight, examples=args.examples)
+        if not args.all:
+            evaluate_run(args.run_dir, args.checkpoint, layout=layout, ctc_weight=args.ctc_weight,
+                         examples=args.examples)
+            return 0
+        _, damaged = evaluate_every_checkpoint(args.run_dir, layout=layout, ctc_weight=args.ctc_weight,
+                                               examples=args.examples)
     except (FileNotFoundError, DamagedCheckpoint, PlanError) as exc:
         print(str(exc), file=sys.stderr)
         return 2
+    if int(os.environ.get("RANK", "0")) == 0:
+        return _summarize(Path(args.run_dir), args.best_by, damaged)
+    return 0
+
+
+def _summarize(run_dir: Path, best_by: Optional[str], damaged: list) -> int:
+    from orchestrator.eval.checkpoint_table import table_text, write_summary
+
+    try:
+        rows, chosen = write_summary(run_dir, best_by)
+    except ValueError as exc:
+        print(str(exc), file=sys.stderr)
+        return 2
+    print(table_text(rows), end="")
+    for line in damaged:
+        print(f"left out, damaged: {line}")
+    if chosen:
+        print(f"best by {chosen['by']} ({'lower' if chosen['lower_is_better'] else 'higher'} is better): "
+              f"{chosen['checkpoint']} ({chosen['value']:.4g}); export it with `audiollm convert megatron-to-hf "
+              f"--megatron {run_dir} --step best --out DIR`")
     return 0
 
 

@@ -37,3 +37,22 @@ def test_a_run_directory_past_999999_steps_resolves_to_its_latest(tmp_path):
     (root / "latest").write_text(latest.name + "\n")
     path, problem = resolve_model_checkpoint(str(tmp_path))
     assert problem is None and path.endswith("step_1000000"), (path, problem)
+
+
+def test_a_checkpoint_chosen_by_step_or_best_names_what_the_run_keeps(tmp_path):
+    import json
+
+    import pytest
+
+    from orchestrator.plan.checkpoint_dirs import checkpoint_at_step
+
+    for step in (6, 12):
+        (tmp_path / "checkpoints" / f"step_{step:06d}").mkdir(parents=True)
+    assert checkpoint_at_step(tmp_path, "12") == tmp_path / "checkpoints" / "step_000012"
+    with pytest.raises(ValueError, match="keeps checkpoints at steps 6, 12"):
+        checkpoint_at_step(tmp_path, "7")
+    with pytest.raises(ValueError, match=f"audiollm eval {tmp_path} --all"):
+        checkpoint_at_step(tmp_path, "best")
+    (tmp_path / "eval").mkdir()
+    (tmp_path / "eval" / "best.json").write_text(json.dumps({"checkpoint": "step_000006"}))
+    assert checkpoint_at_step(tmp_path, "best") == tmp_path / "checkpoints" / "step_000006"

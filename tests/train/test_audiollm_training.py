@@ -144,3 +144,50 @@ def test_audiollm_eval_refuses_joint_ctc_decoding_of_a_model_without_the_head(co
     assert main([str(no_head), "--ctc-weight", "0.3"]) == 2
     err = capsys.readouterr().err
     assert "--ctc-weight 0.3" in err and "model.adapter.ctc_weight > 0 (its is 0.0)" in err, err
+
+
+@pytest.mark.multiprocess
+def test_eval_all_scores_each_kept_checkpoint_once_names_the_best_and_exports_it(tp2_straight, tmp_path):
+    """`audiollm eval RUN --all` on the TP=2 run (checkpoints at steps 6 and 12), in one
+    process: each checkpoint scored as `audiollm eval --checkpoint` scores it alone, the
+    table over steps, its plot and the best checkpoint written; run again, it scores
+    nothing; `convert megatron-to-hf --step best` exports the one it chose."""
+    import shutil
+
+    source, straight = tp2_straight
+    run_dir = tmp_path / source.name
+    shutil.copytree(source, run_dir, symlinks=True, ignore=shutil.ignore_patterns("eval"))
+
+    def cli(*argv):
+        proc = subprocess.run([sys.executable, "-c", f"import sys; from orchestrator.cli import main; "
+                               f"sys.exit(main({list(argv)!r}))"], capture_output=True, text=True, timeout=300,
+                              cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO), "PYTHONWARNINGS": "ignore"})
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        return proc.stdout
+
+    out = cli("eval", str(run_dir), "--all", "--ctc-weight", "0")
+    scores = {s: json.loads((run_dir / "eval" / f"step_{s:06d}.json").read_text()) for s in (SAVE_AT, ITERS)}
+    assert scores[ITERS]["val_loss"] == pytest.approx(straight["eval"]["val_loss"], abs=1e-5)
+    table = (run_dir / "eval" / "steps.tsv").read_text().splitlines()
+    assert table[0].split("\t")[:3] == ["step", "checkpoint", "val_loss"] and len(table) == 3
+    assert [row.split("\t")[0] for row in table[1:]] == [str(SAVE_AT), str(ITERS)]
+    best = json.loads((run_dir / "eval" / "best.json").read_text())
+    assert best["by"] == "wer/all" and best["lower_is_better"]
+    assert best["value"] == min(scores[s]["wer/all"] for s in scores)
+    assert f"best by wer/all (lower is better): {best['checkpoint']}" in out
+    assert (run_dir / "eval_curve.png").stat().st_size > 0
+    # the same as scoring one checkpoint on its own
+    alone = tmp_path / "alone"
+    shutil.copytree(run_dir, alone, symlinks=True, ignore=shutil.ignore_patterns("eval"))
+    cli("eval", str(alone), "--checkpoint", str(alone / "checkpoints" / f"step_{SAVE_AT:06d}"), "--ctc-weight", "0")
+    single = json.loads((alone / "eval" / f"step_{SAVE_AT:06d}.json").read_text())
+    assert {k: v for k, v in single.items() if k != "checkpoint"} == \
+        {k: v for k, v in scores[SAVE_AT].items() if k != "checkpoint"}
+    # again: every kept checkpoint is scored already
+    before = {p.name: p.stat().st_mtime_ns for p in (run_dir / "eval").glob("step_*.json")}
+    again = cli("eval", str(run_dir), "--all")
+    assert "step_000006:" not in again and "step_000012:" not in again
+    assert before == {p.name: p.stat().st_mtime_ns for p in (run_dir / "eval").glob("step_*.json")}
+    # export the chosen one
+    out = cli("convert", "megatron-to-hf", "--megatron", str(run_dir), "--step", "best", "--out", str(tmp_path / "hf"))
+    assert best["checkpoint"] in out and (tmp_path / "hf" / "config.json").is_file()
