@@ -8,7 +8,8 @@ dataset, whatever the run's train.eval_generation. Writes <run_dir>/eval/<checkp
         reshards on load), so any run can be evaluated without its cluster layout;
     audiollm eval RUN_DIR --all [--best-by KEY]
         every kept checkpoint not scored yet, then the table over steps, its plot and the
-        best checkpoint (orchestrator/eval/checkpoint_table.py);
+        best checkpoint (orchestrator/eval/checkpoint_table.py), and the scores into the
+        training run's W&B run when it logs there;
     audiollm eval RUN_DIR --tp 2 [--pp P] [--cp C] [--gpus N]
         N processes on this machine (default tp x pp x cp; the rest is data parallel),
         the checkpoint resharded to that layout: a 9B model split over 2 GPUs;
@@ -255,6 +256,13 @@ def _summarize(run_dir: Path, best_by: Optional[str], damaged: list) -> int:
     print(table_text(rows), end="")
     for line in damaged:
         print(f"left out, damaged: {line}")
+    from orchestrator.train.metrics import log_evaluations_to_wandb
+    from orchestrator.train.run_plan import load_run_plan
+
+    plan = load_run_plan(run_dir)
+    said = log_evaluations_to_wandb(run_dir, plan.section("logger"), plan.section("run"), rows)
+    if said:
+        print(said)
     if chosen:
         print(f"best by {chosen['by']} ({'lower' if chosen['lower_is_better'] else 'higher'} is better): "
               f"{chosen['checkpoint']} ({chosen['value']:.4g}); export it with `audiollm convert megatron-to-hf "

@@ -300,6 +300,30 @@ class MetricsWriter:
             self.wandb = None
 
 
+def log_evaluations_to_wandb(run_dir: Path, logger_cfg: dict, run_cfg: dict, rows: list) -> Optional[str]:
+    """Every scored checkpoint (orchestrator/eval/checkpoint_table.py rows) into the
+    training run's own W&B run, resumed by its id, as `eval/...` series on their own step
+    axis `eval/step` (W&B drops rows logged at a step below the run's last): the dashboard
+    shows the training loss and the checkpoints' scores over the same steps. Rows logged
+    by an earlier `--all` are logged again and coincide. Returns what happened, or None
+    when the run does not log to W&B."""
+    backend = (logger_cfg.get("backend") or "none").lower()
+    if backend != "wandb" or not rows:
+        return None
+    settings = wandb_settings(logger_cfg, os.environ)
+    if settings.mode == "disabled" or not _installed("wandb"):
+        return "W&B: not logged (mode disabled, or wandb not installed here)"
+    from orchestrator.runtime.job_control import wandb_run_id
+
+    run = _init_wandb(Path(run_dir), settings, logger_cfg, run_cfg, wandb_run_id(run_dir), None)
+    run.define_metric("eval/step")
+    run.define_metric("eval/*", step_metric="eval/step")
+    for row in rows:
+        run.log({"eval/step": row["step"], **{f"eval/{k}": v for k, v in row.items() if k not in ("step", "checkpoint")}})
+    run.finish()
+    return f"W&B: {len(rows)} checkpoints' scores logged to run {run.id} ({settings.mode})"
+
+
 def _installed(module: str) -> bool:
     import importlib.util
 
