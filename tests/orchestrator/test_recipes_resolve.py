@@ -3,14 +3,18 @@
 Golden files: see tests/golden.py (AUDIOLLM_REGENERATE_GOLDEN=1 regenerates).
 """
 
+import contextlib
+import io
 import json
 import re
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
+from orchestrator.cli import main
 from orchestrator.plan import paths
 from orchestrator.plan.compose import compose
 from orchestrator.plan.resolve import resolve
@@ -28,9 +32,12 @@ def test_recipe_argv_matches_golden_file(recipe):
 
 
 def _plan_json(*overrides: str) -> dict:
-    proc = subprocess.run([sys.executable, "-m", "orchestrator.cli", "plan", *overrides, "--json"],
-                          capture_output=True, text=True, timeout=60, check=True)
-    return json.loads(proc.stdout)
+    """`audiollm plan ... --json` in this process (tests/test_submit_side_light.py and the
+    human summary below run it as a command of its own)."""
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        assert main(["plan", *overrides, "--json"]) == 0
+    return json.loads(out.getvalue())
 
 
 def _contains_run(argv: list[str], run: list[str]) -> bool:
@@ -124,18 +131,16 @@ def test_context_parallel_memory_counts_the_gathered_keys_and_values():
 
 
 @pytest.mark.parametrize("recipe", paths.recipe_names())
-def test_every_recipe_plans_on_a_fresh_checkout_listing_the_missing_weights_after_the_plan(recipe, tmp_path):
+def test_every_recipe_plans_on_a_fresh_checkout_listing_the_missing_weights_after_the_plan(recipe, tmp_path,
+                                                                                           monkeypatch, capsys):
     """Without converted weights (a fresh checkout: no pretrained/ directory, no
     $AUDIOLLM_INIT_CHECKPOINT), `audiollm plan` still shows the topology, the memory and
     the argv, then lists the missing checkpoint as an error and exits 2."""
-    import os
-
-    from tests.distributed_run import REPO
-
-    env = {k: v for k, v in os.environ.items() if k not in ("AUDIOLLM_INIT_CHECKPOINT", "AUDIOLLM_FINETUNE_FROM")}
-    env["PYTHONPATH"] = str(REPO)
-    proc = subprocess.run([sys.executable, "-m", "orchestrator.cli", "plan", f"+recipe={recipe}"], capture_output=True,
-                          text=True, timeout=60, cwd=tmp_path, env=env)
+    monkeypatch.delenv("AUDIOLLM_INIT_CHECKPOINT", raising=False)
+    monkeypatch.delenv("AUDIOLLM_FINETUNE_FROM", raising=False)
+    monkeypatch.chdir(tmp_path)
+    returncode = main(["plan", f"+recipe={recipe}"])
+    proc = SimpleNamespace(returncode=returncode, **dict(zip(("stdout", "stderr"), capsys.readouterr())))
     plan = resolve(compose([f"+recipe={recipe}"]), keep_errors=True)
     assert "topology      world" in proc.stdout and f"TP {plan.tp} x PP {plan.pp} x CP {plan.cp}" in proc.stdout
     assert "memory/GPU" in proc.stdout and f"--tensor-model-parallel-size {plan.tp}" in proc.stdout
