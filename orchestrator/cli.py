@@ -139,7 +139,7 @@ def _plan(args: argparse.Namespace) -> int:
 def _plan_sweep(args: argparse.Namespace) -> int:
     """`audiollm plan -m`: the table of every point (exit 2 when no point can run)."""
     from orchestrator.plan.sweep import SweepError
-    from orchestrator.plan.sweep_table import plan_rows, render, shared_errors, to_json
+    from orchestrator.plan.sweep_table import plan_rows, render, to_json
 
     try:
         rows = plan_rows(args.overrides)
