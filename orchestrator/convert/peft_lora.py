@@ -3,8 +3,8 @@
     adapter_config.json        peft_type LORA, r, lora_alpha, target_modules (HF names)
     adapter_model.safetensors  base_model.model.model.layers.<i>.<module>.lora_{A,B}.weight
 
-`PeftModel.from_pretrained(Gemma2ForCausalLM, DIR)` loads it; vLLM and other serving
-stacks read the same two files. The project's LoRA sits on megatron's fused linears
+`PeftModel.from_pretrained(Gemma2ForCausalLM, DIR)` loads it (the format serving stacks
+that take PEFT adapters read; only PEFT itself is tested here). The project's LoRA sits on megatron's fused linears
 (orchestrator/train/lora.py), one rank and alpha for all, and PEFT's on HF's separate
 ones, so (per layer; the row layouts are those of orchestrator/convert/gemma2_mapping):
 

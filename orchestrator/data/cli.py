@@ -23,7 +23,7 @@ def _parser() -> argparse.ArgumentParser:
                                       "$AUDIOLLM_DEMO_DATA, default outputs/demo_data")
     demo.add_argument("--num-samples", type=int, default=3000, help="training utterances (default 3000)")
     demo.add_argument("--num-val-samples", type=int, default=100,
-                      help="utterances per validation dataset (4 datasets; default 100)")
+                      help="utterances per validation dataset (4 datasets, and the 2 digits sets' numerals twins; default 100)")
     demo.add_argument("--seed", type=int, default=0, help="the corpus is a pure function of the seed")
     demo.add_argument("--workers", type=int, default=None, help="synthesis processes (default: min(2, cores))")
     demo.add_argument("--accent", default=None,

@@ -56,10 +56,11 @@ class EncoderConfig:
     # to, so training from scratch first has to grow the acoustic signal.
     init_std: float = 0.02
     freeze: bool = True
-    # auto: bf16 weights with PyTorch's SDPA attention on a GPU, frozen or trained (megatron's
-    # bf16 optimizer keeps a trained encoder's fp32 master weights), fp32 with HF's eager
-    # attention on a CPU (the reference); fp32 | bf16 force one (fp32 on a trained encoder
-    # is refused for GPU runs). orchestrator/plan/kernels.py encoder_precision.
+    # auto: bf16 weights with PyTorch's SDPA attention on a GPU (launcher.accelerator=gpu),
+    # frozen or trained (megatron's bf16 optimizer keeps a trained encoder's fp32 master
+    # weights), fp32 with HF's eager attention on a CPU (the reference); fp32 | bf16 force
+    # one: validation refuses fp32 for an encoder that trains on a GPU (unfrozen, or LoRA
+    # on it) and bf16 on a CPU. orchestrator/plan/kernels.py encoder_precision.
     precision: str = "auto"
 
 
