@@ -34,6 +34,7 @@ from orchestrator.train import lr_groups as lrg
 from orchestrator.train import megatron_config as mcfg
 from orchestrator.models.compile import compile_layers
 from orchestrator.train.lora import apply_lora
+from orchestrator.train import optimizer_kernels
 from orchestrator.train.metrics import (LossStats, MetricsWriter, eval_line, memory_gib, peak_flops, plot_loss_curve,
                                         progress_line, run_summary, throughput)
 from orchestrator.train.run_plan import RunPlan
@@ -158,6 +159,7 @@ class Trainer:
         self._finalize = finalize_model_grads
         self.config.finalize_model_grads_func = self._finalize_with_loss_check
         self.optimizer = get_megatron_optimizer(ocfg, self.chunks, config_overrides=lrg.optimizer_overrides(ocfg, overrides))
+        optimizer_kernels.install()  # foreach kernels where megatron would loop per tensor
         self.scheduler = mcfg.lr_scheduler(plan, self.optimizer)
         self.count_flops = self._flop_counter(provider, chunks)
         self.peak_flops, peak_source = peak_flops(torch.cuda.get_device_name() if device == "cuda" else None,

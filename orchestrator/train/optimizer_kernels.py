@@ -1,0 +1,57 @@
+"""The gradient norm, clipping and main-to-model weight copies of megatron's optimizer,
+with torch's multi-tensor (foreach) kernels where neither TransformerEngine nor apex is
+installed.
+
+Without them megatron-core falls back to per-tensor Python loops
+(megatron/core/utils.py `local_multi_tensor_l2_norm`, `local_multi_tensor_scale`): the
+gradient norm takes one norm kernel per trainable tensor and then builds a host tensor
+from the norms, which reads every one of them back from the GPU, a host sync per tensor,
+each waiting for the backward's queue to drain; the clipping and the fp32 -> bf16 copies
+after the step take two kernels per tensor. That is part of the optimizer's ~40 ms of a
+gemma2-2b step on one H200 (docs/gpu-machines.md). torch's foreach kernels do the same
+arithmetic over the whole list in a few launches and keep the norm on the device, so
+megatron's clipping reads it once (its `total_norm.item()`, which it needs for the clip
+coefficient). With TransformerEngine or apex present megatron's own fused kernels stay.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def foreach_l2_norm(chunk_size, noop_flag, tensor_lists, per_tensor, *args):
+    """Drop-in for amp_C.multi_tensor_l2norm as megatron calls it: the l2 norm of all the
+    tensors of tensor_lists[0] together, as a 1-element fp32 tensor on their device."""
+    tensors = tensor_lists[0]
+    norms = torch._foreach_norm(tensors)
+    total = torch.linalg.vector_norm(torch.stack([n.float() for n in norms]))
+    return total.reshape(1), None
+
+
+def foreach_scale(chunk_size, noop_flag, tensor_lists, scale):
+    """Drop-in for amp_C.multi_tensor_scale: tensor_lists[1][i] = tensor_lists[0][i] * scale
+    (in the destination's dtype: megatron copies fp32 main weights into bf16 ones so)."""
+    src, dst = tensor_lists
+    if all(s is d for s, d in zip(src, dst)):
+        torch._foreach_mul_(dst, scale)
+        return
+    torch._foreach_copy_(dst, torch._foreach_mul(src, scale) if scale != 1.0 else src)
+
+
+def install() -> bool:
+    """Use the foreach kernels in megatron's optimizer where it fell back to its per-tensor
+    loops; True when it did. Call before the first optimizer step."""
+    from megatron.core import utils
+    from megatron.core.optimizer import clip_grads, optimizer
+
+    installed = False
+    if clip_grads.l2_norm_impl is utils.local_multi_tensor_l2_norm:
+        clip_grads.l2_norm_impl = foreach_l2_norm
+        installed = True
+    if clip_grads.multi_tensor_scale_impl is utils.local_multi_tensor_scale:
+        clip_grads.multi_tensor_scale_impl = foreach_scale
+        installed = True
+    if getattr(optimizer, "multi_tensor_scale_impl", None) is utils.local_multi_tensor_scale:
+        optimizer.multi_tensor_scale_impl = foreach_scale
+        installed = True
+    return installed
