@@ -628,7 +628,7 @@ def check_train(train: TrainConfig, run: RunConfig) -> Iterator[Finding]:
         "train", **{"train.iters": train.iters, "train.log_interval": train.log_interval, "train.keep_last": train.keep_last}
     )
     for key in ("eval_interval", "save_interval", "save_interval_minutes", "hang_timeout", "straggler_threshold",
-                "eval_iters", "eval_generation_batches"):
+                "eval_iters", "eval_generation_batches", "keep_every"):
         if getattr(train, key) < 0:
             yield _error("train", f"train.{key}={getattr(train, key)} must be >= 0")
     if train.eval_generation and train.eval_generation_max_new_tokens < 1:

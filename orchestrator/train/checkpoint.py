@@ -43,15 +43,15 @@ import time
 from contextlib import contextmanager
 from functools import partial
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import NamedTuple, Optional, Sequence
 
 import numpy as np
 import torch
 import torch.distributed as dist
 
-from orchestrator.plan.checkpoint_dirs import (LAYOUT, MANIFEST, checkpoint_files, file_record, is_dist_checkpoint,
-                                         layout_text, manifest_problem, read_manifest, saved_layout_of, set_aside_dirs,
-                                         step_dirs, without_manifest)
+from orchestrator.plan.checkpoint_dirs import (LAYOUT, MANIFEST, STEP_DIR, checkpoint_files, file_record,
+                                               is_dist_checkpoint, layout_text, manifest_problem, read_manifest,
+                                               saved_layout_of, set_aside_dirs, step_dirs, without_manifest)
 from orchestrator.train.dist_format import use_in_process_results_queue
 
 log = logging.getLogger(__name__)
@@ -146,8 +146,21 @@ def is_disk_full(exc: BaseException, path: Path) -> bool:
         return False
 
 
+class Retention(NamedTuple):
+    """Which published checkpoints a save keeps: the newest `last` (train.keep_last), and
+    every one whose step is a multiple of `every` (train.keep_every; 0: none), for
+    `audiollm eval RUN --all` to score over the whole run."""
+
+    last: int
+    every: int = 0
+
+    def pruned(self, steps_newest_first: Sequence[int]) -> list[int]:
+        newest = steps_newest_first[:max(self.last, 1)]
+        return [s for s in steps_newest_first if s not in newest and not (self.every and s % self.every == 0)]
+
+
 def save_checkpoint(run_dir, step: int, chunks: Sequence, optimizer, scheduler, batch_source,
-                    wandb_run_id: Optional[str], keep_last: int, background: Optional["BackgroundSaves"] = None) -> Path:
+                    wandb_run_id: Optional[str], keep: Retention, background: Optional["BackgroundSaves"] = None) -> Path:
     """Collective. Without `background` the checkpoint is written and published before
     this returns; with it, only what is needed for a consistent copy happens here (the
     save plan, the common and per-rank state, the copy of the tensors to host) and a
@@ -159,7 +172,7 @@ def save_checkpoint(run_dir, step: int, chunks: Sequence, optimizer, scheduler, 
 
     root = checkpoints_dir(run_dir)
     name = _step_name(step)
-    with _disk_full_explained(root, step, keep_last):
+    with _disk_full_explained(root, step, keep):
         if background is not None:
             background.finish(blocking=True)  # one save in flight at a time
         tmp, state = _begin(root, name, step, chunks, optimizer, scheduler, wandb_run_id)
@@ -168,9 +181,9 @@ def save_checkpoint(run_dir, step: int, chunks: Sequence, optimizer, scheduler, 
         request = dist_checkpointing.save(state, str(tmp), async_sharded_save=background is not None)
         _write_rank_files(tmp, optimizer, batch_source)
         if background is None:
-            _publish(root, name, keep_last, written={})
+            _publish(root, name, keep, written={})
         else:
-            background.schedule(request, root, step, keep_last)
+            background.schedule(request, root, step, keep)
     return root / name
 
 
@@ -179,7 +192,7 @@ def _step_name(step: int) -> str:
 
 
 @contextmanager
-def _disk_full_explained(root: Path, step: int, keep_last: int):
+def _disk_full_explained(root: Path, step: int, keep: Retention):
     name = _step_name(step)
     try:
         yield
@@ -194,7 +207,8 @@ def _disk_full_explained(root: Path, step: int, keep_last: int):
                        + (f"{latest}, which a rerun of the same command resumes from" if latest else
                           "none (no checkpoint was completed)")
                        + f". The partial save was removed; free space there (or lower train.keep_last, now "
-                         f"{keep_last}) and run the same command again") from exc
+                         f"{keep.last}, or raise train.keep_every, now {keep.every}) and run the same command "
+                         f"again") from exc
 
 
 def _begin(root: Path, name: str, step: int, chunks: Sequence, optimizer, scheduler,
@@ -240,7 +254,7 @@ def _write_rank_files(tmp: Path, optimizer, batch_source) -> None:
                                               if distributed else None}) + "\n")
 
 
-def _publish(root: Path, name: str, keep_last: int, written: dict) -> None:
+def _publish(root: Path, name: str, keep: Retention, written: dict) -> None:
     """Collective, once every file is written: the manifest (`written`: records of this
     rank's files checksummed already), then rank 0 renames the directory and points
     `latest` at it."""
@@ -251,7 +265,7 @@ def _publish(root: Path, name: str, keep_last: int, written: dict) -> None:
         os.replace(tmp, root / name)
         _point_latest(root, name)
         shutil.rmtree(root / f".tmp-{name}.written", ignore_errors=True)
-        _prune(root, keep_last)
+        _prune(root, keep)
     dist.barrier()
 
 
@@ -305,15 +319,15 @@ class BackgroundSaves:
 
         self.calls = AsyncCallsQueue(persistent=False)
         self.published: list = []  # (name, seconds from the save to its publication), for the loop to report
-        self._saving: tuple = ()  # (root, step, keep_last) of the save in flight
+        self._saving: tuple = ()  # (root, step, retention) of the save in flight
 
     def pending(self) -> bool:
         return self.calls.get_num_unfinalized_calls() > 0
 
-    def schedule(self, request, root: Path, step: int, keep_last: int) -> None:
+    def schedule(self, request, root: Path, step: int, keep: Retention) -> None:
         name = _step_name(step)
         results_dir = root / f".tmp-{name}.written"  # each rank's writer leaves its results here
-        self._saving = (root, step, keep_last)
+        self._saving = (root, step, keep)
         rank = dist.get_rank()
         if rank == 0:
             results_dir.mkdir()
@@ -333,7 +347,7 @@ class BackgroundSaves:
             written.update(records)
 
         def publish():
-            _publish(root, name, keep_last, written)
+            _publish(root, name, keep, written)
             self.published.append((name, time.perf_counter() - started))
 
         if request.async_fn is not None:
@@ -367,9 +381,10 @@ def _write_in_background(write, results_dir: Path, rank: int, buckets, results_q
     os.replace(tmp, results_dir / f"rank_{rank:05d}.pkl")
 
 
-def _prune(root: Path, keep_last: int) -> None:
-    for old in step_dirs(root.parent)[max(keep_last, 1):]:
-        shutil.rmtree(old, ignore_errors=True)
+def _prune(root: Path, keep: Retention) -> None:
+    steps = {int(STEP_DIR.match(p.name).group(1)): p for p in step_dirs(root.parent)}
+    for step in keep.pruned(list(steps)):
+        shutil.rmtree(steps[step], ignore_errors=True)
     _drop_dangling_megatron_names(root)
 
 

@@ -436,7 +436,9 @@ class Trainer:
         try:
             path = ckpt.save_checkpoint(self.plan.run_dir, self.step, self.chunks, self.optimizer, self.scheduler,
                                         self.components.train_source, self.run_id,
-                                        int(self.train_cfg.get("keep_last", 2)), background=self.background)
+                                        ckpt.Retention(int(self.train_cfg.get("keep_last", 2)),
+                                                       int(self.train_cfg.get("keep_every", 0))),
+                                        background=self.background)
         finally:
             self.progress(self.step, "train")
         stall = time.perf_counter() - start

@@ -56,3 +56,12 @@ def test_a_checkpoint_chosen_by_step_or_best_names_what_the_run_keeps(tmp_path):
     (tmp_path / "eval").mkdir()
     (tmp_path / "eval" / "best.json").write_text(json.dumps({"checkpoint": "step_000006"}))
     assert checkpoint_at_step(tmp_path, "best") == tmp_path / "checkpoints" / "step_000006"
+
+
+def test_the_newest_checkpoints_and_every_keep_every_th_are_kept():
+    from orchestrator.train.checkpoint import Retention
+
+    newest_first = [1200, 1000, 800, 600, 400, 200]
+    assert Retention(2).pruned(newest_first) == [800, 600, 400, 200]
+    assert Retention(2, every=400).pruned(newest_first) == [600, 200]  # 800 and 400 stay for eval --all
+    assert Retention(0).pruned(newest_first) == [1000, 800, 600, 400, 200]  # the one just saved stays

@@ -42,6 +42,9 @@ class TrainConfig:
     # (rank 0's clock; the SLURM recipes set 30): what a lost node costs. 0: off.
     save_interval_minutes: float = 0
     keep_last: int = 2  # checkpoints kept
+    # Also keep every checkpoint whose step is a multiple of this (0: none), e.g. for
+    # `audiollm eval RUN --all` to score the whole run: save_interval 500, keep_every 2000.
+    keep_every: int = 0
     # Write checkpoints in the background: a save stalls the step only for the save plan
     # and the copy of the tensors to host; a forked process writes the files and the
     # checkpoint is published (`latest`) once every rank's are written. Off by default (a
