@@ -1,18 +1,31 @@
-"""Why a job failed, in one line: the console's last line after a failure.
+"""Why a job failed, in one line: `audiollm status` and the console after a failure.
 
-Every rank that fails with a Python exception records it (launchers/job.py):
+Every rank whose entry lets an exception escape records it (launchers/job.py) before
+its process ends:
 
-    <run_dir>/logs/failure_rank<N>.json   {"job_id", "rank", "time", "line", "lost_peer"}
+    <run_dir>/logs/failure_rank<N>.json
+        {"job_id", "launch", "rank", "host", "pid", "time", "type", "message", "where",
+         "line", "log", "lost_peer"}
 
-`line` is the exception in one line (type, message, and where in the project's code it
-was raised); `lost_peer` marks the errors a rank gets only because another one is gone
-(gloo's "Connection reset by peer", NCCL's aborted communicator). A rank killed by a
-signal records nothing: a local job's controller keeps each task's exit status
-(launchers/local_controller.py), a negative one being the signal.
+`message` is the exception's own message, whole; `line` the exception in one line
+(type, message, and where outside the installed packages it was raised); `lost_peer`
+marks the errors a rank gets only because another one is gone (gloo's "Connection
+closed by peer", NCCL's aborted communicator, a collective's timeout). A rank clears its
+own record when it starts, so a record always belongs to the rank's last start.
 
-`explain` picks the cause: the earliest failure of its own, else a rank killed by a
-signal, else a rank that ended without a word while its peers lost it, else the earliest
-failure of any kind.
+A rank killed without running any Python records nothing. What the launcher saw of it
+(`TaskEnds`) names it instead: a local job's controller keeps each task's exit status
+(launchers/local_controller.py, a negative one being the signal); on SLURM, srun reports
+each task that did not exit cleanly in the job's log ("srun: error: HOST: task 1:
+Killed", "...: Out Of Memory", "srun: error: Node failure on HOST"), and accounting
+keeps the job's end (sacct: NODE_FAIL, OUT_OF_MEMORY, TIMEOUT, CANCELLED, a step's
+signal).
+
+`explain` picks the cause, in this order: the earliest error of a rank's own; a node
+lost; a rank out of memory; the job ended by SLURM (time limit, cancelled); a rank killed
+by a signal; a rank that ended without a word while its peers lost it; a step's signal
+that SLURM recorded without naming the rank; the earliest error of any kind. The ranks
+that failed after the cause are named after it, never as the cause.
 """
 
 from __future__ import annotations
@@ -24,16 +37,20 @@ import socket
 import sysconfig
 import time
 import traceback
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional, Sequence
 
 from orchestrator.plan.rundir import read_json, write_json
 
 MAX_LINE = 600
-# The errors of a rank whose peer is gone or failed first (gloo, NCCL, torch's TCPStore;
-# torch's distributed checkpoint names no failed rank on the ranks that did not fail).
+MAX_MESSAGE = 20_000
+# The errors of a rank whose peer is gone, failed or hangs (gloo, NCCL and its watchdog,
+# torch's TCPStore; torch's distributed checkpoint names no failed rank on the ranks that
+# did not fail).
 _PEER_LOSS = re.compile(r"(reset|closed) by peer|Broken pipe|communicator was aborted|Connection refused|"
-                        r"Socket Timeout|recvBytes|sendBytes|NCCL (error|communicator)|"
+                        r"No route to host|Network is unreachable|Socket Timeout|Timed out waiting|"
+                        r"collective operation timeout|recvBytes|sendBytes|NCCL (error|communicator)|"
                         r"CheckpointException ranks:dict_keys\(\[\]\)", re.IGNORECASE)
 _PROJECT_CODE = ("orchestrator", "launchers")  # their exceptions' messages say where and why
 _REPO = Path(__file__).resolve().parents[1]
@@ -44,6 +61,10 @@ _SIGNAL_HINTS = {signal.SIGKILL: "the out-of-memory killer or a kill -9", signal
 
 def failure_path(run_dir: Path, rank: int) -> Path:
     return Path(run_dir) / "logs" / f"failure_rank{rank}.json"
+
+
+def log_path(run_dir: Path, rank: int) -> Path:
+    return Path(run_dir) / "logs" / f"rank{rank}.log"
 
 
 def _library_roots() -> tuple:
@@ -76,35 +97,141 @@ def one_line(exc: BaseException) -> str:
     return f"{line} (raised in {where})" if where and not type(exc).__module__.startswith(_PROJECT_CODE) else line
 
 
-def record(run_dir: Path, rank: int, job_id: str, exc: BaseException) -> None:
-    """Never raises: a failure to record must not hide the failure itself."""
+def clear(run_dir: Path, rank: int) -> None:
+    """At a rank's start: a record left by an earlier start (a requeue, a rerun) is not
+    this start's."""
     try:
-        write_json(failure_path(run_dir, rank), {
-            "job_id": str(job_id), "rank": rank, "pid": os.getpid(), "host": socket.gethostname(),
-            "time": time.time(), "line": one_line(exc), "lost_peer": bool(_PEER_LOSS.search(str(exc))),
-        })
+        failure_path(run_dir, rank).unlink(missing_ok=True)
     except OSError:
         pass
 
 
+def record(run_dir: Path, rank: int, job_id: str, exc: BaseException, launch: Optional[int] = None) -> None:
+    """Never raises: a failure to record must not hide the failure itself."""
+    try:
+        write_json(failure_path(run_dir, rank), {
+            "job_id": str(job_id), "launch": launch, "rank": rank, "pid": os.getpid(), "host": socket.gethostname(),
+            "time": time.time(), "type": type(exc).__name__, "message": str(exc)[:MAX_MESSAGE], "where": _where(exc),
+            "line": one_line(exc), "log": str(log_path(run_dir, rank)), "lost_peer": bool(_PEER_LOSS.search(str(exc))),
+        })
+    except Exception:  # noqa: BLE001 - a full disk, an exception whose str() fails
+        pass
+
+
+# ------------------------------------------------------------------ what the launcher saw
+
+
+@dataclass
+class TaskEnds:
+    """How the ranks' processes of a job ended, as the launcher and the scheduler saw it."""
+
+    codes: dict = field(default_factory=dict)  # rank -> exit status (Popen's: -N = signal N), in the order seen
+    oom: list = field(default_factory=list)  # ranks srun reports out of memory
+    hosts: dict = field(default_factory=dict)  # rank -> host, where srun named it
+    lost_nodes: list = field(default_factory=list)  # "srun: error: Node failure on HOST"
+    scheduler: Optional[str] = None  # SLURM's end of the job: NODE_FAIL, OUT_OF_MEMORY, TIMEOUT, CANCELLED, ...
+    step_signal: Optional[int] = None  # the signal of the job's step in accounting (no rank known)
+    nodes: str = ""  # the job's nodes in accounting
+
+
 _BY_DESCRIPTION = {signal.strsignal(s): int(s) for s in signal.Signals if signal.strsignal(s)}
-_SRUN_TASK_END = re.compile(r"^srun: error: \S+: tasks? ([\d,-]+): (.+?)\s*$", re.MULTILINE)
+_SRUN_TASK_END = re.compile(r"^srun: error: (\S+): tasks? ([\d,-]+): (.+?)\s*$", re.MULTILINE)
+_SRUN_NODE_FAIL = re.compile(r"^srun: error: Node failure on (\S+)", re.MULTILINE)
+_EXITED = re.compile(r"Exited with exit code (\d+)")
+OOM = "Out Of Memory"  # srun's words for a task the kernel killed for its memory limit
+
+
+def _ranks(tasks: str, world_size: int) -> list:
+    ranks = []
+    for part in tasks.split(","):
+        first, _, last = part.partition("-")
+        ranks += [r for r in range(int(first), int(last or first) + 1) if r < world_size]
+    return ranks
+
+
+def srun_report(log_text: str, world_size: int) -> TaskEnds:
+    """What srun says of the tasks in a SLURM job's log (its batch script's stderr)."""
+    ends = TaskEnds()
+    for host, tasks, how in _SRUN_TASK_END.findall(log_text):
+        how = how.removesuffix(" (core dumped)")
+        exited = _EXITED.fullmatch(how)
+        number = _BY_DESCRIPTION.get(how)
+        for rank in _ranks(tasks, world_size):
+            if rank in ends.codes or rank in ends.oom:
+                continue  # the first report of a task is how it ended
+            ends.hosts.setdefault(rank, host)
+            if how == OOM:
+                ends.oom.append(rank)
+            elif exited:
+                ends.codes[rank] = int(exited.group(1))
+            elif number is not None:
+                ends.codes[rank] = -number
+    ends.lost_nodes = list(dict.fromkeys(_SRUN_NODE_FAIL.findall(log_text)))
+    return ends
 
 
 def srun_exit_codes(log_text: str, world_size: int) -> list:
-    """Exit codes in Popen's convention (minus the signal) of the tasks srun reports in a
-    SLURM job's log ("srun: error: HOST: task 1: Killed"); None for the others."""
-    codes: list = [None] * world_size
-    for tasks, how in _SRUN_TASK_END.findall(log_text):
-        number = _BY_DESCRIPTION.get(how)
-        if number is None:
-            continue
-        for part in tasks.split(","):
-            first, _, last = part.partition("-")
-            for rank in range(int(first), int(last or first) + 1):
-                if rank < world_size:
-                    codes[rank] = -number
-    return codes
+    """Exit codes in Popen's convention of the tasks srun reports; None for the others."""
+    codes = srun_report(log_text, world_size).codes
+    return [codes.get(rank) for rank in range(world_size)]
+
+
+def sacct_end(text: str, job_id: str) -> dict:
+    """The job's end from `sacct -n -P -o JobID,State,ExitCode,DerivedExitCode,NodeList`:
+    {"state", "nodes", "step_signal"} (the job's own row; the signal of its first task
+    step, srun's, that did not complete)."""
+    end: dict = {"state": None, "nodes": "", "step_signal": None}
+    for line in text.splitlines():
+        job, state, exit_code, _derived, nodes = (line.split("|") + [""] * 5)[:5]
+        state = state.split()[0] if state.strip() else ""
+        if job == str(job_id):
+            end.update(state=state or None, nodes=nodes)
+        step = job.rpartition(".")[2] if job.startswith(f"{job_id}.") else ""
+        if step.isdigit() and state != "COMPLETED" and end["step_signal"] is None:
+            sig = exit_code.partition(":")[2]
+            if sig.isdigit() and int(sig):
+                end["step_signal"] = int(sig)
+    return end
+
+
+def task_ends(run_dir: Path, kind: Optional[str], job_id: str, folder: Optional[Path],
+              query_scheduler: bool = True) -> TaskEnds:
+    """What the launcher recorded of job `job_id`'s ranks (local: the controller's exit
+    statuses; SLURM: srun's report in the job's log, from this attempt's start on, and
+    accounting)."""
+    run_dir = Path(run_dir)
+    world = int((read_json(run_dir / "plan.json", default={}) or {}).get("world_size") or 0)
+    if folder is None:
+        return TaskEnds()
+    if kind != "slurm":
+        from launchers.local_controller import exit_codes_path
+
+        codes = (read_json(exit_codes_path(folder, job_id), default={}) or {}).get("exit_codes") or []
+        return TaskEnds(codes={rank: code for rank, code in enumerate(codes[:world]) if code is not None})
+    from submitit.core.utils import JobPaths
+
+    ends = TaskEnds()
+    log = JobPaths(folder, job_id=job_id, task_id=0).stderr
+    try:
+        with open(log, "rb") as handle:
+            # srun's log is appended across requeues: rank 0 noted where this attempt began.
+            state = read_json(run_dir / "state.json", default={}) or {}
+            offset = state.get("srun_log_offset") if str(state.get("job_id")) == str(job_id) else None
+            handle.seek(int(offset or 0))
+            ends = srun_report(handle.read().decode(errors="replace"), world)
+    except (OSError, ValueError):
+        pass
+    if query_scheduler:
+        from launchers.slurm_fit import slurm_output
+
+        text = slurm_output(["sacct", "-n", "-P", "-j", str(job_id), "-o",
+                             "JobID,State,ExitCode,DerivedExitCode,NodeList"]) or ""
+        end = sacct_end(text, str(job_id))
+        ends.scheduler, ends.step_signal, ends.nodes = end["state"], end["step_signal"], end["nodes"]
+    return ends
+
+
+# ------------------------------------------------------------------ the cause
 
 
 def _signal_name(number: int) -> str:
@@ -114,35 +241,124 @@ def _signal_name(number: int) -> str:
         return f"signal {number}"
 
 
-def _from(r: dict, log: Path) -> str:
-    return f"rank {r['rank']}: {r['line']} (log: {log}/rank{r['rank']}.log)"
+def _ranges(ranks) -> str:
+    """[0, 2, 3, 4] -> "ranks 0, 2-4"; [1] -> "rank 1"."""
+    ranks = sorted(set(ranks))
+    parts, start = [], None
+    for i, r in enumerate(ranks):
+        start = r if start is None else start
+        if i + 1 == len(ranks) or ranks[i + 1] != r + 1:
+            parts.append(str(r) if r == start else f"{start}-{r}")
+            start = None
+    return ("rank " if len(ranks) == 1 else "ranks ") + ", ".join(parts)
 
 
-def explain(run_dir: Path, job_id: str, exit_codes: Optional[Sequence[Optional[int]]] = None) -> Optional[str]:
-    """The cause of job `job_id`'s failure in one line, ending with the log to read; None
-    when nothing was recorded."""
+def _rank_hosts(run_dir: Path, world_size: int) -> dict:
+    """rank -> host of its last start (its heartbeat, launchers/watchdog.py)."""
+    hosts = {}
+    for rank in range(world_size):
+        beat = read_json(Path(run_dir) / "heartbeats" / f"rank{rank}.json", default={})
+        if isinstance(beat, dict) and beat.get("host"):
+            hosts[rank] = beat["host"]
+    return hosts
+
+
+def _on(rank: int, hosts: dict) -> str:
+    return f"rank {rank} on {hosts[rank]}" if hosts.get(rank) else f"rank {rank}"
+
+
+_SCHEDULER_ENDS = {
+    "TIMEOUT": "the job reached its time limit (launcher.timeout_min)",
+    "DEADLINE": "the job reached its deadline",
+    "CANCELLED": "the job was cancelled (scancel, audiollm cancel, or an administrator)",
+    "PREEMPTED": "the job was preempted and not requeued",
+    "BOOT_FAIL": "a node of the job failed to boot",
+}
+
+
+def explain(run_dir: Path, job_id: str, ends: TaskEnds | Sequence[Optional[int]] | None = None) -> Optional[str]:
+    """The cause of job `job_id`'s failure in one line, with its rank, host and the log to
+    read, then the ranks that failed after it; None when nothing was recorded. `ends`: a
+    TaskEnds, or a list of exit statuses per rank."""
     run_dir = Path(run_dir)
+    if not isinstance(ends, TaskEnds):
+        ends = TaskEnds(codes={r: c for r, c in enumerate(ends or ()) if c is not None})
     world_size = int((read_json(run_dir / "plan.json", default={}) or {}).get("world_size") or 0)
     records = [r for r in (read_json(failure_path(run_dir, rank)) for rank in range(world_size))
                if isinstance(r, dict) and r.get("job_id") == str(job_id)]
     records.sort(key=lambda r: r.get("time", 0))
+    by_rank = {r["rank"]: r for r in records}
+    # The ranks' own host names first (as their records and logs say), srun's node names else.
+    hosts = {**ends.hosts, **_rank_hosts(run_dir, world_size), **{r["rank"]: r.get("host") for r in records}}
     own = [r for r in records if not r.get("lost_peer")]
-    log = run_dir / "logs"
+    # Every rank that did not end cleanly: the cause's followers are among them.
+    failed = set(by_rank) | {r for r, c in ends.codes.items() if c} | set(ends.oom)
+
+    def log(rank: int) -> str:
+        return f"(log: {log_path(run_dir, rank)})"
+
+    def after(cause_ranks, same=()) -> str:
+        rest = sorted(failed - set(cause_ranks) - set(same))
+        text = f"; {_ranges(same)} raised the same" if same else ""
+        return text + (f"; {_ranges(rest)} failed after it" if rest else "")
+
     if own:
-        r = own[0]
-        return _from(r, log)
-    recorded = {r["rank"] for r in records}
-    killed = [(rank, -code) for rank, code in enumerate(exit_codes or ())
-              if code is not None and code < 0 and rank not in recorded]
+        first = own[0]
+        same = [r["rank"] for r in own[1:] if r.get("line") == first.get("line")]
+        return f"{_on(first['rank'], hosts)}: {first['line']} {log(first['rank'])}{after([first['rank']], same)}"
+
+    if ends.scheduler == "NODE_FAIL" or ends.lost_nodes:
+        lost = ends.lost_nodes
+        short = {node.split(".")[0] for node in lost}
+        there = sorted(r for r in range(world_size)
+                       if {ends.hosts.get(r), (hosts.get(r) or "").split(".")[0]} & short)
+        what = (f"node {', '.join(lost)} failed" if lost else f"a node of the job ({ends.nodes}) failed")
+        text = what + " (SLURM: NODE_FAIL)" if ends.scheduler == "NODE_FAIL" else what
+        if there:
+            text += f": {_ranges(there)} ran there {log(there[0])}"
+        return text + after(there)
+
+    oom = ends.oom or ([r for r, c in ends.codes.items() if c and c < 0 and r not in by_rank]
+                       if ends.scheduler == "OUT_OF_MEMORY" else [])
+    if oom or ends.scheduler == "OUT_OF_MEMORY":
+        limit = "(SLURM: OUT_OF_MEMORY; launcher.mem_gb is the job's memory)"
+        if not oom:
+            return f"a rank ran out of memory {limit}"
+        return f"{_on(oom[0], hosts)} ran out of memory {limit} {log(oom[0])}{after(oom[:1])}"
+
+    if ends.scheduler in _SCHEDULER_ENDS:
+        return f"SLURM ended the job ({ends.scheduler}): {_SCHEDULER_ENDS[ends.scheduler]}"
+
+    killed = [(rank, -code) for rank, code in ends.codes.items() if code < 0 and rank not in by_rank]
     if killed:
         rank, number = killed[0]
         hint = _SIGNAL_HINTS.get(number)
-        return (f"rank {rank} was killed by signal {number} ({_signal_name(number)}{': ' + hint if hint else ''}); "
-                f"the other ranks stopped when it disappeared (log: {log}/rank{rank}.log)")
-    silent = [rank for rank in range(world_size) if rank not in recorded]
+        return (f"{_on(rank, hosts)} was killed by signal {number} ({_signal_name(number)}"
+                f"{': ' + hint if hint else ''}) {log(rank)}{after([rank])}")
+
+    silent = [rank for rank in range(world_size) if rank not in by_rank]
     if records and silent:  # every recorded error is a lost peer: the silent rank went first
-        return (f"rank {silent[0]} ended without an error of its own (killed by a signal? the out-of-memory killer "
-                f"or a kill -9); the other ranks stopped when it disappeared (log: {log}/rank{silent[0]}.log)")
+        rank = silent[0]
+        return (f"{_on(rank, hosts)} ended without an error of its own (killed by a signal? the out-of-memory killer "
+                f"or a kill -9) {log(rank)}{after([rank])}")
+
+    if ends.step_signal:
+        number = ends.step_signal
+        hint = _SIGNAL_HINTS.get(number)
+        return (f"a rank was killed by signal {number} ({_signal_name(number)}{': ' + hint if hint else ''}; "
+                f"SLURM's accounting of the job's step, which does not say which rank)")
+
     if records:
-        return _from(records[0], log)
+        first = records[0]
+        return f"{_on(first['rank'], hosts)}: {first['line']} {log(first['rank'])}{after([first['rank']])}"
     return None
+
+
+def cause(run_dir: Path, kind: Optional[str], job_id: Optional[str], folder: Optional[Path],
+          query_scheduler: bool = True) -> Optional[str]:
+    """The cause of job `job_id` of the run in one line (explain), from everything
+    recorded; None when nothing was."""
+    if job_id is None:
+        return None
+    ends = task_ends(run_dir, kind, str(job_id), Path(folder) if folder else None, query_scheduler)
+    return explain(run_dir, str(job_id), ends)

@@ -121,18 +121,14 @@ def _latest_checkpoint(run_dir: Path | None) -> str | None:
 
 
 def _failure_line(job, run_dir: Path | None, exc: BaseException) -> str:
-    """The cause in one line (launchers/failures.py), else the last line of submitit's
-    report."""
+    """The cause in one line, as `audiollm status` names it (launchers/failures.py), else
+    the last line of submitit's report."""
     from launchers import failures
-    from launchers.local_controller import exit_codes_path
 
     cause = None
     if run_dir is not None:
-        codes = (rd.read_json(exit_codes_path(job.paths.folder, str(job.job_id))) or {}).get("exit_codes")
-        if codes is None and job.paths.stderr.is_file():  # SLURM: srun's own report of its tasks
-            world = int((rd.read_json(Path(run_dir) / "plan.json") or {}).get("world_size") or 0)
-            codes = failures.srun_exit_codes(job.paths.stderr.read_text(errors="replace"), world)
-        cause = failures.explain(run_dir, str(job.job_id), codes)
+        kind = (rd.last_launch(run_dir) or {}).get("kind") or "local"
+        cause = failures.cause(run_dir, kind, str(job.job_id), job.paths.folder)
     last = str(exc).strip().splitlines()
     return cause or (last[-1] if last else repr(exc))
 

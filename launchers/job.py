@@ -10,8 +10,8 @@
    and SIGTERM only set a flag that the entry reads at its next step boundary
    (orchestrator.runtime.job_control.should_stop), so checkpoints are never written mid-step;
 4. calls the entry `f(run_dir)` (a dotted path, so the trainer is pluggable); a rank
-   whose entry raises records the error in one line (launchers/failures.py), from which
-   the console names the cause of a failed job;
+   whose entry raises records the error (logs/failure_rank<N>.json, launchers/failures.py),
+   from which `audiollm status` and the console name the cause of a failed job in one line;
 5. if the entry stopped early, requeues: on SLURM rank 0 runs `scontrol requeue`
    (after SIGUSR2; after SIGTERM SLURM itself decides, e.g. preemption in requeue
    mode) and every rank exits without a result, so submitit's watcher keeps waiting;
@@ -178,11 +178,13 @@ class RankJob:
             + (f" cpu threads {threads}" if threads else "") + (f" attempt {attempt}" if rank == 0 else ""),
             flush=True,
         )
+        failures.clear(run_path, rank)  # a record of an earlier start is not this one's
         if rank == 0:
             _update_state(
                 run_path, state="RUNNING", launch=launch_index, attempt=attempt,
                 requeues=int(state.get("requeues", 0)), job_id=env.job_id, error=None,
                 requeue_causes=state.get("requeue_causes") or {},  # this launch's only
+                srun_log_offset=_stderr_size() if on_slurm else None,
             )
 
         job_control.reset()
@@ -196,7 +198,7 @@ class RankJob:
                 _require_cuda(env.hostname, dist_env.local_rank)
             result = load_callable(self.entry)(str(run_path))
         except BaseException as exc:
-            failures.record(run_path, rank, env.job_id, exc)  # every rank: the console names the cause
+            failures.record(run_path, rank, env.job_id, exc, launch_index)  # every rank: status names the cause
             if rank == 0:
                 _update_state(run_path, state="FAILED", error=traceback.format_exc(limit=5))
                 _refresh_sweep_summary(run_path)
@@ -256,6 +258,16 @@ class RankJob:
         if signame == "SIGTERM":  # local: stopped by the user (cancel), not a time limit
             raise SystemExit(1)
         raise SystemExit(LOCAL_REQUEUE_RETURN_CODE)
+
+
+def _stderr_size() -> int | None:
+    """Where this attempt's part of the job's log begins: on SLURM, task 0's stderr is the
+    file that srun also reports its tasks' ends in, appended to across requeues
+    (launchers/failures.py reads this attempt's part only)."""
+    try:
+        return os.fstat(sys.__stderr__.fileno()).st_size
+    except (OSError, ValueError, AttributeError):
+        return None
 
 
 def _refresh_sweep_summary(run_path: Path) -> None:

@@ -12,7 +12,7 @@ from typing import Sequence
 
 from launchers.runs import EXIT_FAILED, EXIT_INVALID, EXIT_OK
 from launchers.submit import signal_local
-from launchers.summary import format_run, run_state, write_sweep_summary
+from launchers.summary import failure_cause, format_run, run_state, write_sweep_summary
 from orchestrator.plan import rundir as rd
 
 
@@ -22,7 +22,9 @@ def status(path: str | os.PathLike) -> int:
         print(write_sweep_summary(path))
         return EXIT_OK
     if rd.is_run_dir(path):
-        print(format_run(path, run_state(path)))
+        info = run_state(path)
+        info["cause"] = failure_cause(path, info)
+        print(format_run(path, info))
         return EXIT_OK
     print(f"{path} is neither a run directory (no plan.json) nor a sweep directory (no sweep.json)", file=sys.stderr)
     return EXIT_INVALID
@@ -63,7 +65,8 @@ def _path_main(argv: Sequence[str], prog: str, text: str, fn) -> int:
 
 
 def status_main(argv: Sequence[str]) -> int:
-    return _path_main(argv, "audiollm status", "State, last step and last loss of a run, or a sweep's table.", status)
+    return _path_main(argv, "audiollm status", "State, last step and last loss of a run (and why it failed, in one "
+                      "line), or a sweep's table.", status)
 
 
 def cancel_main(argv: Sequence[str]) -> int:

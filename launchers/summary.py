@@ -174,6 +174,24 @@ def run_state(run_dir: Path, query_scheduler: bool = True) -> dict:
     }
 
 
+# States of a run that ended without finishing: `audiollm status` names the cause. Not
+# PREEMPTED: the job's own word while it is being requeued.
+FAILED_STATES = ("FAILED", "DIED", "UNKNOWN") + tuple(s for s in _SLURM_ENDED if s != "PREEMPTED")
+
+
+def failure_cause(run_dir: Path, info: dict) -> str | None:
+    """Why the run's job failed, in one line (launchers/failures.py); None while it has not
+    failed or where nothing was recorded."""
+    if info.get("state") not in FAILED_STATES or info.get("job_id") is None:
+        return None
+    from launchers import failures
+
+    launch = last_launch(run_dir) or {}
+    folder = launch.get("submitit_folder") or Path(run_dir) / "submitit"
+    return failures.cause(run_dir, launch.get("kind"), str(info["job_id"]), Path(folder),
+                          query_scheduler=info.get("scheduler") is not None)
+
+
 def _fmt_loss(loss) -> str:
     return "-" if loss is None else f"{loss:.6g}"
 
@@ -199,7 +217,10 @@ def format_run(run_dir: Path, info: dict) -> str:
                      f"{attempt['end']}: {attempt['cause']}{at}")
     if info.get("checkpoint"):
         lines.append(f"checkpoint {info['checkpoint']}")
-    if info.get("error"):
+    if info.get("cause"):
+        # In place of the job's own error (rank 0's, often only that a peer was gone).
+        lines.append("cause     " + info["cause"])
+    elif info.get("error"):
         lines.append("error     " + info["error"].strip().splitlines()[-1])
     for k, problem in enumerate(info.get("damaged") or []):
         lines.append(f"{'damaged' if k == 0 else '':<10}{problem}")

@@ -4,10 +4,11 @@ A rank frozen (SIGSTOP, a hung driver) or stuck leaves its peers waiting inside 
 collective, and SLURM sees healthy nodes; without this the job would wait for the
 process group's own timeout (600 s) and then fail with nobody named.
 
-Every rank's watchdog thread writes RUN/heartbeats/rank<N>.json every BEAT_S seconds:
-`alive` (when the thread last ran: a frozen or dead process stops writing), and the
-training loop's last progress (`step`, `phase`, `progress_at`, from job_control.progress).
-A rank whose own progress has stalled past the bound decides that the job hangs:
+Every rank's watchdog thread writes RUN/heartbeats/rank<N>.json at its start and every
+BEAT_S seconds: `host`, `pid`, `alive` (when the thread last ran: a frozen or dead process
+stops writing), and the training loop's last progress (`step`, `phase`, `progress_at`,
+from job_control.progress). A rank whose own progress has stalled past the bound
+decides that the job hangs:
 
 1. it writes every one of its threads' stacks into its log (faulthandler);
 2. it reads every rank's heartbeat and names the ranks that stopped: those whose
@@ -92,6 +93,9 @@ class Watchdog:
 
     def start(self) -> "Watchdog":
         heartbeat_path(self.run_dir, self.rank).parent.mkdir(parents=True, exist_ok=True)
+        # At once, not a beat later: a rank killed in its first seconds is still named
+        # with its host (launchers/failures.py reads the heartbeats' hosts).
+        self._beat(time.time(), job_control.progress_state(self.started))
         self._thread.start()
         return self
 

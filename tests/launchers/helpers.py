@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import json
+import os
 import re
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -70,3 +73,14 @@ def launches(run_dir: Path) -> list[dict]:
 
 def dump(path: Path) -> str:
     return json.dumps(read_json(path), indent=1)
+
+
+def status_cause(run_dir) -> str:
+    """The `cause` line of `audiollm status RUN_DIR`, run as a user runs it (its own process)."""
+    from tests.distributed_run import REPO
+
+    out = subprocess.run([sys.executable, "-m", "orchestrator.cli", "status", str(run_dir)], capture_output=True,
+                         text=True, timeout=120, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)}).stdout
+    causes = [line for line in out.splitlines() if line.startswith("cause     ")]
+    assert len(causes) == 1 and not any(line.startswith("error") for line in out.splitlines()), out
+    return causes[0].removeprefix("cause     ")

@@ -6,6 +6,7 @@ import json
 import os
 import re
 import signal
+import socket
 import time
 
 import pytest
@@ -14,7 +15,7 @@ from launchers.status import cancel, status
 from launchers.train import train
 from orchestrator.plan.rundir import read_json, read_metrics
 
-from .helpers import launches, losses, rank_pids, tiny_overrides, wait_for_end, wait_for_step, wait_until
+from .helpers import launches, losses, rank_pids, status_cause, tiny_overrides, wait_for_end, wait_for_step, wait_until
 
 pytestmark = pytest.mark.multiprocess
 
@@ -205,24 +206,28 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def test_a_failure_inside_the_job_ends_the_console_with_its_cause_in_one_line(tmp_path):
+def test_a_failure_inside_the_job_is_named_in_one_line_by_the_console_and_status(tmp_path):
     """Rank 1 raises at step 3; rank 0 then fails only because its peer is gone. The
-    console's last line is rank 1's error, where it was raised, and the log to read."""
+    console's last line, and `audiollm status` afterwards, name rank 1, its host, its own
+    error, where it was raised and the log to read, then the rank that followed: not rank
+    0's lost connection (the last line of rank 0's traceback, which status printed before)."""
     argv = tiny_overrides(tmp_path, "run.name=failing", iters=ITERS)
     proc = _cli_in_a_terminal_group(argv, tmp_path, "0", AUDIOLLM_MINIMAL_FAIL="1:3")
     out = proc.communicate(timeout=180)[0]
     assert proc.returncode == 1, out
     run_dir = tmp_path / "tiny_cpu" / "failing"
-    line = out.strip().splitlines()[-1]
-    assert re.fullmatch(r"job failed: rank 1: ValueError: batch of step 3 has 3 columns, the model takes 16 "
-                        r"\(AUDIOLLM_MINIMAL_FAIL\) \(raised in tests/launchers/minimal_job\.py:\d+\) "
-                        + re.escape(f"(log: {run_dir}/logs/rank1.log)"), line), out[-3000:]
+    cause = (rf"rank 1 on {re.escape(socket.gethostname())}: ValueError: batch of step 3 has 3 columns, the model "
+             r"takes 16 \(AUDIOLLM_MINIMAL_FAIL\) \(raised in tests/launchers/minimal_job\.py:\d+\) "
+             + re.escape(f"(log: {run_dir}/logs/rank1.log); rank 0 failed after it"))
     assert read_json(run_dir / "state.json")["state"] == "FAILED"
+    assert re.fullmatch(cause, status_cause(run_dir))
+    assert re.fullmatch("job failed: " + cause, out.strip().splitlines()[-1]), out[-3000:]
 
 
 def test_a_rank_killed_by_a_signal_is_named_with_the_signal(tmp_path):
     """SIGKILL (the out-of-memory killer) leaves no Python error in the killed rank; its
-    peer's is gloo's lost connection. The console names the rank and the signal."""
+    peer's is gloo's lost connection. The console and `audiollm status` name the rank, its
+    host and the signal."""
     argv = tiny_overrides(tmp_path, "run.name=killed", iters=ITERS)
     proc = _cli_in_a_terminal_group(argv, tmp_path, "0.25")
     run_dir = tmp_path / "tiny_cpu" / "killed"
@@ -230,9 +235,10 @@ def test_a_rank_killed_by_a_signal_is_named_with_the_signal(tmp_path):
     os.kill(rank_pids(run_dir, 1)[0], signal.SIGKILL)
     out = proc.communicate(timeout=180)[0]
     assert proc.returncode == 1, out
-    assert out.strip().splitlines()[-1] == (
-        "job failed: rank 1 was killed by signal 9 (SIGKILL: the out-of-memory killer or a kill -9); the other ranks "
-        f"stopped when it disappeared (log: {run_dir}/logs/rank1.log)"), out[-3000:]
+    cause = (f"rank 1 on {socket.gethostname()} was killed by signal 9 (SIGKILL: the out-of-memory killer or a kill "
+             f"-9) (log: {run_dir}/logs/rank1.log); rank 0 failed after it")
+    assert status_cause(run_dir) == cause
+    assert out.strip().splitlines()[-1] == f"job failed: {cause}", out[-3000:]
     assert read_json(run_dir / "logs" / "failure_rank0.json")["lost_peer"] is True
 
 

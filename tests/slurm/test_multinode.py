@@ -187,6 +187,42 @@ def test_a_dead_node_is_replaced_and_the_job_resumes_with_the_same_losses(tp2_re
               f"(resumed from step {resumed[-1]})")
 
 
+def test_status_names_a_lost_node_and_the_rank_it_ran_when_slurm_does_not_requeue(nodes_env, root, monkeypatch):
+    """A 2-node job of the launchers' minimal job that SLURM may not requeue (`scontrol
+    update requeue=0`, as `sbatch --no-requeue` or a cluster without requeues): its second
+    node dies as above. The job ends NODE_FAIL and `audiollm status` names the node and
+    the rank that ran there, from srun's report in the job's log and accounting; not rank
+    0, which srun killed after it (before, status printed no cause at all)."""
+    from tests.launchers.helpers import status_cause, tiny_overrides
+    from tests.slurm.runs import SLURM
+
+    monkeypatch.setenv("AUDIOLLM_MINIMAL_STEP_DELAY_S", "0.25")
+    assert train(["+recipe=tiny_cpu", *tiny_overrides(root, "run.name=node_lost", ranks=1, iters=2000), *SLURM,
+                  "launcher.nodes=2", "optim.micro_batch_size=8"]) == 0  # one rank on each node
+    run_dir = root / "tiny_cpu" / "node_lost"
+    job_id = launches(run_dir)[0]["job_ids"][0]
+    subprocess.run(["scontrol", "update", f"jobid={job_id}", "requeue=0"], check=True, timeout=30)
+    wait_for_step(run_dir, 2, timeout=JOB_TIMEOUT)
+    (dead,) = re.findall(r"\] rank 1/2 pid \d+ job \S+ on (\S+)", (run_dir / "logs" / "rank1.log").read_text())
+    frozen = _netns_pids(dead)
+    subprocess.run(["ip", "link", "set", f"auveth{dead.removeprefix('aunode')}", "down"], check=True, timeout=30)
+    _signal(frozen, "STOP")
+    expected = (f"node {dead} failed (SLURM: NODE_FAIL): rank 1 ran there (log: {run_dir}/logs/rank1.log); "
+                "rank 0 failed after it")
+    try:
+        assert wait_for_end(run_dir, timeout=JOB_TIMEOUT)["state"] == "NODE_FAIL"
+        # srun reports rank 0 killed once the job's step has ended, a few seconds after the job.
+        deadline, cause = time.time() + 60, None
+        while cause != expected and time.time() < deadline:
+            cause = status_cause(run_dir)
+            time.sleep(1)
+        assert cause == expected
+    finally:  # the node comes back for the tests after this one
+        subprocess.run(["ip", "link", "set", f"auveth{dead.removeprefix('aunode')}", "up"], timeout=30)
+        _signal(frozen, "CONT")
+        subprocess.run(["scontrol", "update", f"nodename={dead}", "state=resume"], capture_output=True, timeout=30)
+
+
 RECORDING_ENTRY = "launcher.entry=tests.train.consumed.main"  # the job's entry, logging the samples it trains on
 # The auxiliary CTC loss amplifies the reduction-order differences between TP 2 and DP 2
 # about tenfold in one step (9e-5 against 7e-6 relative): the bounds below are set without it.

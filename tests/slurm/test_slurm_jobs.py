@@ -139,33 +139,51 @@ def test_preempted_job_requeues_and_reproduces_every_loss(submitted, corpus, cap
               f"USR2 -> first step after requeue seen {resume_s:.1f} s")
 
 
-def test_a_rank_killed_in_a_slurm_job_is_named_with_its_signal(slurm_cluster, tmp_path):
-    """SIGKILL to rank 1 of a 2-task SLURM job (the launchers' minimal job): srun reports
-    the task in the job's log, and `audiollm train launcher.wait=true` ends on it instead
-    of rank 0's lost connection."""
+def test_status_names_why_a_slurm_job_failed_an_error_in_one_rank_or_a_rank_killed(slurm_cluster, tmp_path,
+                                                                                  monkeypatch):
+    """Two 2-task SLURM jobs of the launchers' minimal job: in one, rank 1 raises at step 3;
+    in the other, rank 1 is SIGKILLed (the out-of-memory killer) at step 2. Without
+    launcher.wait, `audiollm status` names the rank, its host and its own error, or the
+    signal from srun's report in the job's log, and the rank that failed after it; not
+    rank 0's lost connection, the last line of its traceback. The second job's
+    `audiollm train launcher.wait=true` ends on the same line."""
     import os
     import signal
+    import socket
     import subprocess
     import sys
 
     from tests.distributed_run import REPO
-    from tests.launchers.helpers import rank_pids, tiny_overrides
+    from tests.launchers.helpers import rank_pids, status_cause, tiny_overrides
     from tests.slurm.runs import SLURM
 
-    argv = ["+recipe=tiny_cpu", *tiny_overrides(tmp_path, "run.name=killed", iters=40), *SLURM, "launcher.gpus_per_node=2",
-            "launcher.wait=true"]
+    def argv(name, iters, *extra):
+        return ["+recipe=tiny_cpu", *tiny_overrides(tmp_path, f"run.name={name}", iters=iters), *SLURM,
+                "launcher.gpus_per_node=2", *extra]
+
+    # Queued first: the node's 2 CPUs run one of these jobs at a time.
+    monkeypatch.setenv("AUDIOLLM_MINIMAL_FAIL", "1:3")
+    assert train(argv("raises", 12)) == 0
+    monkeypatch.delenv("AUDIOLLM_MINIMAL_FAIL")
     env = {**os.environ, "PYTHONPATH": str(REPO), "AUDIOLLM_MINIMAL_STEP_DELAY_S": "0.25"}
-    proc = subprocess.Popen([sys.executable, "-m", "orchestrator.cli", "train", *argv], stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, env=env, cwd=REPO)
-    run_dir = tmp_path / "tiny_cpu" / "killed"
+    proc = subprocess.Popen([sys.executable, "-m", "orchestrator.cli", "train",
+                             *argv("killed", 40, "launcher.wait=true")],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=REPO)
+    raised, killed = tmp_path / "tiny_cpu" / "raises", tmp_path / "tiny_cpu" / "killed"
     try:
-        wait_for_step(run_dir, 2, timeout=JOB_TIMEOUT)
-        os.kill(rank_pids(run_dir, 1)[0], signal.SIGKILL)
+        wait_for_step(killed, 2, timeout=JOB_TIMEOUT)
+        os.kill(rank_pids(killed, 1)[0], signal.SIGKILL)
         out = proc.communicate(timeout=JOB_TIMEOUT)[0]
     finally:
         proc.kill()
-    (job_id,) = launches(run_dir)[0]["job_ids"]
+    host = socket.gethostname()  # the one node's processes' host name (SLURM calls it localhost)
+    assert wait_for_end(raised, timeout=JOB_TIMEOUT)["state"] == "FAILED"
+    assert re.fullmatch(rf"rank 1 on {re.escape(host)}: ValueError: batch of step 3 has 3 columns, the model takes 16 "
+                        r"\(AUDIOLLM_MINIMAL_FAIL\) \(raised in tests/launchers/minimal_job\.py:\d+\) "
+                        + re.escape(f"(log: {raised}/logs/rank1.log); rank 0 failed after it"), status_cause(raised))
+    cause = (f"rank 1 on {host} was killed by signal 9 (SIGKILL: the out-of-memory killer or a kill -9) "
+             f"(log: {killed}/logs/rank1.log); rank 0 failed after it")
+    assert status_cause(killed) == cause
+    (job_id,) = launches(killed)[0]["job_ids"]
     assert proc.returncode == 1, out
-    assert out.strip().splitlines()[-1] == (
-        f"job {job_id} failed: rank 1 was killed by signal 9 (SIGKILL: the out-of-memory killer or a kill -9); the "
-        f"other ranks stopped when it disappeared (log: {run_dir}/logs/rank1.log)"), out[-3000:]
+    assert out.strip().splitlines()[-1] == f"job {job_id} failed: {cause}", out[-3000:]
