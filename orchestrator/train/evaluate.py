@@ -101,6 +101,7 @@ def evaluate_run(run_dir: str | Path, checkpoint: Optional[str | Path] = None,
     from orchestrator.train import checkpoint as ckpt
 
     run_dir = Path(run_dir)
+    plan = _evaluation_plan(run_dir, ctc_weight)  # its errors before anything is looked for
     path = Path(checkpoint) if checkpoint else ckpt.latest_checkpoint(run_dir)
     if path is None or not path.is_dir():
         raise FileNotFoundError(f"{run_dir}: no checkpoint to evaluate ({path or 'checkpoints/latest is missing'}); "
@@ -111,7 +112,7 @@ def evaluate_run(run_dir: str | Path, checkpoint: Optional[str | Path] = None,
         raise DamagedCheckpoint(f"checkpoint {path} is damaged: {problem}; "
                                 + (f"evaluate the newest complete one with --checkpoint {others[0]}" if others
                                    else "the run has no other complete checkpoint"))
-    return _score(run_dir, [path], components_factory, layout, ctc_weight, examples)[path.name]
+    return _score(run_dir, plan, [path], components_factory, layout, examples)[path.name]
 
 
 def evaluate_every_checkpoint(run_dir: str | Path, components_factory: Optional[Callable] = None,
@@ -122,20 +123,18 @@ def evaluate_every_checkpoint(run_dir: str | Path, components_factory: Optional[
     it stopped. Returns ({checkpoint name: results} of those scored now, [damaged ones
     left out, with why])."""
     run_dir = Path(run_dir)
+    plan = _evaluation_plan(run_dir, ctc_weight)
     kept = list(reversed(step_dirs(run_dir)))
     damaged = [f"{p.name}: {checkpoint_problem(p)}" for p in kept if checkpoint_problem(p)]
     todo = [p for p in kept if checkpoint_problem(p) is None and not (run_dir / "eval" / f"{p.name}.json").is_file()]
     if not kept:
         raise FileNotFoundError(f"{run_dir}: no checkpoint to evaluate (checkpoints/step_N); train first")
-    return (_score(run_dir, todo, components_factory, layout, ctc_weight, examples) if todo else {}), damaged
+    return (_score(run_dir, plan, todo, components_factory, layout, examples) if todo else {}), damaged
 
 
-def _score(run_dir: Path, paths: list, components_factory, layout, ctc_weight, examples) -> dict:
-    """Load each checkpoint of `paths` into one model and evaluate it; rank 0 writes
-    RUN/eval/<checkpoint>.json after each."""
-    from orchestrator.runtime.distributed import shutdown
-    from orchestrator.train import checkpoint as ckpt
-    from orchestrator.train.entry import make_trainer, setup_logging
+def _evaluation_plan(run_dir: Path, ctc_weight: Optional[float]):
+    """The run's plan as an evaluation runs it: generation on, the decoding weight asked
+    for (refused, naming both weights, where the model has no CTC head)."""
     from orchestrator.train.run_plan import load_run_plan
 
     plan = load_run_plan(run_dir)
@@ -149,6 +148,17 @@ def _score(run_dir: Path, paths: list, components_factory, layout, ctc_weight, e
         plan.config["train"]["eval_generation_ctc_weight"] = ctc_weight
     if plan.section("data").get("validation"):
         plan.config["train"]["eval_generation"] = True  # what this command is for, whatever the run's setting
+    return plan
+
+
+def _score(run_dir: Path, plan, paths: list, components_factory, layout, examples) -> dict:
+    """Load each checkpoint of `paths` into one model and evaluate it; rank 0 writes
+    RUN/eval/<checkpoint>.json after each."""
+    from orchestrator.runtime.distributed import shutdown
+    from orchestrator.train import checkpoint as ckpt
+    from orchestrator.train.entry import make_trainer, setup_logging
+
+    head = float(plan.section("model").get("adapter", {}).get("ctc_weight", 0.0)) > 0  # the model has the CTC head
     if "WORLD_SIZE" not in os.environ or int(os.environ["WORLD_SIZE"]) == 1:
         _single_process_env()
         plan = single_rank_plan(plan)
