@@ -264,7 +264,8 @@ class MetricsWriter:
             log.info("%s", "; ".join(settings.lines))
         if settings is not None and settings.mode != "disabled":
             if _installed("wandb"):
-                self.wandb = _init_wandb(self.run_dir, settings, logger_cfg, run_cfg, run_id, config_for_wandb)
+                self._to_wandb(lambda: setattr(self, "wandb", _init_wandb(
+                    self.run_dir, settings, logger_cfg, run_cfg, run_id, config_for_wandb)), "the run's start")
             else:  # GPU images installed from `audiollm wheels --kit` have no wandb
                 log.warning("W&B logging is off: wandb is not installed here (pip install wandb, or "
                             "logger=none); metrics go to %s only", self.path)
@@ -341,6 +342,9 @@ def _api_key_configured() -> bool:
         return False
 
 
+IN_USE_WAIT_S = 60.0
+
+
 def _init_wandb(run_dir: Path, settings: WandbSettings, logger_cfg: dict, run_cfg: dict, run_id: str,
                 config: Optional[dict]):
     import wandb
@@ -352,12 +356,26 @@ def _init_wandb(run_dir: Path, settings: WandbSettings, logger_cfg: dict, run_cf
         mode = "offline"
     # System metrics (GPU utilisation and memory charts) online only: offline they would
     # fill the run directory for a sync that may never come.
-    return wandb.init(
-        project=settings.project, entity=settings.entity,
-        group=run_cfg.get("experiment"), name=run_cfg.get("name") or run_dir.name,
-        tags=list(logger_cfg.get("tags") or []), id=run_id, resume="allow", mode=mode, dir=str(run_dir),
-        config=config, settings=wandb.Settings(console="off", x_disable_stats=mode != "online", silent=True),
-    )
+    def init():
+        return wandb.init(
+            project=settings.project, entity=settings.entity,
+            group=run_cfg.get("experiment"), name=run_cfg.get("name") or run_dir.name,
+            tags=list(logger_cfg.get("tags") or []), id=run_id, resume="allow", mode=mode, dir=str(run_dir),
+            config=config, settings=wandb.Settings(console="off", x_disable_stats=mode != "online", silent=True),
+        )
+
+    # A rank killed hard (the OOM killer, a lost node's job restarted here) leaves its W&B
+    # service holding the run's id until that service notices its parent is gone: a
+    # restart that comes back within seconds is told "run ID ... is in use". Wait for it.
+    deadline = time.monotonic() + IN_USE_WAIT_S
+    while True:
+        try:
+            return init()
+        except Exception as exc:  # noqa: BLE001 - wandb's error types vary across versions
+            if "is in use" not in str(exc) or time.monotonic() > deadline:
+                raise
+            log.info("W&B run %s is still held by the previous attempt's W&B service; retrying", run_id)
+            time.sleep(2.0)
 
 
 def read_metrics(run_dir: Path) -> list:
