@@ -13,9 +13,11 @@ Only the submit side uses this; it runs SLURM's own commands and never imports t
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shutil
+import signal
 import subprocess
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -124,12 +126,25 @@ def parse_cluster(partitions_text: str, nodes_text: str) -> Dict[str, Partition]
 
 
 def slurm_output(argv: List[str], timeout: float = 20.0) -> Optional[str]:
-    """stdout of a SLURM command, or None where it is missing or fails."""
+    """stdout of a SLURM command, or None where it is missing, fails or does not answer
+    in `timeout` seconds. The command runs in a process group of its own, killed whole at
+    the timeout: subprocess.run kills the command only and then waits for its output pipe
+    to close, which whatever the command started still holds (the wait `audiollm plan`
+    spent, about 9 s a plan, once a test cluster's controller had stopped)."""
     try:
-        proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
-    except (OSError, subprocess.SubprocessError):
+        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+                                start_new_session=True)
+    except OSError:
         return None
-    return proc.stdout if proc.returncode == 0 else None
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.communicate(timeout=1.0)
+        return None
+    return out if proc.returncode == 0 else None
 
 
 # How long the cluster check waits for SLURM's answers. A controller answers these
