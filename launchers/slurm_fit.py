@@ -128,9 +128,7 @@ def parse_cluster(partitions_text: str, nodes_text: str) -> Dict[str, Partition]
 def slurm_output(argv: List[str], timeout: float = 20.0) -> Optional[str]:
     """stdout of a SLURM command, or None where it is missing, fails or does not answer
     in `timeout` seconds. The command runs in a process group of its own, killed whole at
-    the timeout: subprocess.run kills the command only and then waits for its output pipe
-    to close, which whatever the command started still holds (the wait `audiollm plan`
-    spent, about 9 s a plan, once a test cluster's controller had stopped)."""
+    the timeout, so that nothing it started outlives the check."""
     try:
         proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
                                 start_new_session=True)
