@@ -50,10 +50,12 @@ KINDS = ("tp", "cp", "pp", "dp")
 def wire_factor(collective: str, group_size: int) -> float:
     """Bytes one rank sends per payload byte in a ring (NCCL's bus-bandwidth convention):
     all-gather and reduce-scatter (n-1)/n, all-reduce 2(n-1)/n, a send 1."""
+    if collective == "send":
+        return 1.0
     if group_size <= 1:
         return 0.0
     ring = (group_size - 1) / group_size
-    return {"all_gather": ring, "reduce_scatter": ring, "all_reduce": 2 * ring, "send": 1.0}[collective]
+    return {"all_gather": ring, "reduce_scatter": ring, "all_reduce": 2 * ring}[collective]
 
 
 @dataclass

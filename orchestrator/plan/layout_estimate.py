@@ -73,12 +73,11 @@ def estimate_layout(cfg, inventory, stages, dp: int, num_microbatches: int,
     rc = parallel.recompute
     full = recomputed_layers(cfg.model.decoder.num_layers, rc.granularity, rc.method, rc.num_layers,
                              parallel.pp, parallel.vpp)
-    dp, m = dp, num_microbatches
+    m = num_microbatches
     traffic = comm.stage_traffic(comm.shape_of(cfg, dp, m, inventory, full), [s.trainable for s in stages])
     layout = rank_layout(parallel.tp, parallel.cp, dp, parallel.pp, parallel.rank_order)
     per_node = launcher.gpus_per_node
-    groups = {"tp": layout.tp, "cp": layout.cp, "pp": layout.pp,
-              "dp": _dp_cp_groups(layout) if parallel.cp > 1 else layout.dp}
+    groups = {"tp": layout.tp, "cp": layout.cp, "pp": layout.pp, "dp": _dp_cp_groups(layout)}
     link, link_notes = step_time.links(launcher)
     crosses = {kind: step_time.group_spans_nodes(g, per_node) for kind, g in groups.items()}
     bandwidth = {kind: link.inter_node_gb_s if crosses[kind] else link.intra_node_gb_s for kind in groups}
@@ -89,10 +88,10 @@ def estimate_layout(cfg, inventory, stages, dp: int, num_microbatches: int,
         *chunk_flops_per_microbatch(cfg, inventory), traffic, num_microbatches=m, vpp=parallel.vpp,
         group_sizes=sizes, bandwidths=bandwidth, peak_flops=device.peak_tflops * 1e12, mfu=efficiency.mfu,
         world=launcher.nodes * launcher.gpus_per_node, tokens=cfg.optim.global_batch_size * cfg.data.seq_length,
-        overlap_grad_reduce=overlap_grad_reduce, distributed_optimizer=parallel.distributed_optimizer)
+        overlap_grad_reduce=overlap_grad_reduce)
     busiest = max(traffic, key=lambda t: t.total())
-    wire = {kind: sum(p * comm.wire_factor(c, 2 if c == "send" else sizes[kind]) for c, p in busiest.by_kind[kind].items())
-            / 1e9 for kind in comm.KINDS}
+    wire = {kind: sum(p * comm.wire_factor(c, sizes[kind]) for c, p in busiest.by_kind[kind].items()) / 1e9
+            for kind in comm.KINDS}
     return LayoutEstimate(
         step_s=timing.step_s, tokens_per_s_per_gpu=timing.tokens_per_s_per_gpu, bubble=timing.bubble,
         mfu=efficiency.mfu, mfu_measured_here=efficiency.measured_here,
@@ -102,18 +101,11 @@ def estimate_layout(cfg, inventory, stages, dp: int, num_microbatches: int,
 
 
 def _dp_cp_groups(layout) -> list[list[int]]:
-    """The groups gradients are reduced over under context parallelism: DP x CP ranks of
-    one (TP rank, PP stage)."""
-    merged: list[set] = []
-    for group in layout.dp:
-        members = set(group)
-        for cp_group in layout.cp:
-            if members & set(cp_group):
-                members |= set(cp_group)
-        for existing in merged:
-            if existing & members:
-                existing |= members
-                break
-        else:
-            merged.append(members)
-    return [sorted(g) for g in merged]
+    """The groups gradients are reduced over: the DP x CP ranks of one (TP rank, pipeline
+    stage), i.e. the DP groups when CP = 1."""
+    tp_rank = {r: i for group in layout.tp for i, r in enumerate(group)}
+    stage = {r: i for group in layout.pp for i, r in enumerate(group)}
+    groups: dict = {}
+    for rank in sorted(tp_rank):
+        groups.setdefault((tp_rank[rank], stage[rank]), []).append(rank)
+    return sorted(groups.values())

@@ -95,14 +95,13 @@ class StepTime:
 
 
 def comm_seconds(traffic: Traffic, kind: str, group_size: int, bandwidth_gb_s: float) -> float:
-    return sum(payload * wire_factor(collective, 2 if collective == "send" else group_size)
+    return sum(payload * wire_factor(collective, group_size)
                for collective, payload in traffic.by_kind[kind].items()) / (bandwidth_gb_s * 1e9)
 
 
 def estimate(forward_flops: list[list[float]], backward_flops: list[list[float]], traffic: list[Traffic], *,
              num_microbatches: int, vpp: int | None, group_sizes: dict, bandwidths: dict, peak_flops: float,
-             mfu: float, world: int, tokens: int, overlap_grad_reduce: bool,
-             distributed_optimizer: bool) -> StepTime:
+             mfu: float, world: int, tokens: int, overlap_grad_reduce: bool) -> StepTime:
     """`forward_flops` / `backward_flops`: one micro-batch's hardware FLOPs on one GPU per
     stage and model chunk (layout_estimate.chunk_flops_per_microbatch); `group_sizes` and
     `bandwidths` (GB/s) per kind (tp, cp, pp, dp)."""
@@ -117,8 +116,7 @@ def estimate(forward_flops: list[list[float]], backward_flops: list[list[float]]
         scale = (1 + comm * rate / compute) / rate if compute else 0.0
         forward_s.append([f * scale for f in forward_flops[stage]])
         backward_s.append([b * scale for b in backward_flops[stage]])
-        dp = {c: p for c, p in t.by_kind["dp"].items()}
-        size = group_sizes["dp"]
+        dp, size = t.by_kind["dp"], group_sizes["dp"]
         reduce_s.append(sum(p * wire_factor(c, size) for c, p in dp.items() if c != "all_gather") / (bandwidths["dp"] * 1e9))
         gather_s.append(dp.get("all_gather", 0.0) * wire_factor("all_gather", size) / (bandwidths["dp"] * 1e9))
     pipeline_s, busy = makespan(forward_s, backward_s, m, vpp)

@@ -75,7 +75,7 @@ def _uniform(p, m, v):
     return estimate([[1e12 / chunks] * chunks] * p, [[2e12 / chunks] * chunks] * p, [Traffic(stage=s) for s in range(p)],
                     num_microbatches=m, vpp=v, group_sizes=dict(tp=1, cp=1, pp=p, dp=1),
                     bandwidths=dict(tp=1, cp=1, pp=1, dp=1), peak_flops=1e12, mfu=1.0, world=p, tokens=1,
-                    overlap_grad_reduce=False, distributed_optimizer=False)
+                    overlap_grad_reduce=False)
 
 
 @pytest.mark.parametrize("p,m,v", [(1, 4, None), (2, 4, None), (4, 8, None), (4, 8, 2), (2, 16, 3), (4, 4, 4)])
@@ -92,8 +92,7 @@ def test_a_heavier_first_stage_sets_the_pace():
     """Stage 0 also runs the encoder: 1F1B's steady state goes at its pace, and the others wait."""
     slow = estimate([[2e12], [1e12]], [[4e12], [2e12]], [Traffic(stage=0), Traffic(stage=1)], num_microbatches=8,
                     vpp=None, group_sizes=dict(tp=1, cp=1, pp=2, dp=1), bandwidths=dict(tp=1, cp=1, pp=1, dp=1),
-                    peak_flops=1e12, mfu=1.0, world=2, tokens=1, overlap_grad_reduce=False,
-                    distributed_optimizer=False)
+                    peak_flops=1e12, mfu=1.0, world=2, tokens=1, overlap_grad_reduce=False)
     # stage 0 runs its 8 micro-batches (6 s each) back to back but for one wait: its first
     # backward needs micro-batch 0's gradient, back from stage 1 at 5 s, while its second
     # forward ends at 4 s
