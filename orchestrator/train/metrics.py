@@ -364,6 +364,11 @@ def _init_wandb(run_dir: Path, settings: WandbSettings, logger_cfg: dict, run_cf
             config=config, settings=wandb.Settings(console="off", x_disable_stats=mode != "online", silent=True),
         )
 
+    # $WANDB_SERVICE, inherited from whatever started this process (a notebook, a test
+    # runner, a script that logged to W&B itself), would make this run a stream of that
+    # process's W&B service: the service outlives a rank killed hard, and the run's id
+    # stays "in use" there for the restart. This process starts its own service.
+    os.environ.pop("WANDB_SERVICE", None)
     # A rank killed hard (the OOM killer, a lost node's job restarted here) leaves its W&B
     # service holding the run's id until that service notices its parent is gone: a
     # restart that comes back within seconds is told "run ID ... is in use". Wait for it.

@@ -37,10 +37,14 @@ def wait_until(predicate, timeout: float, what: str, run_dirs=(), interval: floa
         time.sleep(interval)
     for run_dir in run_dirs:
         cancel(run_dir)
-    logs = "\n".join(
-        f"--- {p}\n{p.read_text()[-2000:]}" for d in run_dirs for p in sorted(Path(d).glob("logs/*.log"))
-    )
-    raise AssertionError(f"timed out after {timeout} s waiting for {what}\n{logs}")
+    raise AssertionError(f"timed out after {timeout} s waiting for {what}\n{logs_tail(run_dirs)}")
+
+
+def logs_tail(run_dirs) -> str:
+    """The end of each rank's log and of the scheduler's job logs (srun says there how
+    a step ended), for an assertion's message."""
+    paths = [p for d in run_dirs for pattern in ("logs/*.log", "submitit/*.err") for p in sorted(Path(d).glob(pattern))]
+    return "\n".join(f"--- {p}\n{p.read_text(errors='replace')[-2000:]}" for p in paths)
 
 
 def wait_for_step(run_dir: Path, step: int, timeout: float) -> None:

@@ -85,7 +85,9 @@ SlurmctldTimeout=30
 SlurmdTimeout=30
 InactiveLimit=0
 MinJobAge=300
-KillWait=5
+# SIGTERM to SIGKILL: room for a cancelled job to finish its step and publish its checkpoint
+# on a loaded machine (5 s may not be: a cancel in CI left a job without its end state); SLURM's default is 30
+KillWait=15
 Waittime=0
 NodeName=$NODE NodeAddr=127.0.0.1 NodeHostname=localhost $TOPO RealMemory=$MEM_MB State=UNKNOWN
 PartitionName=debug Nodes=$NODE Default=YES MaxTime=INFINITE State=UP OverSubscribe=NO

@@ -27,7 +27,7 @@ from launchers.submit import RunActive, ensure_not_active
 from launchers.train import train
 from orchestrator.plan.rundir import read_json, read_metrics
 from tests.distributed_run import REPO
-from tests.launchers.helpers import launches, losses, rank_pids, wait_for_end, wait_for_step, wait_until
+from tests.launchers.helpers import launches, logs_tail, losses, rank_pids, wait_for_end, wait_for_step, wait_until
 from tests.slurm.runs import JOB_TIMEOUT, preempt_and_wait_for_resume, restarted_or_ended, slurm_run, wandb_runs
 from tests.train.audiollm_runs import make_corpus, train_overrides
 
@@ -268,7 +268,8 @@ def test_a_two_node_run_continues_on_one_node_and_back_reading_every_sample_once
         wait_until(lambda: _not_active(run_dir), JOB_TIMEOUT, "the cancelled job to end", [run_dir])
         # Stopped at a step boundary with a checkpoint (W&B's service, which SLURM's SIGTERM
         # also ends, must not turn that into a failure).
-        assert read_json(run_dir / "state.json")["state"] == "PREEMPTED", read_json(run_dir / "state.json")
+        state = read_json(run_dir / "state.json")
+        assert state["state"] == "PREEMPTED", f"{state}\n{logs_tail([run_dir])}"
     assert wait_for_end(run_dir, timeout=JOB_TIMEOUT)["state"] == "COMPLETED"
     assert wait_for_end(straight_dir, timeout=JOB_TIMEOUT)["state"] == "COMPLETED"
     assert "continues at another size: TP 1 PP 1 CP 1 DP 2 -> TP 2 PP 1 CP 1 DP 1" in said[1], said[1]

@@ -27,6 +27,7 @@ def test_checkpoint_scores_go_to_the_training_runs_wandb_run_on_their_own_axis(t
 
     monkeypatch.delenv("WANDB_PROJECT", raising=False)
     monkeypatch.delenv("WANDB_ENTITY", raising=False)
+    monkeypatch.setenv("WANDB_SERVICE", "")  # the service W&B starts here is not left to later tests
     (tmp_path / "wandb_id").write_text("trainingrun0001\n")
     rows = [{"step": 6, "checkpoint": "step_000006", "val_loss": 2.5, "wer/all": 0.6},
             {"step": 12, "checkpoint": "step_000012", "val_loss": 2.0, "wer/all": 0.4}]
@@ -36,3 +37,18 @@ def test_checkpoint_scores_go_to_the_training_runs_wandb_run_on_their_own_axis(t
     records = (run / "run-trainingrun0001.wandb").read_bytes()
     assert b"eval/wer/all" in records and b"eval/step" in records
     assert log_evaluations_to_wandb(tmp_path, {"backend": "none"}, {}, rows) is None
+
+
+def test_a_run_starts_its_own_wandb_service_not_one_it_inherited(tmp_path, monkeypatch):
+    """A job started from a process that used W&B itself (a notebook, a test runner)
+    inherits $WANDB_SERVICE: connecting to that service would tie the run's id to a
+    process that outlives a rank killed hard (the restart is told the id is in use).
+    Here the inherited service is gone: the run still logs, to a service of its own."""
+    from orchestrator.train.metrics import MetricsWriter
+
+    monkeypatch.setenv("WANDB_SERVICE", "3-1-unix-/nonexistent/wandb-service.sock")
+    writer = MetricsWriter(tmp_path, {"backend": "wandb", "mode": "offline"}, {"name": "r"}, "ownservice0001", 0)
+    assert writer.wandb is not None, "W&B did not start"
+    writer.log(1, {"loss": 2.0})
+    writer.finish()
+    assert list((tmp_path / "wandb").glob("offline-run-*-ownservice0001"))
