@@ -342,9 +342,6 @@ def _api_key_configured() -> bool:
         return False
 
 
-IN_USE_WAIT_S = 60.0
-
-
 def _init_wandb(run_dir: Path, settings: WandbSettings, logger_cfg: dict, run_cfg: dict, run_id: str,
                 config: Optional[dict]):
     import wandb
@@ -354,33 +351,20 @@ def _init_wandb(run_dir: Path, settings: WandbSettings, logger_cfg: dict, run_cf
         log.warning("W&B mode is online but no W&B API key is configured: logging offline "
                     "(sync later with `wandb sync %s/wandb`)", run_dir)
         mode = "offline"
-    # System metrics (GPU utilisation and memory charts) online only: offline they would
-    # fill the run directory for a sync that may never come.
-    def init():
-        return wandb.init(
-            project=settings.project, entity=settings.entity,
-            group=run_cfg.get("experiment"), name=run_cfg.get("name") or run_dir.name,
-            tags=list(logger_cfg.get("tags") or []), id=run_id, resume="allow", mode=mode, dir=str(run_dir),
-            config=config, settings=wandb.Settings(console="off", x_disable_stats=mode != "online", silent=True),
-        )
-
     # $WANDB_SERVICE, inherited from whatever started this process (a notebook, a test
     # runner, a script that logged to W&B itself), would make this run a stream of that
-    # process's W&B service: the service outlives a rank killed hard, and the run's id
-    # stays "in use" there for the restart. This process starts its own service.
+    # process's W&B service: the service outlives a rank killed hard, and the restart is
+    # told the run's id "is in use" there. This process starts a service of its own (one
+    # that ends with it, so a restart never finds the id held).
     os.environ.pop("WANDB_SERVICE", None)
-    # A rank killed hard (the OOM killer, a lost node's job restarted here) leaves its W&B
-    # service holding the run's id until that service notices its parent is gone: a
-    # restart that comes back within seconds is told "run ID ... is in use". Wait for it.
-    deadline = time.monotonic() + IN_USE_WAIT_S
-    while True:
-        try:
-            return init()
-        except Exception as exc:  # noqa: BLE001 - wandb's error types vary across versions
-            if "is in use" not in str(exc) or time.monotonic() > deadline:
-                raise
-            log.info("W&B run %s is still held by the previous attempt's W&B service; retrying", run_id)
-            time.sleep(2.0)
+    # System metrics (GPU utilisation and memory charts) online only: offline they would
+    # fill the run directory for a sync that may never come.
+    return wandb.init(
+        project=settings.project, entity=settings.entity,
+        group=run_cfg.get("experiment"), name=run_cfg.get("name") or run_dir.name,
+        tags=list(logger_cfg.get("tags") or []), id=run_id, resume="allow", mode=mode, dir=str(run_dir),
+        config=config, settings=wandb.Settings(console="off", x_disable_stats=mode != "online", silent=True),
+    )
 
 
 def read_metrics(run_dir: Path) -> list:
