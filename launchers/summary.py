@@ -227,6 +227,25 @@ def format_run(run_dir: Path, info: dict) -> str:
     return "\n".join(lines)
 
 
+def format_eval_job(job_dir: Path, info: dict) -> str:
+    """An evaluation job's state (launchers/eval_job.py) and what it has scored so far."""
+    job = read_json(Path(job_dir) / "eval_job.json", default={}) or {}
+    argv = job.get("argv") or []
+    run_dir = Path(job_dir).parent.parent
+    scored = sorted(p.stem for p in (run_dir / "eval").glob("step_*.json"))
+    sched = f" (scheduler: {info['scheduler']}, job {info['job_id']})" if info["scheduler"] else ""
+    lines = [f"eval job  {job_dir}", f"evaluates {' '.join(argv[1:]) or 'the latest checkpoint'} of {run_dir}",
+             f"state     {info['state']}{sched}"]
+    if info.get("pending"):
+        lines.append(f"waiting   {info['pending']}")
+    lines += [f"requeues  {info['requeues']}", f"scored    {', '.join(scored) or 'none yet'} (in {run_dir / 'eval'})"]
+    if info.get("cause"):
+        lines.append("cause     " + info["cause"])
+    elif info.get("error"):
+        lines.append("error     " + info["error"].strip().splitlines()[-1])
+    return "\n".join(lines)
+
+
 def sweep_table(sweep_dir: Path, query_scheduler: bool = True) -> str:
     sweep = read_json(Path(sweep_dir) / "sweep.json", default={"points": []})
     rows = [("point", "overrides", "state", "step", "requeues", "final loss")]

@@ -21,8 +21,8 @@ DELEGATED: dict[str, tuple[str, str, str]] = {
                 "--config-dir / $AUDIOLLM_CONFIG_PATH / audiollm.yaml) with where each comes from"),
     "status": ("launchers.status", "status_main", "state, last step and last loss of a run or sweep directory"),
     "cancel": ("launchers.status", "cancel_main", "cancel the jobs of a run or sweep directory"),
-    "eval": ("orchestrator.train.evaluate", "main", "validation loss and WER / exact match / BLEU of a run's "
-             "checkpoint, or of every one (--all)"),
+    "eval": ("launchers.eval_job", "eval_main", "validation loss and WER / exact match / BLEU of a run's "
+             "checkpoint, or of every one (--all); here, or as a job with launcher=slurm|local"),
     "data": ("orchestrator.data.cli", "main", "data tools: `audiollm data demo` (the speech demo corpus), `import` (NeMo, HF datasets, Kaldi, WebDataset -> MDS), `show`"),
     "compare-weights": ("orchestrator.convert.compare_weights", "main", "list parameters whose statistics differ between two checkpoints"),
     "wheels": ("launchers.offline_wheels", "main", "write the wheels a GPU machine without internet needs (setup.sh --from-wheels)"),

@@ -154,6 +154,7 @@ def _evaluation_plan(run_dir: Path, ctc_weight: Optional[float]):
 def _score(run_dir: Path, plan, paths: list, components_factory, layout, examples) -> dict:
     """Load each checkpoint of `paths` into one model and evaluate it; rank 0 writes
     RUN/eval/<checkpoint>.json after each."""
+    from orchestrator.runtime import job_control
     from orchestrator.runtime.distributed import shutdown
     from orchestrator.train import checkpoint as ckpt
     from orchestrator.train.entry import make_trainer, setup_logging
@@ -178,7 +179,14 @@ def _score(run_dir: Path, plan, paths: list, components_factory, layout, example
         generation = trainer.components.generation_eval if examples else None
         if generation is not None:
             generation.examples = examples
-        for path in paths:
+        for done, path in enumerate(paths):
+            # A job asked to stop (preemption, a time limit, a cancel) stops between two
+            # checkpoints, after the first of its attempt (so that every attempt gets
+            # somewhere): what is scored is written, the requeued job scores the rest.
+            if done and job_control.should_stop():
+                print(f"stopped by {job_control.stop_signal()} before {path.name}: {done} checkpoint(s) scored and "
+                      f"kept", flush=True)
+                break
             ckpt.load_model_weights(path, trainer.chunks)
             results = scores[path.name] = trainer.evaluate()
             if rank == 0:
@@ -203,43 +211,20 @@ def _launch(argv: Sequence[str], processes: int) -> int:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    parser = argparse.ArgumentParser(prog="audiollm eval", description="Evaluate a run's checkpoint "
-                                     "(validation loss per dataset; WER, exact match or BLEU when the model "
-                                     "provides generation).")
-    parser.add_argument("run_dir")
-    parser.add_argument("--checkpoint", default=None, help="a checkpoint directory (default: the run's latest)")
-    parser.add_argument("--tp", type=int, default=None, help="tensor parallel size to evaluate at (default 1)")
-    parser.add_argument("--pp", type=int, default=None, help="pipeline parallel size to evaluate at (default 1)")
-    parser.add_argument("--cp", type=int, default=None, help="context parallel size to evaluate at (default 1)")
-    parser.add_argument("--gpus", type=int, default=None,
-                        help="processes (one per GPU) on this machine; default tp x pp x cp, the rest data parallel")
-    parser.add_argument("--ctc-weight", type=float, default=None,
-                        help="joint CTC/attention decoding at this weight (default: the run's "
-                             "train.eval_generation_ctc_weight; 0: the decoder alone)")
-    parser.add_argument("--examples", type=int, default=0,
-                        help="also write the first N (reference, answer) pairs of each validation dataset into the JSON")
-    parser.add_argument("--all", action="store_true",
-                        help="score every kept checkpoint not scored yet (one model, loaded with each in turn), then "
-                             "write RUN/eval/steps.tsv, RUN/eval_curve.png and RUN/eval/best.json")
-    parser.add_argument("--best-by", default=None, metavar="KEY",
-                        help="with --all: the figure that names the best checkpoint, e.g. wer/all, "
-                             "wer/DATASET, exact/all, val_loss (default: wer/all, exact/all, bleu/all or val_loss, "
-                             "the first the run measures); WER and loss lower is better, exact match and BLEU higher")
+    from orchestrator.eval.arguments import eval_parser, layout_of
+
+    parser = eval_parser()
     argv = list(sys.argv[1:] if argv is None else argv)
     args = parser.parse_args(argv)
     if args.all and args.checkpoint:
         print("--all scores every kept checkpoint; --checkpoint names one: pass one of them", file=sys.stderr)
         return 2
-    layout = None
-    if any(v is not None for v in (args.tp, args.pp, args.cp, args.gpus)):
-        layout = (args.tp or 1, args.pp or 1, args.cp or 1)
-        if min(layout) < 1 or (args.gpus is not None and args.gpus < 1):
-            print(f"--tp, --pp, --cp and --gpus must be >= 1 (got {args.tp}, {args.pp}, {args.cp}, {args.gpus})",
-                  file=sys.stderr)
-            return 2
-        processes = args.gpus or layout[0] * layout[1] * layout[2]
-        if processes > 1 and "WORLD_SIZE" not in os.environ:
-            return _launch(argv, processes)
+    layout, processes, problem = layout_of(args)
+    if problem:
+        print(problem, file=sys.stderr)
+        return 2
+    if processes > 1 and "WORLD_SIZE" not in os.environ:
+        return _launch(argv, processes)
     try:
         if not args.all:
             evaluate_run(args.run_dir, args.checkpoint, layout=layout, ctc_weight=args.ctc_weight,
@@ -250,7 +235,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except (FileNotFoundError, DamagedCheckpoint, PlanError) as exc:
         print(str(exc), file=sys.stderr)
         return 2
-    if int(os.environ.get("RANK", "0")) == 0:
+    from orchestrator.runtime import job_control
+
+    if int(os.environ.get("RANK", "0")) == 0 and not job_control.stopped_early():  # the table once all are scored
         return _summarize(Path(args.run_dir), args.best_by, damaged)
     return 0
 
@@ -278,6 +265,15 @@ def _summarize(run_dir: Path, best_by: Optional[str], damaged: list) -> int:
               f"{chosen['checkpoint']} ({chosen['value']:.4g}); export it with `audiollm convert megatron-to-hf "
               f"--megatron {run_dir} --step best --out DIR`")
     return 0
+
+
+def job_entry(job_dir: str) -> None:
+    """launchers/job.py's entry for an evaluation submitted as a job (launchers/eval_job.py):
+    every rank runs this command with the arguments JOB_DIR/eval_job.json holds."""
+    argv = json.loads((Path(job_dir) / "eval_job.json").read_text())["argv"]
+    code = main(argv)
+    if code:
+        raise RuntimeError(f"audiollm eval {' '.join(argv)} exited {code} (its message is above in this log)")
 
 
 if __name__ == "__main__":

@@ -9,7 +9,9 @@ Every wait has a deadline; on timeout the job is cancelled and the test fails.
 
 from __future__ import annotations
 
+import json
 import re
+import sys
 import time
 
 import pytest
@@ -28,6 +30,7 @@ pytestmark = [pytest.mark.slurm, pytest.mark.multiprocess]
 ITERS = 30
 SIGNAL_AFTER = 2
 SWEEP_ITERS = 4
+KEEP_THREE = ["train.save_interval=10", "train.keep_last=3"]  # checkpoints of steps 10, 20 and 30 to evaluate
 
 
 @pytest.fixture(scope="module")
@@ -39,7 +42,7 @@ def corpus(tmp_path_factory):
 def submitted(slurm_cluster, corpus, tmp_path_factory):
     """Queue the 2-rank reference job and the 3-point sweep together; tests wait on them."""
     root = tmp_path_factory.mktemp("slurm")
-    ref_code = train(slurm_run(root, corpus, "run.name=ref", iters=ITERS))
+    ref_code = train(slurm_run(root, corpus, "run.name=ref", *KEEP_THREE, iters=ITERS))
     sweep_code = train(
         slurm_run(root, corpus, "run.name=sweep", "optim.lr=1e-3,3e-3,1e-2", ranks=1, iters=SWEEP_ITERS),
         multirun=True,
@@ -105,7 +108,7 @@ def test_preempted_job_requeues_and_reproduces_every_loss(submitted, corpus, cap
     ref_dir = submitted["ref"]
     assert wait_for_end(ref_dir, timeout=JOB_TIMEOUT)["state"] == "COMPLETED"
     # The same configuration as the reference run but for run.name.
-    assert train(slurm_run(submitted["root"], corpus, "run.name=pre", iters=ITERS)) == 0
+    assert train(slurm_run(submitted["root"], corpus, "run.name=pre", *KEEP_THREE, iters=ITERS)) == 0
     run_dir = submitted["root"] / "tiny_cpu" / "pre"
     job_id = launches(run_dir)[0]["job_ids"][0]
     done_before, resume_s = preempt_and_wait_for_resume(run_dir, job_id, SIGNAL_AFTER)
@@ -187,3 +190,83 @@ def test_status_names_why_a_slurm_job_failed_an_error_in_one_rank_or_a_rank_kill
     (job_id,) = launches(killed)[0]["job_ids"]
     assert proc.returncode == 1, out
     assert out.strip().splitlines()[-1] == f"job {job_id} failed: {cause}", out[-3000:]
+
+
+def test_every_checkpoint_is_scored_by_one_slurm_eval_job_that_survives_preemption(submitted, tmp_path, capsys):
+    """`audiollm eval RUN --all --tp 2 launcher=slurm` on the reference run (checkpoints of
+    steps 10, 20, 30): one 2-task job in RUN/eval/job, where the training ran (its
+    recorded launcher settings). USR2 (preemption) reaches it while it starts: it scores
+    one checkpoint, stops, is requeued, and its next attempt scores the other two only.
+    The table, the plot and the best checkpoint are written, and the scores go to the
+    training run's W&B run (offline, resumed by its id). A second submission while it
+    runs is refused; `status` and `cancel` work on an evaluation job. The scores equal
+    those of `audiollm eval --all --tp 2` on this machine (fp32 reduction order: the
+    same ranks, other threads)."""
+    import shutil
+    import subprocess
+
+    from launchers.eval_job import eval_job_dir, eval_main
+    from launchers.status import cancel
+    from tests.launchers.helpers import wait_until
+    from tests.distributed_run import REPO, rank_env
+
+    run_dir = submitted["ref"]
+    assert wait_for_end(run_dir, timeout=JOB_TIMEOUT)["state"] == "COMPLETED"
+    copy = tmp_path / "copy"  # scored again, on this machine, at the end
+    shutil.copytree(run_dir, copy, symlinks=True, ignore=shutil.ignore_patterns("eval", "wandb"))
+    kept = [f"step_{s:06d}" for s in (10, 20, 30)]
+    assert sorted(p.name for p in (run_dir / "checkpoints").glob("step_*")) == kept
+    job_dir = eval_job_dir(run_dir)
+
+    capsys.readouterr()
+    assert eval_main([str(run_dir), "--all", "--tp", "2", "launcher=slurm"]) == 0
+    said = capsys.readouterr().out
+    (job_id,) = launches(job_dir)[0]["job_ids"]
+    assert f"submitted SLURM job {job_id} (1 node(s) x 2 process(es))" in said, said
+    # its handlers are in place once rank 0's watchdog beats; the model is still being built
+    wait_until(lambda: (job_dir / "heartbeats" / "rank0.json").exists(), JOB_TIMEOUT, "the eval job to start",
+               [job_dir])
+    subprocess.run(["scancel", "--signal=USR2", job_id], check=True, timeout=30)
+    assert eval_main([str(run_dir), "--all", "launcher=slurm"]) == 2  # one evaluation job at a time
+    assert f"already has job {job_id}" in capsys.readouterr().err
+    info = wait_for_end(job_dir, timeout=JOB_TIMEOUT)
+    assert info["state"] == "COMPLETED" and info["requeues"] == 1, info
+    log = (job_dir / "logs" / "rank0.log").read_text()
+    first, second = log.split("attempt 2", 1)
+    scored_first = re.findall(r"^(step_\d{6}): val_loss", first, re.M)
+    assert "stopped by SIGUSR2 before" in first and 1 <= len(scored_first) < 3, first[-3000:]
+    assert scored_first + re.findall(r"^(step_\d{6}): val_loss", second, re.M) == kept  # each once
+    table = (run_dir / "eval" / "steps.tsv").read_text().splitlines()
+    assert [row.split("\t")[1] for row in table[1:]] == kept
+    best = read_json(run_dir / "eval" / "best.json")
+    assert best["checkpoint"] in kept and (run_dir / "eval_curve.png").stat().st_size > 0
+    run_id = (run_dir / "wandb_id").read_text().strip()
+    (logged,) = [p for p in (run_dir / "wandb").glob(f"offline-run-*-{run_id}")
+                 if b"eval/step" in (p / f"run-{run_id}.wandb").read_bytes()]
+    capsys.readouterr()
+    assert status(job_dir) == 0
+    story = capsys.readouterr().out
+    assert "state     COMPLETED" in story and "requeues  1" in story and f"scored    {', '.join(kept)}" in story, story
+
+    # cancel: the job on the copy stops after its first checkpoint (unless SLURM's KillWait
+    # ran out first); SLURM says CANCELLED
+    copy_job = eval_job_dir(copy)
+    assert eval_main([str(copy), "--all", "--tp", "2", "launcher=slurm"]) == 0
+    wait_until(lambda: (copy_job / "heartbeats" / "rank0.json").exists(), JOB_TIMEOUT, "the eval job to start",
+               [copy_job])
+    assert cancel(copy_job) == 0
+    assert wait_for_end(copy_job, timeout=JOB_TIMEOUT)["state"] == "CANCELLED"
+    scored_before = sorted(p.stem for p in (copy / "eval").glob("step_*.json"))
+    assert len(scored_before) <= 1, scored_before
+
+    # the rest on this machine: the same figures
+    proc = subprocess.run([sys.executable, "-m", "orchestrator.cli", "eval", str(copy), "--all", "--tp", "2"],
+                          capture_output=True, text=True, cwd=REPO, env=rank_env(), timeout=JOB_TIMEOUT)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert not any(f"{name}:" in proc.stdout for name in scored_before)  # scored by the cancelled job already
+    for name in kept:
+        job, here = (json.loads((d / "eval" / f"{name}.json").read_text()) for d in (run_dir, copy))
+        assert {k: v for k, v in here.items() if not k.startswith("val_loss")} == \
+            {k: v for k, v in job.items() if not k.startswith("val_loss")}, name
+        for key in (k for k in job if k.startswith("val_loss")):
+            assert here[key] == pytest.approx(job[key], rel=1e-5), (name, key)
