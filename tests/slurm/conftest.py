@@ -19,11 +19,16 @@ import pytest
 
 HERE = Path(__file__).resolve().parent
 BASE = Path(os.environ.get("SLURM_TEST_BASE", "/tmp/audiollm-slurm"))
-# The cluster check's wait for scontrol (launchers/slurm_fit.py): its default is for a
-# controller on a machine of its own; the test clusters share two cores with the whole
-# suite, where a query can take longer. tests/launchers/test_slurm_fit.py checks the
-# default's skip.
-os.environ.setdefault("AUDIOLLM_SLURM_QUERY_TIMEOUT_S", "20")
+
+
+def _patient_cluster_checks() -> None:
+    """The cluster check's wait for scontrol (launchers/slurm_fit.py): its default is for a
+    controller on a machine of its own; the test clusters share two cores with the whole
+    suite, where a query can take longer. Raised once a test cluster is up, not for the
+    whole session: before, with a slurm.conf but no controller, each `audiollm plan` of a
+    SLURM recipe anywhere in the suite waited ~9 s for SLURM's client to give up.
+    tests/launchers/test_slurm_fit.py checks the default's skip."""
+    os.environ.setdefault("AUDIOLLM_SLURM_QUERY_TIMEOUT_S", "20")
 
 
 def cluster_ready() -> bool:
@@ -44,6 +49,7 @@ def slurm_cluster():
     conf = BASE / "etc" / "slurm.conf"
     if conf.exists() and not os.environ.get("SLURM_CONF") and not Path("/etc/slurm/slurm.conf").exists():
         os.environ["SLURM_CONF"] = str(conf)
+    _patient_cluster_checks()
     if cluster_ready():
         yield "existing"
         return
@@ -91,6 +97,7 @@ def slurm_nodes():
     reason = namespaces_unavailable()
     if reason:
         pytest.skip(reason)
+    _patient_cluster_checks()
     env = {**os.environ, "SLURM_MULTI_BASE": str(MULTI_BASE)}
     start = subprocess.run(["bash", str(HERE / "start_cluster.sh"), str(MULTI_NODES)], capture_output=True,
                            text=True, timeout=600, env=env)
