@@ -24,7 +24,6 @@ dataset into the JSON (those rank 0 decoded: its data- and context-parallel shar
 
 from __future__ import annotations
 
-import argparse
 import copy
 import json
 import os
@@ -210,19 +209,25 @@ def _launch(argv: Sequence[str], processes: int) -> int:
     return subprocess.call(cmd)
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
+def main(argv: Optional[Sequence[str]] = None, raise_errors: bool = False) -> int:
+    """`audiollm eval` here: 0, or 2 with the reason on stderr (`raise_errors`: raised
+    instead, for a job, whose failure record then names it)."""
     from orchestrator.eval.arguments import eval_parser, layout_of
+
+    def refuse(message: str) -> int:
+        if raise_errors:
+            raise RuntimeError(message)
+        print(message, file=sys.stderr)
+        return 2
 
     parser = eval_parser()
     argv = list(sys.argv[1:] if argv is None else argv)
     args = parser.parse_args(argv)
     if args.all and args.checkpoint:
-        print("--all scores every kept checkpoint; --checkpoint names one: pass one of them", file=sys.stderr)
-        return 2
+        return refuse("--all scores every kept checkpoint; --checkpoint names one: pass one of them")
     layout, processes, problem = layout_of(args)
     if problem:
-        print(problem, file=sys.stderr)
-        return 2
+        return refuse(problem)
     if processes > 1 and "WORLD_SIZE" not in os.environ:
         return _launch(argv, processes)
     try:
@@ -233,23 +238,26 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         _, damaged = evaluate_every_checkpoint(args.run_dir, layout=layout, ctc_weight=args.ctc_weight,
                                                examples=args.examples)
     except (FileNotFoundError, DamagedCheckpoint, PlanError) as exc:
-        print(str(exc), file=sys.stderr)
-        return 2
+        if raise_errors:
+            raise
+        return refuse(str(exc))
     from orchestrator.runtime import job_control
 
-    if int(os.environ.get("RANK", "0")) == 0 and not job_control.stopped_early():  # the table once all are scored
-        return _summarize(Path(args.run_dir), args.best_by, damaged)
-    return 0
-
-
-def _summarize(run_dir: Path, best_by: Optional[str], damaged: list) -> int:
-    from orchestrator.eval.checkpoint_table import table_text, write_summary
+    if int(os.environ.get("RANK", "0")) != 0 or job_control.stopped_early():  # the table once all are scored
+        return 0
+    from orchestrator.eval.checkpoint_table import write_summary
 
     try:
-        rows, chosen = write_summary(run_dir, best_by)
-    except ValueError as exc:
-        print(str(exc), file=sys.stderr)
-        return 2
+        rows, chosen = write_summary(Path(args.run_dir), args.best_by)
+    except ValueError as exc:  # --best-by names a figure the run has not
+        return refuse(str(exc))
+    return _summarize(Path(args.run_dir), rows, chosen, damaged)
+
+
+def _summarize(run_dir: Path, rows: list, chosen: Optional[dict], damaged: list) -> int:
+    """Print the table over steps and the best checkpoint; log the scores to W&B."""
+    from orchestrator.eval.checkpoint_table import table_text
+
     print(table_text(rows), end="")
     for line in damaged:
         print(f"left out, damaged: {line}")
@@ -270,10 +278,7 @@ def _summarize(run_dir: Path, best_by: Optional[str], damaged: list) -> int:
 def job_entry(job_dir: str) -> None:
     """launchers/job.py's entry for an evaluation submitted as a job (launchers/eval_job.py):
     every rank runs this command with the arguments JOB_DIR/eval_job.json holds."""
-    argv = json.loads((Path(job_dir) / "eval_job.json").read_text())["argv"]
-    code = main(argv)
-    if code:
-        raise RuntimeError(f"audiollm eval {' '.join(argv)} exited {code} (its message is above in this log)")
+    main(json.loads((Path(job_dir) / "eval_job.json").read_text())["argv"], raise_errors=True)
 
 
 if __name__ == "__main__":
