@@ -7,8 +7,9 @@ Usage: comm_count_script.py RUN_DIR. Each rank writes RUN_DIR/comm-rank{R}.json:
 are not counted; those on groups other than megatron's TP, CP, DP, PP and embedding
 groups count as "other".
 
-The wrapping happens before megatron is imported: megatron binds some collectives to
-module-level names at import (`dist_all_gather_func`)."""
+megatron binds some collectives to module-level names at import (`dist_all_gather_func`):
+where it was imported before this script ran (the tests' ranks fork from a process that
+imported it, tests/zygote.py), those names are rebound to the wrappers too."""
 
 import inspect
 import json
@@ -63,6 +64,11 @@ def _wrap(name: str, collective: str, payload) -> None:
             _INSIDE["depth"] -= 1
 
     setattr(dist, name, wrapped)
+    for module in list(sys.modules.values()):
+        if getattr(module, "__name__", "").startswith(("megatron.", "orchestrator.")):
+            for attr, value in list(vars(module).items()):
+                if value is original:
+                    setattr(module, attr, wrapped)
 
 
 _wrap("all_reduce", "all_reduce", lambda a: _nbytes(a["tensor"]))

@@ -23,6 +23,8 @@ def test_the_jobs_logging_keeps_a_host_applications_handlers():
 def test_checkpoint_scores_go_to_the_training_runs_wandb_run_on_their_own_axis(tmp_path, monkeypatch):
     """`audiollm eval RUN --all`'s rows, into the W&B run whose id the training stored
     (offline here): eval/step as the x axis of every eval/ series."""
+    import wandb
+
     from orchestrator.train.metrics import log_evaluations_to_wandb
 
     monkeypatch.delenv("WANDB_PROJECT", raising=False)
@@ -33,6 +35,9 @@ def test_checkpoint_scores_go_to_the_training_runs_wandb_run_on_their_own_axis(t
             {"step": 12, "checkpoint": "step_000012", "val_loss": 2.0, "wer/all": 0.4}]
     said = log_evaluations_to_wandb(tmp_path, {"backend": "wandb", "mode": "offline"}, {"name": "r"}, rows)
     assert said == "W&B: 2 checkpoints' scores logged to run trainingrun0001 (offline)"
+    # run.finish() may return before W&B's service has written the records (it did under a
+    # loaded CI machine); its teardown, which a command's exit runs, waits for them
+    wandb.teardown()
     (run,) = (tmp_path / "wandb").glob("offline-run-*-trainingrun0001")
     records = (run / "run-trainingrun0001.wandb").read_bytes()
     assert b"eval/wer/all" in records and b"eval/step" in records
