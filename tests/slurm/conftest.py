@@ -88,6 +88,33 @@ def namespaces_unavailable() -> str | None:
     return None
 
 
+_MULTI_ENV = {"SLURM_MULTI_BASE": str(MULTI_BASE)}
+_multi_start: dict = {}  # the start begun when collection ended, if it was
+
+
+def _start_multi_node_cluster() -> subprocess.Popen:
+    return subprocess.Popen(["bash", str(HERE / "start_cluster.sh"), str(MULTI_NODES)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env={**os.environ, **_MULTI_ENV})
+
+
+def pytest_collection_finish(session):
+    """Start the multi-node cluster (~45 s, mostly waiting for its daemons) as soon as the
+    collected tests are known to need it, so that its start overlaps the tests before
+    them. It has its own slurm.conf (tests select it with SLURM_CONF), so nothing else
+    sees it before."""
+    if any("slurm_nodes" in item.fixturenames for item in session.items) and not namespaces_unavailable():
+        _multi_start["proc"] = _start_multi_node_cluster()
+
+
+def pytest_sessionfinish(session):
+    """A start that no test took up (the session stopped before them): stop that cluster."""
+    start = _multi_start.pop("proc", None)
+    if start is not None:
+        start.communicate(timeout=600)
+        subprocess.run(["bash", str(HERE / "stop_cluster.sh")], capture_output=True, text=True, timeout=300,
+                       env={**os.environ, **_MULTI_ENV})
+
+
 @pytest.fixture(scope="session")
 def slurm_nodes():
     """A real SLURM cluster of MULTI_NODES nodes on this machine, each a network namespace
@@ -98,10 +125,14 @@ def slurm_nodes():
     if reason:
         pytest.skip(reason)
     _patient_cluster_checks()
-    env = {**os.environ, "SLURM_MULTI_BASE": str(MULTI_BASE)}
-    start = subprocess.run(["bash", str(HERE / "start_cluster.sh"), str(MULTI_NODES)], capture_output=True,
-                           text=True, timeout=600, env=env)
+    start = _multi_start.pop("proc", None) or _start_multi_node_cluster()
+    try:
+        out, err = start.communicate(timeout=600)
+    except subprocess.TimeoutExpired:
+        start.kill()
+        out, err = start.communicate()
     if start.returncode != 0:
-        pytest.fail(f"tests/slurm/start_cluster.sh failed ({start.returncode}):\n{start.stdout}\n{start.stderr}")
+        pytest.fail(f"tests/slurm/start_cluster.sh failed ({start.returncode}):\n{out}\n{err}")
     yield MULTI_BASE / "etc" / "slurm.conf"
-    subprocess.run(["bash", str(HERE / "stop_cluster.sh")], capture_output=True, text=True, timeout=300, env=env)
+    subprocess.run(["bash", str(HERE / "stop_cluster.sh")], capture_output=True, text=True, timeout=300,
+                   env={**os.environ, **_MULTI_ENV})
