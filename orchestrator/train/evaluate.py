@@ -14,7 +14,10 @@ dataset, whatever the run's train.eval_generation. Writes <run_dir>/eval/<checkp
         N processes on this machine (default tp x pp x cp; the rest is data parallel),
         the checkpoint resharded to that layout: a 9B model split over 2 GPUs;
     torchrun --nproc_per_node=N -m orchestrator.train.evaluate RUN_DIR [--checkpoint DIR]
-        N ranks with the run's own layout (N = the plan's world size).
+        N ranks with the run's own layout (N = the plan's world size);
+    audiollm eval RUN_DIR ... launcher=slurm [launcher.partition=P ...]
+        any of the above as a job through the training's launcher (launchers/eval_job.py,
+        RUN_DIR/eval/job), whose ranks run job_entry below.
 
 --ctc-weight W decodes with joint CTC/attention scores at weight W (the run's
 train.eval_generation_ctc_weight otherwise; 0: the decoder alone).
