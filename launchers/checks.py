@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 from typing import Optional, Sequence
 
-from launchers.runs import PreparedRun, print_errors
+from launchers.runs import EXIT_INVALID, EXIT_OK, PreparedRun, print_errors
 
 
 class DemoCorpusError(RuntimeError):
@@ -117,3 +117,19 @@ def cluster_problems(launcher: dict) -> list[str]:
     if check.skipped:
         print(f"cluster check skipped: {check.skipped}", file=sys.stderr)
     return check.problems or []
+
+
+def dry_run_or_refusal(launcher: dict, dry_run_text: str) -> Optional[int]:
+    """The cluster check's verdict before a submission: with launcher.dry_run, print
+    `dry_run_text` and what the cluster could never start, and return 0; a job the
+    cluster could never start is refused (returns 2, naming why); None: go on and submit."""
+    problems = cluster_problems(launcher)
+    if launcher["dry_run"]:
+        print(dry_run_text, end="")
+        if problems:
+            print_errors(problems, header="this cluster could never start the job")
+        return EXIT_OK
+    if problems:
+        print_errors(problems, header=NEVER_STARTS)
+        return EXIT_INVALID
+    return None

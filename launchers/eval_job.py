@@ -29,10 +29,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Sequence
 
-from launchers.checks import NEVER_STARTS, cluster_problems
+from launchers.checks import dry_run_or_refusal
 from launchers.follow import follow_hint, stream_local, wait_slurm
-from launchers.runs import EXIT_INVALID, EXIT_OK, launch_index, print_errors
-from launchers.submit import RunActive, ensure_not_active, own_session
+from launchers.runs import EXIT_INVALID, EXIT_OK, print_errors
+from launchers.submit import RunActive, submit_job
 from orchestrator.eval.arguments import eval_parser, layout_of, split_launcher_overrides
 from orchestrator.plan import config_path
 from orchestrator.plan import rundir as rd
@@ -73,16 +73,11 @@ def submit_eval(argv: Sequence[str], overrides: Sequence[str]) -> int:
     if errors:
         print_errors(errors, header="not submitted")
         return EXIT_INVALID
-    problems = cluster_problems(launcher)
-    if launcher["dry_run"]:
-        print(f"# dry run: nothing submitted\n# evaluation job of {run_dir}: {launcher['nodes']} node(s) x "
-              f"{launcher['gpus_per_node']} process(es), launcher={launcher['kind']}")
-        if problems:
-            print_errors(problems, header="this cluster could never start the job")
-        return EXIT_OK
-    if problems:
-        print_errors(problems, header=NEVER_STARTS)
-        return EXIT_INVALID
+    verdict = dry_run_or_refusal(launcher, f"# dry run: nothing submitted\n# evaluation job of {run_dir}: "
+                                           f"{launcher['nodes']} node(s) x {launcher['gpus_per_node']} process(es), "
+                                           f"launcher={launcher['kind']}\n")
+    if verdict is not None:
+        return verdict
     job_dir = eval_job_dir(run_dir)
     try:
         job = _submit(job_dir, launcher, _job_argv(args, run_dir), overrides, run_dir.name)
@@ -144,21 +139,10 @@ def _job_argv(args, run_dir: Path) -> list[str]:
 
 
 def _submit(job_dir: Path, launcher: dict, argv: list[str], overrides: Sequence[str], name: str):
-    from launchers.executors import make_executor
     from launchers.job import RankJob
 
     (job_dir / "logs").mkdir(parents=True, exist_ok=True)
-    with rd.submission_lock(job_dir):  # check -> submit -> record, one command at a time
-        ensure_not_active(job_dir)
-        rd.write_json(job_dir / "eval_job.json", {"argv": argv, "launcher": launcher})
-        index = launch_index(job_dir)
-        executor = make_executor(launcher, job_dir / "submitit", f"audiollm-eval-{name}")
-        with own_session(launcher["kind"] == "local"):
-            job = executor.submit(RankJob(EVAL_ENTRY, launcher["accelerator"], int(launcher["max_requeues"])),
-                                  str(job_dir), index)
-        rd.record_launch(job_dir, {
-            "kind": launcher["kind"], "job_ids": [str(job.job_id)], "launch_index": index,
-            "submitit_folder": str(job_dir / "submitit"), "overrides": list(overrides), "resumed": False,
-            "evaluates": argv,
-        })
-    return job
+    task = RankJob(EVAL_ENTRY, launcher["accelerator"], int(launcher["max_requeues"]))
+    return submit_job(job_dir, launcher, task, f"audiollm-eval-{name}",
+                      write=lambda: rd.write_json(job_dir / "eval_job.json", {"argv": argv, "launcher": launcher}),
+                      record={"overrides": list(overrides), "resumed": False, "evaluates": argv})

@@ -36,20 +36,28 @@ def ensure_not_active(run_dir: Path) -> None:
 
 def submit_run(run: PreparedRun):
     """Write the run directory, submit, record the launch. Returns the submitit job."""
+    return submit_job(run.run_dir, run.launcher, rank_job(run.launcher), run.job_name,
+                      write=lambda: rd.prepare(run.run_dir, config_yaml(run), run.plan),
+                      record={"overrides": run.overrides, "resumed": run.resumes, "source": run.source})
+
+
+def submit_job(job_dir: Path, launcher: dict, task, job_name: str, write, record: dict):
+    """What every submission does, one command at a time (check -> submit -> record under
+    the directory's lock): refuse a second active job, write what the job reads
+    (`write()`), submit `task` (a launchers.job.RankJob) on every rank with `job_dir`,
+    and append the launch to launch.json (`record` beside its kind, job id and index).
+    Returns the submitit job."""
     from launchers.executors import make_executor
 
-    with rd.submission_lock(run.run_dir):  # check -> submit -> record, one command at a time
-        ensure_not_active(run.run_dir)
-        rd.prepare(run.run_dir, config_yaml(run), run.plan)
-        index = launch_index(run.run_dir)
-        executor = make_executor(run.launcher, run.run_dir / "submitit", run.job_name)
-        with own_session(run.launcher["kind"] == "local"):
-            job = executor.submit(rank_job(run.launcher), str(run.run_dir), index)
-        rd.record_launch(run.run_dir, {
-            "kind": run.launcher["kind"], "job_ids": [str(job.job_id)], "launch_index": index,
-            "submitit_folder": str(run.run_dir / "submitit"), "overrides": run.overrides, "resumed": run.resumes,
-            "source": run.source,
-        })
+    with rd.submission_lock(job_dir):
+        ensure_not_active(job_dir)
+        write()
+        index = launch_index(job_dir)
+        executor = make_executor(launcher, job_dir / "submitit", job_name)
+        with own_session(launcher["kind"] == "local"):
+            job = executor.submit(task, str(job_dir), index)
+        rd.record_launch(job_dir, {"kind": launcher["kind"], "job_ids": [str(job.job_id)], "launch_index": index,
+                                   "submitit_folder": str(job_dir / "submitit"), **record})
     return job
 
 

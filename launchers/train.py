@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from launchers.checks import DemoCorpusError, NEVER_STARTS, check_local_datasets, cluster_problems, ensure_demo_corpus
+from launchers.checks import DemoCorpusError, check_local_datasets, dry_run_or_refusal, ensure_demo_corpus
 from launchers.follow import follow_hint, stream_local, wait_slurm
 from launchers.runs import EXIT_INVALID, EXIT_OK, dry_run_text, prepare, print_errors
 from launchers.submit import RunActive, submit_run
@@ -28,15 +28,9 @@ def train(overrides: Sequence[str], multirun: bool = False) -> int:
         print_errors(errors)
         return EXIT_INVALID
     launcher = run.launcher
-    problems = cluster_problems(launcher)
-    if launcher["dry_run"]:
-        print(dry_run_text(run), end="")
-        if problems:
-            print_errors(problems, header="this cluster could never start the job")
-        return EXIT_OK
-    if problems:
-        print_errors(problems, header=NEVER_STARTS)
-        return EXIT_INVALID
+    verdict = dry_run_or_refusal(launcher, dry_run_text(run) if launcher["dry_run"] else "")
+    if verdict is not None:
+        return verdict
     try:
         ensure_demo_corpus([run])
         if not check_local_datasets([run]):
