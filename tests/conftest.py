@@ -1,8 +1,69 @@
-"""Suite-wide set-up."""
+"""Suite-wide set-up, and how the suite is spread over processes.
+
+README's test command runs the suite in two pytest-xdist workers (pyproject.toml's
+addopts: `-n auto`, one per core up to MAX_WORKERS): most tests run one process on one
+core, so a second worker uses the core they leave idle (docs/project.md: 40 -> N min on
+2 cores). `-n 0` runs everything in this process, as before.
+"""
 
 import json
+import os
 
 import pytest
+
+# Beyond 4 workers, the tests that start 2-4 ranks each would contend for cores and memory.
+MAX_WORKERS = 4
+# Each test file is one unit of work for the workers (its module fixtures are made once);
+# tests/slurm is one unit as a whole (one SLURM cluster of each kind per session, on one
+# worker). Units start longest first, so that what starts last is short: these
+# directories, in this order, then the rest in collection order.
+LONG_FIRST = ("tests/slurm/", "tests/rehearsal/", "tests/probe/", "tests/train/", "tests/launchers/")
+
+
+def pytest_xdist_auto_num_workers(config):
+    return max(1, min(os.cpu_count() or 1, MAX_WORKERS))
+
+
+def _file(item) -> str:
+    return item.nodeid.split("::")[0]
+
+
+def _unit(item) -> str:
+    path = _file(item)
+    return "tests/slurm" if path.startswith("tests/slurm/") else path
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups (it renames the tests by them)
+def pytest_collection_modifyitems(config, items):
+    # Within tests/slurm, the files on the multi-node cluster last: it starts in the
+    # background with the first SLURM test (tests/slurm/conftest.py) and is up by then.
+    on_nodes = {_file(item) for item in items if "slurm_nodes" in item.fixturenames}
+
+    def start_rank(item):
+        path = _file(item)
+        rank = next((i for i, prefix in enumerate(LONG_FIRST) if path.startswith(prefix)), len(LONG_FIRST))
+        return rank, path in on_nodes
+
+    for item in items:
+        item.add_marker(pytest.mark.xdist_group(_unit(item)))
+    items.sort(key=start_rank)  # stable: a file's tests keep their order
+
+
+def pytest_terminal_summary(terminalreporter):
+    """The figures tests measured (the `measured` fixture), gathered from every worker."""
+    lines = [value for reports in terminalreporter.stats.values() for report in reports
+             for name, value in getattr(report, "user_properties", ()) if name == "measured"]
+    if lines:
+        terminalreporter.section("measured")
+        for line in dict.fromkeys(lines):
+            terminalreporter.write_line(line)
+
+
+@pytest.fixture
+def measured(record_property):
+    """measured("what: figure") puts a figure a test measured in the session's summary
+    (section `measured`) and in its JUnit record: a worker's own output is not shown."""
+    return lambda text: record_property("measured", text)
 
 
 @pytest.fixture(autouse=True, scope="session")
@@ -10,7 +71,6 @@ def tests_importable_in_jobs():
     """Jobs that the launchers start (local processes, SLURM tasks) import test-only
     entries and components (tests.launchers.minimal_job, tests.train.stand_in): the
     repository root goes on their PYTHONPATH, which they inherit."""
-    import os
     from pathlib import Path
 
     repo = str(Path(__file__).resolve().parent.parent)
@@ -29,8 +89,6 @@ def pretrained_checkpoint_location(tmp_path_factory):
     plan refuses a path that is not a checkpoint. Planning tests get a directory that
     carries dist_checkpointing's marker file (all the submit side reads); loading real
     weights is tested with real converted checkpoints (tests/train/test_init_checkpoint.py)."""
-    import os
-
     path = tmp_path_factory.mktemp("pretrained_marker")
     (path / "metadata.json").write_text(json.dumps({"sharded_backend": "torch_dist", "sharded_backend_version": 1,
                                                     "common_backend": "torch", "common_backend_version": 1}))

@@ -89,7 +89,8 @@ def namespaces_unavailable() -> str | None:
 
 
 _MULTI_ENV = {"SLURM_MULTI_BASE": str(MULTI_BASE)}
-_multi_start: dict = {}  # the start begun when collection ended, if it was
+_multi_start: dict = {}  # the start begun with the first test here, if it was
+_multi_start_considered: list = []  # [True] once the first test here has set up
 
 
 def _start_multi_node_cluster() -> subprocess.Popen:
@@ -97,12 +98,17 @@ def _start_multi_node_cluster() -> subprocess.Popen:
                             stderr=subprocess.PIPE, text=True, env={**os.environ, **_MULTI_ENV})
 
 
-def pytest_collection_finish(session):
-    """Start the multi-node cluster (~45 s, mostly waiting for its daemons) as soon as the
-    collected tests are known to need it, so that its start overlaps the tests before
-    them. It has its own slurm.conf (tests select it with SLURM_CONF), so nothing else
-    sees it before."""
-    if any("slurm_nodes" in item.fixturenames for item in session.items) and not namespaces_unavailable():
+def pytest_runtest_setup(item):
+    """Start the multi-node cluster (~45 s, mostly waiting for its daemons) in the
+    background with the first test of this directory, when the session has tests that
+    need it: tests/conftest.py runs this directory's files on that cluster last, so its
+    start overlaps the single-node tests. It has its own slurm.conf (tests select it
+    with SLURM_CONF), so nothing else sees it before. Under pytest-xdist only the worker
+    that runs this directory (one unit of work) starts it."""
+    if _multi_start_considered:
+        return
+    _multi_start_considered.append(True)
+    if any("slurm_nodes" in i.fixturenames for i in item.session.items) and not namespaces_unavailable():
         _multi_start["proc"] = _start_multi_node_cluster()
 
 

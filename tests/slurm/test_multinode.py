@@ -5,7 +5,7 @@ resumes exactly in the same W&B run, and a node that dies mid-run (its link down
 processes frozen: no TCP reset, no signal) is detected by SLURM, the job requeued onto
 live nodes and resumed from its last checkpoint with the uninterrupted run's losses.
 
-Each figure the note of a change quotes is printed as `measured: ...`.
+Each figure the note of a change quotes goes to the session's `measured` section (fixture `measured`).
 """
 
 from __future__ import annotations
@@ -89,14 +89,13 @@ def tp2_reference(nodes_env, corpus, root):
     return run_dir, root / "tiny_cpu" / "tp2_local", first_step - submitted
 
 
-def test_tensor_parallel_ranks_on_two_nodes_train_as_on_one_machine(tp2_reference, capsys):
+def test_tensor_parallel_ranks_on_two_nodes_train_as_on_one_machine(tp2_reference, measured):
     run_dir, local_dir, submit_to_first_step = tp2_reference
     assert read_json(run_dir / "plan.json")["tp"] == 2
     assert len(_hosts(run_dir)) == 2 and all(h.startswith("aunode") for h in _hosts(run_dir))
     assert sorted(losses(run_dir)) == list(range(1, ITERS + 1))
     assert losses(run_dir) == losses(local_dir)  # bitwise: the same sums in the same order
-    with capsys.disabled():
-        print(f"\nmeasured: 2 nodes, submit -> first step {submit_to_first_step:.1f} s")
+    measured(f"2 nodes, submit -> first step {submit_to_first_step:.1f} s")
 
 
 def test_pipeline_stages_on_two_nodes_train_as_on_one_machine(nodes_env, corpus, root):
@@ -110,7 +109,7 @@ def test_pipeline_stages_on_two_nodes_train_as_on_one_machine(nodes_env, corpus,
 
 
 def test_usr2_requeues_a_two_node_job_that_resumes_exactly_in_the_same_wandb_run(tp2_reference, nodes_env, corpus,
-                                                                                root, capsys):
+                                                                                root, measured):
     ref_dir = tp2_reference[0]
     # Checkpoints written in the background (the SLURM recipes' setting): the save the
     # stop request makes is published before the job exits for its requeue.
@@ -123,8 +122,7 @@ def test_usr2_requeues_a_two_node_job_that_resumes_exactly_in_the_same_wandb_run
     assert losses(run_dir) == losses(ref_dir)
     run_id = (run_dir / "wandb_id").read_text().strip()
     assert [name.rsplit("-", 1)[-1] for name in wandb_runs(run_dir)] == [run_id, run_id]
-    with capsys.disabled():
-        print(f"\nmeasured: 2 nodes, USR2 -> first step after requeue {resume_s:.1f} s")
+    measured(f"2 nodes, USR2 -> first step after requeue {resume_s:.1f} s")
 
 
 def _netns_pids(node: str) -> list[int]:
@@ -138,7 +136,7 @@ def _signal(pids, sig: str) -> None:
 
 
 def test_a_dead_node_is_replaced_and_the_job_resumes_with_the_same_losses(tp2_reference, nodes_env, corpus, root,
-                                                                       capsys):
+                                                                       capsys, measured):
     """One node of a running 2-node job dies: its link goes down and every process in it
     (slurmd, the rank) freezes, as a machine that hangs. SLURM notices after
     SlurmdTimeout, requeues the job onto the two live nodes, and it resumes from its
@@ -182,9 +180,8 @@ def test_a_dead_node_is_replaced_and_the_job_resumes_with_the_same_losses(tp2_re
     (attempt,) = [line for line in story.splitlines() if "attempt 1 on" in line]
     assert f"attempt 1 on {nodelist} " in attempt and "a node failed" in attempt, story
     assert f"(steps kept: 1..{resumed[-1]})" in attempt and "requeues  1" in story, story
-    with capsys.disabled():
-        print(f"\nmeasured: node {dead} dead -> first step on live nodes {first_after - died:.1f} s "
-              f"(resumed from step {resumed[-1]})")
+    measured(f"node {dead} dead -> first step on live nodes {first_after - died:.1f} s "
+             f"(resumed from step {resumed[-1]})")
 
 
 def test_status_names_a_lost_node_and_the_rank_it_ran_when_slurm_does_not_requeue(nodes_env, root, monkeypatch):
@@ -237,7 +234,8 @@ def _not_active(run_dir) -> bool:
     return True
 
 
-def test_a_two_node_run_continues_on_one_node_and_back_reading_every_sample_once(nodes_env, corpus, root, capsys):
+def test_a_two_node_run_continues_on_one_node_and_back_reading_every_sample_once(nodes_env, corpus, root, capsys,
+                                                                                 measured):
     """Data parallel on two nodes (one rank each), cancelled after step 6; continued on one
     node at TP 2 (DP 1: its one data-parallel rank reads both canonical nodes), cancelled
     after step 14; continued on two nodes again to the end. Against the same DP-2 run
@@ -304,10 +302,9 @@ def test_a_two_node_run_continues_on_one_node_and_back_reading_every_sample_once
     first_change = max(rel[resumed[0] + 1], rel[resumed[0] + 2])
     assert first_change <= 3e-4, rel
     assert max(rel.values()) <= 1e-2, rel
-    with capsys.disabled():
-        print(f"\nmeasured: DP 2 on 2 nodes -> TP 2 on 1 node (from step {resumed[0]}) -> DP 2 on 2 nodes (from step "
-              f"{resumed[1]}): the same samples; the two steps after the first change within {first_change:.1e}, "
-              f"the run within {max(rel.values()):.1e} relative of the straight run")
+    measured(f"DP 2 on 2 nodes -> TP 2 on 1 node (from step {resumed[0]}) -> DP 2 on 2 nodes (from step "
+             f"{resumed[1]}): the same samples; the two steps after the first change within {first_change:.1e}, "
+             f"the run within {max(rel.values()):.1e} relative of the straight run")
 
 
 def _slowed_by_stop_and_continue(run_dir, rank: int, attempt: int) -> tuple[int, int]:
@@ -345,7 +342,7 @@ HANG_TIMEOUT = 15  # train.hang_timeout, seconds
 
 
 def test_a_frozen_rank_is_named_and_the_job_requeued_and_resumed_exactly(tp2_reference, nodes_env, corpus, root,
-                                                                      capsys):
+                                                                      capsys, measured):
     """One rank of a running 2-node job is frozen (SIGSTOP: its own threads stop too; its
     node stays healthy, so SLURM sees nothing). The other rank's watchdog finds no
     progress for train.hang_timeout, logs its stacks, names the frozen rank, and requeues
@@ -379,9 +376,8 @@ def test_a_frozen_rank_is_named_and_the_job_requeued_and_resumed_exactly(tp2_ref
     assert status(run_dir) == 0
     story = capsys.readouterr().out
     assert "requeues  1" in story and "attempt 1 on" in story and "hang: no progress" in story, story
-    with capsys.disabled():
-        print(f"\nmeasured: rank 1 frozen (SIGSTOP) -> hang detected and the job requeued {detected:.1f} s later, "
-              f"first step after the requeue {first_step_after:.1f} s (train.hang_timeout {HANG_TIMEOUT} s)")
+    measured(f"rank 1 frozen (SIGSTOP) -> hang detected and the job requeued {detected:.1f} s later, "
+             f"first step after the requeue {first_step_after:.1f} s (train.hang_timeout {HANG_TIMEOUT} s)")
 
 
 def _hosts_of_attempt(run_dir, attempt: int) -> list[str]:

@@ -51,7 +51,7 @@ def submitted(slurm_cluster, corpus, tmp_path_factory):
             "ref": root / "tiny_cpu" / "ref", "sweep": root / "tiny_cpu" / "sweep"}
 
 
-def test_two_rank_job_trains_to_completion(submitted, capsys):
+def test_two_rank_job_trains_to_completion(submitted, capsys, measured):
     assert submitted["ref_code"] == 0  # returned once queued
     run_dir = submitted["ref"]
     (launch,) = launches(run_dir)
@@ -75,8 +75,7 @@ def test_two_rank_job_trains_to_completion(submitted, capsys):
     assert status(run_dir) == 0
     out = capsys.readouterr().out
     assert "COMPLETED" in out and f"{ITERS}/{ITERS}" in out
-    with capsys.disabled():
-        print(f"\nmeasured: SLURM submit -> first step seen {first_step_seen - launch['submitted_at']:.1f} s")
+    measured(f"SLURM submit -> first step seen {first_step_seen - launch['submitted_at']:.1f} s")
 
 
 def test_sweep_is_one_job_array_with_a_summary(submitted):
@@ -101,7 +100,7 @@ def test_sweep_is_one_job_array_with_a_summary(submitted):
     assert [float(row.split()[-1]) for row in rows] == pytest.approx(finals, rel=1e-5)
 
 
-def test_preempted_job_requeues_and_reproduces_every_loss(submitted, corpus, capsys):
+def test_preempted_job_requeues_and_reproduces_every_loss(submitted, corpus, capsys, measured):
     """USR2 (SLURM's preemption / time-limit warning) mid-training: the trainer writes a
     checkpoint at the next step boundary, the launcher requeues the job, the next attempt
     resumes from that checkpoint and reproduces the uninterrupted run's loss at every step."""
@@ -137,9 +136,8 @@ def test_preempted_job_requeues_and_reproduces_every_loss(submitted, corpus, cap
     # One W&B run continued across the requeue: both attempts logged under the run's id.
     run_id = (run_dir / "wandb_id").read_text().strip()
     assert [name.rsplit("-", 1)[-1] for name in wandb_runs(run_dir)] == [run_id, run_id]
-    with capsys.disabled():
-        print(f"\nmeasured: USR2 at step >= {SIGNAL_AFTER}, checkpoint of step {stopped_at}; "
-              f"USR2 -> first step after requeue seen {resume_s:.1f} s")
+    measured(f"USR2 at step >= {SIGNAL_AFTER}, checkpoint of step {stopped_at}; "
+             f"USR2 -> first step after requeue seen {resume_s:.1f} s")
 
 
 def test_status_names_why_a_slurm_job_failed_an_error_in_one_rank_or_a_rank_killed(slurm_cluster, tmp_path,
