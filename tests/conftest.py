@@ -24,28 +24,37 @@ def pytest_xdist_auto_num_workers(config):
     return max(1, min(os.cpu_count() or 1, MAX_WORKERS))
 
 
-def _file(item) -> str:
-    return item.nodeid.split("::")[0]
+def _file(nodeid: str) -> str:
+    return nodeid.split("::")[0]
 
 
-def _unit(item) -> str:
-    path = _file(item)
+def _unit(nodeid: str) -> str:
+    path = _file(nodeid)
     return "tests/slurm" if path.startswith("tests/slurm/") else path
 
 
-@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups (it renames the tests by them)
+def pytest_xdist_make_scheduler(config, log):
+    """Workers are sent whole units (_unit), in collection order. (pytest-xdist's own
+    `--dist loadgroup` renames tests in a way pytest 9.2 no longer sees.)"""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ByUnit(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return _unit(nodeid)
+
+    return ByUnit(config, log)
+
+
 def pytest_collection_modifyitems(config, items):
     # Within tests/slurm, the files on the multi-node cluster last: it starts in the
     # background with the first SLURM test (tests/slurm/conftest.py) and is up by then.
-    on_nodes = {_file(item) for item in items if "slurm_nodes" in item.fixturenames}
+    on_nodes = {_file(item.nodeid) for item in items if "slurm_nodes" in item.fixturenames}
 
     def start_rank(item):
-        path = _file(item)
+        path = _file(item.nodeid)
         rank = next((i for i, prefix in enumerate(LONG_FIRST) if path.startswith(prefix)), len(LONG_FIRST))
         return rank, path in on_nodes
 
-    for item in items:
-        item.add_marker(pytest.mark.xdist_group(_unit(item)))
     items.sort(key=start_rank)  # stable: a file's tests keep their order
 
 
