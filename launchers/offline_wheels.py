@@ -125,14 +125,44 @@ PLATFORMS = ["manylinux1_x86_64", "manylinux2010_x86_64", "manylinux2014_x86_64"
              *(f"manylinux_2_{minor}_x86_64" for minor in range(5, 29)), "any"]
 
 
+def _fetch_command(python: str, dest: Path, pins: list[str]) -> list[str]:
+    """pip download of binary wheels for the target Python on x86-64 Linux."""
+    abi = "cp" + python.replace(".", "")
+    return [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:", "--dest", str(dest),
+            "--python-version", python, "--implementation", "cp", "--abi", abi, "--abi", "abi3", "--abi", "none",
+            *(arg for platform in PLATFORMS for arg in ("--platform", platform)), *pins]
+
+
+# pip's words for a pin with no wheel for the target.
+_NO_WHEEL = re.compile(r"(?:No matching distribution found for|Could not find a version that satisfies the "
+                       r"requirement) (\S+?)==")
+
+
+def _download_all(closure: dict[str, str], python: str, dest: Path) -> list[str]:
+    """Fetch a binary wheel of every package in one pip process (a pip start costs about
+    a second of CPU; one per package was most of this command's time); a package pip
+    names as having none is left to `_download` (built here), then the rest fetched
+    again. Returns the names built here."""
+    pending, built = dict(closure), []
+    while pending:
+        proc = subprocess.run(_fetch_command(python, dest, [f"{n}=={v}" for n, v in pending.items()]),
+                              capture_output=True, text=True)
+        if proc.returncode == 0:
+            break
+        named = _NO_WHEEL.search(proc.stderr)
+        missing = next((n for n in pending if named and canonicalize_name(n) == canonicalize_name(named[1])), None)
+        if missing is None:  # another failure: one package at a time says which, and why
+            return built + [n for n, v in pending.items() if _download(n, v, python, dest) != "wheel"]
+        if _download(missing, pending.pop(missing), python, dest) != "wheel":
+            built.append(missing)
+    return built
+
+
 def _download(name: str, version: str, python: str, dest: Path) -> str:
     """Fetch one binary wheel for the target; build one from source where none exists
     (only a pure-Python wheel is of use: this machine's Python may not be the target's)."""
-    abi = "cp" + python.replace(".", "")
-    fetch = [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:", "--dest", str(dest),
-             "--python-version", python, "--implementation", "cp", "--abi", abi, "--abi", "abi3", "--abi", "none",
-             *(arg for platform in PLATFORMS for arg in ("--platform", platform)), f"{name}=={version}"]
-    if subprocess.run(fetch, capture_output=True, text=True).returncode == 0:
+    if subprocess.run(_fetch_command(python, dest, [f"{name}=={version}"]), capture_output=True,
+                      text=True).returncode == 0:
         return "wheel"
     build = [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--wheel-dir", str(dest), f"{name}=={version}"]
     proc = subprocess.run(build, capture_output=True, text=True)
@@ -169,7 +199,7 @@ def main(argv=None) -> int:
     repo = Path(__file__).resolve().parents[1]
     subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation",
                     "--wheel-dir", str(args.dest), str(repo)], check=True)
-    built = [name for name, version in closure.items() if _download(name, version, args.python, args.dest) != "wheel"]
+    built = _download_all(closure, args.python, args.dest)
     size = sum(p.stat().st_size for p in args.dest.glob("*.whl")) / 2**20
     print(f"{len(closure) + 1} wheels for Python {args.python} in {args.dest} ({size:.1f} MiB)"
           + (f"; built here from source: {', '.join(built)}" if built else ""))
