@@ -1,9 +1,10 @@
 """Suite-wide set-up, and how the suite is spread over processes.
 
-README's test command runs the suite in two pytest-xdist workers (pyproject.toml's
-addopts: `-n auto`, one per core up to MAX_WORKERS): most tests run one process on one
-core, so a second worker uses the core they leave idle (docs/project.md: 40 -> N min on
-2 cores). `-n 0` runs everything in this process, as before.
+`python -m pytest -n 2` (pytest-xdist) runs the suite in two workers: most tests run one
+process on one core, so a second worker uses the core they leave idle (docs/project.md:
+27 min 41 s instead of about 43 on 2 cores). README's test command runs it in one
+process until the SLURM tests whose timing the second worker upsets are made robust
+(docs/project.md). `-n auto` takes one worker per core, at most MAX_WORKERS.
 """
 
 import json
@@ -38,6 +39,7 @@ def pytest_xdist_make_scheduler(config, log):
     `--dist loadgroup` renames tests in a way pytest 9.2 no longer sees.)"""
     from xdist.scheduler import LoadScopeScheduling
 
+    config.option.loadscopereorder = False  # the order is this file's (pytest_collection_modifyitems)
     class ByUnit(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
             return _unit(nodeid)

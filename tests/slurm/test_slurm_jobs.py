@@ -221,9 +221,15 @@ def test_every_checkpoint_is_scored_by_one_slurm_eval_job_that_survives_preempti
     said = capsys.readouterr().out
     (job_id,) = launches(job_dir)[0]["job_ids"]
     assert f"submitted SLURM job {job_id} (1 node(s) x 2 process(es))" in said, said
-    # its handlers are in place once rank 0's watchdog beats; the model is still being built
-    wait_until(lambda: (job_dir / "heartbeats" / "rank0.json").exists(), JOB_TIMEOUT, "the eval job to start",
-               [job_dir])
+    # Each rank installs its handlers right after it logs its start (launchers/job.py), and
+    # rank 0's watchdog beats after that; the model is still being built. Before, USR2 could
+    # reach rank 1 still starting on a busy machine, which it killed.
+    def started(rank):
+        log = job_dir / "logs" / f"rank{rank}.log"
+        return log.exists() and f"] rank {rank}/2 pid " in log.read_text()
+
+    wait_until(lambda: started(0) and started(1) and (job_dir / "heartbeats" / "rank0.json").exists(),
+               JOB_TIMEOUT, "the eval job's ranks to start", [job_dir])
     subprocess.run(["scancel", "--signal=USR2", job_id], check=True, timeout=30)
     assert eval_main([str(run_dir), "--all", "launcher=slurm"]) == 2  # one evaluation job at a time
     assert f"already has job {job_id}" in capsys.readouterr().err
