@@ -40,6 +40,7 @@ def pytest_xdist_make_scheduler(config, log):
     from xdist.scheduler import LoadScopeScheduling
 
     config.option.loadscopereorder = False  # the order is this file's (pytest_collection_modifyitems)
+
     class ByUnit(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
             return _unit(nodeid)

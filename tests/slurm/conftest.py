@@ -89,8 +89,8 @@ def namespaces_unavailable() -> str | None:
 
 
 _MULTI_ENV = {"SLURM_MULTI_BASE": str(MULTI_BASE)}
-_multi_start: dict = {}  # the start begun with the first test here, if it was
-_multi_start_considered: list = []  # [True] once the first test here has set up
+# "considered": the first test here has set up; "proc": the start it began, until taken up
+_multi_start: dict = {}
 
 
 def _start_multi_node_cluster() -> subprocess.Popen:
@@ -105,9 +105,9 @@ def pytest_runtest_setup(item):
     start overlaps the single-node tests. It has its own slurm.conf (tests select it
     with SLURM_CONF), so nothing else sees it before. Under pytest-xdist only the worker
     that runs this directory (one unit of work) starts it."""
-    if _multi_start_considered:
+    if _multi_start.get("considered"):
         return
-    _multi_start_considered.append(True)
+    _multi_start["considered"] = True
     if any("slurm_nodes" in i.fixturenames for i in item.session.items) and not namespaces_unavailable():
         _multi_start["proc"] = _start_multi_node_cluster()
 
