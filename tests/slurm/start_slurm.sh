@@ -157,6 +157,10 @@ if alive "$P" slurmctld; then log "slurmctld already running (pid $P); reconfigu
   rm -f "$BASE/run/slurmctld.pid"
   /usr/sbin/slurmctld -i
   wait_for 'scontrol ping | grep -q UP'
+  # Jobs it recovered from the state an earlier run saved (a session stopped mid-test) are
+  # no test's: they would queue again among the new jobs. Job ids go on counting (no -c).
+  OLD=$(squeue -h -o %i | tr '\n' ' ')
+  [ -z "${OLD// }" ] || { log "cancelling jobs of an earlier run: $OLD"; scancel $OLD || true; }
   record slurmctld "$(pidof_file "$BASE/run/slurmctld.pid")"
 fi
 
