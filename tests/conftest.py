@@ -1,10 +1,9 @@
 """Suite-wide set-up, and how the suite is spread over processes.
 
-`python -m pytest -n 2` (pytest-xdist) runs the suite in two workers: most tests run one
-process on one core, so a second worker uses the core they leave idle (docs/project.md:
-27 min 41 s instead of about 43 on 2 cores). README's test command runs it in one
-process until the SLURM tests whose timing the second worker upsets are made robust
-(docs/project.md). `-n auto` takes one worker per core, at most MAX_WORKERS.
+README's test command runs the suite in pytest-xdist workers (`-n auto` in
+pyproject.toml's addopts: one worker per core, at most MAX_WORKERS): most tests run one
+process on one core, so a second worker uses the core they leave idle (docs/project.md
+has the times). `-n 0` runs it in one process.
 """
 
 import json
