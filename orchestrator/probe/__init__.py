@@ -10,7 +10,7 @@ Job side: imports torch and megatron. The modules:
   stand_ins.py    what cannot run on fake tensors, replaced by a stand-in with the same
                   saved-tensor profile (named in the output)
   role.py         one rank role: the job's Trainer on the plan, micro-batches of the
-                  plan's shapes, two steps, the measurement as JSON
+                  plan's shapes, the optimizer's state made, one step measured, as JSON
 """
 
 from orchestrator.runtime.megatron_import import import_megatron

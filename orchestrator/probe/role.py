@@ -6,9 +6,11 @@ and no real storage for the model: a fake process group of the plan's world at t
 of pipeline stage STAGE and context-parallel rank CP_RANK (tp and dp index 0; fake_world
 says why one rank stands for its peers), the job's own Trainer built for the plan's machine (its GPU: bf16, the
 planned kernels) under FakeTensorMode -- model chunks, LoRA, freezes, lr groups, DDP,
-megatron's optimizer -- and two steps of megatron's pipeline schedule on micro-batches
-of the plan's shapes, made by the job's collate. The second step is measured: by then
-the optimizer's state exists, as at every later step. OUT_JSON: parameters and peak
+megatron's optimizer -- then the optimizer's first step on zeroed gradients (it makes
+the optimizer's state, as the job's first step does) and one measured step of megatron's
+pipeline schedule on micro-batches of the plan's shapes, made by the job's collate: the
+memory of every step after the first. (A whole first step measured the same, at a
+third more of the probe's time.) OUT_JSON: parameters and peak
 memory by category (live_memory), what stood in for what (stand_ins), timings.
 
 Micro-batches per step: the fewest with which every stage holds as many at once, model
@@ -160,12 +162,13 @@ def probe_role(plan_json: Path, stage: int, cp_rank: int = 0, fake: bool = True)
         timings["build_s"] = time.perf_counter() - t
         memory.sort_setup(trainer.weights(), trainer.grad_buffers())
         trainer.track_modules(memory)
-        for step in (1, 2):
-            if step == 2:
-                memory.reset_peak()
-            t = time.perf_counter()
-            trainer.probe_step(memory)
-            timings[f"step{step}_s"] = time.perf_counter() - t
+        t = time.perf_counter()
+        trainer.first_optimizer_step(memory)
+        timings["optimizer_state_s"] = time.perf_counter() - t
+        memory.reset_peak()
+        t = time.perf_counter()
+        trainer.probe_step(memory)
+        timings["step_s"] = time.perf_counter() - t
         measured = memory.snapshot()
     params = trainer.parameter_counts()
     return {

@@ -137,3 +137,16 @@ class ProbeTrainer(Trainer):
         memory.phase = "optimizer"
         self.optimizer.step()
         memory.phase = "idle"
+
+    def first_optimizer_step(self, memory) -> None:
+        """The optimizer's first step on zeroed gradient buffers: it makes the optimizer's
+        state (Adam's moments, fp32 main copies), which every later step holds, without a
+        first forward/backward over the micro-batches, whose memory is all freed by the
+        step's end (the measured step makes and frees the same)."""
+        self.memory = memory
+        for chunk in self.chunks:
+            chunk.zero_grad_buffer()
+        self.optimizer.zero_grad()
+        memory.phase = "optimizer"
+        self.optimizer.step()
+        memory.phase = "idle"
