@@ -2,52 +2,31 @@
 
 from __future__ import annotations
 
-import atexit
 import json
 import os
 import re
-import shutil
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 from launchers.status import cancel
 from orchestrator.plan.rundir import read_json, read_metrics
 from launchers.summary import run_state
+from tests.train.audiollm_runs import data_overrides, shared_corpus
 
 
 MINIMAL_JOB = "launcher.entry=tests.launchers.minimal_job.main"
 
 
-_SMALL_CORPUS: list[Path] = []
-
-
-def _small_corpus_overrides() -> list[str]:
-    """The data of tests/train/audiollm_runs.make_corpus (a tokenizer and three small MDS
-    sets), made once per test process: the minimal job reads no data, and without these
-    the recipe's demo corpus (5100 espeak-ng utterances, about a minute) would be written
-    into the checkout's outputs/, by each worker at once."""
-    if not _SMALL_CORPUS:
-        from tests.train.audiollm_runs import make_corpus
-
-        root = Path(tempfile.mkdtemp(prefix="audiollm-tests-corpus-"))
-        atexit.register(shutil.rmtree, root, True)
-        _SMALL_CORPUS.append(make_corpus(root))
-    corpus = _SMALL_CORPUS[0]
-    return ["data.demo_corpus=null", f"data.tokenizer='{corpus / 'tokenizer'}'",
-            f"data.train=[{{name:tones_a,path:'{corpus / 'train' / 'tones_a'}'}}]",
-            f"data.validation=[{{name:tones_val,path:'{corpus / 'val' / 'tones_val'}'}}]"]
-
-
 def tiny_overrides(root, *extra: str, ranks: int = 2, iters: int = 6) -> list[str]:
     """The default tiny recipe as a `ranks`-process CPU job writing under `root`, running
-    the launchers' minimal job (seconds to start; these tests are about launching)."""
+    the launchers' minimal job (seconds to start; these tests are about launching). It
+    reads no data: the data keys point at a small corpus (audiollm_runs.shared_corpus)."""
     return [
         MINIMAL_JOB, "launcher.accelerator=cpu", f"launcher.gpus_per_node={ranks}", f"optim.micro_batch_size={16 // ranks}",
         "optim.lr_warmup_iters=0", f"train.iters={iters}", "train.log_interval=1", f"run.output_root={root}",
-        *_small_corpus_overrides(), *extra,
+        *data_overrides(shared_corpus()), *extra,
     ]
 
 

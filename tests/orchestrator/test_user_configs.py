@@ -21,6 +21,7 @@ from orchestrator.plan import config_path
 from orchestrator.plan.compose import ComposeError, compose, source
 
 from tests.launchers.helpers import launches, losses
+from tests.train.audiollm_runs import data_overrides, shared_corpus
 
 REPO = Path(__file__).resolve().parents[2]
 HEADER = "my run: the tiny model at my learning rate. Hardware: my laptop."
@@ -216,7 +217,8 @@ def test_the_run_directory_records_the_recipe_file_and_the_search_path(tmp_path)
     (two steps of the real trainer, one process) into config.yaml and launch.json."""
     mine = tmp_path / "mine"
     path = _recipe(mine)
-    common = ["--config-dir", str(mine), "+recipe=my_run", f"run.output_root={tmp_path}"]
+    common = ["--config-dir", str(mine), "+recipe=my_run", f"run.output_root={tmp_path}",
+              *data_overrides(shared_corpus())]
     assert prepare_main([*common, "run.name=prepared"]) == 0
     text = (tmp_path / "tiny_cpu" / "prepared" / "config.yaml").read_text()
     assert text.startswith(f"# recipe my_run: {path}\n# config path, the first file of a name winning:\n"
@@ -230,7 +232,7 @@ def test_a_user_recipe_trains_and_its_run_directory_records_it(tmp_path):
     path = _recipe(mine)
     assert train_main(["--config-dir", str(mine), "+recipe=my_run", "train.iters=2", "train.eval_interval=0",
                        "train.eval_generation=false", "train.eval_iters=1", "optim.lr_warmup_iters=0", "logger=none",
-                       f"run.output_root={tmp_path}", "run.name=trained"]) == 0
+                       f"run.output_root={tmp_path}", "run.name=trained", *data_overrides(shared_corpus())]) == 0
     run_dir = tmp_path / "tiny_cpu" / "trained"
     assert sorted(losses(run_dir)) == [1, 2]
     assert json.loads((run_dir / "plan.json").read_text())["config"]["optim"]["lr"] == 7e-4

@@ -4,7 +4,10 @@ from those words, and the tiny_cpu recipe's model resolved by the real planner."
 
 from __future__ import annotations
 
+import atexit
 import json
+import shutil
+import tempfile
 from pathlib import Path
 from typing import Sequence
 
@@ -31,16 +34,35 @@ def make_corpus(root: Path) -> Path:
     return root
 
 
+_SHARED: list[Path] = []
+
+
+def shared_corpus() -> Path:
+    """make_corpus's corpus, made once per test process (removed when it ends), for tests
+    whose runs need data of the recipe's kind but not the demo corpus: the recipe's
+    default writes its 5100 espeak-ng utterances (about a minute) into the checkout's
+    outputs/, and two test workers would write it at once."""
+    if not _SHARED:
+        root = Path(tempfile.mkdtemp(prefix="audiollm-tests-corpus-"))
+        atexit.register(shutil.rmtree, root, True)
+        _SHARED.append(make_corpus(root))
+    return _SHARED[0]
+
+
+def data_overrides(corpus: Path) -> list[str]:
+    """The data keys that point a run at make_corpus's datasets instead of the demo corpus."""
+    corpus = Path(corpus)
+    train = ",".join(f"{{name:{name},path:'{corpus / 'train' / name}'}}" for name in TRAIN_SETS)
+    return ["data.demo_corpus=null", f"data.tokenizer='{corpus / 'tokenizer'}'", f"data.train=[{train}]",
+            f"data.validation=[{{name:{VAL_SET},path:'{corpus / 'val' / VAL_SET}'}}]"]
+
+
 def train_overrides(corpus: Path) -> list[str]:
     """`audiollm train` overrides for the tiny AudioLLM on make_corpus's datasets (not the
     demo corpus), with the small batch and sequence sizes of write_audiollm_run_dir: the
     real trainer at a fraction of a second per step on CPU."""
-    corpus = Path(corpus)
-    train = ",".join(f"{{name:{name},path:'{corpus / 'train' / name}'}}" for name in TRAIN_SETS)
     return [
-        "data.demo_corpus=null", f"data.tokenizer='{corpus / 'tokenizer'}'", f"data.train=[{train}]",
-        f"data.validation=[{{name:{VAL_SET},path:'{corpus / 'val' / VAL_SET}'}}]",
-        "optim.micro_batch_size=2", "optim.global_batch_size=4", "optim.lr=3e-3", "optim.min_lr=3e-4",
+        *data_overrides(corpus), "optim.micro_batch_size=2", "optim.global_batch_size=4", "optim.lr=3e-3", "optim.min_lr=3e-4",
         "optim.lr_warmup_iters=2", "data.seq_length=128", "data.packing_buffer=8", "data.feature_cache_mb=64",
         "model.adapter.dropout=0.0", "train.eval_iters=1", "train.log_interval=1",
     ]
