@@ -163,7 +163,7 @@ def probe_role(plan_json: Path, stage: int, cp_rank: int = 0, fake: bool = True)
         memory.sort_setup(trainer.weights(), trainer.grad_buffers())
         trainer.track_modules(memory)
         t = time.perf_counter()
-        trainer.first_optimizer_step(memory)
+        trainer.probe_step(memory, forward_backward=False)
         timings["optimizer_state_s"] = time.perf_counter() - t
         memory.reset_peak()
         t = time.perf_counter()

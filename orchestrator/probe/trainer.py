@@ -114,15 +114,21 @@ class ProbeTrainer(Trainer):
         self._local_stats = []
         return self._finalize(model, None, **kwargs)
 
-    def probe_step(self, memory) -> None:
+    def probe_step(self, memory, forward_backward: bool = True) -> None:
         """train_step's work: zeroed gradient buffers, the schedule over the plan's
-        micro-batches, the optimizer step."""
+        micro-batches, the optimizer step. `forward_backward=False`: the optimizer's step
+        alone, on the zeroed gradients: it makes the optimizer's state (Adam's moments,
+        fp32 main copies) that every later step holds, without a forward/backward whose
+        memory is all freed by the step's end (the measured step makes and frees the same)."""
         self.memory = memory
         self.stats_for_batch = self.stats
         from torch.utils._python_dispatch import _disable_current_modes
 
-        with _disable_current_modes():  # the data side works on the host, on real tensors
-            microbatches = [self.components.train_source.next_microbatch() for _ in range(self.plan.num_microbatches)]
+        microbatches = []
+        if forward_backward:
+            with _disable_current_modes():  # the data side works on the host, on real tensors
+                microbatches = [self.components.train_source.next_microbatch()
+                                for _ in range(self.plan.num_microbatches)]
         for chunk in self.chunks:
             chunk.train()
             chunk.zero_grad_buffer()
@@ -133,20 +139,8 @@ class ProbeTrainer(Trainer):
             if getattr(chunk, "encoder", None) is not None:
                 chunk.encoder.eval()
         self.optimizer.zero_grad()
-        self._run_schedule(microbatches, forward_only=False)
-        memory.phase = "optimizer"
-        self.optimizer.step()
-        memory.phase = "idle"
-
-    def first_optimizer_step(self, memory) -> None:
-        """The optimizer's first step on zeroed gradient buffers: it makes the optimizer's
-        state (Adam's moments, fp32 main copies), which every later step holds, without a
-        first forward/backward over the micro-batches, whose memory is all freed by the
-        step's end (the measured step makes and frees the same)."""
-        self.memory = memory
-        for chunk in self.chunks:
-            chunk.zero_grad_buffer()
-        self.optimizer.zero_grad()
+        if forward_backward:
+            self._run_schedule(microbatches, forward_only=False)
         memory.phase = "optimizer"
         self.optimizer.step()
         memory.phase = "idle"

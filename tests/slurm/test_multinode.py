@@ -342,9 +342,12 @@ def _slowed_by_a_cpu_quota(run_dir, rank: int, attempt: int) -> tuple[int, int]:
     wait_until(lambda: len(rank_pids(run_dir, rank)) >= attempt, JOB_TIMEOUT, f"start {attempt} of rank {rank}",
                [run_dir])
     pid = rank_pids(run_dir, rank)[attempt - 1]
-    wait_for_step(run_dir, max(m["step"] for m in read_metrics(run_dir)) + 1, timeout=JOB_TIMEOUT)  # (a resume
-    begun = max(m["step"] for m in read_metrics(run_dir))  # starts past the logged steps); step begun + 1
-    controller = _cpu_controller()                          # may be under way: slowed only in part
+    def last_step():
+        return max(m["step"] for m in read_metrics(run_dir))
+
+    wait_for_step(run_dir, last_step() + 1, timeout=JOB_TIMEOUT)  # (a resume starts past the logged steps)
+    begun = last_step()  # step begun + 1 may be under way: slowed only in part
+    controller = _cpu_controller()
     group = controller / f"audiollm-test-slow-rank-{pid}"
     group.mkdir()
     try:
@@ -364,7 +367,7 @@ def _slowed_by_a_cpu_quota(run_dir, rank: int, attempt: int) -> tuple[int, int]:
                 group.rmdir()
                 break
             time.sleep(0.1)
-    return begun + 2, max(m["step"] for m in read_metrics(run_dir))
+    return begun + 2, last_step()
 
 
 HANG_TIMEOUT = 15  # train.hang_timeout, seconds
