@@ -13,6 +13,7 @@ FAILs. Checks:
   generation  greedy decoding of the tiny AudioLLM built for this machine: the KV-cache
               path against the uncached one; rows may part only at a near tie;
   throughput  gemma2-2b + whisper-large-v3 + adapter (random weights), LoRA r16, bf16,
+              a step loop of the job's own parts (job2b is the job itself),
               seq 2048, packed speech batches: tokens/s/GPU, MFU, HFU (the project's own
               FLOP counter, orchestrator/plan/step_flops.py), peak memory against
               `audiollm plan`'s estimate for the same config; on the no-TE path once more with
@@ -27,10 +28,11 @@ FAILs. Checks:
               n/a without): the default recipe trains, saves, resumes and decodes; the
               tp4pp2 recipe shrunk to one device saves with the distributed optimizer; the
               tp1 recipe's LoRA starts from that checkpoint;
-  job9b       gemma2_whisper_tp1 at full size (9B, random weights) on this GPU through
-              `audiollm train`: MFU, tokens/s and peak memory against the plan and the
-              probe, an asynchronous save and a resume, KV-cache decoding (--only job9b
-              on a lent machine: minutes);
+  job2b, job9b  gemma2_whisper_tp1 with the 2b or the 9B decoder at full size (random
+              weights) on this GPU through `audiollm train`, recompute and micro-batch as
+              the plan says fit: MFU and tokens/s as the job logs them, peak memory against
+              the plan and the probe, KV-cache decoding; the 9B also an asynchronous save
+              and a resume (--only job2b, --only job9b on a lent machine: minutes each);
   encoder     whisper-large-v3 encoder forward, ms per 30-s clip, model.encoder.precision
               fp32 (HF's eager forward: the reference) vs bf16 (SDPA), with the bf16
               output's relative difference against fp32 (bound ENCODER_BF16_BOUND); and the
@@ -90,7 +92,7 @@ PARITY_SEQ = 64
 #   yet catch any real mistake (a wrong norm offset, window or cap moves logits by > 1e-2).
 BOUNDS = {"bf16": dict(logits=0.1, loss=0.02, grad=0.05), "fp32": dict(logits=1e-4, loss=1e-5, grad=1e-4)}
 
-CHECKS = {"parity", "lora", "recompiles", "throughput", "generation", "encoder", "fp8", "job", "job9b"}
+CHECKS = {"parity", "lora", "recompiles", "throughput", "generation", "encoder", "fp8", "job", "job2b", "job9b"}
 # The log-mel on the GPU against the host's: both take fp32 STFTs of 400 samples, by
 # different FFT algorithms (cuFFT, pocketfft); each bin's error is ~ eps32 x sqrt(log2 400)
 # ~ 2e-7 of its frame's norm. Whisper's scaling floors every clip at 8 decades below its
@@ -100,7 +102,8 @@ CHECKS = {"parity", "lora", "recompiles", "throughput", "generation", "encoder",
 # before any GPU ran, was beyond fp32's reach). The encoder's bf16 input rounds values
 # near 1 by up to 2^-9 ~ 2e-3 anyway.
 FEATURES_BOUND = 5e-4
-MFU_GOAL = 0.45
+MFU_GOAL = 0.45  # the 9B recipe at full size
+MFU_GOAL_2B = 0.35  # gemma2-2b + whisper-large-v3
 # whisper-large-v3's encoder in bf16 against fp32 (relative Frobenius norm of the last
 # hidden state): each bf16 rounding is off by up to 2^-9 ~ 2e-3 relative; 32 layers of
 # ~6 rounded ops each (attention in/out, two MLP linears, two residual adds) add in
@@ -560,7 +563,7 @@ def check_throughput(table: Table, name: str, backend: str, attention: str, dry_
                 table.add("throughput_mfu", label,
                           f"MFU {mfu:.1%}, HFU {hfu:.1%} (model {step_model / 1e12:.1f} TFLOP/step, "
                           f"peak {peak / 1e12:.0f} TFLOP/s of {source})",
-                          f"goal {MFU_GOAL:.0%} (reported)", "PASS" if mfu >= MFU_GOAL else "PASS (BELOW goal)")
+                          f"goal {MFU_GOAL_2B:.0%} (reported)", "PASS" if mfu >= MFU_GOAL_2B else "PASS (BELOW goal)")
             else:
                 table.add("throughput_mfu", label, f"model {step_model / 1e12:.1f} TFLOP/step", "-",
                           f"n/a (no peak: {source})")
@@ -574,7 +577,7 @@ def check_throughput(table: Table, name: str, backend: str, attention: str, dry_
                       "<= plan estimate", _ok(measured <= estimate))
         else:
             table.add("throughput_mfu", label, f"model {step_model / 1e9:.2f} GFLOP/step",
-                      f"goal {MFU_GOAL:.0%}", "n/a (CPU: no peak, no MFU)")
+                      f"goal {MFU_GOAL_2B:.0%}", "n/a (CPU: no peak, no MFU)")
             table.add("peak_memory", label, f"plan estimate {plan.memory['total_gib']:.3f} GiB", "<= plan estimate",
                       "n/a (CPU: no device memory counter)")
         del ddp, model, optimizer, inputs
@@ -897,20 +900,60 @@ def check_job(table: Table, corpus: Path | None, dry_run: bool):
                       "runs, saves", _ok(ok and saved))
 
 
-def check_job_9b(table: Table, corpus: Path | None, dry_run: bool):
-    """gemma2_whisper_tp1 (gemma-2-9b + whisper-large-v3, LoRA r16 on the frozen decoder,
-    full recompute, 2048-token packed rows) at full size on this one GPU, through `audiollm
-    train` itself: random weights (no hub here: model.allow_frozen_random), the local backend
-    (no TransformerEngine; model.compile=auto compiles its layers), the demo corpus. Steps
+# The full-size models of the job rows (conf/model), and how each runs: the 9B row also
+# saves asynchronously, resumes and so launches the job twice; the 2b row once.
+FULL_SIZE = {"2b": ("gemma2_2b_whisper_large_v3", False), "9b": ("gemma2_9b_whisper_large_v3", True)}
+# The one-GPU layouts the plan chooses among for those rows (fitting_layout), at a global
+# batch every micro-batch divides. The plan's step estimate does not depend on the
+# micro-batch; a larger one issues fewer launches per token, so it wins among equals.
+LAYOUT_SWEEP = ["parallel.recompute=none,full", "optim.micro_batch_size=1,2,4", "optim.global_batch_size=8"]
+
+
+def _gpu_type() -> str:
+    """The plan's launcher.gpu_type for this machine's GPU (its memory and peak)."""
+    import torch
+
+    name = torch.cuda.get_device_name().upper()
+    return next((kind for kind in ("h200", "a100") if kind.upper() in name), "h100")
+
+
+def fitting_layout(overrides: list) -> tuple[list, str]:
+    """Recompute and micro-batch as the plan says fit (`audiollm plan -m` over LAYOUT_SWEEP):
+    its best runnable point, the largest micro-batch among equals; (their overrides, what
+    the plan said of the point)."""
+    from orchestrator.plan.sweep_table import plan_rows, ranked, shared_errors
+
+    rows = plan_rows([*overrides, *LAYOUT_SWEEP])
+    runs = [row for row in ranked(rows, shared_errors(rows)) if row.runs]
+    if not runs:
+        raise RuntimeError(f"no layout of {' '.join(LAYOUT_SWEEP)} fits or runs here")
+    rate = lambda row: row.tokens_per_s_per_gpu or 0.0  # noqa: E731  (none on CPUs)
+    best = max((row for row in runs if rate(row) >= 0.999 * rate(runs[0])),
+               key=lambda row: int(row.point["optim.micro_batch_size"]))
+    chosen = [f"{key}={value}" for key, value in best.point.items()] + [LAYOUT_SWEEP[-1]]
+    said = f"{' '.join(chosen)}: plan {best.memory_gib:.1f} of {best.device_gib or math.inf:.1f} GiB"
+    return chosen, said + (f", {rate(best):,.0f} tokens/s/GPU estimated" if rate(best) else "")
+
+
+def check_job_full(table: Table, corpus: Path | None, dry_run: bool, size: str):
+    """gemma2_whisper_tp1 (LoRA r16 on the frozen decoder, 2048-token packed rows) with the
+    2b or 9b decoder and whisper-large-v3 at full size on this one GPU, through `audiollm
+    train` itself: random weights (no hub here: model.allow_frozen_random), the local
+    backend (no TransformerEngine; model.compile=auto compiles its layers), the demo
+    corpus, recompute and micro-batch as the plan says fit this GPU (fitting_layout). Steps
     with the tokens/s and MFU the job logs (median after the warm-up: the steps that
-    compile, and the first after the resume, excluded) and its peak memory against the
-    plan's and the probe's tensors; an asynchronous save, a resume from it, and greedy
-    decoding through the KV cache of the validation set at the end. The dry run: the
-    tiny model on the CPU, the same path. On a lent machine run it alone (--only job9b):
-    it takes minutes."""
-    label = "gemma2_whisper_tp1, " + ("tiny model, CPU" if dry_run else "full size (9B), local backend")
+    compile, and the first after a resume, excluded) and its peak memory against the plan's
+    and the probe's tensors; greedy decoding through the KV cache of a validation batch at
+    the end; for the 9B also an asynchronous save and a resume from it. The 9B's dry run:
+    the tiny model on the CPU, the same path; the 2b's plans its full size only (its
+    training would repeat the 9B's dry run). On a lent machine run each alone (--only
+    job2b, --only job9b): minutes each."""
+    model, resumes = FULL_SIZE[size]
+    check = f"job_{size}"
+    label = f"gemma2_whisper_tp1 {size}, " + ("tiny model, CPU" if dry_run else "full size, local backend")
     if corpus is None:
-        table.add("job_9b", label, "-", "runs, saves, resumes, decodes", "n/a (no --demo-corpus)")
+        table.add(check, label, "-", "runs, decodes" + (", saves, resumes" if resumes else ""),
+                  "n/a (no --demo-corpus)")
         return
     from orchestrator.plan.compose import compose
     from orchestrator.plan.probe_report import compare, run_probe
@@ -919,58 +962,74 @@ def check_job_9b(table: Table, corpus: Path | None, dry_run: bool):
     first, second = (3, 5) if dry_run else (10, 14)
     warmup = 2 if dry_run else 4
     samples = json.loads((corpus / "manifest.json").read_text())["num_samples"]
-    with tempfile.TemporaryDirectory(prefix="acceptance_9b_") as root:
-        overrides = ["+recipe=gemma2_whisper_tp1", *(["model=tiny_audiollm", "data.seq_length=256"] if dry_run else []),
+    with tempfile.TemporaryDirectory(prefix=f"acceptance_{size}_") as root:
+        shrunk = dry_run and resumes
+        overrides = ["+recipe=gemma2_whisper_tp1", f"model={'tiny_audiollm' if shrunk else model}",
+                     *(["data.seq_length=256"] if shrunk else []),
                      "model.backend=local", "model.init_checkpoint=null", "model.allow_frozen_random=true",
-                     "launcher=local", f"launcher.accelerator={'cpu' if dry_run else 'gpu'}", "launcher.nodes=1",
-                     "launcher.gpus_per_node=1", "data=demo", "data.audio_token='<audio>'",
-                     "model.adapter.ctc_weight=0", f"data.demo_corpus={corpus.resolve()}",
-                     f"data.demo_corpus_samples={samples}", "optim.global_batch_size=4", "optim.lr_warmup_iters=0",
+                     "launcher=local", f"launcher.accelerator={'cpu' if shrunk else 'gpu'}", "launcher.nodes=1",
+                     "launcher.gpus_per_node=1", f"launcher.gpu_type={'h100' if dry_run else _gpu_type()}", "data=demo",
+                     "data.audio_token='<audio>'", "model.adapter.ctc_weight=0", f"data.demo_corpus={corpus.resolve()}",
+                     f"data.demo_corpus_samples={samples}", "optim.lr_warmup_iters=0",
                      "train.eval_generation=true", "train.eval_generation_batches=1", "train.log_interval=1",
-                     f"train.save_interval={first}", f"train.eval_interval={second}", f"run.output_root={root}",
-                     "run.name=9b"]
+                     f"train.save_interval={first if resumes else 1000}", f"train.eval_interval={second}",
+                     f"run.output_root={root}", f"run.name={size}"]
         try:
+            layout, planned_layout = fitting_layout(overrides)
+            overrides += layout
+            if dry_run and not shrunk:
+                table.add(check, label.replace("tiny model, CPU", "full size, planned"), planned_layout,
+                          "plans", "PASS (n/a: trains as job_9b's dry run)")
+                return
             plan = resolve(compose(overrides)).to_dict()
             planned = plan["memory"]["total_gib"] - plan["memory"]["overhead_gib"]
             probed = compare(plan, run_probe(plan))[0].probed["total"]
         except Exception as exc:
             traceback.print_exc()
-            table.add("job_9b", label, f"plan or probe failed: {type(exc).__name__}: {exc}"[:160], "-", "FAIL")
+            table.add(check, label, f"plan or probe failed: {type(exc).__name__}: {exc}"[:160], "-", "FAIL")
             return
-        ok, out = _job("gemma2_whisper_tp1 at full size", [*overrides, f"train.iters={first}"], timeout=560)
-        resumed = False
-        if ok:
-            ok, out = _job("gemma2_whisper_tp1, resumed", [*overrides, f"train.iters={second}"], timeout=560)
-            resumed = f"at step {first}" in out and "resumed from" in out
-        run_dir = Path(root) / "gemma2_whisper" / "9b"
+        print(f"{check}: {planned_layout}", flush=True)
+        if resumes:
+            ok, out = _job(f"{label}", [*overrides, f"train.iters={first}"], timeout=560)
+            resumed = False
+            if ok:
+                ok, out = _job(f"{label}, resumed", [*overrides, f"train.iters={second}"], timeout=560)
+                resumed = f"at step {first}" in out and "resumed from" in out
+        else:
+            ok, out = _job(label, [*overrides, f"train.iters={second}"], timeout=560)
+            resumed = True
+        run_dir = Path(root) / "gemma2_whisper" / size
         rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()
                 if line.strip()] if (run_dir / "metrics.jsonl").exists() else []
-        steps = [r for r in rows if "tokens_per_s_per_gpu" in r and r["step"] > warmup and r["step"] != first + 1]
+        steps = [r for r in rows if "tokens_per_s_per_gpu" in r and r["step"] > warmup
+                 and not (resumes and r["step"] == first + 1)]
         decoded = [r for r in rows if "wer/all" in r]
-        saved = (run_dir / "checkpoints" / f"step_{first:06d}").is_dir()
+        saved = (run_dir / "checkpoints" / f"step_{first:06d}").is_dir() or not resumes
+        what = "runs, decodes" + (", saves, resumes" if resumes else "")
         if not (ok and resumed and saved and steps and decoded):
-            table.add("job_9b", label, f"resumed {resumed}, saved {saved}, timed steps {len(steps)}, decoded "
-                      f"{bool(decoded)}: {_job_failure(out)}", "runs, saves, resumes, decodes", "FAIL")
+            table.add(check, label, f"resumed {resumed}, saved {saved}, timed steps {len(steps)}, decoded "
+                      f"{bool(decoded)}: {_job_failure(out)}", what, "FAIL")
             return
+        done = (f"{first} steps, async save, resumed at step {first} to {second}" if resumes else f"{second} steps")
+        table.add(check, label, f"{done} ({' '.join(layout)}), KV-cache decoding of a validation batch "
+                  f"(WER {decoded[-1]['wer/all']:.0%} at random weights)", what, "PASS")
         median = lambda key: statistics.median(r[key] for r in steps if key in r)  # noqa: E731
-        table.add("job_9b", label, f"{first} steps, async save, resumed at step {first} to {second}, KV-cache "
-                  f"decoding of the validation set (WER {decoded[-1]['wer/all']:.0%} at random weights)",
-                  "runs, saves, resumes, decodes", "PASS")
+        goal = MFU_GOAL if size == "9b" else MFU_GOAL_2B
         figure = f"{median('tokens_per_s_per_gpu'):,.0f} tokens/s/GPU over {len(steps)} steps (median, warm-up excluded)"
         if "mfu" in steps[0]:
             mfu = median("mfu")
-            table.add("job_9b_mfu", label, f"MFU {mfu:.1%}; {figure}", f"goal {MFU_GOAL:.0%}",
-                      "PASS" if mfu >= MFU_GOAL else "PASS (BELOW goal)")
+            table.add(f"{check}_mfu", label, f"MFU {mfu:.1%}; {figure}", f"goal {goal:.0%}",
+                      "PASS" if mfu >= goal else "PASS (BELOW goal)")
         else:
-            table.add("job_9b_mfu", label, figure, f"goal {MFU_GOAL:.0%}", "n/a (CPU: no peak, no MFU)")
+            table.add(f"{check}_mfu", label, figure, f"goal {goal:.0%}", "n/a (CPU: no peak, no MFU)")
         memory = [r["memory/max_allocated_gib"] for r in rows if "memory/max_allocated_gib" in r]
         if memory:
             measured = max(memory)
-            table.add("job_9b_memory", label, f"{measured:.1f} GiB max allocated vs plan {planned:.1f} "
+            table.add(f"{check}_memory", label, f"{measured:.1f} GiB max allocated vs plan {planned:.1f} "
                       f"({measured / planned - 1:+.0%}) and probe {probed:.1f} GiB ({measured / probed - 1:+.0%})",
                       "within 10 % of both", _ok(abs(measured / planned - 1) <= 0.1 and abs(measured / probed - 1) <= 0.1))
         else:
-            table.add("job_9b_memory", label, f"plan {planned:.2f} GiB, probe {probed:.2f} GiB of tensors",
+            table.add(f"{check}_memory", label, f"plan {planned:.2f} GiB, probe {probed:.2f} GiB of tensors",
                       "within 10 % of both", "n/a (CPU: no device memory counter)")
 
 
@@ -1119,8 +1178,9 @@ def main() -> int:
             check_fp8(table, dry_run=True)
         if run("job"):
             check_job(table, args.demo_corpus, dry_run=True)
-        if run("job9b"):
-            check_job_9b(table, args.demo_corpus, dry_run=True)
+        for size in ("2b", "9b"):
+            if run(f"job{size}"):
+                check_job_full(table, args.demo_corpus, dry_run=True, size=size)
     else:
         if _has_te():
             flex = ("te+flex", "te", "flex")
@@ -1152,8 +1212,9 @@ def main() -> int:
             check_fp8(table, dry_run=False)
         if run("job"):
             check_job(table, args.demo_corpus, dry_run=False)
-        if run("job9b"):
-            check_job_9b(table, args.demo_corpus, dry_run=False)
+        for size in ("2b", "9b"):
+            if run(f"job{size}"):
+                check_job_full(table, args.demo_corpus, dry_run=False, size=size)
 
     print()
     print(table.render())
