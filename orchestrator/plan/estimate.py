@@ -35,7 +35,8 @@ import math
 from dataclasses import dataclass, field, replace
 from fnmatch import fnmatchcase
 
-from orchestrator.plan.kernels import LOSS_CHUNK_ELEMENTS, LOSS_CHUNK_FP32_COPIES, attention_kernel, encoder_precision
+from orchestrator.plan.kernels import (LOSS_CHUNK_ELEMENTS, LOSS_CHUNK_FP32_COPIES, attention_kernel, compile_kind,
+                                       encoder_precision)
 from orchestrator.plan import schedule
 from orchestrator.plan.megatron_args import padded_vocab_size
 from orchestrator.plan.model_params import ParamSpec, encoder_frame_count, parameter_inventory
@@ -138,14 +139,18 @@ def stage_params(inventory: list[ParamSpec], model: ModelConfig, parallel: Paral
 
 
 def decoder_layer_activation_bytes(model: ModelConfig, parallel: ParallelConfig, seq: int, mbs: int, dtype_bytes: int,
-                                   attention: str, fused_norms: bool = True) -> float:
+                                   attention: str, fused_norms: bool = True, compiled: bool = False) -> float:
     """Bytes saved for backward by one Gemma2 decoder layer for one micro-batch, with the
     `attention` kernel ("reference" or "flex", orchestrator.plan.kernels); `fused_norms`: the
     norms are one kernel each (GPUs: compiled or TransformerEngine's) rather than eager
     PyTorch (CPUs). Under context parallelism a rank holds seq / cp tokens, but its
     attention keeps the whole row's keys and values (gathered over the CP group) and
     scores its queries against all of them (orchestrator.models.attention). The counts
-    per term are those the full-size probe measures (orchestrator/probe/)."""
+    per term are those the full-size probe measures (orchestrator/probe/); `compiled`
+    (model.compile=layers, TP = CP = 1): what the compiled layer keeps
+    (compiled_layer_activation_bytes)."""
+    if compiled:
+        return compiled_layer_activation_bytes(model, seq, mbs, dtype_bytes, attention)
     dec = model.decoder
     t, s, b, h = parallel.tp, seq / parallel.cp, mbs, dec.hidden_size
     sp_div = t if parallel.sp else 1
@@ -169,6 +174,33 @@ def decoder_layer_activation_bytes(model: ModelConfig, parallel: ParallelConfig,
     # fc1's output [gate; up] (2 f), GeGLU's activation, its tanh-GELU work and its product
     mlp = 5 * dec.ffn_hidden_size * s * b * dtype_bytes / t
     return stream + attention_bytes + mlp
+
+
+def compiled_layer_activation_bytes(model: ModelConfig, seq: int, mbs: int, dtype_bytes: int, attention: str) -> float:
+    """Bytes one decoder layer compiled whole (model.compile=layers; TP = CP = 1) keeps for
+    its backward for one micro-batch: what the compiler's partitioner saves of the joint
+    forward and backward graph, which recomputes the cheap element-wise work (the norms'
+    outputs, the rotary embedding, GeGLU's activation) from fewer tensors instead. Measured
+    on CPU with the reference attention (tests/models/test_compile.py: a compiled layer's
+    saved tensors against this count): 5 [s, b, h] tensors of the residual stream (the
+    layer's input, the normed inputs of QKV and fc1, the two residual sums); fc1's output
+    [gate; up] and GeGLU's product (3 f); and the attention's own. With flex (the GPU
+    kernel, whose backward a CPU cannot run), what its compiled kernel saves, as the
+    probe's stand-in does: Q, K and V (K and V per query group), the output, the fp32
+    log-sum-exp per head. With the reference kernel: Q, K and V repeated to every head,
+    the context, the scores and probabilities in the compute dtype and the softmax's two
+    fp32 statistics per head. Not counted (about 1 % at gemma2-2b): the norms' fp32
+    reciprocal RMS per token, LoRA's rank-wide intermediates, and the rotary table, which
+    every layer shares."""
+    dec = model.decoder
+    tokens, h = seq * mbs, dec.hidden_size
+    q = dec.num_attention_heads * dec.kv_channels
+    kv = 2 * dec.num_query_groups * dec.kv_channels
+    if attention == "reference":
+        attention_bytes = 4 * q * dtype_bytes + 2 * dec.num_attention_heads * (seq * dtype_bytes + 4)
+    else:
+        attention_bytes = (2 * q + kv) * dtype_bytes + dec.num_attention_heads * 4
+    return tokens * ((5 * h + 3 * dec.ffn_hidden_size) * dtype_bytes + attention_bytes)
 
 
 def encoder_activation_bytes(model: ModelConfig, clips: int, frames: int, dtype_bytes: int) -> float:
@@ -210,7 +242,7 @@ def adapter_activation_bytes(model: ModelConfig, clips: int, frames: int, encode
     return mix + 5 * elements * adapter_bytes + ctc, transient
 
 
-def loss_peak_bytes(logits: float, dtype_bytes: int) -> float:
+def loss_peak_bytes(logits: float, dtype_bytes: int, compiled: bool = False, mbs: int = 1) -> float:
     """Bytes of the final softcap and cross entropy (Gemma2Model.softcapped_loss) at their
     peak, for `logits` logits of the rank. Unchunked (at most LOSS_CHUNK_ELEMENTS): the
     capped fp32 logits and the softmax kept, then the fp32 gradient. Chunked: the output
@@ -218,7 +250,12 @@ def loss_peak_bytes(logits: float, dtype_bytes: int) -> float:
     backward either one chunk's recomputed fp32 work (three copies) beside the logits'
     gradient, or the gradient's accumulation over chunks, whose slices autograd widens to
     the whole logits (three copies of them), whichever is larger. As measured by the
-    full-size probe (orchestrator/probe/)."""
+    full-size probe (orchestrator/probe/). Compiled (model.compile=layers: one call over the
+    whole micro-batch, its fp32 work fused), the logits and their gradient in the compute
+    dtype, and at micro-batches above 1 the gradient laid out again for the output layer
+    (Gemma2Model's _LogitsGradAsOneMatrix)."""
+    if compiled:
+        return logits * dtype_bytes * (3 if mbs > 1 else 2)
     if logits <= LOSS_CHUNK_ELEMENTS:
         return 3 * logits * 4
     whole = logits * dtype_bytes
@@ -293,9 +330,11 @@ def memory_by_stage(cfg: AudioLLMConfig, stages: list[StageParams], dp: int,
     shard = dp * parallel.cp if parallel.distributed_optimizer else 1
     pp = parallel.pp
     layers_per_stage = model.decoder.num_layers // pp
+    compiled = compile_kind(model.compile, low_precision, model.backend, parallel.tp, parallel.cp,
+                            parallel.recompute.granularity)[0] == "layers"
     layer_act = decoder_layer_activation_bytes(model, parallel, cfg.data.seq_length, optim.micro_batch_size, weight_bytes,
                                                attention_kernel(model.attention, on_gpu=low_precision),
-                                               fused_norms=low_precision)
+                                               fused_norms=low_precision, compiled=compiled)
     rc = parallel.recompute
     if rc.granularity == "full":
         input_only = weight_bytes * cfg.data.seq_length / parallel.cp * optim.micro_batch_size * model.decoder.hidden_size
@@ -335,7 +374,7 @@ def memory_by_stage(cfg: AudioLLMConfig, stages: list[StageParams], dp: int,
         if stage.stage == pp - 1:
             vocab_shard = stages[0].by_component.get("embedding", 0) / max(model.decoder.hidden_size, 1)
             logits = cfg.data.seq_length / parallel.cp * optim.micro_batch_size * vocab_shard
-            peaks.append(loss_peak_bytes(logits, weight_bytes))
+            peaks.append(loss_peak_bytes(logits, weight_bytes, compiled, optim.micro_batch_size))
         activations += max(peaks)
         subtotal = (weights + grads + optimizer + activations) / GIB
         total = subtotal * (1 + MEMORY_MARGIN) + (FIXED_OVERHEAD_GIB if low_precision else 0.0)

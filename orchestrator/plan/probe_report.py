@@ -162,6 +162,9 @@ def render(plan: dict, results: list[dict]) -> str:
             f"DOES NOT FIT (largest: {comparison.largest} {comparison.probed[comparison.largest]:.1f} GiB)"
         lines.append(f"    probe + margin {comparison.total_with_margin_gib:.1f} GiB of "
                      f"{comparison.device_gib:.1f} GiB: {verdict}")
+    if plan["model_extensions"]["compiled"] == "layers":
+        lines.append("  the probe steps the layers eagerly: the plan counts what compiled layers keep, which is less "
+                     "(the compiler recomputes their cheap element-wise work in the backward; docs/memory.md)")
     stand_ins = results[0]["stand_ins"] if results else []
     if stand_ins:
         lines.append("  stand-ins (what cannot run on fake tensors on a CPU):")

@@ -16,6 +16,7 @@ shapes, so that the compiled graphs of the parity case serve it).
 Prints one `RESULT {json}` line per case.
 """
 
+import contextlib
 import json
 
 import torch
@@ -99,9 +100,10 @@ def parity() -> None:
     compiled.load_state_dict(eager.state_dict())
     layers = compile_layers(compiled, "layers")
     inputs = inputs_of(cfg)
-    losses = {}
+    losses, kept = {}, {}
     for name, model in (("eager", eager), ("compiled", compiled)):
-        loss = model(**inputs)
+        with saved_by_one_layer(model) as kept[name]:
+            loss = model(**inputs)
         loss.sum().backward()
         losses[name] = loss.detach()
     grads = {name: (p.grad, dict(compiled.named_parameters())[name].grad)
@@ -111,7 +113,40 @@ def parity() -> None:
         "case": "parity", "layers": layers, "loss": float(losses["eager"].sum()),
         "loss_rel": rel(losses["compiled"], losses["eager"]),
         "grad_rel": {name: rel(b, a) for name, (a, b) in grads.items()},
-        "grads": len(grads)}), flush=True)
+        "grads": len(grads), "layer_input": kept["compiled"]["input"],
+        "layer_saved_bytes": {name: k["bytes"] for name, k in kept.items()}}), flush=True)
+
+
+@contextlib.contextmanager
+def saved_by_one_layer(model):
+    """What the second decoder layer keeps for the backward during the forward inside:
+    {"bytes": its saved tensors' storages (parameters excluded, each storage once),
+    "input": the layer input's shape [s, b, h]}."""
+    from orchestrator.models.compile import decoder_layers
+
+    layer = decoder_layers(model)[1]
+    weights = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    storages, found, inside = {}, {}, []
+
+    def pack(tensor):
+        storage = tensor.untyped_storage()
+        if inside and storage.data_ptr() not in weights:
+            storages[storage.data_ptr()] = storage.nbytes()
+        return tensor
+
+    def enter(module, args, kwargs):
+        inside.append(True)
+        found["input"] = list((args[0] if args else kwargs["hidden_states"]).shape)
+
+    hooks = [layer.register_forward_pre_hook(enter, with_kwargs=True),
+             layer.register_forward_hook(lambda module, args, output: inside.clear())]
+    try:
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+            yield found
+    finally:
+        for hook in hooks:
+            hook.remove()
+    found["bytes"] = sum(storages.values())
 
 
 def fused_loss() -> None:
