@@ -7,10 +7,11 @@
 # within a 10-minute limit and every row measured is kept in $OUT (default gpu-out) as it
 # comes, even where a limit cuts a group short.
 #
-#   bash benchmarks/gpu_session.sh 1   # the acceptance's checks and the 2b job (about 9 min)
-#   bash benchmarks/gpu_session.sh 2   # the 9B job, then the default recipe's job rows
+#   bash benchmarks/gpu_session.sh 1   # the acceptance's checks and the 2b job (at most 9 min)
+#   bash benchmarks/gpu_session.sh 2   # the 9B job: two launches, a save of 18 GB, a resume (at most 9.5 min)
+#   bash benchmarks/gpu_session.sh 3   # the default recipe's job rows (passed on an H100 before)
 set -u
-part=${1:?usage: bash benchmarks/gpu_session.sh 1|2}
+part=${1:?usage: bash benchmarks/gpu_session.sh 1|2|3}
 out=${OUT:-gpu-out}
 mkdir -p "$out"
 if [ ! -d .kit-site ]; then
@@ -35,11 +36,13 @@ case $part in
         acceptance 230 job2b --only job2b
         ;;
     2)
-        acceptance 400 job9b --only job9b
-        acceptance 170 job --only job
+        acceptance 570 job9b --only job9b
+        ;;
+    3)
+        acceptance 400 job --only job
         ;;
     *)
-        echo "part $part: 1 or 2" >&2
+        echo "part $part: 1, 2 or 3" >&2
         exit 2
         ;;
 esac
