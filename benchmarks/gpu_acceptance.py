@@ -950,7 +950,9 @@ def check_job_full(table: Table, corpus: Path | None, dry_run: bool, size: str):
     job2b, --only job9b): minutes each."""
     model, resumes = FULL_SIZE[size]
     check = f"job_{size}"
-    label = f"gemma2_whisper_tp1 {size}, " + ("tiny model, CPU" if dry_run else "full size, local backend")
+    shrunk = dry_run and resumes  # the 9B's dry run trains the tiny model; the 2b's plans only
+    label = f"gemma2_whisper_tp1 {size}, " + ("tiny model, CPU" if shrunk else "full size, planned" if dry_run
+                                               else "full size, local backend")
     if corpus is None:
         table.add(check, label, "-", "runs, decodes" + (", saves, resumes" if resumes else ""),
                   "n/a (no --demo-corpus)")
@@ -963,7 +965,6 @@ def check_job_full(table: Table, corpus: Path | None, dry_run: bool, size: str):
     warmup = 2 if dry_run else 4
     samples = json.loads((corpus / "manifest.json").read_text())["num_samples"]
     with tempfile.TemporaryDirectory(prefix=f"acceptance_{size}_") as root:
-        shrunk = dry_run and resumes
         overrides = ["+recipe=gemma2_whisper_tp1", f"model={'tiny_audiollm' if shrunk else model}",
                      *(["data.seq_length=256"] if shrunk else []),
                      "model.backend=local", "model.init_checkpoint=null", "model.allow_frozen_random=true",
@@ -978,8 +979,7 @@ def check_job_full(table: Table, corpus: Path | None, dry_run: bool, size: str):
             layout, planned_layout = fitting_layout(overrides)
             overrides += layout
             if dry_run and not shrunk:
-                table.add(check, label.replace("tiny model, CPU", "full size, planned"), planned_layout,
-                          "plans", "PASS (n/a: trains as job_9b's dry run)")
+                table.add(check, label, planned_layout, "plans", "PASS (n/a: trains as job_9b's dry run)")
                 return
             plan = resolve(compose(overrides)).to_dict()
             planned = plan["memory"]["total_gib"] - plan["memory"]["overhead_gib"]
@@ -990,7 +990,7 @@ def check_job_full(table: Table, corpus: Path | None, dry_run: bool, size: str):
             return
         print(f"{check}: {planned_layout}", flush=True)
         if resumes:
-            ok, out = _job(f"{label}", [*overrides, f"train.iters={first}"], timeout=560)
+            ok, out = _job(label, [*overrides, f"train.iters={first}"], timeout=560)
             resumed = False
             if ok:
                 ok, out = _job(f"{label}, resumed", [*overrides, f"train.iters={second}"], timeout=560)
