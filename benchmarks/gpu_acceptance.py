@@ -935,6 +935,27 @@ def fitting_layout(overrides: list) -> tuple[list, str]:
     return chosen, said + (f", {rate(best):,.0f} tokens/s/GPU estimated" if rate(best) else "")
 
 
+def job_overrides(size: str, corpus: Path, dry_run: bool, gpu_type: str, root: str, first: int, second: int) -> list:
+    """`audiollm train` overrides of a full-size job row (check_job_full) but its layout
+    (fitting_layout) and train.iters: gemma2_whisper_tp1 with FULL_SIZE[size]'s model (the
+    tiny model on the CPU in the 9B's dry run), random weights, the local backend, one GPU
+    of the plan's `gpu_type`, the demo corpus at `corpus`, a save at step `first` where the
+    row resumes, decoding at step `second`, the run under `root`."""
+    model, resumes = FULL_SIZE[size]
+    shrunk = dry_run and resumes
+    samples = json.loads((corpus / "manifest.json").read_text())["num_samples"]
+    return ["+recipe=gemma2_whisper_tp1", f"model={'tiny_audiollm' if shrunk else model}",
+            *(["data.seq_length=256"] if shrunk else []),
+            "model.backend=local", "model.init_checkpoint=null", "model.allow_frozen_random=true",
+            "launcher=local", f"launcher.accelerator={'cpu' if shrunk else 'gpu'}", "launcher.nodes=1",
+            "launcher.gpus_per_node=1", f"launcher.gpu_type={gpu_type}", "data=demo",
+            "data.audio_token='<audio>'", "model.adapter.ctc_weight=0", f"data.demo_corpus={corpus.resolve()}",
+            f"data.demo_corpus_samples={samples}", "optim.lr_warmup_iters=0",
+            "train.eval_generation=true", "train.eval_generation_batches=1", "train.log_interval=1",
+            f"train.save_interval={first if resumes else 1000}", f"train.eval_interval={second}",
+            f"run.output_root={root}", f"run.name={size}"]
+
+
 def check_job_full(table: Table, corpus: Path | None, dry_run: bool, size: str):
     """gemma2_whisper_tp1 (LoRA r16 on the frozen decoder, 2048-token packed rows) with the
     2b or 9b decoder and whisper-large-v3 at full size on this one GPU, through `audiollm
@@ -948,7 +969,7 @@ def check_job_full(table: Table, corpus: Path | None, dry_run: bool, size: str):
     the tiny model on the CPU, the same path; the 2b's plans its full size only (its
     training would repeat the 9B's dry run). On a lent machine run each alone (--only
     job2b, --only job9b): minutes each."""
-    model, resumes = FULL_SIZE[size]
+    resumes = FULL_SIZE[size][1]
     check = f"job_{size}"
     shrunk = dry_run and resumes  # the 9B's dry run trains the tiny model; the 2b's plans only
     label = f"gemma2_whisper_tp1 {size}, " + ("tiny model, CPU" if shrunk else "full size, planned" if dry_run
@@ -963,18 +984,8 @@ def check_job_full(table: Table, corpus: Path | None, dry_run: bool, size: str):
 
     first, second = (3, 5) if dry_run else (10, 14)
     warmup = 2 if dry_run else 4
-    samples = json.loads((corpus / "manifest.json").read_text())["num_samples"]
     with tempfile.TemporaryDirectory(prefix=f"acceptance_{size}_") as root:
-        overrides = ["+recipe=gemma2_whisper_tp1", f"model={'tiny_audiollm' if shrunk else model}",
-                     *(["data.seq_length=256"] if shrunk else []),
-                     "model.backend=local", "model.init_checkpoint=null", "model.allow_frozen_random=true",
-                     "launcher=local", f"launcher.accelerator={'cpu' if shrunk else 'gpu'}", "launcher.nodes=1",
-                     "launcher.gpus_per_node=1", f"launcher.gpu_type={'h100' if dry_run else _gpu_type()}", "data=demo",
-                     "data.audio_token='<audio>'", "model.adapter.ctc_weight=0", f"data.demo_corpus={corpus.resolve()}",
-                     f"data.demo_corpus_samples={samples}", "optim.lr_warmup_iters=0",
-                     "train.eval_generation=true", "train.eval_generation_batches=1", "train.log_interval=1",
-                     f"train.save_interval={first if resumes else 1000}", f"train.eval_interval={second}",
-                     f"run.output_root={root}", f"run.name={size}"]
+        overrides = job_overrides(size, corpus, dry_run, "h100" if dry_run else _gpu_type(), root, first, second)
         try:
             layout, planned_layout = fitting_layout(overrides)
             overrides += layout
