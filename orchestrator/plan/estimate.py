@@ -35,8 +35,8 @@ import math
 from dataclasses import dataclass, field, replace
 from fnmatch import fnmatchcase
 
-from orchestrator.plan.kernels import (LOSS_CHUNK_ELEMENTS, LOSS_CHUNK_FP32_COPIES, attention_kernel, compile_kind,
-                                       encoder_precision)
+from orchestrator.plan.kernels import (LOSS_CHUNK_ELEMENTS, LOSS_CHUNK_FP32_COPIES, attention_kernel, encoder_precision,
+                                       planned_compile)
 from orchestrator.plan import schedule
 from orchestrator.plan.megatron_args import padded_vocab_size
 from orchestrator.plan.model_params import ParamSpec, encoder_frame_count, parameter_inventory
@@ -330,8 +330,7 @@ def memory_by_stage(cfg: AudioLLMConfig, stages: list[StageParams], dp: int,
     shard = dp * parallel.cp if parallel.distributed_optimizer else 1
     pp = parallel.pp
     layers_per_stage = model.decoder.num_layers // pp
-    compiled = compile_kind(model.compile, low_precision, model.backend, parallel.tp, parallel.cp,
-                            parallel.recompute.granularity)[0] == "layers"
+    compiled = planned_compile(cfg) == "layers"
     layer_act = decoder_layer_activation_bytes(model, parallel, cfg.data.seq_length, optim.micro_batch_size, weight_bytes,
                                                attention_kernel(model.attention, on_gpu=low_precision),
                                                fused_norms=low_precision, compiled=compiled)

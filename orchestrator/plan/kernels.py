@@ -86,6 +86,13 @@ def compile_kind(choice: str, on_gpu: bool, backend: str, tp: int, cp: int, reco
     return "layers", "model.compile=auto, CUDA"
 
 
+def planned_compile(cfg) -> str:
+    """compile_kind's choice ("none" | "layers") for a planned run (AudioLLMConfig) on its
+    planned accelerator: what the plan reports and its memory estimate counts."""
+    return compile_kind(cfg.model.compile, cfg.launcher.accelerator == "gpu", cfg.model.backend, cfg.parallel.tp,
+                        cfg.parallel.cp, cfg.parallel.recompute.granularity)[0]
+
+
 # Logits per chunk of the final softcap + cross entropy (Gemma2Model.softcapped_loss):
 # 2^27 fp32 values, 512 MiB per fp32 copy.
 LOSS_CHUNK_ELEMENTS = 2**27

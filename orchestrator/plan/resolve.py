@@ -18,7 +18,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from orchestrator.plan import estimate as est
 from orchestrator.plan.layout_estimate import estimate_layout
-from orchestrator.plan.kernels import attention_kernel, compile_kind, encoder_precision
+from orchestrator.plan.kernels import attention_kernel, encoder_precision, planned_compile
 from orchestrator.plan.megatron_args import megatron_args, padded_vocab_size, render_argv
 from orchestrator.plan.schema import AudioLLMConfig
 from orchestrator.plan.topology import rank_layout
@@ -130,8 +130,7 @@ def model_extensions(cfg: AudioLLMConfig) -> dict[str, Any]:
         "attention_kernel": attention_kernel(cfg.model.attention, on_gpu),
         "encoder_precision": encoder_precision_of(cfg),
         # model.compile on the planned accelerator: what the job compiles (it says so again at start).
-        "compiled": compile_kind(cfg.model.compile, on_gpu, cfg.model.backend, cfg.parallel.tp, cfg.parallel.cp,
-                                 cfg.parallel.recompute.granularity)[0],
+        "compiled": planned_compile(cfg),
         # What the job decides on the machine it runs on (orchestrator/runtime/machine.py).
         "decided_at_start": dict(DECIDED_AT_START) if on_gpu else {},
         "encoder": asdict(enc),
