@@ -61,10 +61,13 @@ def test_a_compiled_layer_keeps_what_the_plan_counts(results):
     backward (orchestrator/plan/estimate.compiled_layer_activation_bytes), far less than
     the eager layer: the compiler recomputes the norms' outputs, the rotary embedding and
     GeGLU's activation in the backward. Measured here on the default recipe's layer in fp32
-    with the reference attention (a CPU has no flex backward): the count leaves out the
-    norms' fp32 reciprocal RMS (12 bytes a token) and the rotary table (128 bytes a
-    position, one per micro-batch, which the measured layer keeps as every layer does),
-    about 1.5 % of the ~13 kB a token here; a tensor the count misses or adds is 5 % or more."""
+    with the reference attention (a CPU has no flex backward): per token the count is
+    13,344 bytes here (5 x 128 x 4 of the stream, 3 x 384 x 4 of the MLP, 4 x 128 x 4 of Q,
+    K, V and the context, 2 x 4 heads x (128 x 4 + 4) of the scores and their statistics);
+    it leaves out the norms' fp32 reciprocal RMS (12 bytes) and the rotary table (128 bytes
+    a position, 64 a token at two rows, which the measured layer keeps as every layer
+    does): 0.6 %. The smallest tensor it counts, Q or the context (512 bytes a token), is
+    3.8 %: a 3 % bound holds what is left out and catches any tensor missed or added."""
     from orchestrator.plan.estimate import compiled_layer_activation_bytes
 
     result = results["parity"]

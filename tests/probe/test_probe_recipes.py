@@ -136,3 +136,14 @@ def test_the_planned_schedule_holds_what_megatron_warms_up(pp, vpp):
         assert fewer <= microbatches
         assert [in_flight(pp, vpp, fewer, s) for s in range(pp)] == [in_flight(pp, vpp, microbatches, s)
                                                                       for s in range(pp)]
+
+
+@pytest.mark.parametrize("compiled", ["layers", "none"])
+def test_the_report_says_the_probe_steps_eager_layers_where_the_plan_compiles_them(compiled):
+    """The plan counts what compiled layers keep; the probe steps them eagerly
+    (orchestrator/probe/role.py), so its activations are the eager ones and the report says
+    so under its table (about the plan: no probe needs to run for it)."""
+    plan = _plan("+recipe=tiny_cpu", "launcher.accelerator=gpu", "model.backend=local", f"model.compile={compiled}")
+    assert plan["model_extensions"]["compiled"] == compiled
+    said = "the probe steps the layers eagerly" in render(plan, [])
+    assert said == (compiled == "layers")
