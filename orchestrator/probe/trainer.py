@@ -44,6 +44,9 @@ class ProbeTrainer(Trainer):
             chunk.ddp_config.check_for_nan_in_grad = False
         self.memory = None
 
+    def _resumable_checkpoint(self):
+        return None  # the probe measures a fresh step: it never reads the run's checkpoints
+
     def weights(self) -> list:
         return [p for chunk in self.chunks for p in chunk.parameters()]
 

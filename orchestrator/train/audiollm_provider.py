@@ -26,6 +26,7 @@ import torch
 
 from orchestrator.models.fusion import check_audio_placeholders, check_routed_frames
 from orchestrator.models.speech import JOINS_PREVIOUS
+from orchestrator.train import megatron_config as mcfg
 
 # Fields of the loop's TransformerConfig (from the plan) that the AudioLLM's own config
 # must share: the pipeline schedule and DDP read the loop's config, the layers read the
@@ -98,6 +99,7 @@ class AudioLLMProvider:
         from orchestrator.models.audiollm import build_audiollm
 
         shared = {name: getattr(config, name) for name in _SHARED_CONFIG_FIELDS}
+        shared.update(mcfg.skipped_init_fields(config))  # a resume or an evaluation: drawn for nothing
         target = {} if decisions is None else {"on_gpu": decisions.cuda, "attention": decisions.attention}
         return build_audiollm(self.model_cfg, self.parallel_cfg, pre_process, post_process,
                               audio_token_id=self.audio_token_id, params_dtype=config.params_dtype,

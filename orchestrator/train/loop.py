@@ -107,6 +107,16 @@ class Trainer:
             log.info("decided on this machine:\n  %s", "\n  ".join(self.decisions.lines))
         self.config = mcfg.transformer_config(plan, on_gpu, provider.transformer_fields(),
                                               self.decisions.gradient_accumulation_fusion)
+        # Looked for before the build: where a checkpoint will overwrite every weight (a
+        # resume; evaluation, which loads each checkpoint it scores), megatron's random
+        # init is skipped. It draws the full master weights on the host of every rank,
+        # minutes for a 9B decoder, and none of it would survive the load.
+        self.resume_from = self._resumable_checkpoint() if training else None
+        if not training or self.resume_from is not None:
+            mcfg.skip_random_init(self.config)
+            if self.rank == 0:
+                log.info("random initialisation of the decoder skipped: %s overwrites every weight",
+                         self.resume_from or "the checkpoint evaluated")
         chunks = self._build_chunks(provider)
         init = self._load_init_checkpoint(chunks) if training else None
         self.adapted = []
@@ -403,10 +413,14 @@ class Trainer:
         dist.broadcast_object_list(obj, src=0)
         return obj[0]
 
-    def resume(self) -> Optional[str]:
+    def _resumable_checkpoint(self) -> Optional[Path]:
+        """Collective: the checkpoint this run continues from (run.resume), or None."""
         if (self.plan.section("run").get("resume") or "auto") == "never":
             return None
-        latest = ckpt.resumable_checkpoint(self.plan.run_dir)
+        return ckpt.resumable_checkpoint(self.plan.run_dir)
+
+    def resume(self) -> Optional[str]:
+        latest = self.resume_from
         if latest is None:
             return None
         info = ckpt.load_checkpoint(latest, self.chunks, self.optimizer, self.scheduler, self.components.train_source)

@@ -32,6 +32,29 @@ def compute_dtype(plan: RunPlan, on_gpu: bool) -> torch.dtype:
     return torch.bfloat16 if (on_gpu and plan.arg("bf16", False)) else torch.float32
 
 
+# The weights' random draws. Where a checkpoint overwrites every weight (a resume, an
+# evaluation) the job replaces them by _draw_nothing: megatron's layers still allocate each
+# weight and mark its tensor-parallel split, which config.perform_initialization=False would
+# skip as well (megatron-core 0.16: the split's marks are set by the init function, and
+# without them the gradient norm counts every TP shard as a duplicate).
+INIT_METHODS = ("init_method", "output_layer_init_method", "embedding_init_method")
+
+
+def _draw_nothing(weight: torch.Tensor) -> None:
+    """An init method that leaves the weight as allocated: a checkpoint overwrites it."""
+
+
+def skip_random_init(config) -> None:
+    for name in INIT_METHODS:
+        setattr(config, name, _draw_nothing)
+
+
+def skipped_init_fields(config) -> dict:
+    """The init methods a model built from `config` takes over, where the job skipped them
+    (skip_random_init); {} otherwise (the model draws its weights from its own std)."""
+    return {name: _draw_nothing for name in INIT_METHODS} if config.init_method is _draw_nothing else {}
+
+
 def transformer_config(plan: RunPlan, on_gpu: bool, model_fields: Optional[dict] = None,
                        gradient_accumulation_fusion: bool = False):
     """`gradient_accumulation_fusion`: the job's decision for this machine

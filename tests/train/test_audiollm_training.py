@@ -91,7 +91,8 @@ def test_audiollm_trains_at_tp2_and_pp2(corpus, tp2_straight, tmp_path):
 def test_audiollm_exact_resume_with_the_real_loader(corpus, tp2_straight, tmp_path):
     """TP=2: 6 steps, a hard process exit after step 6's checkpoint, 6 resumed steps
     give the straight run's loss at every step (model, optimizer, RNG and the MDS
-    loader's position and packer buffer all restored). This run reads in a data worker
+    loader's position and packer buffer all restored), with no random init drawn for
+    the weights the checkpoint overwrites. This run reads in a data worker
     (data.num_workers=1), the straight one in the training process; in both one rank
     reads and sends its TP peer the micro-batches (data.replica_reader)."""
     _, straight = tp2_straight
@@ -99,7 +100,10 @@ def test_audiollm_exact_resume_with_the_real_loader(corpus, tp2_straight, tmp_pa
                                      extra=["data.num_workers=1"])
     launch("job_script.py", 2, "kill", str(run_dir), str(SAVE_AT), log_dir=tmp_path, expect_rc=17)
     assert [m["step"] for m in metrics(run_dir)] == list(range(1, SAVE_AT + 1))
-    resumed = result(launch("job_script.py", 2, "train", str(run_dir), log_dir=tmp_path))
+    resumed_out = launch("job_script.py", 2, "train", str(run_dir), log_dir=tmp_path)
+    resumed = result(resumed_out)
+    # the checkpoint overwrites every weight: the resumed job skipped megatron's random init
+    assert "random initialisation of the decoder skipped" in resumed_out
     again = [m["loss"] for m in metrics(run_dir)]
     assert [m["step"] for m in metrics(run_dir)] == list(range(1, ITERS + 1))
     assert again == straight["losses"], [(i + 1, a, b) for i, (a, b) in enumerate(zip(straight["losses"], again))
@@ -123,6 +127,7 @@ def test_audiollm_eval_reshards_tp2_to_one_process_and_scores_wer(tp2_straight):
                           capture_output=True, text=True, timeout=300, cwd=REPO,
                           env={**os.environ, "PYTHONPATH": str(REPO), "PYTHONWARNINGS": "ignore"})
     assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "random initialisation of the decoder skipped" in proc.stderr  # the checkpoint overwrites it
     evaluated = json.loads((run_dir / "eval" / f"step_{ITERS:06d}.json").read_text())
     assert evaluated["val_loss"] == pytest.approx(straight["eval"]["val_loss"], abs=1e-5)
     assert evaluated["wer/utterances"] == VAL_SAMPLES
