@@ -107,18 +107,20 @@ class Trainer:
             log.info("decided on this machine:\n  %s", "\n  ".join(self.decisions.lines))
         self.config = mcfg.transformer_config(plan, on_gpu, provider.transformer_fields(),
                                               self.decisions.gradient_accumulation_fusion)
-        # Looked for before the build: where a checkpoint will overwrite every weight (a
-        # resume; evaluation, which loads each checkpoint it scores), megatron's random
-        # init is skipped. It draws the full master weights on the host of every rank,
-        # minutes for a 9B decoder, and none of it would survive the load.
+        # Looked for before the build: where a checkpoint will overwrite every weight that
+        # megatron draws (a resume; model.init_checkpoint, whose fresh modules are not
+        # megatron's; evaluation, which loads each checkpoint it scores), the draws are
+        # skipped. They make the full master weights on the host of every rank, about a
+        # minute for a 9B decoder, and none of it would survive the load.
         self.resume_from = self._resumable_checkpoint() if training else None
-        if not training or self.resume_from is not None:
+        init_path = self._init_checkpoint_path() if training else None
+        weights_from = self.resume_from or init_path or (None if training else "the checkpoint evaluated")
+        if weights_from:
             mcfg.skip_random_init(self.config)
             if self.rank == 0:
-                log.info("random initialisation of the decoder skipped: %s overwrites every weight",
-                         self.resume_from or "the checkpoint evaluated")
+                log.info("random initialisation of the decoder skipped: %s overwrites it", weights_from)
         chunks = self._build_chunks(provider)
-        init = self._load_init_checkpoint(chunks) if training else None
+        init = self._load_init_checkpoint(init_path, chunks) if init_path else None
         self.adapted = []
         for chunk in chunks:
             self.adapted += apply_lora(chunk, plan.section("lora"), self.seed, b_std=components.lora_b_init_std)
@@ -204,15 +206,19 @@ class Trainer:
             chunks.append(model)
         return chunks
 
-    def _load_init_checkpoint(self, chunks) -> Optional[dict]:
-        """model.init_checkpoint: pretrained weights, before LoRA and the freezes; only
-        when the run starts fresh (a resumed run has its own checkpoint)."""
-        from orchestrator.train.init_weights import load_init_checkpoint
-
+    def _init_checkpoint_path(self) -> Optional[str]:
+        """model.init_checkpoint where this job loads it: only when the run starts fresh (a
+        resumed run has its own checkpoint)."""
         path = self.plan.section("model").get("init_checkpoint")
         resumes = (self.plan.section("run").get("resume") or "auto") != "never"
         if not path or (resumes and (step_dirs(self.plan.run_dir) or set_aside_dirs(self.plan.run_dir))):
             return None
+        return path
+
+    def _load_init_checkpoint(self, path: str, chunks) -> dict:
+        """model.init_checkpoint: pretrained weights, before LoRA and the freezes."""
+        from orchestrator.train.init_weights import load_init_checkpoint
+
         lora = int(self.plan.section("lora").get("rank") or 0) > 0
         return {"path": path, **load_init_checkpoint(path, chunks, lora=lora)}
 
