@@ -23,7 +23,8 @@ numpy 2.x, no TransformerEngine, no megatron-core and no internet. This script:
    --from-wheels KIT SITE` (pip --no-index --no-deps --target), then everything below
    runs with PYTHONPATH=SITE from a folder outside the repository, so that the kit's
    copy of the project is what runs;
-4. `benchmarks/gpu_acceptance.py --dry-run` there;
+4. the acceptance's dry run there, as a lent machine's session runs it
+   (`benchmarks/gpu_session.py PART --dry-run` for each part);
 5. the job's start-up decisions on GPU machines for every GPU recipe (and the default
    recipe run on a GPU), and its model and first batch built with them
    (tests/rehearsal/gpu_decisions_script.py): what a CPU run cannot decide for itself
@@ -55,6 +56,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+from benchmarks.gpu_session import PARTS
 
 REPO = Path(__file__).resolve().parents[2]
 # The lent machine's own stack (docs/gpu-machines.md; numpy there is 2.5).
@@ -190,10 +193,17 @@ def rehearse(root: Path, machine: Path | None = None) -> dict:
                  env=env, cwd=work)
     if not where.strip().startswith(str(site)):
         raise StepFailed(f"orchestrator imported from {where.strip()}, not from the kit in {site}")
-    rows = root / "acceptance.json"
-    _run("benchmarks/gpu_acceptance.py --dry-run", [python3, REPO / "benchmarks" / "gpu_acceptance.py", "--dry-run",
-                                                   "--json", rows], env=env, cwd=work)
-    report["acceptance"] = json.loads(rows.read_text())
+    # The acceptance as a lent machine's session runs it, part by part (no group skipped:
+    # the dry run's time is not the GPU's).
+    report["acceptance"], report["session_groups"] = [], []
+    for part in sorted(PARTS):
+        out = root / f"session_{part}"
+        _run(f"benchmarks/gpu_session.py {part} --dry-run",
+             [python3, REPO / "benchmarks" / "gpu_session.py", part, "--dry-run", "--seconds", "1800"],
+             env={**env, "OUT": str(out)}, cwd=work)
+        session = json.loads((out / "session.json").read_text())
+        report["session_groups"] += [(part, g["group"], g.get("exit", g.get("skipped"))) for g in session["groups"]]
+        report["acceptance"] += [row for group in session["groups"] for row in group.get("rows", [])]
     data = corpus(root)
     decisions = _run("GPU decisions: every GPU recipe's model and first batch",
                      [python3, REPO / "tests" / "rehearsal" / "gpu_decisions_script.py", json.dumps(data)],

@@ -16,11 +16,12 @@ import sys
 
 import pytest
 
+from benchmarks.gpu_session import PARTS
 from tests.rehearsal.gpu_decisions_script import RECIPES
 from tests.rehearsal.lent_machine import RECIPE_LAYOUT, REPO
 
 # benchmarks/gpu_acceptance.py's rows: each passes or is n/a in its dry run, where the lent
-# machine's stack runs it (the rehearsal's step 4).
+# machine's stack runs it through benchmarks/gpu_session.py (the rehearsal's step 4).
 ACCEPTANCE_ROWS = {"parity_logits", "parity_loss", "parity_grads", "lora_trains", "lora_base_frozen", "recompiles",
                    "throughput_tokens", "throughput_mfu", "peak_memory", "hf_peft_tokens", "hf_peft_ratio",
                    "generation", "encoder_fp32", "encoder_bf16", "features_device", "fp8", "job", "job_2b", "job_9b"}
@@ -41,6 +42,9 @@ def test_the_lent_machine_rehearsal_passes(tmp_path):
     in_venv, torch_version, cuda, transformers_version, numpy_version = report["machine"].split()
     assert in_venv == "True" and torch_version.startswith("2.11.") and cuda == "False"
     assert transformers_version.startswith("5.") and numpy_version.startswith("2.")
+    groups = report["session_groups"]  # (part, group, exit): every group of every part ran and exited 0
+    assert [(part, group) for part, group, _ in groups] == [(p, g.name) for p in sorted(PARTS) for g in PARTS[p]]
+    assert all(code == 0 for _, _, code in groups), groups
     rows = report["acceptance"]
     assert ACCEPTANCE_ROWS <= {r["check"] for r in rows}, rows
     assert all(r["result"] == "PASS" or r["result"].startswith("n/a") for r in rows), rows

@@ -1,0 +1,215 @@
+"""A lent GPU machine's session: the acceptance's rows in the order they matter, inside
+the time the call has.
+
+Run from the root of a copy of this checkout that carries .whl/kit and .whl/demo
+(docs/gpu-machines.md: `audiollm wheels .whl/kit --kit ...` and `audiollm data demo
+.whl/demo ...` made them on a connected machine). It installs the kit once (.kit-site stays
+on a machine kept between calls), then runs the part's groups of checks one after another,
+each under its own limit and never past `--seconds` from its start: a group that would not
+have its least useful time left is skipped and said so. Every row measured is kept in $OUT
+(default gpu-out) as it comes (the Session's two files).
+
+    python3 benchmarks/gpu_session.py 1 --seconds 570   # parity, the 9B job, the other checks
+    python3 benchmarks/gpu_session.py 2 --seconds 240   # the 2b job, throughput against HF + PEFT
+    python3 benchmarks/gpu_session.py 3                 # the default recipe's job rows
+
+A machine lent for 15 minutes, its start included, holds part 1 and what is left of part 2:
+give the second call `--seconds` of the device time left, less a minute for the transfers.
+Standard library only: it runs before the kit is installed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import List, Optional
+
+REPO = Path(__file__).resolve().parents[1]
+MARGIN_S = 15  # the table printed and the files written after the last group
+
+
+@dataclass(frozen=True)
+class Group:
+    name: str
+    checks: str  # gpu_acceptance.py --only
+    limit_s: int  # at most this long
+    least_s: int  # not started with less than this left: it could not finish a row
+    profile: bool = False
+
+
+# Part 1 first: the GPU path's parity (were it wrong, no figure after it would mean
+# anything), then the issue's centre, the 9B recipe at full size (two launches, an 18 GB
+# save, a resume: about five minutes by the CPU-side estimates), then the checks that
+# passed on every GPU so far. Part 2: the 2b through the job, then the step loop against
+# HF + PEFT with its profile.
+PARTS = {
+    "1": [Group("parity", "parity", 150, 60),
+          Group("job9b", "job9b", 450, 240),
+          Group("checks", "lora,generation,encoder,recompiles,fp8", 240, 60)],
+    "2": [Group("job2b", "job2b", 240, 150),
+          Group("throughput", "throughput", 300, 150, profile=True)],
+    "3": [Group("job", "job", 420, 240)],
+}
+DEFAULT_SECONDS = {"1": 570, "2": 240, "3": 420}
+
+
+def schedule(group: Group, seconds: float, elapsed: float) -> Optional[int]:
+    """The limit `group` runs under, `elapsed` seconds into a call of `seconds`: its own
+    limit or what is left, whichever is smaller; None where less than its least useful
+    time is left."""
+    left = seconds - elapsed - MARGIN_S
+    if left < group.least_s:
+        return None
+    return int(min(group.limit_s, left))
+
+
+def run_bounded(argv: List[str], limit: float, env: dict, log) -> int:
+    """Runs `argv` (from the repository root, its output to `log`) for at most `limit`
+    seconds; its exit, or 124 at the limit. At the limit every process it started goes,
+    also those in sessions of their own (`audiollm train` starts its job's controller and
+    ranks so): each carries this run's mark in its environment. A 9B job left behind would
+    hold the GPU through the next group."""
+    mark = f"{_MARK}={uuid.uuid4().hex}"
+    name, value = mark.split("=")
+    proc = subprocess.Popen(argv, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, env={**env, name: value})
+    try:
+        return proc.wait(timeout=limit)
+    except subprocess.TimeoutExpired:
+        _kill_marked(mark.encode())
+        proc.wait()
+        return 124
+
+
+_MARK = "AUDIOLLM_GPU_SESSION_GROUP"
+
+
+def _kill_marked(mark: bytes) -> None:
+    """SIGKILL to every process whose environment holds `mark` (Linux /proc), until none is left."""
+    for _ in range(10):
+        found = False
+        for entry in Path("/proc").iterdir():
+            if not entry.name.isdigit() or int(entry.name) == os.getpid():
+                continue
+            try:
+                marked = mark in (entry / "environ").read_bytes().split(b"\0")
+            except OSError:  # gone, or not ours to read
+                continue
+            if marked:
+                found = True
+                try:
+                    os.kill(int(entry.name), signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+        if not found:
+            return
+        time.sleep(0.2)
+
+
+def _output(argv: List[str], env: dict) -> str:
+    try:
+        return subprocess.run(argv, cwd=REPO, capture_output=True, text=True, env=env, timeout=30).stdout.strip()
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"{argv[0]}: {exc}"
+
+
+class Session:
+    """$OUT holds two files whatever the part (a lent machine returns at most eight):
+    session.log, every group's output one after another, and session.json, the machine,
+    the commit and each group's exit, time and rows. Part 2 adds the profile's four."""
+
+    def __init__(self, out: Path, part: str, seconds: float, env: dict):
+        self.out, self.env = out, env
+        self.scratch = Path(tempfile.mkdtemp(prefix="gpu-session-"))
+        self.record = {"part": part, "seconds": seconds,
+                       "gpu": _output(["nvidia-smi", "--query-gpu=name,driver_version,memory.total",
+                                       "--format=csv,noheader"], env),
+                       "commit": _output(["git", "rev-parse", "--short", "HEAD"], env), "groups": []}
+        self.log = open(out / "session.log", "a")
+        self.write()
+
+    def write(self) -> None:
+        (self.out / "session.json").write_text(json.dumps(self.record, indent=1) + "\n")
+
+    def setup(self) -> Optional[str]:
+        """Installs the kit into .kit-site once; the problem, or None."""
+        if (REPO / ".kit-site").is_dir():
+            return None
+        self.log.write("== setup: bash setup.sh --from-wheels .whl/kit .kit-site\n")
+        self.log.flush()
+        done = subprocess.run(["bash", "setup.sh", "--from-wheels", ".whl/kit", ".kit-site"], cwd=REPO,
+                              stdout=self.log, stderr=subprocess.STDOUT)
+        return None if done.returncode == 0 else f"the kit did not install (exit {done.returncode}): see session.log"
+
+    def run(self, group: Group, limit: int, dry_run: bool) -> dict:
+        rows = self.scratch / f"{group.name}.json"
+        argv = [sys.executable, "benchmarks/gpu_acceptance.py", "--only", group.checks, "--json", str(rows)]
+        argv += ["--dry-run"] if dry_run else ["--demo-corpus", ".whl/demo"]
+        if group.profile:
+            argv += ["--profile", str(self.out / "profile")]
+        self.log.write(f"== {group.name}: {' '.join(argv[1:])} (limit {limit} s)\n")
+        self.log.flush()
+        started = time.monotonic()
+        code = run_bounded(argv, limit, self.env, self.log)
+        entry = {"group": group.name, "checks": group.checks, "limit_s": limit,
+                 "seconds": round(time.monotonic() - started, 1), "exit": code,
+                 "rows": json.loads(rows.read_text()) if rows.exists() else []}
+        self.record["groups"].append(entry)
+        self.write()
+        return entry
+
+    def skip(self, group: Group, left: float) -> None:
+        line = f"{group.name}: skipped, {left:.0f} s left, it needs {group.least_s} s"
+        print(line, flush=True)
+        self.log.write(f"== {line}\n")
+        self.record["groups"].append({"group": group.name, "checks": group.checks, "skipped": line})
+        self.write()
+
+
+def _rows_table(rows: list) -> str:
+    return "\n".join(f"| {r.get('check')} | {r.get('backend')} | {r.get('figure')} | {r.get('bound')} | "
+                     f"{r.get('result')} |" for r in rows)
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("part", choices=sorted(PARTS))
+    parser.add_argument("--seconds", type=float, help="this call's time, from its start (defaults: "
+                        + ", ".join(f"part {p} {s} s" for p, s in DEFAULT_SECONDS.items()) + ")")
+    parser.add_argument("--dry-run", action="store_true", help="the acceptance's CPU dry run, no kit (a rehearsal)")
+    args = parser.parse_args(argv)
+    started = time.monotonic()
+    seconds = args.seconds or DEFAULT_SECONDS[args.part]
+    out = Path(os.environ.get("OUT") or "gpu-out").resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    if not args.dry_run:
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO / ".kit-site"), env.get("PYTHONPATH")]))
+    session = Session(out, args.part, seconds, env)
+    problem = None if args.dry_run else session.setup()
+    if problem:
+        print(problem, flush=True)
+        return 1
+    for group in PARTS[args.part]:
+        elapsed = time.monotonic() - started
+        limit = schedule(group, seconds, elapsed)
+        if limit is None:
+            session.skip(group, seconds - elapsed)
+            continue
+        entry = session.run(group, limit, args.dry_run)
+        print(f"{group.name}: exit {entry['exit']} in {entry['seconds']:.0f} s (limit {limit} s)", flush=True)
+        print(_rows_table(entry["rows"]), flush=True)
+    print(f"part {args.part}: {time.monotonic() - started:.0f} s of {seconds:.0f}", flush=True)
+    return 0 if all(g.get("exit", 0) == 0 for g in session.record["groups"]) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
