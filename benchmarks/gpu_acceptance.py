@@ -92,7 +92,8 @@ PARITY_SEQ = 64
 #   yet catch any real mistake (a wrong norm offset, window or cap moves logits by > 1e-2).
 BOUNDS = {"bf16": dict(logits=0.1, loss=0.02, grad=0.05), "fp32": dict(logits=1e-4, loss=1e-5, grad=1e-4)}
 
-CHECKS = {"parity", "lora", "recompiles", "throughput", "generation", "encoder", "fp8", "job", "job2b", "job9b"}
+CHECKS = {"parity", "lora", "recompiles", "throughput", "generation", "encoder", "fp8", "job", "job2b", "job9b",
+          "default"}
 # The log-mel on the GPU against the host's: both take fp32 STFTs of 400 samples, by
 # different FFT algorithms (cuFFT, pocketfft); each bin's error is ~ eps32 x sqrt(log2 400)
 # ~ 2e-7 of its frame's norm. Whisper's scaling floors every clip at 8 decades below its
@@ -900,6 +901,57 @@ def check_job(table: Table, corpus: Path | None, dry_run: bool):
                       "runs, saves", _ok(ok and saved))
 
 
+# README's first command on a 2-core CPU, seed 0 (docs/default-run.md): held-out WER and
+# numerals exact at step 2000; its three seeds end at 4.5-7.3 % WER.
+CPU_DEFAULT_RUN = {"wer/all": 0.073, "exact/all": 0.555, "steps": 2000}
+# "Learns like on the CPU": the GPU's run (bf16, other kernels: not the CPU's arithmetic,
+# so no bitwise figure) ends within 1.5x the CPU run's WER, above its worst seed's 7.3 %.
+DEFAULT_RUN_WER_FACTOR = 1.5
+
+
+def check_default_run(table: Table, dry_run: bool):
+    """README's first command on this GPU (`audiollm train`, the default recipe, with
+    launcher.accelerator=gpu): the job makes its own demo corpus with espeak-ng, as a
+    user's does (on a lent machine from benchmarks/espeak_kit.py's packages, which
+    benchmarks/gpu_session.py unpacks), and trains its 2000 steps; the held-out WER and
+    numerals exact at the end against the CPU run's (CPU_DEFAULT_RUN). No dry run: on a
+    CPU that is README's first command itself, which tests/train/test_default_run.py runs
+    (small) and reads with default_run_row."""
+    import shutil
+
+    label = "tiny_cpu (README's first command), launcher.accelerator=gpu"
+    bound = f"WER <= {DEFAULT_RUN_WER_FACTOR}x the CPU's {CPU_DEFAULT_RUN['wer/all']:.1%}"
+    if dry_run:
+        table.add("default_run", label, "-", bound, "n/a (dry run: on a CPU this is README's first command, "
+                  "tests/train/test_default_run.py)")
+        return
+    if shutil.which("espeak-ng") is None:
+        table.add("default_run", label, "-", bound, "n/a (no espeak-ng: `python3 benchmarks/espeak_kit.py "
+                  ".whl/espeak` where apt-get is; benchmarks/gpu_session.py unpacks it)")
+        return
+    with tempfile.TemporaryDirectory(prefix="acceptance_default_") as root:
+        started = time.perf_counter()
+        ok, out = _job("default run", ["launcher.accelerator=gpu", f"data.demo_corpus={root}/demo_data",
+                                       f"run.output_root={root}", "run.name=default"], timeout=3000)
+        took = time.perf_counter() - started
+        metrics = Path(root) / "tiny_cpu" / "default" / "metrics.jsonl"
+        rows = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()] \
+            if metrics.exists() else []
+    figure, result = default_run_row(rows, CPU_DEFAULT_RUN["steps"]) if ok else (_job_failure(out), "FAIL")
+    table.add("default_run", label, f"{figure}; {took:.0f} s, corpus included", bound, result)
+
+
+def default_run_row(rows: list, steps: int) -> tuple[str, str]:
+    """(figure, result) of the default run's metrics.jsonl `rows`, which end at `steps`."""
+    evals = [r for r in rows if "wer/all" in r]
+    if not evals or evals[-1]["step"] != steps:
+        return f"evaluated at steps {[r['step'] for r in evals]}, not at {steps}", "FAIL"
+    wer, exact = evals[-1]["wer/all"], evals[-1].get("exact/all", float("nan"))
+    figure = (f"held-out WER {wer:.1%}, numerals exact {exact:.1%} at step {steps} (CPU: "
+              f"{CPU_DEFAULT_RUN['wer/all']:.1%}, {CPU_DEFAULT_RUN['exact/all']:.1%} at step {CPU_DEFAULT_RUN['steps']})")
+    return figure, _ok(wer <= DEFAULT_RUN_WER_FACTOR * CPU_DEFAULT_RUN["wer/all"])
+
+
 # The full-size models of the job rows (conf/model), and how each runs: the 9B row also
 # saves asynchronously, resumes and so launches the job twice; the 2b row once.
 FULL_SIZE = {"2b": ("gemma2_2b_whisper_large_v3", False), "9b": ("gemma2_9b_whisper_large_v3", True)}
@@ -1143,7 +1195,7 @@ def main() -> int:
     parser.add_argument("--dry-run", action="store_true", help="CPU-possible parts only, at tiny size")
     parser.add_argument("--json", type=Path, help="write the rows here")
     parser.add_argument("--only", help="comma-separated checks to run (parity,lora,recompiles,throughput,"
-                                       "generation,encoder,fp8,job,job9b); all by default")
+                                       "generation,encoder,fp8,job,job2b,job9b,default); all by default")
     parser.add_argument("--demo-corpus", type=Path, metavar="DIR",
                         help="a small demo corpus (audiollm data demo DIR --num-samples 96 --num-val-samples 8) "
                              "for the job rows: audiollm train on this machine")
@@ -1192,6 +1244,8 @@ def main() -> int:
             check_fp8(table, dry_run=True)
         if run("job"):
             check_job(table, args.demo_corpus, dry_run=True)
+        if run("default"):
+            check_default_run(table, dry_run=True)
         for size in ("2b", "9b"):
             if run(f"job{size}"):
                 check_job_full(table, args.demo_corpus, dry_run=True, size=size)
@@ -1226,6 +1280,8 @@ def main() -> int:
             check_fp8(table, dry_run=False)
         if run("job"):
             check_job(table, args.demo_corpus, dry_run=False)
+        if run("default"):
+            check_default_run(table, dry_run=False)
         for size in ("2b", "9b"):
             if run(f"job{size}"):
                 check_job_full(table, args.demo_corpus, dry_run=False, size=size)

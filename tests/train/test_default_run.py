@@ -88,3 +88,13 @@ def test_default_command_makes_the_demo_corpus_trains_and_prints_wer(tmp_path):
     assert f"  next           audiollm eval {run_dir}" in summary
     assert any("audiollm convert megatron-to-hf" in line for line in summary)
     assert "Fine-tuning demo" in summary[-1]
+    # The GPU acceptance reads the same run's metrics so (benchmarks/gpu_acceptance.py
+    # default_run_row: README's first command on a GPU against this CPU's figures).
+    from benchmarks.gpu_acceptance import CPU_DEFAULT_RUN, DEFAULT_RUN_WER_FACTOR, default_run_row
+
+    figure, result = default_run_row(rows, ITERS)
+    last = evaluated[-1]
+    assert figure.startswith(f"held-out WER {last['wer/all']:.1%}, numerals exact {last['exact/all']:.1%} "
+                             f"at step {ITERS}"), figure
+    assert result == ("PASS" if last["wer/all"] <= DEFAULT_RUN_WER_FACTOR * CPU_DEFAULT_RUN["wer/all"] else "FAIL")
+    assert default_run_row(rows[:-1], ITERS)[1] == "FAIL"  # a run that stopped short of its last evaluation
