@@ -24,7 +24,8 @@ from tests.rehearsal.lent_machine import RECIPE_LAYOUT, REPO
 # machine's stack runs it through benchmarks/gpu_session.py (the rehearsal's step 4).
 ACCEPTANCE_ROWS = {"parity_logits", "parity_loss", "parity_grads", "lora_trains", "lora_base_frozen", "recompiles",
                    "throughput_tokens", "throughput_mfu", "peak_memory", "hf_peft_tokens", "hf_peft_ratio",
-                   "generation", "encoder_fp32", "encoder_bf16", "features_device", "fp8", "job", "job_2b", "job_9b"}
+                   "generation", "encoder_fp32", "encoder_bf16", "features_device", "fp8", "job", "job_2b", "job_9b",
+                   "default_run"}
 
 
 @pytest.mark.rehearsal
