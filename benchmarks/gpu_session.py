@@ -62,7 +62,7 @@ PARTS = {
     "1": [Group("parity", "parity", 150, 60),
           Group("job9b", "job9b", 450, 240),
           Group("checks", "lora,generation,encoder,recompiles,fp8", 240, 60)],
-    "2": [Group("job2b", "job2b", 240, 150),
+    "2": [Group("job2b", "job2b", 240, 120),
           Group("throughput", "throughput", 300, 150, profile=True)],
     "3": [Group("default", "default", 540, 240),
           Group("job", "job", 420, 240)],

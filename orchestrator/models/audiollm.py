@@ -134,7 +134,7 @@ class AudioLLM(MegatronModule):
 def build_audiollm(model_cfg, parallel_cfg, pre_process: bool = True, post_process: bool = True,
                    audio_token_id: int = 0, params_dtype: torch.dtype = torch.float32, vp_stage=None,
                    encoder_pad_value: float = 0.0, core_attention=None, encoder_lora: bool = False,
-                   on_gpu: Optional[bool] = None, attention: Optional[str] = None,
+                   on_gpu: Optional[bool] = None, attention: Optional[str] = None, random_init: bool = True,
                    **config_overrides) -> AudioLLM:
     """Build this rank's AudioLLM chunk from the `model` and `parallel` config sections.
     Call after `init_distributed` (megatron's parallel state must exist). Every parameter
@@ -148,7 +148,9 @@ def build_audiollm(model_cfg, parallel_cfg, pre_process: bool = True, post_proce
     trains. `on_gpu`: built for a GPU (this machine's
     answer unless given; the full-size probe builds for a GPU on CPU); `attention`: the
     kernel decided for it (orchestrator.runtime.machine.decide; model.attention on
-    `on_gpu` unless given)."""
+    `on_gpu` unless given). `random_init` False: a checkpoint will overwrite every weight
+    of the Whisper encoder, which is then not drawn (the decoder's draws are skipped by
+    its init methods in `config_overrides`)."""
     from orchestrator.plan.kernels import attention_kernel, encoder_precision
 
     dec = model_cfg.decoder
@@ -175,7 +177,7 @@ def build_audiollm(model_cfg, parallel_cfg, pre_process: bool = True, post_proce
             raise ValueError(f"a trained encoder in fp32 beside a {params_dtype} decoder: megatron's "
                              f"{params_dtype} optimizer holds and checkpoints only {params_dtype} parameters; set "
                              f"model.encoder.precision=auto (or freeze the encoder)")
-        encoder = build_whisper_encoder(model_cfg.encoder, precision)
+        encoder = build_whisper_encoder(model_cfg.encoder, precision, random_init=random_init)
         ctc_vocab = dec.vocab_size if float(getattr(model_cfg.adapter, "ctc_weight", 0.0)) > 0 else 0
         adapter = AudioAdapter(model_cfg.encoder.num_layers, model_cfg.encoder.d_model, dec.hidden_size,
                                model_cfg.adapter.frame_stack, model_cfg.adapter.dropout, ctc_vocab).to(params_dtype)

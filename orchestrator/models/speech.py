@@ -54,13 +54,22 @@ def whisper_encoder_config(encoder, attention: str = "eager"):
     )
 
 
-def build_whisper_encoder(encoder, precision: str = "fp32") -> nn.Module:
+def build_whisper_encoder(encoder, precision: str = "fp32", random_init: bool = True) -> nn.Module:
     """`precision` (orchestrator.plan.kernels.encoder_precision): fp32 with HF's eager attention,
-    or bf16 weights with PyTorch's SDPA. Weights are drawn in fp32 either way."""
+    or bf16 weights with PyTorch's SDPA. Weights are drawn in fp32 either way; with
+    `random_init` False, where a checkpoint overwrites every one of them (the encoder has
+    no buffers), they are allocated and not drawn: built on the meta device, then given
+    host memory (whisper-large-v3's draws take about 10 s on a 2-core machine)."""
     from transformers.models.whisper.modeling_whisper import WhisperEncoder
 
     bf16 = precision == "bf16"
-    module = WhisperEncoder(whisper_encoder_config(encoder, "sdpa" if bf16 else "eager")).float()
+    config = whisper_encoder_config(encoder, "sdpa" if bf16 else "eager")
+    if random_init:
+        module = WhisperEncoder(config).float()
+    else:
+        with torch.device("meta"):
+            module = WhisperEncoder(config)
+        module = module.to_empty(device="cpu").float()
     if bf16:
         module.to(torch.bfloat16)
     if encoder.freeze:

@@ -99,10 +99,11 @@ class AudioLLMProvider:
         from orchestrator.models.audiollm import build_audiollm
 
         shared = {name: getattr(config, name) for name in _SHARED_CONFIG_FIELDS}
-        shared.update(mcfg.skipped_init_fields(config))  # a resume or an evaluation: drawn for nothing
+        shared.update(mcfg.skipped_init_fields(config))  # a checkpoint overwrites them: drawn for nothing
         target = {} if decisions is None else {"on_gpu": decisions.cuda, "attention": decisions.attention}
         return build_audiollm(self.model_cfg, self.parallel_cfg, pre_process, post_process,
                               audio_token_id=self.audio_token_id, params_dtype=config.params_dtype,
+                              random_init=mcfg.draws_random_init(config),
                               vp_stage=vp_stage, encoder_lora=self.encoder_lora, **target, **shared)
 
     def forward(self, model: torch.nn.Module, batch: dict) -> torch.Tensor:

@@ -108,17 +108,18 @@ class Trainer:
         self.config = mcfg.transformer_config(plan, on_gpu, provider.transformer_fields(),
                                               self.decisions.gradient_accumulation_fusion)
         # Looked for before the build: where a checkpoint will overwrite every weight that
-        # megatron draws (a resume; model.init_checkpoint, whose fresh modules are not
-        # megatron's; evaluation, which loads each checkpoint it scores), the draws are
-        # skipped. They make the full master weights on the host of every rank, about a
-        # minute for a 9B decoder, and none of it would survive the load.
+        # megatron and the Whisper encoder draw (a resume; model.init_checkpoint, whose
+        # fresh modules, LoRA, the adapter, the CTC head, draw their own; evaluation, which
+        # loads each checkpoint it scores), those draws are skipped. They make the full
+        # master weights on the host of every rank, about a minute for a 9B decoder, and
+        # none of it would survive the load.
         self.resume_from = self._resumable_checkpoint() if training else None
         init_path = self._init_checkpoint_path() if training else None
         weights_from = self.resume_from or init_path or (None if training else "the checkpoint evaluated")
         if weights_from:
             mcfg.skip_random_init(self.config)
             if self.rank == 0:
-                log.info("random initialisation of the decoder skipped: %s overwrites it", weights_from)
+                log.info("random initialisation skipped: %s overwrites the weights it would draw", weights_from)
         chunks = self._build_chunks(provider)
         init = self._load_init_checkpoint(init_path, chunks) if init_path else None
         self.adapted = []

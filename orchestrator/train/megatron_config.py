@@ -49,10 +49,15 @@ def skip_random_init(config) -> None:
         setattr(config, name, _draw_nothing)
 
 
+def draws_random_init(config) -> bool:
+    """False where the job skipped the draws (skip_random_init)."""
+    return config.init_method is not _draw_nothing
+
+
 def skipped_init_fields(config) -> dict:
     """The init methods a model built from `config` takes over, where the job skipped them
     (skip_random_init); {} otherwise (the model draws its weights from its own std)."""
-    return {name: _draw_nothing for name in INIT_METHODS} if config.init_method is _draw_nothing else {}
+    return {} if draws_random_init(config) else {name: _draw_nothing for name in INIT_METHODS}
 
 
 def transformer_config(plan: RunPlan, on_gpu: bool, model_fields: Optional[dict] = None,

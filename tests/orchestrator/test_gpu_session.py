@@ -36,7 +36,7 @@ def test_a_call_too_short_for_its_groups_skips_them_and_says_so(tmp_path, monkey
     session = json.loads((tmp_path / "session.json").read_text())
     assert [g["group"] for g in session["groups"]] == ["job2b", "throughput"]
     assert all("skipped" in g and "rows" not in g for g in session["groups"]), session
-    assert "job2b: skipped, 100 s left, it needs 150 s" in capsys.readouterr().out
+    assert "job2b: skipped, 100 s left, it needs 120 s" in capsys.readouterr().out
     # a lent machine returns at most eight files: the session writes two (and the profile's four)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["session.json", "session.log"]
 
