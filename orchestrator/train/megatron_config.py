@@ -32,8 +32,8 @@ def compute_dtype(plan: RunPlan, on_gpu: bool) -> torch.dtype:
     return torch.bfloat16 if (on_gpu and plan.arg("bf16", False)) else torch.float32
 
 
-# The weights' random draws. Where a checkpoint overwrites every weight (a resume, an
-# evaluation) the job replaces them by _draw_nothing: megatron's layers still allocate each
+# The weights' random draws. Where a checkpoint overwrites every weight megatron draws (a
+# resume, model.init_checkpoint, an evaluation) the job replaces them by _draw_nothing: megatron's layers still allocate each
 # weight and mark its tensor-parallel split, which config.perform_initialization=False would
 # skip as well (megatron-core 0.16: the split's marks are set by the init function, and
 # without them the gradient norm counts every TP shard as a duplicate).
