@@ -2,7 +2,7 @@
 that the default run there makes its own demo corpus as README's first command does here.
 
     python3 benchmarks/espeak_kit.py .whl/espeak      # here (Debian or Ubuntu, x86-64): about 5 MB
-    # there: benchmarks/gpu_session.py unpacks it (unpack()) before the default run
+    # there: benchmarks/gpu_session.py unpacks it (unpack(), no dpkg needed) before the default run
 
 The corpus itself does not travel (tens of MB of audio beside a 50 MB kit, over a 64 MB
 limit); espeak-ng and its voices do: Debian's packages of it (`apt-get download`, the
@@ -15,10 +15,12 @@ plays. Standard library only.
 from __future__ import annotations
 
 import argparse
+import io
 import os
 import shutil
 import subprocess
 import sys
+import tarfile
 import tempfile
 from pathlib import Path
 
@@ -57,12 +59,31 @@ def make(out: Path) -> list:
     return sorted(p.relative_to(out).as_posix() for p in out.rglob("*") if p.is_file())
 
 
+def extract_deb(deb: Path, root: Path) -> None:
+    """A .deb's files under `root`, as `dpkg -x` puts them, by the standard library alone
+    (the machine it runs on may have no dpkg): an ar archive whose data.tar.* member holds
+    the files."""
+    blob = deb.read_bytes()
+    if not blob.startswith(b"!<arch>\n"):
+        raise ValueError(f"{deb} is not a Debian package (no ar header)")
+    at = 8
+    while at + 60 <= len(blob):
+        name, size = blob[at:at + 16].decode().strip().rstrip("/"), int(blob[at + 48:at + 58].decode())
+        body = blob[at + 60:at + 60 + size]
+        if name.startswith("data.tar"):
+            with tarfile.open(fileobj=io.BytesIO(body), mode="r:*") as tar:
+                tar.extractall(root, filter="tar")
+            return
+        at += 60 + size + (size % 2)
+    raise ValueError(f"{deb} holds no data.tar member")
+
+
 def unpack(kit: Path, root: Path) -> dict:
-    """The packages of `kit` unpacked under `root` (dpkg -x, no installation); the
-    environment that runs its espeak-ng (to merge into os.environ)."""
+    """The packages of `kit` unpacked under `root` (no installation); the environment that
+    runs its espeak-ng (to merge into os.environ)."""
     if not (root / "usr" / "bin" / "espeak-ng").exists():
         for deb in sorted(kit.glob("*.deb")):
-            subprocess.run(["dpkg", "-x", str(deb), str(root)], check=True)
+            extract_deb(deb, root)
     libs = os.pathsep.join([str((kit / STUB_DIR).resolve()), str(root / MULTIARCH)])
     return {"PATH": os.pathsep.join([str(root / "usr" / "bin"), os.environ.get("PATH", "")]),
             "LD_LIBRARY_PATH": os.pathsep.join(filter(None, [libs, os.environ.get("LD_LIBRARY_PATH")])),
