@@ -39,10 +39,12 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:  # run as a script: benchmarks/ is on the path, not the repository
     sys.path.insert(0, str(REPO))
 from benchmarks import espeak_kit  # noqa: E402  (standard library only, like this file)
+from benchmarks.gpu_acceptance import Table  # noqa: E402  (its module level is the standard library too)
 
 DEMO = ".whl/demo"  # `audiollm data demo .whl/demo --num-samples 96 --num-val-samples 8`
 ESPEAK = ".whl/espeak"  # `python3 benchmarks/espeak_kit.py .whl/espeak`, for the default run
 MARGIN_S = 15  # the table printed and the files written after the last group
+_MARK = "AUDIOLLM_GPU_SESSION_GROUP"  # in the environment of every process a group starts
 
 
 @dataclass(frozen=True)
@@ -87,18 +89,14 @@ def run_bounded(argv: List[str], limit: float, env: dict, log) -> int:
     also those in sessions of their own (`audiollm train` starts its job's controller and
     ranks so): each carries this run's mark in its environment. A 9B job left behind would
     hold the GPU through the next group."""
-    mark = f"{_MARK}={uuid.uuid4().hex}"
-    name, value = mark.split("=")
-    proc = subprocess.Popen(argv, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, env={**env, name: value})
+    mark = uuid.uuid4().hex
+    proc = subprocess.Popen(argv, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, env={**env, _MARK: mark})
     try:
         return proc.wait(timeout=limit)
     except subprocess.TimeoutExpired:
-        _kill_marked(mark.encode())
+        _kill_marked(f"{_MARK}={mark}".encode())
         proc.wait()
         return 124
-
-
-_MARK = "AUDIOLLM_GPU_SESSION_GROUP"
 
 
 def _kill_marked(mark: bytes) -> None:
@@ -186,11 +184,6 @@ class Session:
         self.write()
 
 
-def _rows_table(rows: list) -> str:
-    return "\n".join(f"| {r.get('check')} | {r.get('backend')} | {r.get('figure')} | {r.get('bound')} | "
-                     f"{r.get('result')} |" for r in rows)
-
-
 def main(argv: Optional[List[str]] = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("part", choices=sorted(PARTS))
@@ -225,7 +218,10 @@ def main(argv: Optional[List[str]] = None) -> int:
             continue
         entry = session.run(group, limit, args.dry_run)
         print(f"{group.name}: exit {entry['exit']} in {entry['seconds']:.0f} s (limit {limit} s)", flush=True)
-        print(_rows_table(entry["rows"]), flush=True)
+        if entry["rows"]:
+            table = Table()
+            table.rows = entry["rows"]
+            print(table.render(), flush=True)
     print(f"part {args.part}: {time.monotonic() - started:.0f} s of {seconds:.0f}", flush=True)
     return 0 if all(g.get("exit", 0) == 0 for g in session.record["groups"]) else 1
 
