@@ -36,8 +36,9 @@ sudo_if_needed() { if [ "$(id -u)" -eq 0 ]; then "$@"; else sudo "$@"; fi; }
 apt_packages=(espeak-ng libsndfile1)
 if [ "$want_test" = 1 ]; then
   # A real single-node SLURM with accounting (tests/slurm/start_slurm.sh starts it), and the
-  # namespace tools of the multi-node one (tests/slurm/start_cluster.sh).
-  apt_packages+=(slurm-wlm slurmdbd munge mariadb-server iproute2 util-linux)
+  # namespace tools of the multi-node one (tests/slurm/start_cluster.sh); a C compiler for
+  # the libpcaudio stub of benchmarks/espeak_kit.py (tests/orchestrator/test_espeak_kit.py).
+  apt_packages+=(slurm-wlm slurmdbd munge mariadb-server iproute2 util-linux gcc libc6-dev)
 fi
 missing=()
 for pkg in "${apt_packages[@]}"; do
