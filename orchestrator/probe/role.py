@@ -23,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import json
 import math
+import os
 import resource
 import sys
 import time
@@ -182,6 +183,12 @@ def probe_role(plan_json: Path, stage: int, cp_rank: int = 0, fake: bool = True)
 
 def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    # The probe is a CPU process whatever machine runs it: its tensors are fake CPU ones
+    # that megatron takes for CUDA ones only through the CPU layer (runtime/cpu_compat.py),
+    # which stays off where CUDA is visible. On a GPU machine megatron's optimizer then
+    # refused the probe's "torch.BFloat16Tensor" parameters; hidden before anything asks
+    # torch about CUDA, the GPU is not seen and the probe runs as on a CPU machine.
+    os.environ["CUDA_VISIBLE_DEVICES"] = ""
     real = "--real" in argv
     argv = [a for a in argv if a != "--real"]
     if len(argv) != 4:

@@ -119,6 +119,35 @@ def test_the_fake_step_counts_what_the_same_step_holds_on_real_tensors(probed, t
     assert real["memory"]["peak"] == fake["memory"]["peak"] > 0
 
 
+# A GPU machine stood in for (this test's name says so): torch reports CUDA unless
+# CUDA_VISIBLE_DEVICES hides it, as torch does on a machine with a GPU.
+_CUDA_VISIBLE_STAND_IN = """
+import os, runpy, sys
+import torch
+torch.cuda.is_available = lambda: os.environ.get("CUDA_VISIBLE_DEVICES") != ""
+sys.argv = ["orchestrator.probe.role"] + sys.argv[1:]
+runpy.run_module("orchestrator.probe.role", run_name="__main__")
+"""
+
+
+def test_the_probe_runs_as_on_a_cpu_where_cuda_is_visible_simulated(probed, tmp_path):
+    """The probe's fake CPU tensors pass megatron's CUDA type checks only through the CPU
+    layer, which stays off where CUDA is visible: on a GPU machine the probe failed in
+    megatron's optimizer ("Received torch.BFloat16Tensor"). The role process hides the GPU
+    and measures what it measures on a CPU machine."""
+    import json
+    import subprocess
+    import sys
+
+    plan, (on_cpu,) = probed["tiny_cpu"]
+    (tmp_path / "plan.json").write_text(json.dumps(plan))
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": "0"}
+    subprocess.run([sys.executable, "-c", _CUDA_VISIBLE_STAND_IN, str(tmp_path / "plan.json"), "0", "0",
+                    str(tmp_path / "gpu.json")], check=True, capture_output=True, timeout=300, env=env, cwd=REPO)
+    on_gpu_machine = json.loads((tmp_path / "gpu.json").read_text())
+    assert on_gpu_machine["memory"] == on_cpu["memory"]
+
+
 @pytest.mark.parametrize("pp, vpp", [(2, None), (4, None), (2, 3), (4, 2), (8, 4)])
 def test_the_planned_schedule_holds_what_megatron_warms_up(pp, vpp):
     """The micro-batches a stage holds at once (estimate.in_flight, megatron's order of
