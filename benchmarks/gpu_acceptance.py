@@ -1031,7 +1031,7 @@ def check_job_full(table: Table, corpus: Path | None, dry_run: bool, size: str):
                   "n/a (no --demo-corpus)")
         return
     from orchestrator.plan.compose import compose
-    from orchestrator.plan.probe_report import compare, run_probe
+    from orchestrator.plan.probe_report import compare, probed_compiled, run_probe
     from orchestrator.plan.resolve import resolve
 
     first, second = (3, 5) if dry_run else (10, 14)
@@ -1046,7 +1046,8 @@ def check_job_full(table: Table, corpus: Path | None, dry_run: bool, size: str):
                 return
             plan = resolve(compose(overrides)).to_dict()
             planned = plan["memory"]["total_gib"] - plan["memory"]["overhead_gib"]
-            probed = compare(plan, run_probe(plan))[0].probed["total"]
+            probe_results = run_probe(plan)
+            probed = compare(plan, probe_results)[0].probed["total"]
         except Exception as exc:
             traceback.print_exc()
             table.add(check, label, f"plan or probe failed: {type(exc).__name__}: {exc}"[:160], "-", "FAIL")
@@ -1088,9 +1089,10 @@ def check_job_full(table: Table, corpus: Path | None, dry_run: bool, size: str):
         memory = [r["memory/max_allocated_gib"] for r in rows if "memory/max_allocated_gib" in r]
         if memory:
             measured = max(memory)
-            # The probe steps eager layers (orchestrator/probe/role.py): against compiled ones it
-            # counts what the compiler recomputes in the backward instead of keeping.
-            probe = "probe" + (" (eager layers)" if plan["model_extensions"]["compiled"] == "layers" else "")
+            # A probe that stepped eager layers where the job compiles them (a torch that cannot
+            # compile under the probe's modes) counts what the compiler recomputes instead of keeping.
+            eager_probe = plan["model_extensions"]["compiled"] == "layers" and not probed_compiled(probe_results)
+            probe = "probe" + (" (eager layers)" if eager_probe else "")
             table.add(f"{check}_memory", label, f"{measured:.1f} GiB max allocated vs plan {planned:.1f} "
                       f"({measured / planned - 1:+.0%}) and {probe} {probed:.1f} GiB ({measured / probed - 1:+.0%})",
                       "within 10 % of both", _ok(abs(measured / planned - 1) <= 0.1 and abs(measured / probed - 1) <= 0.1))

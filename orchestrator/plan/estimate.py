@@ -179,28 +179,30 @@ def decoder_layer_activation_bytes(model: ModelConfig, parallel: ParallelConfig,
 def compiled_layer_activation_bytes(model: ModelConfig, seq: int, mbs: int, dtype_bytes: int, attention: str) -> float:
     """Bytes one decoder layer compiled whole (model.compile=layers; TP = CP = 1) keeps for
     its backward for one micro-batch: what the compiler's partitioner saves of the joint
-    forward and backward graph, which recomputes the cheap element-wise work (the norms'
-    outputs, the rotary embedding, GeGLU's activation) from fewer tensors instead. Measured
-    on CPU with the reference attention (tests/models/test_compile.py: a compiled layer's
-    saved tensors against this count): 5 [s, b, h] tensors of the residual stream (the
-    layer's input, the normed inputs of QKV and fc1, the two residual sums); fc1's output
-    [gate; up] and GeGLU's product (3 f); and the attention's own. With flex (the GPU
-    kernel, whose backward a CPU cannot run), what its compiled kernel saves, as the
-    probe's stand-in does: Q, K and V (K and V per query group), the output, the fp32
-    log-sum-exp per head. With the reference kernel: Q, K and V repeated to every head,
-    the context, the scores and probabilities in the compute dtype and the softmax's two
-    fp32 statistics per head. Not counted (about 1 % at gemma2-2b): the norms' fp32
-    reciprocal RMS per token, LoRA's rank-wide intermediates, and the rotary table, which
-    every layer shares."""
+    forward and backward graph, which recomputes cheap element-wise work (the norms'
+    outputs, the rotary embedding) from fewer tensors instead. Its choice depends on the
+    kernels and the sizes (docs/memory.md). With the reference attention (a CPU, fp32),
+    as inductor's compiled layer keeps it (tests/models/test_compile.py): 5 [s, b, h]
+    tensors of the residual stream (the layer's input, the normed inputs of QKV and fc1,
+    the two residual sums); fc1's output [gate; up] and GeGLU's product (3 f); Q, K and V
+    repeated to every head, the context, the scores and probabilities in the compute
+    dtype and the softmax's two fp32 statistics per head. With flex (a GPU, bf16), as the
+    probe's compiled layers keep it at gemma2-2b and 9b size (orchestrator/probe/compiled.py,
+    within 1 %): 4 [s, b, h], 4 f, and the attention's below. Not counted (about 1 % at
+    gemma2-2b): the norms' fp32 reciprocal RMS per token, LoRA's rank-wide
+    intermediates, and the rotary table, which every layer shares."""
     dec = model.decoder
     tokens, h = seq * mbs, dec.hidden_size
     q = dec.num_attention_heads * dec.kv_channels
     kv = 2 * dec.num_query_groups * dec.kv_channels
     if attention == "reference":
         attention_bytes = 4 * q * dtype_bytes + 2 * dec.num_attention_heads * (seq * dtype_bytes + 4)
-    else:
-        attention_bytes = (2 * q + kv) * dtype_bytes + dec.num_attention_heads * 4
-    return tokens * ((5 * h + 3 * dec.ffn_hidden_size) * dtype_bytes + attention_bytes)
+        return tokens * ((5 * h + 3 * dec.ffn_hidden_size) * dtype_bytes + attention_bytes)
+    # flex, in bf16 on a GPU: Q and K after the rotary embedding, V as a view of the fused
+    # QKV output (which it keeps whole), the kernel's output and its [s, b, h] copy for the
+    # output projection, the log-sum-exp; GeGLU's activation kept, not recomputed (4 f).
+    attention_bytes = (q + kv // 2 + (q + kv) + 2 * q) * dtype_bytes + dec.num_attention_heads * 4
+    return tokens * ((4 * h + 4 * dec.ffn_hidden_size) * dtype_bytes + attention_bytes)
 
 
 def encoder_activation_bytes(model: ModelConfig, clips: int, frames: int, dtype_bytes: int) -> float:
@@ -242,7 +244,7 @@ def adapter_activation_bytes(model: ModelConfig, clips: int, frames: int, encode
     return mix + 5 * elements * adapter_bytes + ctc, transient
 
 
-def loss_peak_bytes(logits: float, dtype_bytes: int, compiled: bool = False, mbs: int = 1) -> float:
+def loss_peak_bytes(logits: float, dtype_bytes: int, compiled: bool = False) -> float:
     """Bytes of the final softcap and cross entropy (Gemma2Model.softcapped_loss) at their
     peak, for `logits` logits of the rank. Unchunked (at most LOSS_CHUNK_ELEMENTS): the
     capped fp32 logits and the softmax kept, then the fp32 gradient. Chunked: the output
@@ -251,11 +253,13 @@ def loss_peak_bytes(logits: float, dtype_bytes: int, compiled: bool = False, mbs
     gradient, or the gradient's accumulation over chunks, whose slices autograd widens to
     the whole logits (three copies of them), whichever is larger. As measured by the
     full-size probe (orchestrator/probe/). Compiled (model.compile=layers: one call over the
-    whole micro-batch, its fp32 work fused), the logits and their gradient in the compute
-    dtype, and at micro-batches above 1 the gradient laid out again for the output layer
-    (Gemma2Model's _LogitsGradAsOneMatrix)."""
+    whole micro-batch, its fp32 work fused): two copies of the logits in the compute dtype at
+    any moment (the output layer's and megatron's transposed copy at the end of the forward;
+    the gradient and, at micro-batches above 1, its copy laid out again for the output
+    layer, Gemma2Model's _LogitsGradAsOneMatrix, in the backward), as the probe counts the
+    compiled loss at gemma2-2b and 9b size."""
     if compiled:
-        return logits * dtype_bytes * (3 if mbs > 1 else 2)
+        return logits * dtype_bytes * 2
     if logits <= LOSS_CHUNK_ELEMENTS:
         return 3 * logits * 4
     whole = logits * dtype_bytes
@@ -373,7 +377,7 @@ def memory_by_stage(cfg: AudioLLMConfig, stages: list[StageParams], dp: int,
         if stage.stage == pp - 1:
             vocab_shard = stages[0].by_component.get("embedding", 0) / max(model.decoder.hidden_size, 1)
             logits = cfg.data.seq_length / parallel.cp * optim.micro_batch_size * vocab_shard
-            peaks.append(loss_peak_bytes(logits, weight_bytes, compiled, optim.micro_batch_size))
+            peaks.append(loss_peak_bytes(logits, weight_bytes, compiled))
         activations += max(peaks)
         subtotal = (weights + grads + optimizer + activations) / GIB
         total = subtotal * (1 + MEMORY_MARGIN) + (FIXED_OVERHEAD_GIB if low_precision else 0.0)

@@ -138,6 +138,11 @@ def compare(plan: dict, results: list[dict]) -> list[StageComparison]:
     return out
 
 
+def probed_compiled(results: list[dict]) -> bool:
+    """Whether the probe compiled the layers, as the job does (orchestrator/probe/compiled.py)."""
+    return all(result.get("compiled") == "layers" for result in results)
+
+
 def render(plan: dict, results: list[dict]) -> str:
     lines = ["probe         one training step per pipeline stage (and context-parallel rank) at full size on fake "
              "tensors, in one CPU process each (orchestrator/probe/)"]
@@ -162,8 +167,9 @@ def render(plan: dict, results: list[dict]) -> str:
             f"DOES NOT FIT (largest: {comparison.largest} {comparison.probed[comparison.largest]:.1f} GiB)"
         lines.append(f"    probe + margin {comparison.total_with_margin_gib:.1f} GiB of "
                      f"{comparison.device_gib:.1f} GiB: {verdict}")
-    if plan["model_extensions"]["compiled"] == "layers":
-        lines.append("  the probe steps the layers eagerly: the plan counts what compiled layers keep, which is less "
+    if plan["model_extensions"]["compiled"] == "layers" and results and not probed_compiled(results):
+        lines.append("  the probe steps the layers eagerly (this torch cannot compile under its dispatch modes: "
+                     "orchestrator/probe/compiled.py): the plan counts what compiled layers keep, which is less "
                      "(the compiler recomputes their cheap element-wise work in the backward; docs/memory.md)")
     stand_ins = results[0]["stand_ins"] if results else []
     if stand_ins:

@@ -21,6 +21,10 @@ from torch.utils._pytree import tree_leaves
 
 
 class RealOnRealInputs(TorchDispatchMode):
+    @classmethod
+    def ignore_compile_internals(cls) -> bool:
+        return True  # compiled regions run under it (orchestrator/probe/compiled.py)
+
     def __init__(self, memory):
         super().__init__()
         self.memory = memory

@@ -16,6 +16,7 @@ not tensors and are not counted (the plan's margin covers them).
 
 from __future__ import annotations
 
+import contextlib
 import weakref
 from collections import defaultdict
 from typing import Iterable
@@ -29,6 +30,10 @@ _PHASE_CATEGORY = {"forward": "activations", "backward": "temporaries", "optimiz
 
 
 class LiveMemory(TorchDispatchMode):
+    @classmethod
+    def ignore_compile_internals(cls) -> bool:
+        return True  # compiled regions run under it (orchestrator/probe/compiled.py)
+
     def __init__(self):
         super().__init__()
         self.phase = "setup"
@@ -40,10 +45,21 @@ class LiveMemory(TorchDispatchMode):
         self.total = 0
         self.peak = 0
         self.at_peak: dict[str, int] = {}
+        self._paused = 0
 
     # ---- counting -------------------------------------------------------------------------
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        return self.count(func(*args, **(kwargs or {})))
+        out = func(*args, **(kwargs or {}))
+        return out if self._paused else self.count(out)
+
+    @contextlib.contextmanager
+    def paused(self):
+        """Operators run uncounted (a compiled graph's insides: orchestrator/probe/compiled.py)."""
+        self._paused += 1
+        try:
+            yield
+        finally:
+            self._paused -= 1
 
     def count(self, out):
         """Counts the storages of an operator's outputs under the current phase."""

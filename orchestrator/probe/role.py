@@ -101,15 +101,18 @@ class RepeatedBatches:
 
 def _probe_plan(plan_json: Path):
     """The plan, as the probe runs it: no init checkpoint (the weights are fake), the
-    step's micro-batches capped (probe_microbatches), the layers eager (model.compile:
-    fake tensors step the eager layers, whose saved activations the stand-ins model;
-    what a compiled layer saves is inductor's choice, which the GPU acceptance measures)."""
+    step's micro-batches capped (probe_microbatches), the layers compiled where the job
+    compiles them and this torch allows it under the probe's modes (probe/compiled.py),
+    eager otherwise."""
     from orchestrator.plan.estimate import probe_microbatches
     from orchestrator.train.run_plan import RunPlan
 
     plan = RunPlan(run_dir=plan_json.parent, plan=json.loads(plan_json.read_text()))
     plan.plan["config"]["model"]["init_checkpoint"] = None
-    plan.plan["config"]["model"]["compile"] = "none"
+    from orchestrator.probe.compiled import supported
+
+    if not supported():
+        plan.plan["config"]["model"]["compile"] = "none"
     plan.plan["num_microbatches"] = probe_microbatches(plan.pp, plan.vpp if plan.pp > 1 else None,
                                                        plan.num_microbatches)
     return plan
@@ -175,6 +178,7 @@ def probe_role(plan_json: Path, stage: int, cp_rank: int = 0, fake: bool = True)
     return {
         "stage": stage, "cp_rank": cp_rank, "rank": rank, "world_size": int(plan.plan["world_size"]),
         "microbatches_per_step": plan.num_microbatches, "decisions": list(trainer.decisions.lines),
+        "compiled": trainer.decisions.compile,
         "stand_ins": stand_in_lines, "parameters": params, "memory": measured,
         "timings": {**timings, "total_s": time.perf_counter() - started},
         "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,

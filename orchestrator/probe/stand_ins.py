@@ -13,45 +13,93 @@ import contextlib
 import torch
 
 
-class _FlexKernel(torch.autograd.Function):
-    """torch's flex_attention, compiled (a Triton kernel on CUDA): saves q, k, v, the
-    output and the fp32 log-sum-exp [b, heads, s_q]; its backward returns dq, dk, dv."""
+# The two kernels are custom operators, each with its backward operator, rather than
+# autograd Functions: inside a compiled layer (the probe compiles the layers the job
+# compiles, orchestrator/probe/compiled.py) the compiler's partitioner then sees what
+# each backward reads, as it sees the real kernels', and keeps those tensors; an
+# autograd Function that only reads shapes would let it keep nothing.
+@torch.library.custom_op("audiollm_probe::flex_attention", mutates_args=())
+def _flex_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """torch's flex_attention, compiled (a Triton kernel on CUDA): returns the output and
+    the fp32 log-sum-exp [b, heads, s_q]; its backward reads q, k, v, both and the
+    output's gradient."""
+    return torch.empty_like(query), torch.empty(query.shape[:-1], dtype=torch.float32, device=query.device)
 
-    @staticmethod
-    def forward(ctx, query, key, value):
-        out = torch.empty_like(query)
-        lse = torch.empty(query.shape[:-1], dtype=torch.float32, device=query.device)
-        ctx.save_for_backward(query, key, value, out, lse)
-        return out
 
-    @staticmethod
-    def backward(ctx, grad_out):
-        query, key, value, _, _ = ctx.saved_tensors
-        return torch.empty_like(query), torch.empty_like(key), torch.empty_like(value)
+@_flex_attention.register_fake
+def _(query, key, value):
+    return torch.empty_like(query), torch.empty(query.shape[:-1], dtype=torch.float32, device=query.device)
+
+
+@torch.library.custom_op("audiollm_probe::flex_attention_backward", mutates_args=())
+def _flex_attention_backward(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, out: torch.Tensor,
+                             lse: torch.Tensor, grad_out: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    return torch.empty_like(query), torch.empty_like(key), torch.empty_like(value)
+
+
+@_flex_attention_backward.register_fake
+def _(query, key, value, out, lse, grad_out):
+    return torch.empty_like(query), torch.empty_like(key), torch.empty_like(value)
+
+
+def _flex_setup(ctx, inputs, output):
+    ctx.save_for_backward(*inputs, *output)
+
+
+def _flex_grad(ctx, grad_out, grad_lse):
+    return _flex_attention_backward(*ctx.saved_tensors, grad_out)
+
+
+_flex_attention.register_autograd(_flex_grad, setup_context=_flex_setup)
 
 
 def flex_attention_stand_in(query, key, value, score_mod=None, block_mask=None, scale=None, enable_gqa=False):
-    return _FlexKernel.apply(query, key, value)
+    return _flex_attention(query, key, value)[0]
 
 
-class _FusedRMSNorm(torch.autograd.Function):
+@torch.library.custom_op("audiollm_probe::fused_rms_norm", mutates_args=())
+def _fused_rms_norm(x: torch.Tensor, weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """A fused zero-centred RMSNorm (TransformerEngine's, or the local backend's compiled
-    one): saves its input and the fp32 reciprocal RMS [.., 1]; returns x's dtype."""
+    one): returns x's dtype and the fp32 reciprocal RMS [.., 1]; its backward reads x,
+    the weight and that."""
+    return torch.empty_like(x), torch.empty(x.shape[:-1] + (1,), dtype=torch.float32, device=x.device)
 
-    @staticmethod
-    def forward(ctx, x, weight):
-        rstd = torch.empty(x.shape[:-1] + (1,), dtype=torch.float32, device=x.device)
-        ctx.save_for_backward(x, weight, rstd)
-        return torch.empty_like(x)
 
-    @staticmethod
-    def backward(ctx, grad_out):
-        x, weight, _ = ctx.saved_tensors
-        return torch.empty_like(x), torch.empty_like(weight) if ctx.needs_input_grad[1] else None
+@_fused_rms_norm.register_fake
+def _(x, weight):
+    return torch.empty_like(x), torch.empty(x.shape[:-1] + (1,), dtype=torch.float32, device=x.device)
+
+
+@torch.library.custom_op("audiollm_probe::fused_rms_norm_backward", mutates_args=())
+def _fused_rms_norm_backward(x: torch.Tensor, weight: torch.Tensor, rstd: torch.Tensor,
+                             grad_out: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    return torch.empty_like(x), torch.empty_like(weight)
+
+
+@_fused_rms_norm_backward.register_fake
+def _(x, weight, rstd, grad_out):
+    return torch.empty_like(x), torch.empty_like(weight)
+
+
+def _norm_setup(ctx, inputs, output):
+    ctx.save_for_backward(inputs[0], inputs[1], output[1])
+
+
+def _norm_grad(ctx, grad_out, grad_rstd):
+    grad_x, grad_weight = _fused_rms_norm_backward(*ctx.saved_tensors, grad_out)
+    return grad_x, grad_weight if ctx.needs_input_grad[1] else None
+
+
+_fused_rms_norm.register_autograd(_norm_grad, setup_context=_norm_setup)
 
 
 def fused_rms_norm_stand_in(x, weight, eps):
-    return _FusedRMSNorm.apply(x, weight)
+    if torch.compiler.is_compiling():  # inside a compiled layer: the norm's own arithmetic, as the job compiles it
+        return _zero_centered_rms_norm(x, weight, eps)
+    return _fused_rms_norm(x, weight)[0]
+
+
+_zero_centered_rms_norm = None  # the project's norm, kept by install() before the stand-in replaces it
 
 
 def install(backend: str) -> list[str]:
@@ -64,9 +112,12 @@ def install(backend: str) -> list[str]:
     attention.FlexSoftcapAttention._block_mask = lambda self, *args, **kwargs: None
     lines.append("attention flex: a stand-in saving q, k, v, output and fp32 log-sum-exp (the compiled kernel's "
                  "profile; its block mask, about s^2/128^2 int32, is not counted)")
+    global _zero_centered_rms_norm
+    if _zero_centered_rms_norm is None:
+        _zero_centered_rms_norm = norms.zero_centered_rms_norm
     norms.zero_centered_rms_norm = fused_rms_norm_stand_in
     lines.append("RMSNorm: a fused stand-in saving its input and the fp32 reciprocal RMS (compiled or "
-                 "TransformerEngine's kernel)")
+                 "TransformerEngine's kernel; inside a compiled layer, the norm's own arithmetic)")
     if backend == "te":
         local = gemma2_spec._modules("local")
         gemma2_spec._modules = lambda name: local

@@ -44,6 +44,11 @@ class ProbeTrainer(Trainer):
             chunk.ddp_config.check_for_nan_in_grad = False
         self.memory = None
 
+    def _compile_backend(self):
+        from orchestrator.probe.compiled import counting_backend
+
+        return counting_backend(lambda: getattr(self, "memory", None))
+
     def _resumable_checkpoint(self):
         return None  # the probe measures a fresh step: it never reads the run's checkpoints
 

@@ -137,7 +137,7 @@ class Trainer:
                         "this run measures speed and memory; its losses and scores mean nothing")
         # Last of the model transforms: the compiled layers see LoRA and the freezes as they are.
         for chunk in chunks:
-            compile_layers(chunk, self.decisions.compile)
+            compile_layers(chunk, self.decisions.compile, backend=self._compile_backend())
         self.unwrapped = chunks
         self.stats = LossStats(components.train_source.dataset_names)
         self.val_stats = LossStats(components.val_source.dataset_names) if components.val_source else None
@@ -189,6 +189,10 @@ class Trainer:
         self.checkpoint_metrics: dict = {}  # the last save's stall (and write), for the next metrics row
 
     # ---- construction -------------------------------------------------------------
+    def _compile_backend(self):
+        """torch.compile's backend for the compiled layers (the probe's counts their memory)."""
+        return "inductor"
+
     def _build_chunks(self, provider):
         ps = self.ps
         vpp = self.plan.vpp if self.plan.pp > 1 else None

@@ -27,8 +27,12 @@ def _plan(*overrides):
 
 
 # Layouts no recipe uses, probed beside them: virtual pipeline stages (megatron's
-# interleaved schedule, whose first chunk holds the encoder side).
-VARIANTS = {"tp4pp2_interleaved": ["+recipe=gemma2_whisper_tp4pp2", "parallel.vpp=3"]}
+# interleaved schedule, whose first chunk holds the encoder side); the tp1 recipe with the
+# 2b decoder and no recompute, whose layers compile (as the GPU acceptance's 2b row runs
+# it; no recipe compiles at its own layout).
+VARIANTS = {"tp4pp2_interleaved": ["+recipe=gemma2_whisper_tp4pp2", "parallel.vpp=3"],
+            "tp1_2b_compiled": ["+recipe=gemma2_whisper_tp1", "model=gemma2_2b_whisper_large_v3",
+                                "parallel.recompute=none"]}
 
 
 @pytest.fixture(scope="module")
@@ -167,12 +171,43 @@ def test_the_planned_schedule_holds_what_megatron_warms_up(pp, vpp):
                                                                       for s in range(pp)]
 
 
-@pytest.mark.parametrize("compiled", ["layers", "none"])
-def test_the_report_says_the_probe_steps_eager_layers_where_the_plan_compiles_them(compiled):
-    """The plan counts what compiled layers keep; the probe steps them eagerly
-    (orchestrator/probe/role.py), so its activations are the eager ones and the report says
-    so under its table (about the plan: no probe needs to run for it)."""
-    plan = _plan("+recipe=tiny_cpu", "launcher.accelerator=gpu", "model.backend=local", f"model.compile={compiled}")
-    assert plan["model_extensions"]["compiled"] == compiled
-    said = "the probe steps the layers eagerly" in render(plan, [])
-    assert said == (compiled == "layers")
+def test_the_probe_compiles_the_layers_where_the_job_does(probed):
+    """Each recipe's probe steps its layers as its job runs them: compiled where the plan
+    compiles them (a GPU, TP = CP = 1, no selective or full recompute), eager elsewhere;
+    the report then says nothing about eager layers."""
+    for name, (plan, results) in probed.items():
+        assert {r["compiled"] for r in results} == {plan["model_extensions"]["compiled"]}, name
+        assert "steps the layers eagerly" not in render(plan, results), name
+    assert probed["tp1_2b_compiled"][0]["model_extensions"]["compiled"] == "layers"
+
+
+def test_a_probe_that_steps_eager_layers_where_the_job_compiles_says_so():
+    """Where torch cannot compile under the probe's modes (orchestrator/probe/compiled.py),
+    the probe steps eager layers and the report says that its activations are the eager
+    ones (the results stand in for such a probe's)."""
+    plan = _plan("+recipe=tiny_cpu", "launcher.accelerator=gpu", "model.backend=local", "model.compile=layers")
+    assert plan["model_extensions"]["compiled"] == "layers"
+    assert "the probe steps the layers eagerly" in render(plan, [{"compiled": "none"}])
+    assert "the probe steps the layers eagerly" not in render(plan, [{"compiled": "layers"}])
+
+
+def test_the_probe_keeps_what_inductor_keeps_of_a_compiled_layer():
+    """The probe compiles the layers with inductor's decompositions and partitioner on fake
+    tensors (orchestrator/probe/compiled.py). On a CPU with the reference attention,
+    where tests/models/test_compile.py measures what inductor's compiled layer keeps
+    against the plan's count (compiled_layer_activation_bytes, within 3 %), the probe's
+    decoder layers keep that count too, and far less than the eager layers."""
+    from orchestrator.plan.estimate import compiled_layer_activation_bytes
+    from orchestrator.plan.resolve import to_object
+
+    per_layer = {}
+    for compiled in ("layers", "none"):
+        overrides = ["+recipe=tiny_cpu", f"model.compile={compiled}"]
+        (result,) = run_probe(_plan(*overrides))
+        assert result["compiled"] == compiled
+        cfg = to_object(compose(overrides))
+        per_layer[compiled] = (result["memory"]["peak_activations_by_module"]["language_model.decoder.layers"]
+                               / cfg.model.decoder.num_layers)
+    counted = compiled_layer_activation_bytes(cfg.model, cfg.data.seq_length, cfg.optim.micro_batch_size, 4, "reference")
+    assert abs(per_layer["layers"] / counted - 1) <= 0.03, (per_layer, counted)
+    assert per_layer["layers"] < 0.8 * per_layer["none"], per_layer
