@@ -143,6 +143,15 @@ def probed_compiled(results: list[dict]) -> bool:
     return all(result.get("compiled") == "layers" for result in results)
 
 
+def eager_probe_note(plan: dict, results: list[dict]) -> list[str]:
+    """The report's line where the job compiles its layers and the probe stepped them eagerly."""
+    if plan["model_extensions"]["compiled"] != "layers" or not results or probed_compiled(results):
+        return []
+    return ["  the probe steps the layers eagerly (this torch cannot compile under its dispatch modes: "
+            "orchestrator/probe/compiled.py): the plan counts what compiled layers keep, which is less "
+            "(the compiler recomputes their cheap element-wise work in the backward; docs/memory.md)"]
+
+
 def render(plan: dict, results: list[dict]) -> str:
     lines = ["probe         one training step per pipeline stage (and context-parallel rank) at full size on fake "
              "tensors, in one CPU process each (orchestrator/probe/)"]
@@ -167,10 +176,7 @@ def render(plan: dict, results: list[dict]) -> str:
             f"DOES NOT FIT (largest: {comparison.largest} {comparison.probed[comparison.largest]:.1f} GiB)"
         lines.append(f"    probe + margin {comparison.total_with_margin_gib:.1f} GiB of "
                      f"{comparison.device_gib:.1f} GiB: {verdict}")
-    if plan["model_extensions"]["compiled"] == "layers" and results and not probed_compiled(results):
-        lines.append("  the probe steps the layers eagerly (this torch cannot compile under its dispatch modes: "
-                     "orchestrator/probe/compiled.py): the plan counts what compiled layers keep, which is less "
-                     "(the compiler recomputes their cheap element-wise work in the backward; docs/memory.md)")
+    lines += eager_probe_note(plan, results)
     stand_ins = results[0]["stand_ins"] if results else []
     if stand_ins:
         lines.append("  stand-ins (what cannot run on fake tensors on a CPU):")

@@ -13,9 +13,8 @@ size, are what the count misses); run as traced, unfused, the softcapped loss's 
 alone would hold a dozen fp32 copies of the logits.
 
 The probe's dispatch modes (live_memory, host_tensors) declare that compiled regions may
-ignore them (`ignore_compile_internals`, torch 2.9 and later); where torch has no such
-declaration, dynamo refuses to compile under them, and the probe steps eager layers
-(`supported`).
+ignore them (`ignore_compile_internals`); where torch has no such declaration, dynamo
+refuses to compile under them, and the probe steps eager layers (`supported`) and says so.
 """
 
 from __future__ import annotations

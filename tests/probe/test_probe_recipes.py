@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator.plan.compose import compose
-from orchestrator.plan.probe_report import CATEGORIES, compare, render, run_probe
+from orchestrator.plan.probe_report import CATEGORIES, compare, eager_probe_note, render, run_probe
 from orchestrator.plan.resolve import resolve
 
 REPO = Path(__file__).resolve().parents[2]
@@ -28,11 +28,11 @@ def _plan(*overrides):
 
 # Layouts no recipe uses, probed beside them: virtual pipeline stages (megatron's
 # interleaved schedule, whose first chunk holds the encoder side); the tp1 recipe with the
-# 2b decoder and no recompute, whose layers compile (as the GPU acceptance's 2b row runs
-# it; no recipe compiles at its own layout).
+# 2b decoder, the local backend and no recompute, whose layers compile (as the GPU
+# acceptance's 2b row runs it; no recipe compiles at its own layout).
 VARIANTS = {"tp4pp2_interleaved": ["+recipe=gemma2_whisper_tp4pp2", "parallel.vpp=3"],
             "tp1_2b_compiled": ["+recipe=gemma2_whisper_tp1", "model=gemma2_2b_whisper_large_v3",
-                                "parallel.recompute=none"]}
+                                "model.backend=local", "parallel.recompute=none"]}
 
 
 @pytest.fixture(scope="module")
@@ -187,8 +187,8 @@ def test_a_probe_that_steps_eager_layers_where_the_job_compiles_says_so():
     ones (the results stand in for such a probe's)."""
     plan = _plan("+recipe=tiny_cpu", "launcher.accelerator=gpu", "model.backend=local", "model.compile=layers")
     assert plan["model_extensions"]["compiled"] == "layers"
-    assert "the probe steps the layers eagerly" in render(plan, [{"compiled": "none"}])
-    assert "the probe steps the layers eagerly" not in render(plan, [{"compiled": "layers"}])
+    assert "the probe steps the layers eagerly" in " ".join(eager_probe_note(plan, [{"compiled": "none"}]))
+    assert eager_probe_note(plan, [{"compiled": "layers"}]) == []
 
 
 def test_the_probe_keeps_what_inductor_keeps_of_a_compiled_layer():
