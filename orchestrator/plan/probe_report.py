@@ -143,10 +143,13 @@ def probed_compiled(results: list[dict]) -> bool:
     return all(result.get("compiled") == "layers" for result in results)
 
 
-def eager_probe_note(plan: dict, results: list[dict]) -> list[str]:
-    """The report's line where the job compiles its layers and the probe stepped them eagerly."""
-    if plan["model_extensions"]["compiled"] != "layers" or not results or probed_compiled(results):
+def compile_note(plan: dict, results: list[dict]) -> list[str]:
+    """The report's line where the job compiles its layers: whether the probe did too."""
+    if plan["model_extensions"]["compiled"] != "layers" or not results:
         return []
+    if probed_compiled(results):
+        return ["  the probe compiles the layers as the job does (inductor's partitioner on fake tensors: "
+                "orchestrator/probe/compiled.py)"]
     return ["  the probe steps the layers eagerly (this torch cannot compile under its dispatch modes: "
             "orchestrator/probe/compiled.py): the plan counts what compiled layers keep, which is less "
             "(the compiler recomputes their cheap element-wise work in the backward; docs/memory.md)"]
@@ -176,7 +179,7 @@ def render(plan: dict, results: list[dict]) -> str:
             f"DOES NOT FIT (largest: {comparison.largest} {comparison.probed[comparison.largest]:.1f} GiB)"
         lines.append(f"    probe + margin {comparison.total_with_margin_gib:.1f} GiB of "
                      f"{comparison.device_gib:.1f} GiB: {verdict}")
-    lines += eager_probe_note(plan, results)
+    lines += compile_note(plan, results)
     stand_ins = results[0]["stand_ins"] if results else []
     if stand_ins:
         lines.append("  stand-ins (what cannot run on fake tensors on a CPU):")

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator.plan.compose import compose
-from orchestrator.plan.probe_report import CATEGORIES, compare, eager_probe_note, render, run_probe
+from orchestrator.plan.probe_report import CATEGORIES, compare, compile_note, render, run_probe
 from orchestrator.plan.resolve import resolve
 
 REPO = Path(__file__).resolve().parents[2]
@@ -174,10 +174,12 @@ def test_the_planned_schedule_holds_what_megatron_warms_up(pp, vpp):
 def test_the_probe_compiles_the_layers_where_the_job_does(probed):
     """Each recipe's probe steps its layers as its job runs them: compiled where the plan
     compiles them (a GPU, TP = CP = 1, no selective or full recompute), eager elsewhere;
-    the report then says nothing about eager layers."""
+    the report says that it compiled them."""
     for name, (plan, results) in probed.items():
         assert {r["compiled"] for r in results} == {plan["model_extensions"]["compiled"]}, name
-        assert "steps the layers eagerly" not in render(plan, results), name
+        said = render(plan, results)
+        assert "steps the layers eagerly" not in said, name
+        assert ("the probe compiles the layers as the job does" in said) == (results[0]["compiled"] == "layers"), name
     assert probed["tp1_2b_compiled"][0]["model_extensions"]["compiled"] == "layers"
 
 
@@ -187,8 +189,8 @@ def test_a_probe_that_steps_eager_layers_where_the_job_compiles_says_so():
     ones (the results stand in for such a probe's)."""
     plan = _plan("+recipe=tiny_cpu", "launcher.accelerator=gpu", "model.backend=local", "model.compile=layers")
     assert plan["model_extensions"]["compiled"] == "layers"
-    assert "the probe steps the layers eagerly" in " ".join(eager_probe_note(plan, [{"compiled": "none"}]))
-    assert eager_probe_note(plan, [{"compiled": "layers"}]) == []
+    assert "the probe steps the layers eagerly" in " ".join(compile_note(plan, [{"compiled": "none"}]))
+    assert "the probe compiles the layers as the job does" in " ".join(compile_note(plan, [{"compiled": "layers"}]))
 
 
 def test_the_probe_keeps_what_inductor_keeps_of_a_compiled_layer():

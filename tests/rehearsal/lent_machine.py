@@ -39,6 +39,10 @@ numpy 2.x, no TransformerEngine, no megatron-core and no internet. This script:
    the job picks on a CPU (reference);
 7. `audiollm convert` both ways on transformers 5: the TP2 x PP2 step's checkpoint out to
    HF and back, verified against the HF model's logits.
+8. `audiollm plan --probe` of the tiny model planned for a GPU with its layers compiled:
+   the probe compiles them on torch 2.11 as the job would (orchestrator/probe/compiled.py
+   needs torch's `ignore_compile_internals`), the GPU machine's torch, where the 9B row's
+   probe runs.
 
 Prints one line per step and exits non-zero at the first failure, with its output.
 """
@@ -242,6 +246,14 @@ def rehearse(root: Path, machine: Path | None = None) -> dict:
     if not checked:
         raise StepFailed(f"hf-to-megatron --verify printed no passing comparison:\n{verified[-3000:]}")
     report["convert_verify"] = json.loads(checked[-1])
+    probe = _run("audiollm plan --probe, compiled layers",
+                 [python3, "-m", "orchestrator.cli", "plan", "+recipe=tiny_cpu", "launcher.accelerator=gpu",
+                  "model.backend=local", "model.compile=layers", "--probe"], env=env, cwd=work)
+    said = [line.strip() for line in probe.splitlines() if line.strip().startswith("the probe ")]
+    if said != ["the probe compiles the layers as the job does (inductor's partitioner on fake tensors: "
+                "orchestrator/probe/compiled.py)"]:
+        raise StepFailed(f"the probe did not compile the layers: {said}\n{probe[-3000:]}")
+    report["probe_compiled"] = said[0]
     return report
 
 

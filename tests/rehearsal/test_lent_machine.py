@@ -4,10 +4,11 @@ device kit installed into it as on that machine, the acceptance's dry run (every
 passes or is n/a, and its parity figures are within their fp32 bounds), every GPU
 recipe's model (and the default recipe's, built for a GPU) and first batch with the
 decisions its job makes on GPUs, every trained parameter in bf16, one training
-step of every GPU recipe shrunk to the tiny model, and `audiollm convert` both ways on
-transformers 5. The machine (torch 2.11 with its CUDA libraries, 5 GB) is made on the first
-rehearsal on a machine and kept for the next ones (lent_machine.machine_dir): about 3.5 to 4.5
-minutes with it made, about a minute less with it kept."""
+step of every GPU recipe shrunk to the tiny model, `audiollm convert` both ways on
+transformers 5, and the probe compiling a plan's layers on torch 2.11. The machine (torch
+2.11 with its CUDA libraries, 5 GB) is made on the first rehearsal on a machine and kept
+for the next ones (lent_machine.machine_dir): about 3.5 to 4.5 minutes with it made, about
+a minute less with it kept."""
 
 import json
 import shutil
@@ -63,3 +64,4 @@ def test_the_lent_machine_rehearsal_passes(tmp_path):
     assert all("attention: flex" in line and "gradient-accumulation fusion: off" in line for line in decided)
     assert set(report["steps"]) == set(RECIPE_LAYOUT)
     assert report["convert_verify"]["ok"] and report["convert_verify"]["max_abs_logit_diff"] <= 1e-3
+    assert report["probe_compiled"].startswith("the probe compiles the layers as the job does")
