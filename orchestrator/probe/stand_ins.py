@@ -12,77 +12,51 @@ import contextlib
 
 import torch
 
+from orchestrator.models.norms import zero_centered_rms_norm  # before install() replaces it
+
 
 # The two kernels are custom operators, each with its backward operator, rather than
 # autograd Functions: inside a compiled layer (the probe compiles the layers the job
 # compiles, orchestrator/probe/compiled.py) the compiler's partitioner then sees what
 # each backward reads, as it sees the real kernels', and keeps those tensors; an
-# autograd Function that only reads shapes would let it keep nothing.
-@torch.library.custom_op("audiollm_probe::flex_attention", mutates_args=())
-def _flex_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """torch's flex_attention, compiled (a Triton kernel on CUDA): returns the output and
-    the fp32 log-sum-exp [b, heads, s_q]; its backward reads q, k, v, both and the
-    output's gradient."""
+# autograd Function that only reads shapes would let it keep nothing. Each operator's
+# outputs are empty tensors of the kernel's shapes, real or fake alike.
+def _stand_in_op(name: str, outputs):
+    op = torch.library.custom_op(f"audiollm_probe::{name}", outputs, mutates_args=())
+    op.register_fake(outputs)
+    return op
+
+
+def _flex_outputs(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """torch's flex_attention, compiled (a Triton kernel on CUDA): the output and the fp32
+    log-sum-exp [b, heads, s_q]; its backward reads q, k, v, both and the output's gradient."""
     return torch.empty_like(query), torch.empty(query.shape[:-1], dtype=torch.float32, device=query.device)
 
 
-@_flex_attention.register_fake
-def _(query, key, value):
-    return torch.empty_like(query), torch.empty(query.shape[:-1], dtype=torch.float32, device=query.device)
-
-
-@torch.library.custom_op("audiollm_probe::flex_attention_backward", mutates_args=())
-def _flex_attention_backward(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, out: torch.Tensor,
-                             lse: torch.Tensor, grad_out: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def _flex_grads(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,
+                grad_out: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     return torch.empty_like(query), torch.empty_like(key), torch.empty_like(value)
 
 
-@_flex_attention_backward.register_fake
-def _(query, key, value, out, lse, grad_out):
-    return torch.empty_like(query), torch.empty_like(key), torch.empty_like(value)
-
-
-def _flex_setup(ctx, inputs, output):
-    ctx.save_for_backward(*inputs, *output)
-
-
-def _flex_grad(ctx, grad_out, grad_lse):
-    return _flex_attention_backward(*ctx.saved_tensors, grad_out)
-
-
-_flex_attention.register_autograd(_flex_grad, setup_context=_flex_setup)
-
-
-def flex_attention_stand_in(query, key, value, score_mod=None, block_mask=None, scale=None, enable_gqa=False):
-    return _flex_attention(query, key, value)[0]
-
-
-@torch.library.custom_op("audiollm_probe::fused_rms_norm", mutates_args=())
-def _fused_rms_norm(x: torch.Tensor, weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def _norm_outputs(x: torch.Tensor, weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """A fused zero-centred RMSNorm (TransformerEngine's, or the local backend's compiled
-    one): returns x's dtype and the fp32 reciprocal RMS [.., 1]; its backward reads x,
-    the weight and that."""
+    one): x's dtype and the fp32 reciprocal RMS [.., 1]; its backward reads x, the weight
+    and that."""
     return torch.empty_like(x), torch.empty(x.shape[:-1] + (1,), dtype=torch.float32, device=x.device)
 
 
-@_fused_rms_norm.register_fake
-def _(x, weight):
-    return torch.empty_like(x), torch.empty(x.shape[:-1] + (1,), dtype=torch.float32, device=x.device)
-
-
-@torch.library.custom_op("audiollm_probe::fused_rms_norm_backward", mutates_args=())
-def _fused_rms_norm_backward(x: torch.Tensor, weight: torch.Tensor, rstd: torch.Tensor,
-                             grad_out: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def _norm_grads(x: torch.Tensor, weight: torch.Tensor, rstd: torch.Tensor,
+                grad_out: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.empty_like(x), torch.empty_like(weight)
 
 
-@_fused_rms_norm_backward.register_fake
-def _(x, weight, rstd, grad_out):
-    return torch.empty_like(x), torch.empty_like(weight)
-
-
-def _norm_setup(ctx, inputs, output):
-    ctx.save_for_backward(inputs[0], inputs[1], output[1])
+_flex_attention = _stand_in_op("flex_attention", _flex_outputs)
+_flex_attention_backward = _stand_in_op("flex_attention_backward", _flex_grads)
+_flex_attention.register_autograd(
+    lambda ctx, grad_out, grad_lse: _flex_attention_backward(*ctx.saved_tensors, grad_out),
+    setup_context=lambda ctx, inputs, output: ctx.save_for_backward(*inputs, *output))
+_fused_rms_norm = _stand_in_op("fused_rms_norm", _norm_outputs)
+_fused_rms_norm_backward = _stand_in_op("fused_rms_norm_backward", _norm_grads)
 
 
 def _norm_grad(ctx, grad_out, grad_rstd):
@@ -90,16 +64,18 @@ def _norm_grad(ctx, grad_out, grad_rstd):
     return grad_x, grad_weight if ctx.needs_input_grad[1] else None
 
 
-_fused_rms_norm.register_autograd(_norm_grad, setup_context=_norm_setup)
+_fused_rms_norm.register_autograd(
+    _norm_grad, setup_context=lambda ctx, inputs, output: ctx.save_for_backward(inputs[0], inputs[1], output[1]))
+
+
+def flex_attention_stand_in(query, key, value, score_mod=None, block_mask=None, scale=None, enable_gqa=False):
+    return _flex_attention(query, key, value)[0]
 
 
 def fused_rms_norm_stand_in(x, weight, eps):
     if torch.compiler.is_compiling():  # inside a compiled layer: the norm's own arithmetic, as the job compiles it
-        return _zero_centered_rms_norm(x, weight, eps)
+        return zero_centered_rms_norm(x, weight, eps)
     return _fused_rms_norm(x, weight)[0]
-
-
-_zero_centered_rms_norm = None  # the project's norm, kept by install() before the stand-in replaces it
 
 
 def install(backend: str) -> list[str]:
@@ -112,9 +88,6 @@ def install(backend: str) -> list[str]:
     attention.FlexSoftcapAttention._block_mask = lambda self, *args, **kwargs: None
     lines.append("attention flex: a stand-in saving q, k, v, output and fp32 log-sum-exp (the compiled kernel's "
                  "profile; its block mask, about s^2/128^2 int32, is not counted)")
-    global _zero_centered_rms_norm
-    if _zero_centered_rms_norm is None:
-        _zero_centered_rms_norm = norms.zero_centered_rms_norm
     norms.zero_centered_rms_norm = fused_rms_norm_stand_in
     lines.append("RMSNorm: a fused stand-in saving its input and the fp32 reciprocal RMS (compiled or "
                  "TransformerEngine's kernel; inside a compiled layer, the norm's own arithmetic)")
