@@ -1032,7 +1032,7 @@ def check_job_full(table: Table, corpus: Path | None, dry_run: bool, size: str):
                   "n/a (no --demo-corpus)")
         return
     from orchestrator.plan.compose import compose
-    from orchestrator.plan.probe_report import compare, probed_compiled, run_probe
+    from orchestrator.plan.probe_report import compare, probe_stepped_eager, run_probe
     from orchestrator.plan.resolve import resolve
 
     first, second = (3, 5) if dry_run else (10, 14)
@@ -1102,10 +1102,9 @@ def check_job_full(table: Table, corpus: Path | None, dry_run: bool, size: str):
         probed = compare(plan, probe_results)[0].probed["total"]
         if memory:
             measured = max(memory)
-            # A probe that stepped eager layers where the job compiles them (a torch that cannot
-            # compile under the probe's modes) counts what the compiler recomputes instead of keeping.
-            eager_probe = plan["model_extensions"]["compiled"] == "layers" and not probed_compiled(probe_results)
-            probe = "probe" + (" (eager layers)" if eager_probe else "")
+            # A probe that stepped eager layers where the job compiles them counts what the
+            # compiler recomputes instead of keeping.
+            probe = "probe" + (" (eager layers)" if probe_stepped_eager(plan, probe_results) else "")
             table.add(f"{check}_memory", label, f"{measured:.1f} GiB max allocated vs plan {planned:.1f} "
                       f"({measured / planned - 1:+.0%}) and {probe} {probed:.1f} GiB ({measured / probed - 1:+.0%})",
                       "within 10 % of both", _ok(abs(measured / planned - 1) <= 0.1 and abs(measured / probed - 1) <= 0.1))

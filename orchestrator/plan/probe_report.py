@@ -138,16 +138,17 @@ def compare(plan: dict, results: list[dict]) -> list[StageComparison]:
     return out
 
 
-def probed_compiled(results: list[dict]) -> bool:
-    """Whether the probe compiled the layers, as the job does (orchestrator/probe/compiled.py)."""
-    return all(result.get("compiled") == "layers" for result in results)
+def probe_stepped_eager(plan: dict, results: list[dict]) -> bool:
+    """Whether the job compiles its layers and the probe stepped them eagerly (a torch that
+    cannot compile under the probe's dispatch modes: orchestrator/probe/compiled.py)."""
+    return plan["model_extensions"]["compiled"] == "layers" and any(r["compiled"] != "layers" for r in results)
 
 
 def compile_note(plan: dict, results: list[dict]) -> list[str]:
     """The report's line where the job compiles its layers: whether the probe did too."""
     if plan["model_extensions"]["compiled"] != "layers" or not results:
         return []
-    if probed_compiled(results):
+    if not probe_stepped_eager(plan, results):
         return ["  the probe compiles the layers as the job does (inductor's partitioner on fake tensors: "
                 "orchestrator/probe/compiled.py)"]
     return ["  the probe steps the layers eagerly (this torch cannot compile under its dispatch modes: "

@@ -47,7 +47,7 @@ class ProbeTrainer(Trainer):
     def _compile_backend(self):
         from orchestrator.probe.compiled import counting_backend
 
-        return counting_backend(lambda: getattr(self, "memory", None))
+        return counting_backend(lambda: self.memory)  # set by probe_step; None until then
 
     def _resumable_checkpoint(self):
         return None  # the probe measures a fresh step: it never reads the run's checkpoints
