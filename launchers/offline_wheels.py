@@ -91,6 +91,13 @@ def kit_closure(python: str = "3.12", with_wandb: bool = False, with_peft: bool 
 def _closure(roots, python: str, skip, include_roots: bool) -> dict[str, str]:
     env = target_environment(python)
     found: dict[str, str] = {}
+    for root in roots:
+        try:
+            importlib.metadata.version(root)
+        except importlib.metadata.PackageNotFoundError:
+            how = "`bash setup.sh` first" if root == PROJECT else f"`bash setup.sh --test` first (the test extra has {root})"
+            raise SystemExit(f"{root} is not installed here, so its wheels cannot be gathered: run {how} on this "
+                             f"connected machine") from None
     pending = [Requirement(r) for root in roots for r in importlib.metadata.requires(root) or []]
     if include_roots:
         pending += [Requirement(root) for root in roots]

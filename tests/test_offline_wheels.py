@@ -4,6 +4,8 @@ import importlib.metadata
 import subprocess
 import sys
 
+import pytest
+
 from launchers.offline_wheels import job_side_closure, target_environment
 
 
@@ -51,6 +53,15 @@ def test_the_kit_leaves_out_what_a_gpu_image_brings_and_wandb():
     assert "wandb" in kit_closure("3.12", with_wandb=True)
     with_peft = kit_closure("3.12", with_peft=True)  # the acceptance's HF + PEFT rows
     assert {"peft", "accelerate"} <= set(with_peft) and not brought & set(with_peft)
+
+
+def test_a_kit_root_not_installed_here_is_named_in_one_line():
+    """`--with-peft` where peft is missing (setup.sh without --test) stops with what to run,
+    not importlib's traceback."""
+    from launchers.offline_wheels import _closure
+
+    with pytest.raises(SystemExit, match=r"no-such-package-here is not installed here.*setup.sh --test"):
+        _closure(["no-such-package-here"], "3.12", lambda name: False, include_roots=True)
 
 
 def test_torchvision_is_paired_with_the_machines_torch():

@@ -150,7 +150,9 @@ def build_audiollm(model_cfg, parallel_cfg, pre_process: bool = True, post_proce
     kernel decided for it (orchestrator.runtime.machine.decide; model.attention on
     `on_gpu` unless given). `random_init` False: a checkpoint will overwrite every weight
     of the Whisper encoder, which is then not drawn (the decoder's draws are skipped by
-    its init methods in `config_overrides`)."""
+    its init methods in `config_overrides`); True on a GPU: the decoder's are drawn there
+    (orchestrator.models.device_draws)."""
+    from orchestrator.models.device_draws import draw_on_device, release
     from orchestrator.plan.kernels import attention_kernel, encoder_precision
 
     dec = model_cfg.decoder
@@ -162,11 +164,16 @@ def build_audiollm(model_cfg, parallel_cfg, pre_process: bool = True, post_proce
         cp=int(getattr(parallel_cfg, "cp", 1)),
         params_dtype=params_dtype, **config_overrides,
     )
+    draws_on = torch.device("cuda", torch.cuda.current_device()) if random_init and on_gpu and has_cuda else None
+    if draws_on is not None:  # megatron's host draws, made on the GPU
+        draw_on_device(config, draws_on)
     language_model = Gemma2Model(config, dec.vocab_size, dec.max_position_embeddings, pre_process=pre_process,
                                  post_process=post_process, backend=model_cfg.backend, rope_theta=dec.rope_theta,
                                  vp_stage=vp_stage, tie_embeddings=dec.tie_embeddings,
                                  attention=attention or attention_kernel(getattr(model_cfg, "attention", "auto"), on_gpu),
                                  core_attention=core_attention)
+    if draws_on is not None:
+        release(draws_on)
     if dec.freeze:
         language_model.requires_grad_(False)
     encoder = adapter = None

@@ -131,8 +131,8 @@ def gemma2_transformer_config(decoder, tp: int = 1, pp: int = 1, sp: bool = Fals
         pipeline_dtype=params_dtype,
         bf16=params_dtype == torch.bfloat16,
         fp16=params_dtype == torch.float16,
-        # Random init drawn on the CPU from the seed on every device: TP=1 and TP=2 start from
-        # the same weights on a GPU as on a CPU (megatron splits the full master weight).
+        # megatron makes each full master weight on the host and splits it: TP=1 and TP=2
+        # start from the same weights (on a GPU the job draws them there: device_draws).
         use_cpu_initialization=True,
         gradient_accumulation_fusion=False,
         bias_activation_fusion=False,

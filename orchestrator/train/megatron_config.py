@@ -13,6 +13,7 @@ from typing import Optional
 
 import torch
 
+from orchestrator.models.device_draws import INIT_METHODS
 from orchestrator.train.run_plan import RunPlan
 
 # Decided by the job, not copied from the plan: dtype follows the device (bf16 on GPU
@@ -36,10 +37,8 @@ def compute_dtype(plan: RunPlan, on_gpu: bool) -> torch.dtype:
 # resume, model.init_checkpoint, an evaluation) the job replaces them by _draw_nothing: megatron's layers still allocate each
 # weight and mark its tensor-parallel split, which config.perform_initialization=False would
 # skip as well (megatron-core 0.16: the split's marks are set by the init function, and
-# without them the gradient norm counts every TP shard as a duplicate).
-INIT_METHODS = ("init_method", "output_layer_init_method", "embedding_init_method")
-
-
+# without them the gradient norm counts every TP shard as a duplicate). On a GPU the draws
+# that stay are made there (orchestrator.models.device_draws).
 def _draw_nothing(weight: torch.Tensor) -> None:
     """An init method that leaves the weight as allocated: a checkpoint overwrites it."""
 

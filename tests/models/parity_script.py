@@ -121,12 +121,48 @@ def main() -> None:
                 "max_abs_logit_diff": (logits - ref_logits).abs().max().item(),
                 "loss_diff": abs(loss.item() - ref_loss.item()), "loss": loss.item(),
             }), flush=True)
+    device_draws_check(shape, dec)
     norm_grad_cases(shape, full, dec, tokens)
     recompute_check(shape, full, dec, tokens)
     audiollm_cases(hf, shape, full)
     inventory_check(hf)
     load_checkpoint_check(hf)
     shutdown()
+
+
+def device_draws_check(shape, dec) -> None:
+    """The decoder's random draws made on a device (orchestrator.models.device_draws; the
+    CPU stands in for the GPU here: the same code with a cuda device) give the same weights
+    at TP=1 and TP=2, drawn by the device generator (not the host's draws)."""
+    from megatron.core import parallel_state as ps
+
+    from orchestrator.models.device_draws import draw_on_device
+    from orchestrator.models.gemma2_model import Gemma2Model, gemma2_transformer_config
+    from tests.models.sharding import shard_megatron
+
+    def build(tp: int, on_device: bool) -> dict:
+        if ps.model_parallel_is_initialized():
+            ps.destroy_model_parallel()
+        init_distributed(ParallelSizes(tp=tp), seed=0)
+        cfg = gemma2_transformer_config(dec, tp=tp)
+        if on_device:
+            draw_on_device(cfg, torch.device("cpu"))
+        model = Gemma2Model(cfg, dec.vocab_size, dec.max_position_embeddings, rope_theta=dec.rope_theta)
+        return {k: v for k, v in model.state_dict().items() if not k.endswith("_extra_state")}
+
+    tp1, host, tp2 = build(1, True), build(1, False), build(2, True)
+    expected = shard_megatron(tp1, shape, 2, 1)[(ps.get_tensor_model_parallel_rank(), 0)]
+    drawn = [k for k in tp1 if "norm" not in k]  # the norms start at zero (Gemma's 1 + w), not drawn
+    mismatched = [k for k, v in expected.items() if not torch.equal(tp2[k], v)]
+    sums = {k: tp1[k].double().sum().item() for k in drawn}  # TP=1 on every rank: the same weights
+    gathered = [None] * torch.distributed.get_world_size()
+    torch.distributed.all_gather_object(gathered, (mismatched, sums))
+    if torch.distributed.get_rank() == 0:
+        print("RESULT " + json.dumps({
+            "case": "device_draws_tp2", "compared": len(expected), "mismatched": [m for m, _ in gathered],
+            "ranks_agree": all(s == gathered[0][1] for _, s in gathered), "drawn": len(drawn),
+            "as_host": [k for k in drawn if torch.equal(tp1[k], host[k])],
+            "std": {k: tp1[k].std().item() for k in drawn}}), flush=True)
 
 
 def norm_grad_cases(shape, full, dec, tokens) -> None:

@@ -44,3 +44,19 @@ def test_activation_recomputation_keeps_gradients(parity_results):
     assert (r["none_layer_calls"], r["none_attention_calls"]) == (1, 1), r
     assert (r["full_layer_calls"], r["full_attention_calls"]) == (2, 2), r
     assert (r["selective_layer_calls"], r["selective_attention_calls"]) == (1, 2), r
+
+
+@pytest.mark.multiprocess
+def test_random_draws_made_on_a_device_are_the_same_at_tp1_and_tp2_cpu_standing_in_for_the_gpu(parity_results):
+    """On a GPU the job draws megatron's full master weights there (device_draws); here the
+    CPU stands in for the device. Every rank draws the same TP=1 weights, each TP=2 rank
+    keeps its split of them, every
+    weight comes from the device generator (none equals the host's draws), at the config's
+    std: 0.02, and 0.02 / sqrt(2 x 4 layers) for the output projections (megatron's scaled
+    init); the smallest tensor has 4096 values, so 10 % covers the sample's spread."""
+    r = parity_results["device_draws_tp2"]
+    assert r["ranks_agree"] and r["compared"] >= 10 and r["mismatched"] == [[], []], r
+    assert r["drawn"] >= 9 and r["as_host"] == [], r
+    for name, std in r["std"].items():
+        expected = 0.02 / 8 ** 0.5 if name.endswith(("linear_proj.weight", "linear_fc2.weight")) else 0.02
+        assert abs(std / expected - 1) < 0.1, (name, std, expected)
