@@ -184,7 +184,8 @@ def build_audiollm(model_cfg, parallel_cfg, pre_process: bool = True, post_proce
             raise ValueError(f"a trained encoder in fp32 beside a {params_dtype} decoder: megatron's "
                              f"{params_dtype} optimizer holds and checkpoints only {params_dtype} parameters; set "
                              f"model.encoder.precision=auto (or freeze the encoder)")
-        encoder = build_whisper_encoder(model_cfg.encoder, precision, random_init=random_init)
+        encoder = build_whisper_encoder(model_cfg.encoder, precision, random_init=random_init,
+                                        device="cuda" if on_gpu and has_cuda else "cpu")
         ctc_vocab = dec.vocab_size if float(getattr(model_cfg.adapter, "ctc_weight", 0.0)) > 0 else 0
         adapter = AudioAdapter(model_cfg.encoder.num_layers, model_cfg.encoder.d_model, dec.hidden_size,
                                model_cfg.adapter.frame_stack, model_cfg.adapter.dropout, ctc_vocab).to(params_dtype)

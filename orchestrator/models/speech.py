@@ -54,22 +54,28 @@ def whisper_encoder_config(encoder, attention: str = "eager"):
     )
 
 
-def build_whisper_encoder(encoder, precision: str = "fp32", random_init: bool = True) -> nn.Module:
+def build_whisper_encoder(encoder, precision: str = "fp32", random_init: bool = True,
+                          device: torch.device | str = "cpu") -> nn.Module:
     """`precision` (orchestrator.plan.kernels.encoder_precision): fp32 with HF's eager attention,
-    or bf16 weights with PyTorch's SDPA. Weights are drawn in fp32 either way; with
-    `random_init` False, where a checkpoint overwrites every one of them (the encoder has
-    no buffers), they are allocated and not drawn: built on the meta device, then given
-    host memory (whisper-large-v3's draws take about 10 s on a 2-core machine)."""
+    or bf16 weights with PyTorch's SDPA. Weights are drawn in fp32 either way, on `device`
+    (whisper-large-v3's draws take about 10 s on a 2-core host, well under one on a GPU,
+    from its default generator, which every rank seeds alike); with `random_init` False,
+    where a checkpoint overwrites every one of them (the encoder has no buffers), they are
+    allocated and not drawn: built on the meta device, then given memory on `device`."""
     from transformers.models.whisper.modeling_whisper import WhisperEncoder
 
     bf16 = precision == "bf16"
     config = whisper_encoder_config(encoder, "sdpa" if bf16 else "eager")
-    if random_init:
-        module = WhisperEncoder(config).float()
-    else:
+    if not random_init:
         with torch.device("meta"):
             module = WhisperEncoder(config)
-        module = module.to_empty(device="cpu").float()
+        module = module.to_empty(device=device)
+    elif torch.device(device).type == "cpu":
+        module = WhisperEncoder(config)
+    else:
+        with torch.device(device):
+            module = WhisperEncoder(config)
+    module = module.float()
     if bf16:
         module.to(torch.bfloat16)
     if encoder.freeze:
