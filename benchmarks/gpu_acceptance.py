@@ -58,6 +58,7 @@ import statistics
 import math
 import os
 import socket
+import shutil
 import sys
 import tempfile
 import time
@@ -1052,6 +1053,15 @@ def check_job_full(table: Table, corpus: Path | None, dry_run: bool, size: str):
             table.add(check, label, f"plan failed: {type(exc).__name__}: {exc}"[:160], "-", "FAIL")
             return
         print(f"{check}: {planned_layout}", flush=True)
+        if resumes and not dry_run:  # two checkpoints (steps `first` and `second`): room for both, or say so now
+            memory = plan["memory"]
+            checkpoint_gib = memory["weights_gib"] + memory["optimizer_gib"]
+            free_gib = shutil.disk_usage(root).free / 2**30
+            if free_gib < 2.2 * checkpoint_gib:
+                table.add(check, label, f"{free_gib:.0f} GiB free at {root}; the row writes two checkpoints of "
+                          f"~{checkpoint_gib:.0f} GiB (weights + optimizer): give TMPDIR a roomier disk",
+                          "runs, decodes, saves, resumes", "FAIL")
+                return
         # The probe (CPU processes on fake tensors, a minute or two at full size with its
         # layers compiled) runs beside the job, which waits on the GPU and its compiler.
         probing = ThreadPoolExecutor(max_workers=1)

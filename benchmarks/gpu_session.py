@@ -43,6 +43,7 @@ from benchmarks.gpu_acceptance import Table  # noqa: E402  (its module level is 
 
 DEMO = ".whl/demo"  # `audiollm data demo .whl/demo --num-samples 96 --num-val-samples 8`
 ESPEAK = ".whl/espeak"  # `python3 benchmarks/espeak_kit.py .whl/espeak`, for the default run
+SCRATCH = ".acceptance-tmp"  # one candidate for the groups' temporary files (scratch_root)
 MARGIN_S = 15  # the table printed and the files written after the last group
 _MARK = "AUDIOLLM_GPU_SESSION_GROUP"  # in the environment of every process a group starts
 
@@ -121,6 +122,33 @@ def _kill_marked(mark: bytes) -> None:
         time.sleep(0.2)
 
 
+def _filesystem(path: Path) -> str:
+    """The type of the file system holding `path` (its longest mount point in /proc/mounts)."""
+    best, kind = "", "unknown"
+    try:
+        mounts = Path("/proc/mounts").read_text().splitlines()
+    except OSError:
+        return kind
+    for line in mounts:
+        fields = line.split()
+        if len(fields) > 2 and str(path).startswith(fields[1].rstrip("/") + "/") and len(fields[1]) > len(best):
+            best, kind = fields[1], fields[2]
+    return kind
+
+
+def scratch_root(candidates: List[Path]) -> tuple:
+    """Where the job rows write their runs (two 20 GB checkpoints at the 9B): of the
+    candidates, the one with the most free space that is not held in memory (a tmpfs /tmp
+    would put the checkpoints in the host memory the jobs need). Returns (chosen, {path:
+    (free GiB, file system)}) for the record."""
+    facts = {}
+    for path in candidates:
+        path.mkdir(parents=True, exist_ok=True)
+        facts[str(path)] = (round(shutil.disk_usage(path).free / 2**30, 1), _filesystem(path.resolve()))
+    chosen = max(candidates, key=lambda p: (facts[str(p)][1] not in ("tmpfs", "ramfs"), facts[str(p)][0]))
+    return chosen, facts
+
+
 def _output(argv: List[str], env: dict) -> str:
     try:
         return subprocess.run(argv, cwd=REPO, capture_output=True, text=True, env=env, timeout=30).stdout.strip()
@@ -196,9 +224,25 @@ def main(argv: Optional[List[str]] = None) -> int:
     out = Path(os.environ.get("OUT") or "gpu-out").resolve()
     out.mkdir(parents=True, exist_ok=True)
     env = dict(os.environ, PYTHONUNBUFFERED="1")
+    # The job rows' runs and every other temporary file of the groups: what a group killed
+    # at its limit leaves there (a 9B checkpoint) goes at the next part's start. The
+    # compiler's cache stays where the next part finds it.
+    # (A dry run, beside other tests, keeps the temporary directory it was given.)
+    chosen, disks = None, {}
+    if not args.dry_run:
+        system_tmp = Path(tempfile.gettempdir())
+        candidates = [REPO / SCRATCH, system_tmp / "audiollm-gpu-session"]
+        for stale in candidates:
+            shutil.rmtree(stale, ignore_errors=True)
+        chosen, disks = scratch_root(candidates)
+        env["TMPDIR"] = str(chosen)
+        env.setdefault("TORCHINDUCTOR_CACHE_DIR", str(system_tmp / "torchinductor_audiollm"))
     if not args.dry_run:
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO / ".kit-site"), env.get("PYTHONPATH")]))
     session = Session(out, args.part, seconds, env)
+    if chosen is not None:
+        session.record["scratch"] = {"chosen": str(chosen), "free_gib_and_filesystem": disks}
+        session.write()
     problem = None if args.dry_run else session.setup()
     if problem:
         print(problem, flush=True)

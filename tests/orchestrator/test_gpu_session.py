@@ -72,3 +72,27 @@ def test_a_group_at_its_limit_goes_with_what_it_started_in_sessions_of_their_own
     assert not _alive(grandchild)
     with open(tmp_path / "log", "w") as log:  # within its limit: its own exit
         assert run_bounded([sys.executable, "-c", "raise SystemExit(3)"], 30, {}, log) == 3
+
+
+def test_the_groups_write_where_a_disk_has_the_most_room_never_in_memory(tmp_path):
+    """A 9B row keeps two 20 GB checkpoints: never on a tmpfs (the host memory the jobs
+    need), else where most is free; the record says each candidate's room and kind."""
+    import shutil
+    from pathlib import Path
+
+    from benchmarks.gpu_session import _filesystem, scratch_root
+
+    in_memory = Path("/dev/shm") / f"audiollm-test-{tmp_path.name}"
+    try:
+        assert _filesystem(in_memory.parent.resolve() / "x") == "tmpfs"
+        disk = tmp_path / "disk"
+        chosen, facts = scratch_root([in_memory, disk])
+        assert chosen == disk and disk.is_dir() and in_memory.is_dir()
+        assert facts[str(in_memory)][1] == "tmpfs" and facts[str(disk)][1] != "tmpfs", facts
+        assert all(free >= 0 for free, _ in facts.values())
+        # between two disks, the roomier
+        other = tmp_path / "other"
+        chosen, facts = scratch_root([disk, other])
+        assert facts[str(chosen)][0] == max(free for free, _ in facts.values())
+    finally:
+        shutil.rmtree(in_memory, ignore_errors=True)
