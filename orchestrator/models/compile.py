@@ -6,9 +6,10 @@ kernels, each launched from Python through megatron's modules. `torch.compile` o
 whole layer (fullgraph: one graph, no break; torchtitan compiles its blocks the same
 way) turns that into a few fused kernels per layer, and its backward into one compiled
 graph too; the Whisper encoder's layers (HF's WhisperEncoderLayer) likewise. Each
-decoder layer's arithmetic (`Gemma2TransformerLayer.sandwich`) and each encoder layer is
-compiled in place, so parameter names, checkpoints, LoRA, freezing, DDP's hooks and megatron's
-activation recomputation (which calls the layer again) see the same modules as without.
+decoder layer's arithmetic (`Gemma2TransformerLayer.sandwich`) and each encoder layer's
+forward is compiled in place, so parameter names, checkpoints, LoRA, freezing, DDP's hooks and megatron's
+activation recomputation (which calls the layer again) see the same modules as without, and
+module hooks on the layers run eagerly around the graphs.
 The layer's own forward stays eager around it: it looks up the flex block mask of the
 micro-batch (`prepare_mask`), which no graph can do, and decoding through the KV cache
 does not use the compiled graph.
@@ -125,5 +126,5 @@ def compile_layers(model: torch.nn.Module, choice: str, backend="inductor") -> i
             decoder.compiled_loss = torch.compile(softcapped_cross_entropy, **options)
     encoder = encoder_layers(model)
     for layer in encoder:
-        layer.compile(**options)
+        layer.forward = torch.compile(layer.forward, **options)  # its module hooks stay eager around it
     return len(layers) + len(encoder)

@@ -187,8 +187,11 @@ class Gemma2Model(GPTModel):
 
     def scale_embeddings(self, embeddings: torch.Tensor) -> torch.Tensor:
         """[b, s, h] embeddings -> decoder input [s(/tp), b, h]: times sqrt(hidden)
-        rounded to the embedding dtype (as HF Gemma2), then the sequence-parallel split."""
-        hidden = (embeddings * self.embedding_scale).transpose(0, 1).contiguous()
+        rounded to the embedding dtype (as HF Gemma2), then the sequence-parallel split.
+        Laid out as every layer's output is: at micro-batch 1, `contiguous()` would keep the
+        transposed stride of the size-1 batch dimension, and the first compiled layer, whose
+        graph is specialised to its input's strides, would compile a graph of its own."""
+        hidden = (embeddings * self.embedding_scale).transpose(0, 1).clone(memory_format=torch.contiguous_format)
         if self.config.sequence_parallel:
             hidden = tensor_parallel.scatter_to_sequence_parallel_region(hidden)
         return hidden

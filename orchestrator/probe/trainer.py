@@ -74,7 +74,12 @@ class ProbeTrainer(Trainer):
 
     def track_modules(self, memory, depth: int = 3) -> None:
         """Tells `memory` which module's forward runs: the first `depth` parts of its name
-        (language_model.decoder.layers, encoder.layers, adapter, ...)."""
+        (language_model.decoder.layers, encoder.layers, adapter, ...). Not inside a compiled
+        region: dynamo would trace the hooks into each layer's graph and guard on the module
+        (its id) and on `memory.where`, compiling every layer anew (the job compiles one graph
+        per layer variant). The layers' own module calls stay eager around their graphs
+        (orchestrator.models.compile), so a graph's tensors count under its layer."""
+        import torch
         from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook
 
         names = {}
@@ -84,11 +89,15 @@ class ProbeTrainer(Trainer):
         stack = []
 
         def enter(module, args):
+            if torch.compiler.is_compiling():
+                return
             if id(module) in names:
                 stack.append(memory.where)
                 memory.where = names[id(module)]
 
         def leave(module, args, output):
+            if torch.compiler.is_compiling():
+                return
             if id(module) in names:
                 memory.where = stack.pop()
 
