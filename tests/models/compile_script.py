@@ -64,30 +64,32 @@ def graphs() -> None:
     from orchestrator.models.compile import compile_layers
 
     layout = ["parallel.tp=1", "parallel.sp=false"]
-    for recipe in RECIPES:
-        for attention in ("reference", "flex"):
-            torch._dynamo.reset()
-            cfg, model = build([f"+recipe={recipe}", *SHRINK, *layout], attention)
-            captured = []
+    # every recipe with either attention, and the default recipe at micro-batch 1 (its
+    # decoder input's batch dimension has size one)
+    cases = [(recipe, attention, []) for recipe in RECIPES for attention in ("reference", "flex")]
+    for recipe, attention, extra in cases + [("tiny_cpu", "reference", ["optim.micro_batch_size=1"])]:
+        torch._dynamo.reset()
+        cfg, model = build([f"+recipe={recipe}", *SHRINK, *layout, *extra], attention)
+        captured = []
 
-            def counting(gm, example_inputs):
-                captured.append(sum(node.op == "call_function" for node in gm.graph.nodes))
-                return gm.forward
+        def counting(gm, example_inputs):
+            captured.append(sum(node.op == "call_function" for node in gm.graph.nodes))
+            return gm.forward
 
-            layers = compile_layers(model, cfg.model.compile, backend=counting)
-            inputs = inputs_of(cfg)
-            if attention == "reference":
-                model(**inputs).sum().backward()
-                trained = [p for p in model.parameters() if p.requires_grad]
-                grads = sum(p.grad is not None for p in trained)
-            else:
-                with torch.no_grad():
-                    model(**inputs)
-                trained, grads = [], 0
-            print("RESULT " + json.dumps({
-                "case": f"{recipe}/{attention}", "layers": layers, "graphs": len(captured),
-                "ops": captured, "trained": len(trained), "grads": grads,
-                "lora": bool(cfg.lora.rank)}), flush=True)
+        layers = compile_layers(model, cfg.model.compile, backend=counting)
+        inputs = inputs_of(cfg)
+        if attention == "reference":
+            model(**inputs).sum().backward()
+            trained = [p for p in model.parameters() if p.requires_grad]
+            grads = sum(p.grad is not None for p in trained)
+        else:
+            with torch.no_grad():
+                model(**inputs)
+            trained, grads = [], 0
+        print("RESULT " + json.dumps({
+            "case": f"{recipe}/{attention}" + ("/mbs1" if extra else ""), "layers": layers, "graphs": len(captured),
+            "ops": captured, "trained": len(trained), "grads": grads,
+            "lora": bool(cfg.lora.rank)}), flush=True)
 
 
 def parity() -> None:

@@ -48,6 +48,13 @@ def test_every_recipes_layers_compile_whole(results, recipe, attention):
     assert result["lora"] == (recipe == "gemma2_whisper_tp1")
 
 
+def test_at_micro_batch_1_the_first_layer_shares_the_graph_of_the_others(results):
+    """A batch dimension of size one: the decoder input's layout (strides) must be the one
+    every layer's output has, or the first layer compiles a graph of its own (five)."""
+    result = results["tiny_cpu/reference/mbs1"]
+    assert result["graphs"] == 4 and result["grads"] == result["trained"] > 0, result
+
+
 def test_compiled_layers_equal_eager_within_fp32_rounding(results):
     result = results["parity"]
     assert result["layers"] == 4 + 2 and result["grads"] > 70
