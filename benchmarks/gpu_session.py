@@ -131,8 +131,11 @@ def _filesystem(path: Path) -> str:
         return kind
     for line in mounts:
         fields = line.split()
-        if len(fields) > 2 and str(path).startswith(fields[1].rstrip("/") + "/") and len(fields[1]) > len(best):
-            best, kind = fields[1], fields[2]
+        if len(fields) < 3:
+            continue
+        point = fields[1]
+        if (str(path) == point or str(path).startswith(point.rstrip("/") + "/")) and len(point) > len(best):
+            best, kind = point, fields[2]
     return kind
 
 
