@@ -152,6 +152,21 @@ def scratch_root(candidates: List[Path]) -> tuple:
     return chosen, facts
 
 
+def use_scratch(env: dict) -> dict:
+    """The groups' TMPDIR (the job rows' runs, every other temporary file) at scratch_root's
+    choice, emptied first: what a group killed at its limit left there (a 9B checkpoint)
+    goes at the next part's start. The compiler's cache stays where the next part finds
+    it. Returns the choice, for the record."""
+    system_tmp = Path(tempfile.gettempdir())
+    candidates = [REPO / SCRATCH, system_tmp / "audiollm-gpu-session"]
+    for stale in candidates:
+        shutil.rmtree(stale, ignore_errors=True)
+    chosen, disks = scratch_root(candidates)
+    env["TMPDIR"] = str(chosen)
+    env.setdefault("TORCHINDUCTOR_CACHE_DIR", str(system_tmp / "torchinductor_audiollm"))
+    return {"chosen": str(chosen), "free_gib_and_filesystem": disks}
+
+
 def _output(argv: List[str], env: dict) -> str:
     try:
         return subprocess.run(argv, cwd=REPO, capture_output=True, text=True, env=env, timeout=30).stdout.strip()
@@ -164,13 +179,15 @@ class Session:
     session.log, every group's output one after another, and session.json, the machine,
     the commit and each group's exit, time and rows. Part 2 adds the profile's four."""
 
-    def __init__(self, out: Path, part: str, seconds: float, env: dict):
+    def __init__(self, out: Path, part: str, seconds: float, env: dict, scratch: Optional[dict] = None):
         self.out, self.env = out, env
         self.scratch = Path(tempfile.mkdtemp(prefix="gpu-session-"))
         self.record = {"part": part, "seconds": seconds,
                        "gpu": _output(["nvidia-smi", "--query-gpu=name,driver_version,memory.total",
                                        "--format=csv,noheader"], env),
                        "commit": _output(["git", "rev-parse", "--short", "HEAD"], env), "groups": []}
+        if scratch:
+            self.record["scratch"] = scratch
         self.log = open(out / "session.log", "a")
         self.write()
 
@@ -227,25 +244,11 @@ def main(argv: Optional[List[str]] = None) -> int:
     out = Path(os.environ.get("OUT") or "gpu-out").resolve()
     out.mkdir(parents=True, exist_ok=True)
     env = dict(os.environ, PYTHONUNBUFFERED="1")
-    # The job rows' runs and every other temporary file of the groups: what a group killed
-    # at its limit leaves there (a 9B checkpoint) goes at the next part's start. The
-    # compiler's cache stays where the next part finds it.
-    # (A dry run, beside other tests, keeps the temporary directory it was given.)
-    chosen, disks = None, {}
-    if not args.dry_run:
-        system_tmp = Path(tempfile.gettempdir())
-        candidates = [REPO / SCRATCH, system_tmp / "audiollm-gpu-session"]
-        for stale in candidates:
-            shutil.rmtree(stale, ignore_errors=True)
-        chosen, disks = scratch_root(candidates)
-        env["TMPDIR"] = str(chosen)
-        env.setdefault("TORCHINDUCTOR_CACHE_DIR", str(system_tmp / "torchinductor_audiollm"))
+    scratch = None  # a dry run, beside other tests, keeps the temporary directory it was given
     if not args.dry_run:
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO / ".kit-site"), env.get("PYTHONPATH")]))
-    session = Session(out, args.part, seconds, env)
-    if chosen is not None:
-        session.record["scratch"] = {"chosen": str(chosen), "free_gib_and_filesystem": disks}
-        session.write()
+        scratch = use_scratch(env)
+    session = Session(out, args.part, seconds, env, scratch)
     problem = None if args.dry_run else session.setup()
     if problem:
         print(problem, flush=True)

@@ -152,7 +152,7 @@ def build_audiollm(model_cfg, parallel_cfg, pre_process: bool = True, post_proce
     of the Whisper encoder, which is then not drawn (the decoder's draws are skipped by
     its init methods in `config_overrides`); True on a GPU: the decoder's are drawn there
     (orchestrator.models.device_draws)."""
-    from orchestrator.models.device_draws import draw_on_device, release
+    from orchestrator.models.device_draws import draw_on_device
     from orchestrator.plan.kernels import attention_kernel, encoder_precision
 
     dec = model_cfg.decoder
@@ -164,16 +164,17 @@ def build_audiollm(model_cfg, parallel_cfg, pre_process: bool = True, post_proce
         cp=int(getattr(parallel_cfg, "cp", 1)),
         params_dtype=params_dtype, **config_overrides,
     )
-    draws_on = torch.device("cuda", torch.cuda.current_device()) if random_init and on_gpu and has_cuda else None
-    if draws_on is not None:  # megatron's host draws, made on the GPU
-        draw_on_device(config, draws_on)
+    device = torch.device("cuda", torch.cuda.current_device()) if on_gpu and has_cuda else torch.device("cpu")
+    draws_on_gpu = random_init and device.type == "cuda"
+    if draws_on_gpu:  # megatron's host draws, made on the GPU
+        draw_on_device(config, device)
     language_model = Gemma2Model(config, dec.vocab_size, dec.max_position_embeddings, pre_process=pre_process,
                                  post_process=post_process, backend=model_cfg.backend, rope_theta=dec.rope_theta,
                                  vp_stage=vp_stage, tie_embeddings=dec.tie_embeddings,
                                  attention=attention or attention_kernel(getattr(model_cfg, "attention", "auto"), on_gpu),
                                  core_attention=core_attention)
-    if draws_on is not None:
-        release(draws_on)
+    if draws_on_gpu:  # the staging blocks (up to a full fp32 embedding) back, not split by training's tensors
+        torch.cuda.empty_cache()
     if dec.freeze:
         language_model.requires_grad_(False)
     encoder = adapter = None
@@ -184,16 +185,13 @@ def build_audiollm(model_cfg, parallel_cfg, pre_process: bool = True, post_proce
             raise ValueError(f"a trained encoder in fp32 beside a {params_dtype} decoder: megatron's "
                              f"{params_dtype} optimizer holds and checkpoints only {params_dtype} parameters; set "
                              f"model.encoder.precision=auto (or freeze the encoder)")
-        encoder = build_whisper_encoder(model_cfg.encoder, precision, random_init=random_init,
-                                        device="cuda" if on_gpu and has_cuda else "cpu")
+        encoder = build_whisper_encoder(model_cfg.encoder, precision, random_init=random_init, device=device)
         ctc_vocab = dec.vocab_size if float(getattr(model_cfg.adapter, "ctc_weight", 0.0)) > 0 else 0
         adapter = AudioAdapter(model_cfg.encoder.num_layers, model_cfg.encoder.d_model, dec.hidden_size,
                                model_cfg.adapter.frame_stack, model_cfg.adapter.dropout, ctc_vocab).to(params_dtype)
         if model_cfg.adapter.freeze:
             adapter.requires_grad_(False)
-        if on_gpu and has_cuda:
-            encoder.cuda()
-            adapter.cuda()
+        adapter.to(device)
     from orchestrator.models.spec_augment import build_spec_augment
 
     spec_augment = build_spec_augment(getattr(model_cfg, "spec_augment", None)) if pre_process else None

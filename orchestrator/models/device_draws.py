@@ -10,7 +10,8 @@ rank (its seed drawn from the host generator every rank seeded with train.seed, 
 model chunk built gets its own), then copies it to the host tensor megatron splits: the
 same weights at every TP size, in seconds. The draws differ from a CPU run's of the same
 seed (another generator); nothing compares those: CPU and GPU runs already differ in dtype
-and kernels. The staging blocks go back to the driver after the build (`release`).
+and kernels. The staging blocks (the largest a full fp32 embedding, 3.7 GB for Gemma2's
+vocabulary) go back to the driver after the build (build_audiollm).
 """
 
 from __future__ import annotations
@@ -31,13 +32,6 @@ def draw_on_device(config, device: torch.device) -> None:
         init = getattr(config, name, None)
         if init is not None:
             setattr(config, name, _staged(init, device, generator))
-
-
-def release(device: torch.device) -> None:
-    """The staging tensors' cached blocks (the largest a full fp32 embedding, 3.7 GB for
-    Gemma2's vocabulary) given back, so that training's allocations do not split them."""
-    if device.type == "cuda":
-        torch.cuda.empty_cache()
 
 
 def _staged(init, device: torch.device, generator: torch.Generator):
