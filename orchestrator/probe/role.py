@@ -178,7 +178,7 @@ def probe_role(plan_json: Path, stage: int, cp_rank: int = 0, fake: bool = True)
     return {
         "stage": stage, "cp_rank": cp_rank, "rank": rank, "world_size": int(plan.plan["world_size"]),
         "microbatches_per_step": plan.num_microbatches, "decisions": list(trainer.decisions.lines),
-        "compiled": trainer.decisions.compile,
+        "compiled": trainer.decisions.compile, "compiled_graphs": trainer.compiled_graphs,
         "stand_ins": stand_in_lines, "parameters": params, "memory": measured,
         "timings": {**timings, "total_s": time.perf_counter() - started},
         "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,

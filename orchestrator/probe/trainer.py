@@ -43,11 +43,18 @@ class ProbeTrainer(Trainer):
         for chunk in self.chunks:  # the gradients' NaN check reads their values
             chunk.ddp_config.check_for_nan_in_grad = False
         self.memory = None
+        self.compiled_graphs = 0  # graphs dynamo captured: one per layer variant, not per layer
 
     def _compile_backend(self):
         from orchestrator.probe.compiled import counting_backend
 
-        return counting_backend(lambda: self.memory)  # set by probe_step; None until then
+        backend = counting_backend(lambda: self.memory)  # set by probe_step; None until then
+
+        def compile_graph(graph, example_inputs):  # dynamo calls it once per graph it captures
+            self.compiled_graphs += 1
+            return backend(graph, example_inputs)
+
+        return compile_graph
 
     def _resumable_checkpoint(self):
         return None  # the probe measures a fresh step: it never reads the run's checkpoints

@@ -181,6 +181,11 @@ def test_the_probe_compiles_the_layers_where_the_job_does(probed):
         assert "steps the layers eagerly" not in said, name
         assert ("the probe compiles the layers as the job does" in said) == (results[0]["compiled"] == "layers"), name
     assert probed["tp1_2b_compiled"][0]["model_extensions"]["compiled"] == "layers"
+    # As the job: one graph per kind of layer (the encoder's, the decoder's windowed and
+    # global variants) and the loss, not one per layer (26 decoder and 32 encoder layers:
+    # the probe's own module hooks, traced into the layers, once made it compile each anew)
+    (compiled,) = probed["tp1_2b_compiled"][1]
+    assert 1 <= compiled["compiled_graphs"] <= 4, compiled["compiled_graphs"]
 
 
 def test_a_probe_that_steps_eager_layers_where_the_job_compiles_says_so():
