@@ -32,6 +32,8 @@ import sys
 import time
 from pathlib import Path
 
+from orchestrator.runtime.ports import free_port
+
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -114,14 +116,6 @@ def worker(args) -> None:
         "rss_growth_gib": (rss_peak - rss_before) / 2**20, "step_s": statistics.median(times),
         "gather_s": gather_time[0] / args.steps}), flush=True)
     shutdown()
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def run(cp: int, args) -> list:

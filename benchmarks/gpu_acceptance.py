@@ -57,7 +57,6 @@ import json
 import statistics
 import math
 import os
-import socket
 import shutil
 import sys
 import tempfile
@@ -69,6 +68,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
+
+from orchestrator.runtime.ports import free_port  # noqa: E402  (after the path)
 
 # The tiny HF Gemma2 of the parity checks (same values as tests/models/tiny_models.py):
 # sliding window 8 < sequence 64, both softcaps low enough to bend the logits.
@@ -139,12 +140,6 @@ class Table:
 
     def failed(self) -> bool:
         return any(r["result"].startswith("FAIL") for r in self.rows)
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def _ok(flag: bool) -> str:
@@ -1234,7 +1229,7 @@ def main() -> int:
     def run(check: str) -> bool:
         return wanted is None or check in wanted
 
-    os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()))
+    os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
     started = time.perf_counter()
 
     import torch

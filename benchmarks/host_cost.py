@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import sys
 from pathlib import Path
 
@@ -31,16 +30,12 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from orchestrator.runtime.ports import free_port  # noqa: E402  (after the path)
+
 DEPTH_2B = {"decoder": 26, "encoder": 32}  # gemma-2-2b, whisper-large-v3
 # (decoder layers, encoder layers) of the models measured: the tiny model's own, and one
 # deeper in each part.
 DEPTHS = ((4, 2), (6, 2), (4, 4))
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def count_operators(compiled: str, decoder_layers: int, encoder_layers: int) -> int:
@@ -92,7 +87,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--json", type=Path, help="write the rows here")
     args = parser.parse_args()
-    os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()))
+    os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
     from orchestrator.runtime.distributed import ParallelSizes, init_distributed, shutdown
 
     init_distributed(ParallelSizes(), seed=0)

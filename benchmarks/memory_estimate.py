@@ -13,15 +13,10 @@ Run: .venv/bin/python benchmarks/memory_estimate.py [--recipe tiny_cpu] [--steps
 import argparse
 import os
 import resource
-import socket
 
 import psutil
 
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+from orchestrator.runtime.ports import free_port
 
 
 def main() -> None:
@@ -30,7 +25,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=2)
     parser.add_argument("overrides", nargs="*")
     args = parser.parse_args()
-    os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()))
+    os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
 
     from orchestrator.plan.compose import compose
     from orchestrator.plan.resolve import resolve, to_object

@@ -3,7 +3,8 @@
     RankJob(entry, accelerator, max_requeues)(run_dir, launch_index)
 
 1. exports the torch.distributed environment (RANK, WORLD_SIZE, LOCAL_RANK,
-   LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT) from submitit's job environment;
+   LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT) from submitit's job environment, the
+   port below the ephemeral range (orchestrator/runtime/ports.py);
 2. copies this rank's output into <run_dir>/logs/rank<N>.log (appended across restarts);
    Python warnings go to that log only;
 3. replaces submitit's signal handlers: SIGUSR2 (preemption / time limit warning)
@@ -37,6 +38,7 @@ from typing import Any, Callable
 from launchers import failures, watchdog
 from orchestrator.plan.rundir import read_json, write_json
 from orchestrator.runtime import job_control
+from orchestrator.runtime.ports import port_for_job
 
 # submitit.local.local.LOCAL_REQUEUE_RETURN_CODE: the local controller restarts the tasks.
 LOCAL_REQUEUE_RETURN_CODE = 144
@@ -155,6 +157,10 @@ class RankJob:
 
         run_path = Path(run_dir)
         env = submitit.JobEnvironment()
+        if env.name() == "slurm":
+            # submitit's default port is random in 20000-60000, which overlaps the ports the
+            # kernel lends to outgoing connections; locally launchers/local_controller.py sets it.
+            os.environ.setdefault("MASTER_PORT", str(port_for_job(os.environ.get("SLURM_JOB_ID") or env.job_id)))
         dist_env = submitit.helpers.TorchDistributedEnvironment()
         # Every task keeps the node's CUDA_VISIBLE_DEVICES: the job picks its device from
         # LOCAL_RANK (orchestrator/runtime/distributed.py), and NCCL sees all local GPUs.

@@ -9,16 +9,23 @@ without running any Python (SIGKILL from the out-of-memory killer or `kill -9`):
 launchers/failures.py names that rank and the signal instead of the error its peers
 saw when it disappeared. `audiollm train` starts this module in place of
 `submitit.local._local` (launchers/submit.py, own_session).
+
+Each start of the tasks also gets its own rendezvous port, free on this host when the
+tasks start and below the ephemeral range (orchestrator/runtime/ports.py), unless the
+user exported MASTER_PORT: submitit's own choice is a random port in 20000-60000 that
+an outgoing connection can hold.
 """
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
 from submitit.local.local import Controller
 
 from orchestrator.plan.rundir import write_json
+from orchestrator.runtime.ports import free_port
 
 
 def exit_codes_path(folder: Path, job_id: str) -> Path:
@@ -26,6 +33,15 @@ def exit_codes_path(folder: Path, job_id: str) -> Path:
 
 
 class RecordingController(Controller):
+    def __init__(self, folder: Path):
+        super().__init__(folder)
+        self.user_port = "MASTER_PORT" in os.environ
+
+    def start_tasks(self) -> None:
+        if not self.user_port:
+            os.environ["MASTER_PORT"] = str(free_port())  # the tasks inherit the controller's environment
+        super().start_tasks()
+
     def wait(self, freq: int = 24):
         codes = super().wait(freq)
         try:

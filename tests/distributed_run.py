@@ -3,16 +3,9 @@
 from __future__ import annotations
 
 import os
-import socket
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def torchrun(script: Path | str, nproc: int, *args: str, timeout: int = 300, env: dict | None = None) -> str:

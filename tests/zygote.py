@@ -31,6 +31,8 @@ import tempfile
 import threading
 from pathlib import Path
 
+from orchestrator.runtime.ports import free_port
+
 REPO = Path(__file__).resolve().parents[1]
 # What every rank would import first; what a script imports beyond this it imports itself.
 PRELOAD = ("torch", "torch.distributed", "transformers", "orchestrator.models", "orchestrator.train.entry",
@@ -136,7 +138,7 @@ def _launch(conn: socket.socket) -> None:
     request = json.loads(conn.makefile("r").readline())
     conn.sendall((json.dumps({"pid": os.getpid()}) + "\n").encode())
     nproc = request["nproc"]
-    port = _free_port()
+    port = free_port()
     log = open(request["log"], "a", buffering=1)
     sys.stdout.flush(), sys.stderr.flush()
     ranks = {}
@@ -234,12 +236,6 @@ def _rank(request: dict, rank: int, port: int, log_fd: int) -> None:
         traceback.print_exc()
         sys.exit(1)
     sys.exit(0)
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 if __name__ == "__main__":

@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import subprocess
 import sys
 import tempfile
@@ -23,13 +22,9 @@ from typing import Optional
 
 import torch
 
+from orchestrator.runtime.ports import free_port
+
 BATCH = 2
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def verify(hf_dir: Path, ckpt_dir: Path, tp: int = 1, pp: int = 1, seq_len: Optional[int] = None,
@@ -38,7 +33,7 @@ def verify(hf_dir: Path, ckpt_dir: Path, tp: int = 1, pp: int = 1, seq_len: Opti
     with tempfile.TemporaryDirectory() as tmp:
         result_path = Path(tmp) / "verify.json"
         cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}",
-               "--master_addr=127.0.0.1", f"--master_port={_free_port()}", "-m", "orchestrator.convert.verify",
+               "--master_addr=127.0.0.1", f"--master_port={free_port()}", "-m", "orchestrator.convert.verify",
                "--hf", str(hf_dir), "--megatron", str(ckpt_dir), "--result", str(result_path),
                "--tp", str(tp), "--pp", str(pp), "--dtype", dtype]
         if seq_len:

@@ -15,6 +15,8 @@ import shutil
 import subprocess
 from typing import List, MutableMapping, Optional
 
+from orchestrator.runtime.ports import port_for_job
+
 
 def expand_nodelist(nodelist: str) -> List[str]:
     """SLURM's compressed host list ("aunode[1-2,4],gpu07") -> host names, in order.
@@ -65,5 +67,5 @@ def export_from_slurm(environ: MutableMapping[str, str] = os.environ) -> bool:
     environ["LOCAL_RANK"] = environ.get("SLURM_LOCALID", "0")
     environ["LOCAL_WORLD_SIZE"] = str(tasks_per_node)
     environ.setdefault("MASTER_ADDR", expand_nodelist(nodelist)[0])
-    environ.setdefault("MASTER_PORT", str(15000 + int(environ.get("SLURM_JOB_ID", "0")) % 40000))
+    environ.setdefault("MASTER_PORT", str(port_for_job(environ.get("SLURM_JOB_ID", "0"))))
     return True

@@ -30,13 +30,13 @@ from __future__ import annotations
 import copy
 import json
 import os
-import socket
 import sys
 from pathlib import Path
 from typing import Callable, Optional, Sequence, Tuple
 
 from orchestrator.plan.rundir import write_text_atomic
 from orchestrator.plan.checkpoint_dirs import checkpoint_problem, step_dirs
+from orchestrator.runtime.ports import free_port
 from orchestrator.train.run_plan import PlanError
 
 
@@ -82,14 +82,8 @@ def plan_at_layout(plan, tp: int, pp: int, cp: int, world_size: int):
     return RunPlan(run_dir=plan.run_dir, plan=data)
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def _single_process_env() -> None:
-    os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()))
+    os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
 
 
 def evaluate_run(run_dir: str | Path, checkpoint: Optional[str | Path] = None,
@@ -208,7 +202,7 @@ def _launch(argv: Sequence[str], processes: int) -> int:
     import subprocess
 
     cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={processes}", "--master_addr=127.0.0.1",
-           f"--master_port={_free_port()}", "-m", "orchestrator.train.evaluate", *argv]
+           f"--master_port={free_port()}", "-m", "orchestrator.train.evaluate", *argv]
     return subprocess.call(cmd)
 
 

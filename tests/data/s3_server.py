@@ -36,7 +36,7 @@ from typing import Dict, List, NamedTuple, Optional, Tuple
 
 import pytest
 
-from tests.distributed_run import free_port
+from orchestrator.runtime.ports import free_port
 
 REGION = "us-east-1"
 ACCOUNT_POLICY = """{"Version": "2012-10-17",

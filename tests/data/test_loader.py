@@ -509,7 +509,7 @@ def test_torchrun_ranks_with_workers_read_half_each_and_resume_exactly(three_dat
 
     from omegaconf import OmegaConf
 
-    from tests.distributed_run import free_port
+    from orchestrator.runtime.ports import free_port
 
     cfg = data_config(_entries(three_datasets), tokenizer=str(tokenizer_dir), packing=False, packing_buffer=4,
                       num_workers=2, validation=[DatasetEntry(name="val_beta", path=str(three_datasets / "beta"))])

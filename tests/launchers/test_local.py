@@ -14,6 +14,7 @@ import pytest
 from launchers.status import cancel, status
 from launchers.train import train
 from orchestrator.plan.rundir import read_json, read_metrics
+from orchestrator.runtime.ports import END_PORT, FIRST_PORT
 
 from .helpers import launches, losses, rank_pids, status_cause, tiny_overrides, wait_for_end, wait_for_step, wait_until
 
@@ -45,6 +46,10 @@ def test_local_run_writes_the_run_directory_and_streams_rank0(reference, capfd):
     for rank in (0, 1):
         log = (run_dir / "logs" / f"rank{rank}.log").read_text()
         assert "] rank %d/2 pid" % rank in log and re.search(rf" cpu threads {threads}\b", log), log[-2000:]
+    # The controller's rendezvous port, one for both ranks, below the ports the kernel lends
+    # to outgoing connections (orchestrator/runtime/ports.py).
+    ports = [re.findall(r" master \S+:(\d+)", (run_dir / "logs" / f"rank{rank}.log").read_text()) for rank in (0, 1)]
+    assert ports[0] == ports[1] and len(ports[0]) == 1 and FIRST_PORT <= int(ports[0][0]) < END_PORT, ports
     assert (run_dir / "checkpoints" / "latest").read_text().strip() == f"step_{ITERS}"
     assert len((run_dir / "wandb_id").read_text().strip()) == 16
 

@@ -91,7 +91,8 @@ def test_plan_skips_the_cluster_check_saying_so_when_the_controller_does_not_ans
     import sys
 
     from launchers.slurm_fit import DEFAULT_QUERY_TIMEOUT_S
-    from tests.distributed_run import REPO, free_port
+    from orchestrator.runtime.ports import free_port
+    from tests.distributed_run import REPO
 
     if shutil.which("scontrol") is None:
         pytest.fail("SLURM's client is not installed (bash setup.sh --test installs it)")

@@ -4,6 +4,7 @@ the real srun start is tests/slurm/test_multinode.py."""
 import pytest
 
 from orchestrator.runtime import slurm_env
+from orchestrator.runtime.ports import port_for_job
 from orchestrator.runtime.slurm_env import expand_nodelist, export_from_slurm
 
 TASK = {"SLURM_PROCID": "3", "SLURM_NTASKS": "4", "SLURM_LOCALID": "1", "SLURM_JOB_NODELIST": "gpu[07-08]",
@@ -20,7 +21,7 @@ def test_a_slurm_task_gets_rank_world_and_the_first_node_as_master(no_scontrol):
     assert export_from_slurm(env)
     assert {k: env[k] for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR")} == {
         "RANK": "3", "WORLD_SIZE": "4", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2", "MASTER_ADDR": "gpu07"}
-    assert env["MASTER_PORT"] == str(15000 + 123456 % 40000)  # the same on every task of the job
+    assert env["MASTER_PORT"] == str(port_for_job("123456"))  # the same on every task of the job
 
 
 def test_torchrun_or_the_launcher_environment_is_left_alone():

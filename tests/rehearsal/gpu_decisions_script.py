@@ -18,24 +18,19 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import sys
 import tempfile
 from pathlib import Path
+
+from orchestrator.runtime.ports import free_port
 
 # The default recipe too, as a one-GPU box runs it (launcher.accelerator=gpu): its encoder
 # trains, and its adapter has the CTC head.
 RECIPES = ("gemma2_whisper_tp4pp2", "gemma2_whisper_tp1", "gemma2_whisper_8k_cp2", "tiny_cpu")
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def main(data_overrides: list) -> int:
-    os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()))
+    os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
     import torch
 
     from orchestrator.models.compile import compile_layers

@@ -19,6 +19,7 @@ import pytest
 from launchers.status import status
 from launchers.train import train
 from orchestrator.plan.rundir import read_json
+from orchestrator.runtime.ports import port_for_job
 from tests.launchers.helpers import launches, losses, wait_for_end, wait_for_step
 from tests.slurm.runs import JOB_TIMEOUT, preempt_and_wait_for_resume, slurm_run, wandb_runs
 from tests.train.audiollm_runs import make_corpus
@@ -67,7 +68,10 @@ def test_two_rank_job_trains_to_completion(submitted, capsys, measured):
     curve = [by_step[s] for s in range(1, ITERS + 1)]
     assert sum(curve[-3:]) < 0.8 * sum(curve[:3]), f"the loss did not fall: {curve}"
     for rank in (0, 1):
-        assert f"rank {rank}/2 pid" in (run_dir / "logs" / f"rank{rank}.log").read_text()
+        log = (run_dir / "logs" / f"rank{rank}.log").read_text()
+        assert f"rank {rank}/2 pid" in log
+        # Every task derives the same rendezvous port from the job id, below the ephemeral ports.
+        assert re.findall(r" master \S+:(\d+)", log) == [str(port_for_job(launch["job_ids"][0]))], log[-2000:]
     rank0 = (run_dir / "logs" / "rank0.log").read_text()
     assert f"step {ITERS}/{ITERS} | loss" in rank0 and f"eval at step {ITERS}: val_loss" in rank0
     assert (run_dir / "checkpoints" / "latest").read_text().strip() == f"step_{ITERS:06d}"

@@ -7,7 +7,8 @@ import re
 from pathlib import Path
 
 from tests import zygote
-from tests.distributed_run import REPO, free_port, rank_env
+from orchestrator.runtime.ports import free_port
+from tests.distributed_run import REPO, rank_env
 
 HERE = Path(__file__).parent
 
