@@ -69,8 +69,6 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from orchestrator.runtime.ports import free_port  # noqa: E402  (after the path)
-
 # The tiny HF Gemma2 of the parity checks (same values as tests/models/tiny_models.py):
 # sliding window 8 < sequence 64, both softcaps low enough to bend the logits.
 TINY_GEMMA2 = dict(vocab_size=250, hidden_size=64, intermediate_size=96, num_hidden_layers=4,
@@ -1228,6 +1226,8 @@ def main() -> int:
 
     def run(check: str) -> bool:
         return wanted is None or check in wanted
+
+    from orchestrator.runtime.ports import free_port  # here: the module level stays the standard library
 
     os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
     started = time.perf_counter()
