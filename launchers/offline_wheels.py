@@ -10,13 +10,16 @@ virtual environment).
 
 `--kit` writes only what a machine that brings its own torch, transformers and numpy
 lacks (the typical GPU image): those three and every package they require (by this
-machine's metadata) are left out, and so is wandb with what only it needs (jobs log to
-metrics.jsonl without it; `--with-wandb` adds it). `--with-peft` adds the `peft` package and
-what it needs, for the acceptance's HF + PEFT comparison (benchmarks/gpu_acceptance.py). For Python 3.12: 35 wheels, 40.7 MiB
-with the project's own (matplotlib and its fonts and images, 24 MiB, are the largest).
-mosaicml-streaming imports torchvision when it is imported: for a machine whose torch
-comes without it, `--machine-torch 2.11.0` adds the torchvision built for that torch
-(0.26.0; 7.2 MiB).
+machine's metadata) are left out, and so are wandb and matplotlib with what only they
+need (jobs log to metrics.jsonl without wandb, and write no loss_curve.png without
+matplotlib, which mosaicml-streaming declares but never imports; `--with-wandb` and
+`--with-matplotlib` add them: matplotlib with its fonts and images is 17 MiB, a third of
+a kit, and a device machine may take 64 MiB a call with the repository).
+`--with-peft` adds the `peft` package and what it needs, for the acceptance's HF + PEFT
+comparison (benchmarks/gpu_acceptance.py). mosaicml-streaming imports torchvision when
+it is imported: for a machine whose torch comes without it, `--machine-torch 2.11.0`
+adds the torchvision built for that torch (0.26.0; 7.2 MiB) and what it imports
+(pillow, 6.8 MiB).
 
 Left out, and why:
 - torch, torchvision, triton and the CUDA libraries (nvidia-*, cuda-*): the GPU
@@ -78,10 +81,16 @@ def machine_brings(packages=KIT_MACHINE_BRINGS, python: str = "3.12") -> frozens
     return frozenset(_closure(packages, python, lambda name: False, include_roots=True))
 
 
-def kit_closure(python: str = "3.12", with_wandb: bool = False, with_peft: bool = False) -> dict[str, str]:
-    """What `--kit` writes: the job side minus what the machine brings (and wandb), plus
-    peft and its requirements with `with_peft`."""
-    brought = machine_brings(python=python) | (frozenset() if with_wandb else frozenset({"wandb"}))
+# Left out of a kit unless asked for: the job runs without them (module docstring).
+KIT_OPTIONAL = ("wandb", "matplotlib")
+
+
+def kit_closure(python: str = "3.12", with_wandb: bool = False, with_peft: bool = False,
+                with_matplotlib: bool = False) -> dict[str, str]:
+    """What `--kit` writes: the job side minus what the machine brings (and wandb and
+    matplotlib unless asked for), plus peft and its requirements with `with_peft`."""
+    wanted = {"wandb": with_wandb, "matplotlib": with_matplotlib}
+    brought = machine_brings(python=python) | frozenset(name for name in KIT_OPTIONAL if not wanted[name])
     closure = job_side_closure(python, brought)
     if with_peft:
         closure.update(_closure(["peft"], python, lambda name: _excluded(name) or name in brought, include_roots=True))
@@ -116,6 +125,14 @@ def _closure(roots, python: str, skip, include_roots: bool) -> dict[str, str]:
         found[name] = version
         pending.extend(Requirement(r) for r in importlib.metadata.requires(name) or [])
     return dict(sorted(found.items()))
+
+
+def with_machine_torchvision(closure: dict[str, str], torch_version: str, python: str = "3.12") -> dict[str, str]:
+    """`closure` plus the torchvision built for the machine's torch and what torchvision
+    requires beyond the machine's own packages (pillow: torchvision imports it at import)."""
+    brought = machine_brings(python=python)
+    needs = _closure(["torchvision"], python, lambda name: _excluded(name) or name in brought, include_roots=False)
+    return {**closure, **needs, "torchvision": torchvision_for(torch_version)}
 
 
 def torchvision_for(torch_version: str) -> str:
@@ -190,14 +207,17 @@ def main(argv=None) -> int:
     parser.add_argument("--kit", action="store_true",
                         help="only what a machine with its own torch, transformers and numpy lacks")
     parser.add_argument("--with-wandb", action="store_true", help="with --kit: add wandb and what it needs")
+    parser.add_argument("--with-matplotlib", action="store_true",
+                        help="with --kit: add matplotlib and what it needs (the job's loss_curve.png)")
     parser.add_argument("--with-peft", action="store_true",
                         help="with --kit: add peft and what it needs (the acceptance's HF + PEFT comparison)")
     parser.add_argument("--machine-torch", metavar="VERSION",
                         help="add the torchvision of this torch (e.g. 2.11.0) for a machine that has none")
     args = parser.parse_args(argv)
-    closure = kit_closure(args.python, args.with_wandb, args.with_peft) if args.kit else job_side_closure(args.python)
+    closure = (kit_closure(args.python, args.with_wandb, args.with_peft, args.with_matplotlib) if args.kit
+               else job_side_closure(args.python))
     if args.machine_torch:
-        closure["torchvision"] = torchvision_for(args.machine_torch)
+        closure = with_machine_torchvision(closure, args.machine_torch, args.python)
     if args.list:
         for name, version in closure.items():
             print(f"{name}=={version}")

@@ -36,10 +36,10 @@ def test_the_command_lists_without_downloading():
     assert "megatron-core==0.16.1" in proc.stdout.splitlines()
 
 
-def test_the_kit_leaves_out_what_a_gpu_image_brings_and_wandb():
+def test_the_kit_leaves_out_what_a_gpu_image_brings_and_wandb_and_matplotlib():
     """--kit: torch, transformers, numpy and everything they require (by the installed
-    metadata) stay with the machine; wandb and what only wandb needs are left out; the job
-    side's own packages are all there."""
+    metadata) stay with the machine; wandb and matplotlib and what only they need are left
+    out; the job side's own packages are all there."""
     from launchers.offline_wheels import kit_closure, machine_brings
 
     brought = machine_brings(python="3.12")
@@ -51,6 +51,9 @@ def test_the_kit_leaves_out_what_a_gpu_image_brings_and_wandb():
     assert not brought & set(kit), brought & set(kit)
     assert "wandb" not in kit and "protobuf" not in kit  # protobuf: wandb's alone here
     assert "wandb" in kit_closure("3.12", with_wandb=True)
+    # matplotlib (loss_curve.png) with its fonts and images; pillow came only with it
+    assert not {"matplotlib", "fonttools", "kiwisolver", "pillow"} & set(kit)
+    assert {"matplotlib", "fonttools", "kiwisolver", "pillow"} <= set(kit_closure("3.12", with_matplotlib=True))
     with_peft = kit_closure("3.12", with_peft=True)  # the acceptance's HF + PEFT rows
     assert {"peft", "accelerate"} <= set(with_peft) and not brought & set(with_peft)
 
@@ -69,3 +72,15 @@ def test_torchvision_is_paired_with_the_machines_torch():
 
     assert torchvision_for("2.11.0") == "0.26.0"
     assert torchvision_for("2.14.1+cu130") == "0.29.1"
+
+
+def test_the_machines_torchvision_comes_with_what_it_imports_and_not_the_machines_torch():
+    """--machine-torch: torchvision imports pillow at import (mosaicml-streaming imports
+    torchvision), and a kit without matplotlib has no other way to bring it."""
+    from launchers.offline_wheels import kit_closure, with_machine_torchvision
+
+    kit = kit_closure("3.12")
+    with_vision = with_machine_torchvision(kit, "2.11.0")
+    assert with_vision["torchvision"] == "0.26.0"
+    assert set(with_vision) - set(kit) == {"torchvision", "pillow"}
+    assert with_vision["pillow"] == importlib.metadata.version("pillow")

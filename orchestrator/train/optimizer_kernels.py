@@ -12,6 +12,13 @@ gemma2-2b step on one H200 (docs/gpu-machines.md). torch's foreach kernels do th
 arithmetic over the whole list in a few launches and keep the norm on the device, so
 megatron's clipping reads it once (its `total_norm.item()`, which it needs for the clip
 coefficient). With TransformerEngine or apex present megatron's own fused kernels stay.
+
+The Adam step itself, without them, is torch.optim.AdamW (megatron-core 0.16.1
+optimizer/__init__.py), whose implementation torch picks at each step: foreach when every
+parameter is a CUDA tensor, a per-tensor loop on CPUs; `describe` says which, in the
+job's first lines. torch's fused AdamW is not chosen: the step it would shorten is a
+few dozen launches of a LoRA run's few hundred small tensors (under a millisecond of a
+step of seconds), and a full fine-tune's foreach step is bound by memory either way.
 """
 
 from __future__ import annotations
@@ -36,6 +43,36 @@ def foreach_scale(chunk_size, noop_flag, tensor_lists, scale):
         torch._foreach_mul_(dst, scale)
         return
     torch._foreach_copy_(dst, torch._foreach_mul(src, scale) if scale != 1.0 else src)
+
+
+def describe(optimizer, installed: bool) -> str:
+    """One line: the class and implementation of the Adam step megatron's `optimizer`
+    runs (per torch optimizer it chains), and which kernels take its gradient norm,
+    clipping and weight copies (`installed`: what `install` returned)."""
+    from torch.optim.optimizer import _default_to_fused_or_foreach
+
+    steps = []
+    for wrapped in getattr(optimizer, "chained_optimizers", [optimizer]):
+        inner = getattr(wrapped, "optimizer", None)
+        if inner is None:  # a rank with nothing to train in this chain
+            continue
+        kind = type(inner)
+        name = f"{kind.__module__}.{kind.__qualname__}"
+        if kind.__module__.startswith("torch.optim"):
+            group = inner.param_groups[0]
+            if group.get("fused"):
+                how = "fused"
+            elif group.get("foreach") is None:  # torch decides at each step, from the parameters
+                params = [p for g in inner.param_groups for p in g["params"]]
+                how = "foreach" if _default_to_fused_or_foreach(params, False)[1] else "per-tensor loop"
+            else:
+                how = "foreach" if group["foreach"] else "per-tensor loop"
+            name += f" ({how})"
+        if name not in steps:
+            steps.append(name)
+    helpers = ("torch's foreach kernels (no TransformerEngine or apex)" if installed
+               else "TransformerEngine's or apex's multi-tensor kernels")
+    return f"optimizer: {', '.join(steps) or 'nothing to train'}; gradient norm, clipping, weight copies: {helpers}"
 
 
 def install() -> bool:

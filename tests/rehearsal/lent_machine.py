@@ -228,11 +228,14 @@ def rehearse(root: Path, machine: Path | None = None) -> dict:
         report["steps"][recipe] = rows_[-1]
         if [r["step"] for r in rows_] != [1] or not 0 < rows_[-1]["loss"] < 100:
             raise StepFailed(f"{recipe}: metrics {rows_}")
-        # The job's first lines: its decisions, and that W&B is off without wandb (the
-        # recipes log to W&B; the kit has no wandb).
+        # The job's first lines: its decisions, the Adam step it runs, and that W&B is off
+        # without wandb (the recipes log to W&B; the kit has neither wandb nor matplotlib,
+        # whose absence costs the run its loss_curve.png alone).
         rank0 = (metrics.parent / "logs" / "rank0.log").read_text()
         for said in ("decided on this machine:", "gradient-accumulation fusion: off (CPU)",
-                     "W&B logging is off: wandb is not installed here"):
+                     "optimizer: torch.optim.adamw.AdamW (per-tensor loop)",
+                     "W&B logging is off: wandb is not installed here",
+                     "no loss_curve.png: matplotlib is not installed here"):
             if said not in rank0:
                 raise StepFailed(f"{recipe}: the job did not say {said!r} (logs/rank0.log)")
     # transformers 5 on both conversion paths: the TP2 x PP2 run out to HF (Gemma2, the

@@ -69,3 +69,24 @@ def test_installed_where_megatron_fell_back_to_its_loops(monkeypatch):
     assert clip_grads.l2_norm_impl is foreach_l2_norm and clip_grads.multi_tensor_scale_impl is foreach_scale
     assert optimizer.multi_tensor_scale_impl is foreach_scale
     assert not optimizer_kernels.install()  # once
+
+
+def test_the_job_says_which_adam_step_runs():
+    """torch's AdamW picks its implementation at each step from the parameters: the
+    per-tensor loop for CPU tensors (foreach for CUDA ones), unless the optimizer was built
+    with one; megatron's wrappers (and its chains of them) hold it as `.optimizer`."""
+    from types import SimpleNamespace
+
+    from orchestrator.train.optimizer_kernels import describe
+
+    def megatrons(**kwargs):
+        return SimpleNamespace(optimizer=torch.optim.AdamW([torch.nn.Parameter(torch.zeros(3))], **kwargs))
+
+    line = describe(megatrons(), installed=True)
+    assert line == ("optimizer: torch.optim.adamw.AdamW (per-tensor loop); gradient norm, clipping, weight copies: "
+                    "torch's foreach kernels (no TransformerEngine or apex)")
+    assert "AdamW (foreach)" in describe(megatrons(foreach=True), installed=True)
+    assert "AdamW (fused)" in describe(megatrons(fused=True), installed=True)
+    chain = SimpleNamespace(chained_optimizers=[megatrons(), megatrons(), SimpleNamespace(optimizer=None)])
+    assert describe(chain, installed=False).startswith("optimizer: torch.optim.adamw.AdamW (per-tensor loop); ")
+    assert describe(chain, installed=False).endswith("TransformerEngine's or apex's multi-tensor kernels")
