@@ -1,17 +1,17 @@
 """A lent GPU machine's session: the acceptance's rows in the order they matter, inside
 the time the call has.
 
-Run from the root of a copy of this checkout that carries .whl/kit, and .whl/demo for
-parts 1 and 2 or .whl/espeak for part 3 (all three exceed a call's 64 MiB): docs/gpu-machines.md
-says how a connected machine makes them. It installs the kit once (.kit-site stays
+Run from the root of a copy of this checkout that carries .whl/kit, .whl/demo and
+.whl/espeak (47 MiB with the checkout, under a call's 64): docs/gpu-machines.md says how a
+connected machine makes them. It installs the kit once (.kit-site stays
 on a machine kept between calls), then runs the part's groups of checks one after another,
 each under its own limit and never past `--seconds` from its start: a group that would not
 have its least useful time left is skipped and said so. Every row measured is kept in $OUT
 (default gpu-out) as it comes (the Session's two files).
 
     python3 benchmarks/gpu_session.py 1 --seconds 570   # parity, the 9B job, the 2b job
-    python3 benchmarks/gpu_session.py 2 --seconds 240   # throughput against HF + PEFT, the other checks
-    python3 benchmarks/gpu_session.py 3                 # README's first command on the GPU, the job rows
+    python3 benchmarks/gpu_session.py 2 --seconds 240   # against HF + PEFT, README's first command, the checks
+    python3 benchmarks/gpu_session.py 3                 # the default recipe's job rows
 
 A machine lent for 15 minutes, its start included, holds part 1 and what is left of part 2:
 give the second call `--seconds` of the device time left, less a minute for the transfers.
@@ -62,15 +62,16 @@ class Group:
 # save, a resume: about five minutes by the CPU-side estimates), then the 2b through the
 # job in the time left: the figures the issue is judged by come first, because a lease
 # has held a single call before. Part 2: the step loop against HF + PEFT with its
-# profile, then the checks that passed on every GPU so far.
+# profile, README's first command on the GPU (its held-out WER), then the checks that
+# passed on every GPU so far. Part 3, for a later lease: the default recipe's job rows.
 PARTS = {
     "1": [Group("parity", "parity", 150, 60),
           Group("job9b", "job9b", 450, 240),
           Group("job2b", "job2b", 240, 120)],
     "2": [Group("throughput", "throughput", 300, 150, profile=True),
+          Group("default", "default", 540, 240),
           Group("checks", "lora,generation,encoder,recompiles,fp8", 240, 60)],
-    "3": [Group("default", "default", 540, 240),
-          Group("job", "job", 420, 240)],
+    "3": [Group("job", "job", 420, 240)],
 }
 DEFAULT_SECONDS = {"1": 570, "2": 240, "3": 420}
 

@@ -34,7 +34,7 @@ def test_a_call_too_short_for_its_groups_skips_them_and_says_so(tmp_path, monkey
     monkeypatch.setenv("OUT", str(tmp_path))
     assert main(["2", "--dry-run", "--seconds", "70"]) == 0
     session = json.loads((tmp_path / "session.json").read_text())
-    assert [g["group"] for g in session["groups"]] == ["throughput", "checks"]
+    assert [g["group"] for g in session["groups"]] == ["throughput", "default", "checks"]
     assert all("skipped" in g and "rows" not in g for g in session["groups"]), session
     assert "throughput: skipped, 70 s left, it needs 150 s" in capsys.readouterr().out
     # a lent machine returns at most eight files: the session writes two (and the profile's four)
