@@ -172,9 +172,9 @@ class Trainer:
         self._finalize = finalize_model_grads
         self.config.finalize_model_grads_func = self._finalize_with_loss_check
         self.optimizer = get_megatron_optimizer(ocfg, self.chunks, config_overrides=lrg.optimizer_overrides(ocfg, overrides))
-        foreach_helpers = optimizer_kernels.install()  # foreach kernels where megatron would loop per tensor
+        optimizer_kernels.install()  # foreach kernels where megatron would loop per tensor
         if self.rank == 0:
-            log.info(optimizer_kernels.describe(self.optimizer, foreach_helpers))
+            log.info(optimizer_kernels.describe(self.optimizer))
         self.scheduler = mcfg.lr_scheduler(plan, self.optimizer)
         self.count_flops = self._flop_counter(provider, chunks)
         self.peak_flops, peak_source = peak_flops(torch.cuda.get_device_name() if device == "cuda" else None,

@@ -45,10 +45,12 @@ def foreach_scale(chunk_size, noop_flag, tensor_lists, scale):
     torch._foreach_copy_(dst, torch._foreach_mul(src, scale) if scale != 1.0 else src)
 
 
-def describe(optimizer, installed: bool) -> str:
+def describe(optimizer) -> str:
     """One line: the class and implementation of the Adam step megatron's `optimizer`
     runs (per torch optimizer it chains), and which kernels take its gradient norm,
-    clipping and weight copies (`installed`: what `install` returned)."""
+    clipping and weight copies (as megatron's modules hold them now)."""
+    from megatron.core import utils
+    from megatron.core.optimizer import clip_grads
     from torch.optim.optimizer import _default_to_fused_or_foreach
 
     steps = []
@@ -70,8 +72,9 @@ def describe(optimizer, installed: bool) -> str:
             name += f" ({how})"
         if name not in steps:
             steps.append(name)
-    helpers = ("torch's foreach kernels (no TransformerEngine or apex)" if installed
-               else "TransformerEngine's or apex's multi-tensor kernels")
+    helpers = {foreach_l2_norm: "torch's foreach kernels (no TransformerEngine or apex)",
+               utils.local_multi_tensor_l2_norm: "megatron's per-tensor loops"}.get(
+        clip_grads.l2_norm_impl, "TransformerEngine's or apex's multi-tensor kernels")
     return f"optimizer: {', '.join(steps) or 'nothing to train'}; gradient norm, clipping, weight copies: {helpers}"
 
 

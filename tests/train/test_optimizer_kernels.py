@@ -71,22 +71,27 @@ def test_installed_where_megatron_fell_back_to_its_loops(monkeypatch):
     assert not optimizer_kernels.install()  # once
 
 
-def test_the_job_says_which_adam_step_runs():
+def test_the_job_says_which_adam_step_runs(monkeypatch):
     """torch's AdamW picks its implementation at each step from the parameters: the
     per-tensor loop for CPU tensors (foreach for CUDA ones), unless the optimizer was built
-    with one; megatron's wrappers (and its chains of them) hold it as `.optimizer`."""
+    with one; megatron's wrappers (and its chains of them) hold it as `.optimizer`. The
+    norm's kernels are named as megatron holds them (installed or not)."""
     from types import SimpleNamespace
 
-    from orchestrator.train.optimizer_kernels import describe
+    from megatron.core import utils
+    from megatron.core.optimizer import clip_grads
+
+    from orchestrator.train.optimizer_kernels import describe, foreach_l2_norm
 
     def megatrons(**kwargs):
         return SimpleNamespace(optimizer=torch.optim.AdamW([torch.nn.Parameter(torch.zeros(3))], **kwargs))
 
-    line = describe(megatrons(), installed=True)
-    assert line == ("optimizer: torch.optim.adamw.AdamW (per-tensor loop); gradient norm, clipping, weight copies: "
-                    "torch's foreach kernels (no TransformerEngine or apex)")
-    assert "AdamW (foreach)" in describe(megatrons(foreach=True), installed=True)
-    assert "AdamW (fused)" in describe(megatrons(fused=True), installed=True)
+    monkeypatch.setattr(clip_grads, "l2_norm_impl", foreach_l2_norm)
+    assert describe(megatrons()) == ("optimizer: torch.optim.adamw.AdamW (per-tensor loop); gradient norm, clipping, "
+                                     "weight copies: torch's foreach kernels (no TransformerEngine or apex)")
+    assert "AdamW (foreach)" in describe(megatrons(foreach=True))
+    assert "AdamW (fused)" in describe(megatrons(fused=True))
     chain = SimpleNamespace(chained_optimizers=[megatrons(), megatrons(), SimpleNamespace(optimizer=None)])
-    assert describe(chain, installed=False).startswith("optimizer: torch.optim.adamw.AdamW (per-tensor loop); ")
-    assert describe(chain, installed=False).endswith("TransformerEngine's or apex's multi-tensor kernels")
+    monkeypatch.setattr(clip_grads, "l2_norm_impl", utils.local_multi_tensor_l2_norm)
+    assert describe(chain) == ("optimizer: torch.optim.adamw.AdamW (per-tensor loop); gradient norm, clipping, "
+                               "weight copies: megatron's per-tensor loops")
