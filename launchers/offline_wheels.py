@@ -81,16 +81,13 @@ def machine_brings(packages=KIT_MACHINE_BRINGS, python: str = "3.12") -> frozens
     return frozenset(_closure(packages, python, lambda name: False, include_roots=True))
 
 
-# Left out of a kit unless asked for: the job runs without them (module docstring).
-KIT_OPTIONAL = ("wandb", "matplotlib")
-
-
 def kit_closure(python: str = "3.12", with_wandb: bool = False, with_peft: bool = False,
                 with_matplotlib: bool = False) -> dict[str, str]:
     """What `--kit` writes: the job side minus what the machine brings (and wandb and
-    matplotlib unless asked for), plus peft and its requirements with `with_peft`."""
-    wanted = {"wandb": with_wandb, "matplotlib": with_matplotlib}
-    brought = machine_brings(python=python) | frozenset(name for name in KIT_OPTIONAL if not wanted[name])
+    matplotlib unless asked for: the job runs without them), plus peft and its
+    requirements with `with_peft`."""
+    optional = {"wandb": with_wandb, "matplotlib": with_matplotlib}
+    brought = machine_brings(python=python) | {name for name, wanted in optional.items() if not wanted}
     closure = job_side_closure(python, brought)
     if with_peft:
         closure.update(_closure(["peft"], python, lambda name: _excluded(name) or name in brought, include_roots=True))
