@@ -84,11 +84,14 @@ def prepare(overrides: Sequence[str], run_dir: Path | None = None) -> tuple[Prep
 def continuation_of(run_dir: Path, plan: dict) -> tuple[str | None, list[str]]:
     """How this plan continues the run directory's latest checkpoint at another parallel
     layout (None: the same layout, or a checkpoint that did not record its own), and why
-    it cannot, each naming the checkpoint."""
-    from orchestrator.plan.checkpoint_dirs import saved_layout
+    it cannot, each naming the checkpoint (its frozen weights, left elsewhere, gone)."""
+    from orchestrator.plan.checkpoint_dirs import frozen_source_problem, saved_layout
     from orchestrator.plan.validate import layout_change
 
     name, saved = saved_layout(run_dir)
+    frozen_problem = frozen_source_problem(run_dir / "checkpoints" / name) if name else None
+    if frozen_problem:
+        return None, [f"{frozen_problem}; the run resumes from that checkpoint"]
     if saved is None:
         return None, []
     line, problems = layout_change(saved, plan)

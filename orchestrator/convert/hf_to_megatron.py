@@ -20,7 +20,8 @@ from typing import Iterator, List, Optional, Tuple
 
 import torch
 
-from orchestrator.plan.checkpoint_dirs import CONVERTED_META, ENCODER_SUBDIR, ADAPTER_SUBDIR
+from orchestrator.plan.checkpoint_dirs import (ADAPTER_SUBDIR, CONVERTED_META, ENCODER_SUBDIR, checkpoint_files,
+                                               file_record, write_manifest)
 from orchestrator.convert.gemma2_mapping import Gemma2Shape, hf_gemma2_config, hf_to_megatron_tensors
 from orchestrator.convert.hf_io import SafetensorsDir, read_hf_config
 
@@ -93,6 +94,9 @@ def convert(hf_dir: Path, out_dir: Path, whisper_dir: Optional[Path] = None, ada
     if adapter_dir is not None and (Path(adapter_dir) / "adapter_config.json").is_file():
         (out_dir / "adapter_config.json").write_text((Path(adapter_dir) / "adapter_config.json").read_text())
     (out_dir / CONVERTED_META).write_text(json.dumps(meta, indent=2) + "\n")
+    # Runs that freeze these weights leave them out of their checkpoints and read them back
+    # from here: the manifest is how such a run tells that this is still what it started from.
+    write_manifest(out_dir, {name: file_record(out_dir / name) for name in checkpoint_files(out_dir)})
     return meta
 
 

@@ -31,6 +31,10 @@ MANIFEST = "manifest.json"
 # A run's checkpoint: the parallel layout that wrote it, its data order's canonical
 # nodes and the distributed optimizer's layout (None: none), for validate.layout_change.
 LAYOUT = "layout.json"
+# A run's checkpoint that leaves out the frozen weights it loaded from another checkpoint
+# (model.init_checkpoint; train.save_frozen_weights=false): which tensors, where they are,
+# and that place's files as the run found them (frozen_source_problem).
+FROZEN_SOURCE = "frozen_weights.json"
 STEP_DIR = re.compile(r"^step_(\d{6,})$")
 
 
@@ -47,6 +51,11 @@ def checkpoint_files(path: Path) -> list:
     """The files of a checkpoint directory, relative, sorted (the manifest itself excluded)."""
     path = Path(path)
     return sorted(p.relative_to(path).as_posix() for p in path.rglob("*") if p.is_file() and p.name != MANIFEST)
+
+
+def write_manifest(path: Path, files: dict) -> None:
+    """MANIFEST of the checkpoint at `path`: `files` (name -> file_record)."""
+    (Path(path) / MANIFEST).write_text(json.dumps({"format": 1, "files": files}, sort_keys=True) + "\n")
 
 
 def read_manifest(path: Path) -> Tuple[Optional[dict], Optional[str]]:
@@ -83,6 +92,47 @@ def without_manifest(why: str, dist_format: bool) -> Optional[str]:
     published before checkpoints carried manifests (a dist_checkpointing directory,
     loaded unverified)."""
     return None if why == f"no {MANIFEST}" and dist_format else why
+
+
+def source_files(path: Path) -> dict:
+    """The files of a checkpoint another one leaves its frozen weights in, as recorded in
+    FROZEN_SOURCE: its manifest's records (size and CRC-32) where it has one, else each
+    file's size."""
+    files, _ = read_manifest(path)
+    if files is not None:
+        return files
+    return {name: {"size": os.path.getsize(Path(path) / name)} for name in checkpoint_files(path)}
+
+
+def frozen_source(path: Path) -> Optional[dict]:
+    """FROZEN_SOURCE of the checkpoint at `path` ({'source', 'files', 'tensors'}), or None
+    when the checkpoint holds all its model weights."""
+    record = Path(path) / FROZEN_SOURCE
+    return json.loads(record.read_text()) if record.is_file() else None
+
+
+def frozen_source_problem(path: Path) -> Optional[str]:
+    """Why the frozen weights the checkpoint at `path` leaves in another checkpoint (and
+    that one in another, ...) cannot be read back as they were, or None: the place is gone,
+    a file of it is missing or of another size, or its manifest differs (another
+    checkpoint written there since)."""
+    seen = set()
+    while (record := frozen_source(path)) is not None:
+        source = Path(record["source"])
+        head = (f"{path} leaves its {len(record['tensors'])} frozen tensors (train.save_frozen_weights=false) in "
+                f"{source}, the model.init_checkpoint of the run that wrote it")
+        if str(source) in seen or not source.is_dir():
+            return (f"{head}, which does not exist: put that checkpoint back (or the same weights, converted again "
+                    f"with `audiollm convert hf-to-megatron` to {source})")
+        changed = manifest_problem(source, record["files"])
+        manifest, _ = read_manifest(source)
+        if changed is None and manifest is not None and manifest != record["files"]:
+            changed = f"{MANIFEST} lists other files than when the run started"
+        if changed:
+            return f"{head}, whose files changed since ({changed}): put back the checkpoint the run started from"
+        seen.add(str(source))
+        path = source
+    return None
 
 
 def checkpoint_problem(path: Path) -> Optional[str]:

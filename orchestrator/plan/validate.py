@@ -14,9 +14,10 @@ import fnmatch
 import math
 import re
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Callable, Iterable, Iterator
 
-from orchestrator.plan.checkpoint_dirs import layout_text, resolve_model_checkpoint
+from orchestrator.plan.checkpoint_dirs import frozen_source_problem, layout_text, resolve_model_checkpoint
 from orchestrator.plan.kernels import ATTENTION_CHOICES, COMPILE_CHOICES, ENCODER_PRECISIONS, compile_blockers
 from orchestrator.plan.schema import (
     AudioLLMConfig,
@@ -414,7 +415,8 @@ def check_init_checkpoint(model: ModelConfig, lora: LoraConfig) -> Iterator[Find
     """The pretrained weights exist and are a checkpoint; nothing is frozen at its
     random initial value (a frozen random encoder is never what anyone means)."""
     if model.init_checkpoint:
-        _, problem = resolve_model_checkpoint(model.init_checkpoint)
+        path, problem = resolve_model_checkpoint(model.init_checkpoint)
+        problem = problem or frozen_source_problem(Path(path))
         if problem:
             yield _error("init_checkpoint", f"model.init_checkpoint={model.init_checkpoint}: {problem}")
         return

@@ -49,10 +49,11 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from orchestrator.plan.checkpoint_dirs import (LAYOUT, MANIFEST, STEP_DIR, checkpoint_files, file_record,
+from orchestrator.plan.checkpoint_dirs import (FROZEN_SOURCE, LAYOUT, STEP_DIR, checkpoint_files, file_record,
                                                is_dist_checkpoint, layout_text, manifest_problem, read_manifest,
-                                               saved_layout_of, set_aside_dirs, step_dirs, without_manifest)
-from orchestrator.train.dist_format import use_in_process_results_queue
+                                               saved_layout_of, set_aside_dirs, source_files, step_dirs,
+                                               without_manifest, write_manifest)
+from orchestrator.train.dist_format import load_model_state, use_in_process_results_queue
 
 log = logging.getLogger(__name__)
 
@@ -159,15 +160,57 @@ class Retention(NamedTuple):
         return [s for s in steps_newest_first if s not in newest and not (self.every and s % self.every == 0)]
 
 
+class FrozenWeights(NamedTuple):
+    """The frozen model tensors a run's checkpoints leave out (train.save_frozen_weights=
+    false): their checkpoint keys, every rank's, and FROZEN_SOURCE's record of where they
+    are."""
+
+    keys: frozenset
+    record: dict
+
+
+def frozen_weights(chunks: Sequence, source: str, loaded: Sequence[str]) -> Optional[FrozenWeights]:
+    """Collective. Of the model tensors `loaded` (checkpoint keys) from the checkpoint
+    `source`, those that stay frozen in this run: what its checkpoints need not hold, as
+    long as `source` stays as it is. None when there are none."""
+    from megatron.core.dist_checkpointing.mapping import ShardedObject
+
+    frozen = set()
+    for chunk in chunks:
+        module = _unwrap_ddp(chunk)
+        trains = {_without_wrappers(name): p.requires_grad for name, p in module.named_parameters()}
+        for name, sharded in module.sharded_state_dict(metadata=dict(_SHARDING_METADATA)).items():
+            if not isinstance(sharded, ShardedObject) and trains.get(name) is False:
+                frozen.add(sharded.key)
+    gathered = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, frozen)
+    keys = frozenset(set().union(*gathered) & set(loaded))
+    if not keys:
+        return None
+    files = [source_files(Path(source)) if dist.get_rank() == 0 else None]
+    dist.broadcast_object_list(files, src=0)
+    return FrozenWeights(keys, {"source": str(Path(source).resolve()), "files": files[0], "tensors": sorted(keys)})
+
+
+def _without_wrappers(name: str) -> str:
+    """A parameter name as the model's sharded_state_dict names it (Float16Module's
+    `module.` prefix dropped)."""
+    while name.startswith("module."):
+        name = name[len("module."):]
+    return name
+
+
 def save_checkpoint(run_dir, step: int, chunks: Sequence, optimizer, scheduler, batch_source,
-                    wandb_run_id: Optional[str], keep: Retention, background: Optional["BackgroundSaves"] = None) -> Path:
+                    wandb_run_id: Optional[str], keep: Retention, background: Optional["BackgroundSaves"] = None,
+                    frozen: Optional[FrozenWeights] = None) -> Path:
     """Collective. Without `background` the checkpoint is written and published before
     this returns; with it, only what is needed for a consistent copy happens here (the
     save plan, the common and per-rank state, the copy of the tensors to host) and a
     forked process writes the tensors while training goes on: `background.finish`
     publishes it. A full disk removes the partial save (so the run directory's other
     files can still be written) and raises DiskFull naming the path, the step and the
-    checkpoint a rerun resumes from."""
+    checkpoint a rerun resumes from. With `frozen`, the checkpoint leaves those tensors
+    out and records where they are (FROZEN_SOURCE): every load reads them from there."""
     from megatron.core import dist_checkpointing
 
     root = checkpoints_dir(run_dir)
@@ -175,7 +218,7 @@ def save_checkpoint(run_dir, step: int, chunks: Sequence, optimizer, scheduler, 
     with _disk_full_explained(root, step, keep):
         if background is not None:
             background.finish(blocking=True)  # one save in flight at a time
-        tmp, state = _begin(root, name, step, chunks, optimizer, scheduler, wandb_run_id)
+        tmp, state = _begin(root, name, step, chunks, optimizer, scheduler, wandb_run_id, frozen)
         # In the background megatron returns the request whose function writes the tensor
         # files; the save plan (agreed by every rank) and the common state are done here.
         request = dist_checkpointing.save(state, str(tmp), async_sharded_save=background is not None)
@@ -212,8 +255,9 @@ def _disk_full_explained(root: Path, step: int, keep: Retention):
 
 
 def _begin(root: Path, name: str, step: int, chunks: Sequence, optimizer, scheduler,
-           wandb_run_id: Optional[str]) -> tuple:
-    """Collective: the empty temporary directory and the sharded state to write into it."""
+           wandb_run_id: Optional[str], frozen: Optional[FrozenWeights]) -> tuple:
+    """Collective: the temporary directory (empty, but for FROZEN_SOURCE with `frozen`) and
+    the sharded state to write into it."""
     use_in_process_results_queue()
     final, tmp = root / name, root / f".tmp-{name}"
     if dist.get_rank() == 0:
@@ -223,9 +267,16 @@ def _begin(root: Path, name: str, step: int, chunks: Sequence, optimizer, schedu
         if final.exists():  # the same step saved by a run that crashed before publishing
             shutil.rmtree(final)
         tmp.mkdir()
+        if frozen is not None:
+            (tmp / FROZEN_SOURCE).write_text(json.dumps(frozen.record, indent=1) + "\n")
     dist.barrier()
     model_sd = _model_sharded_state_dict(chunks)
     state = dict(model_sd)
+    if frozen is not None:
+        state.update({part: {name: sharded for name, sharded in entries.items()
+                             if getattr(sharded, "key", None) not in frozen.keys}
+                      for part, entries in model_sd.items()})
+    # The optimizer's state is mapped onto the whole model's (its parameters all train).
     state["optimizer"] = optimizer.sharded_state_dict(model_sd, metadata=dict(_SHARDING_METADATA))
     state["scheduler"] = scheduler.state_dict()
     state["step"] = step
@@ -408,7 +459,7 @@ def _write_manifest(tmp: Path, written: dict) -> None:
     dist.all_gather_object(gathered, mine)
     if dist.get_rank() == 0:
         files.update({k: v for part in gathered for k, v in part.items()})
-        (tmp / MANIFEST).write_text(json.dumps({"format": 1, "files": files}, sort_keys=True) + "\n")
+        write_manifest(tmp, files)
 
 
 class NoCompleteCheckpoint(RuntimeError):
@@ -500,8 +551,6 @@ def load_checkpoint(path: Path, chunks: Sequence, optimizer, scheduler, batch_so
     """Restore everything save_checkpoint wrote, also into a job at another parallel
     layout (weights and optimizer state resharded by dist_checkpointing, the data state
     merged from every rank's). Returns {'step', 'wandb_run_id'}."""
-    from megatron.core import dist_checkpointing
-
     rank_dir = path / "rank_state"
     own = rank_dir / f"rank_{dist.get_rank():05d}.pt"
     state = torch.load(own, weights_only=False) if own.exists() else None
@@ -523,7 +572,7 @@ def load_checkpoint(path: Path, chunks: Sequence, optimizer, scheduler, batch_so
     model_sd = _model_sharded_state_dict(chunks)
     request = dict(model_sd)
     request["optimizer"] = optimizer.sharded_state_dict(model_sd, is_loading=True, metadata=dict(_SHARDING_METADATA))
-    loaded = dist_checkpointing.load(request, str(path))
+    loaded = load_model_state(request, path)
     for i, chunk in enumerate(chunks):
         _unwrap_ddp(chunk).load_state_dict(loaded[_model_key(i, len(chunks))])
     # fp32 distributed optimizer: main params are views of requires-grad model params.
@@ -579,9 +628,7 @@ def _merged_data_state(path: Path, batch_source) -> dict:
 def load_model_weights(path: Path, chunks: Sequence, strict: bool = True) -> None:
     """Model weights only (evaluation, init_checkpoint, another parallel layout):
     dist_checkpointing reshards to this job's TP/PP."""
-    from megatron.core import dist_checkpointing
-
     model_sd = _model_sharded_state_dict(chunks)
-    loaded = dist_checkpointing.load(model_sd, str(path))
+    loaded = load_model_state(model_sd, path)
     for i, chunk in enumerate(chunks):
         _unwrap_ddp(chunk).load_state_dict(loaded[_model_key(i, len(chunks))], strict=strict)

@@ -104,19 +104,61 @@ def write_model_tensors(out_dir: Path, tensors: Iterable[Tuple[str, torch.Tensor
 
 def stored_model_tensors(ckpt_dir: Path) -> dict:
     """{checkpoint key: ShardedTensor without data (global shape and dtype)} of the model
-    tensors a dist_checkpointing directory holds."""
+    tensors a dist_checkpointing directory holds, those it leaves in the checkpoint it
+    froze them from (FROZEN_SOURCE) included."""
     from megatron.core import dist_checkpointing
 
+    record = _checked_frozen_source(ckpt_dir)
     with process_group():
         stored = dist_checkpointing.load_tensors_metadata(str(ckpt_dir))
-    return {k: v for k, v in stored.items() if k.startswith(MODEL_PREFIXES)}
+    own = {k: v for k, v in stored.items() if k.startswith(MODEL_PREFIXES)}
+    if record is None:
+        return own
+    frozen = stored_model_tensors(Path(record["source"]))
+    return {**{k: frozen[k] for k in record["tensors"]}, **own}
+
+
+def load_model_state(request: dict, ckpt_dir: Path) -> dict:
+    """dist_checkpointing.load of `request` from `ckpt_dir`, where the model tensors the
+    checkpoint leaves in the one it froze them from (FROZEN_SOURCE) are read from there
+    (and so on down the chain)."""
+    from megatron.core import dist_checkpointing
+    from megatron.core.dist_checkpointing.dict_utils import extract_matching_values, merge, nested_values
+    from megatron.core.dist_checkpointing.mapping import ShardedObject
+
+    record = _checked_frozen_source(ckpt_dir)
+    if record is None:
+        return dist_checkpointing.load(request, str(ckpt_dir))
+    left_out = set(record["tensors"])
+    elsewhere, here = extract_matching_values(
+        request, lambda v: not isinstance(v, ShardedObject) and getattr(v, "key", None) in left_out)
+    loaded = dist_checkpointing.load(here, str(ckpt_dir))
+    if any(True for _ in nested_values(elsewhere)):
+        merge(loaded, load_model_state(elsewhere, Path(record["source"])))
+    return loaded
+
+
+def _checked_frozen_source(ckpt_dir: Path) -> Optional[dict]:
+    """FROZEN_SOURCE of a checkpoint, or None; FrozenSourceError when the weights it names
+    cannot be read back as they were."""
+    from orchestrator.plan.checkpoint_dirs import frozen_source, frozen_source_problem
+
+    record = frozen_source(ckpt_dir)
+    if record is not None:
+        problem = frozen_source_problem(ckpt_dir)
+        if problem:
+            raise FrozenSourceError(problem)
+    return record
+
+
+class FrozenSourceError(FileNotFoundError):
+    """A checkpoint's frozen weights, left in another checkpoint, are gone or changed."""
 
 
 def read_model_tensors(ckpt_dir: Path) -> Dict[str, torch.Tensor]:
     """Every model tensor of a dist_checkpointing directory as a full (TP=1) tensor,
     keyed by AudioLLM state-dict name (decoder layers unstacked), in its stored dtype.
     The embedding keeps the rows it was stored with (padded in a training checkpoint)."""
-    from megatron.core import dist_checkpointing
     from megatron.core.dist_checkpointing.mapping import ShardedTensor
 
     with process_group():  # one group for both reads
@@ -124,7 +166,7 @@ def read_model_tensors(ckpt_dir: Path) -> Dict[str, torch.Tensor]:
         request = {key: ShardedTensor.from_rank_offsets(key, torch.empty(meta.global_shape, dtype=meta.dtype),
                                                         replica_id=0)
                    for key, meta in stored.items()}
-        loaded = dist_checkpointing.load(request, str(ckpt_dir))
+        loaded = load_model_state(request, ckpt_dir)
     out: Dict[str, torch.Tensor] = {}
     for key, tensor in loaded.items():
         if key.startswith(LAYERS):

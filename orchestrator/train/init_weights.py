@@ -70,13 +70,12 @@ def load_init_checkpoint(path: str | Path, chunks: Sequence, prefix: str = "", l
     every rank). `prefix` names the part of the AudioLLM the chunks are (a bare decoder:
     `language_model.`); checkpoint tensors outside it are then ignored. `lora`: the run
     adds LoRA after this load, and `load_init_lora` reads the checkpoint's LoRA factors
-    then (else they are tensors the model does not have). Returns {'loaded': n, 'fresh': {reason: n}}
-    counted over the whole model; raises InitCheckpointError before anything is loaded
+    then (else they are tensors the model does not have). Returns {'loaded': n, 'fresh': {reason: n},
+    'keys': the checkpoint keys loaded} over the whole model; raises InitCheckpointError before anything is loaded
     when the checkpoint does not fit."""
-    from megatron.core import dist_checkpointing
     from megatron.core.dist_checkpointing.mapping import ShardedObject
 
-    from orchestrator.train.dist_format import stored_model_tensors
+    from orchestrator.train.dist_format import load_model_state, stored_model_tensors
     from orchestrator.train.checkpoint import _unwrap_ddp
 
     stored = {k: v for k, v in stored_model_tensors(path).items() if k.startswith(prefix)}
@@ -126,7 +125,7 @@ def load_init_checkpoint(path: str | Path, chunks: Sequence, prefix: str = "", l
             f"model.init_checkpoint={path} does not fit model (this config's model section): " + "; ".join(problems)
             + ". Convert the checkpoint for this model, or set the model section to the checkpoint's shapes.")
     # One read of the checkpoint for all chunks (several with virtual pipeline stages).
-    loaded = dist_checkpointing.load({str(i): request for i, request in enumerate(requests)}, str(path))
+    loaded = load_model_state({str(i): request for i, request in enumerate(requests)}, Path(path))
     for i, (chunk, skip) in enumerate(zip(chunks, skipped)):
         with torch.no_grad():
             result = _unwrap_ddp(chunk).load_state_dict(_strip(loaded[str(i)], prefix), strict=False)
@@ -136,7 +135,7 @@ def load_init_checkpoint(path: str | Path, chunks: Sequence, prefix: str = "", l
     counts: Dict[str, int] = {}
     for reason in fresh.values():
         counts[reason] = counts.get(reason, 0) + 1
-    return {"loaded": len(needed) - len(fresh), "fresh": counts}
+    return {"loaded": len(needed) - len(fresh), "fresh": counts, "keys": sorted(needed - set(fresh))}
 
 
 def recorded_lora(path: str | Path) -> dict:
@@ -161,10 +160,9 @@ def load_init_lora(path: str | Path, chunks: Sequence, lora_cfg: dict) -> List[s
     (collective). Every stored factor must belong to an adapted linear of the same rank,
     and the stored alpha must be lora.alpha; adapted linears without stored factors keep
     their fresh ones. Returns, per chunk, the names of the parameters loaded."""
-    from megatron.core import dist_checkpointing
     from megatron.core.dist_checkpointing.mapping import ShardedObject
 
-    from orchestrator.train.dist_format import stored_model_tensors
+    from orchestrator.train.dist_format import load_model_state, stored_model_tensors
     from orchestrator.train.checkpoint import _unwrap_ddp
 
     stored = {k: v for k, v in stored_model_tensors(path).items() if ".lora_" in k}
@@ -210,7 +208,7 @@ def load_init_lora(path: str | Path, chunks: Sequence, lora_cfg: dict) -> List[s
                                   + "; ".join(problems) + f". {hint}, or start LoRA fresh from a checkpoint without it")
     if not loads:
         return [set() for _ in chunks]
-    loaded = dist_checkpointing.load({str(i): request for i, request in enumerate(requests)}, str(path))
+    loaded = load_model_state({str(i): request for i, request in enumerate(requests)}, Path(path))
     for i, chunk in enumerate(chunks):
         with torch.no_grad():
             result = _unwrap_ddp(chunk).load_state_dict(loaded[str(i)], strict=False)

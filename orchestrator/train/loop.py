@@ -27,7 +27,7 @@ import torch
 import torch.distributed as dist
 
 from orchestrator.data.loader import BadSampleError, bad_share_problem
-from orchestrator.plan.checkpoint_dirs import set_aside_dirs, step_dirs
+from orchestrator.plan.checkpoint_dirs import frozen_source, set_aside_dirs, step_dirs
 from orchestrator.runtime.machine import Machine, decide
 from orchestrator.train import checkpoint as ckpt
 from orchestrator.train import lr_groups as lrg
@@ -132,6 +132,7 @@ class Trainer:
                 init["lora_names"] = load_init_lora(init["path"], chunks, plan.section("lora"))
             self._log_init(init, chunks)
         freeze_model_parts(chunks, plan.section("model"))
+        self.frozen = self._frozen_weights(init, chunks) if training else None
         if init is None and plan.section("model").get("allow_frozen_random") and self.rank == 0:
             log.warning("frozen weights are random (model.allow_frozen_random=true, no model.init_checkpoint): "
                         "this run measures speed and memory; its losses and scores mean nothing")
@@ -228,6 +229,25 @@ class Trainer:
 
         lora = int(self.plan.section("lora").get("rank") or 0) > 0
         return {"path": path, **load_init_checkpoint(path, chunks, lora=lora)}
+
+    def _frozen_weights(self, init: Optional[dict], chunks) -> Optional[ckpt.FrozenWeights]:
+        """Collective: what this run's checkpoints leave out (train.save_frozen_weights=false):
+        the frozen tensors it read from model.init_checkpoint, or at a resume, those the
+        checkpoint it resumes from left there."""
+        if self.train_cfg.get("save_frozen_weights"):
+            return None
+        record = frozen_source(self.resume_from) if self.resume_from is not None else None
+        if init is not None:
+            source, loaded = init["path"], init["keys"]
+        elif record is not None:
+            source, loaded = record["source"], record["tensors"]
+        else:
+            return None
+        frozen = ckpt.frozen_weights(chunks, source, loaded)
+        if frozen is not None and self.rank == 0:
+            log.info("checkpoints leave out %d frozen tensors: they are read back from %s "
+                     "(train.save_frozen_weights=false)", len(frozen.keys), source)
+        return frozen
 
     def _log_init(self, init: dict, chunks) -> None:
         """One line: what was loaded, and what starts fresh (LoRA included, added after the load)."""
@@ -465,7 +485,7 @@ class Trainer:
                                         self.components.train_source, self.run_id,
                                         ckpt.Retention(int(self.train_cfg.get("keep_last", 2)),
                                                        int(self.train_cfg.get("keep_every", 0))),
-                                        background=self.background)
+                                        background=self.background, frozen=self.frozen)
         finally:
             self.progress(self.step, "train")
         stall = time.perf_counter() - start

@@ -343,3 +343,65 @@ def test_the_finetune_recipe_builds_from_a_converted_checkpoint_and_trains(pretr
     assert "starting fresh: CTC head (2 tensors), LoRA (" in log, log[-3000:]
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [0, 1, 2] and "val_loss" in rows[0], rows
+
+
+@pytest.mark.multiprocess
+def test_a_lora_runs_checkpoints_leave_the_frozen_base_in_the_init_checkpoint_and_resume_exactly(pretrained):
+    """train.save_frozen_weights=false (the default): a LoRA run from a converted checkpoint
+    saves its LoRA factors, adapter and optimizer, records where its frozen base is, and
+    reads it back from there at a resume: 2 + 2 steps give the losses of 4 steps in one
+    launch that saved every weight (train.save_frozen_weights=true). Once that checkpoint
+    changes, the run is refused before it starts, naming it, and so is a run that would
+    start from the LoRA run's checkpoint."""
+    import shutil
+
+    from orchestrator.plan.checkpoint_dirs import FROZEN_SOURCE, frozen_source
+    from orchestrator.train.dist_format import process_group, stored_model_tensors
+
+    root = pretrained["root"]
+    source = root / "converted_for_frozen"  # a copy: this test changes it at the end
+    shutil.copytree(pretrained["converted"], source)
+    lora = ["lora=decoder_r16", "lora.rank=4", "lora.alpha=8", "optim.lr=1e-2", "optim.min_lr=1e-2",
+            f"model.init_checkpoint={source}", "train.save_interval=2", "train.keep_last=5"]
+    whole = _overrides(pretrained, "frozen_whole", [*lora, "train.iters=4", "train.save_frozen_weights=true"])
+    split = _overrides(pretrained, "frozen_split", [*lora, "train.iters=2"])
+    _cli(["train", *whole], cwd=root)
+    _cli(["train", *split], cwd=root)
+    out = _cli(["train", *split[:-1], "train.iters=4"], cwd=root)
+    runs = root / "runs" / "tiny_cpu"
+    log = out + "\n".join(p.read_text() for p in (runs / "frozen_split").glob("**/*.log"))
+    assert "resumed from" in log and "checkpoints leave out" in log, log[-3000:]
+    losses = {name: [r["loss"] for r in map(json.loads, (runs / name / "metrics.jsonl").read_text().splitlines())
+                     if "loss" in r] for name in ("frozen_whole", "frozen_split")}
+    assert losses["frozen_split"] == losses["frozen_whole"], losses
+
+    base = "language_model.decoder.layers.self_attention.linear_qkv.weight"
+    with process_group():
+        from megatron.core import dist_checkpointing
+
+        own = {name: set(dist_checkpointing.load_tensors_metadata(str(runs / name / "checkpoints" / "step_000004")))
+               for name in ("frozen_whole", "frozen_split")}
+        converted = set(stored_model_tensors(source))
+        readable = set(stored_model_tensors(runs / "frozen_split" / "checkpoints" / "step_000004"))
+    assert base in own["frozen_whole"] and base not in own["frozen_split"], own["frozen_split"]
+    assert any(".lora_" in key for key in own["frozen_split"]) and converted <= readable
+    record = frozen_source(runs / "frozen_split" / "checkpoints" / "step_000002")
+    assert record["source"] == str(source.resolve()) and base in record["tensors"]
+    # exactly the frozen tensors: the adapted linears' base weights, and Whisper's fixed
+    # positions (this recipe trains the rest of the encoder, the norms and the embedding)
+    adapted = {f"language_model.decoder.layers.{name}.weight" for name in
+               ("self_attention.linear_qkv", "self_attention.linear_proj", "mlp.linear_fc1", "mlp.linear_fc2")}
+    assert set(record["tensors"]) == adapted | {"encoder.embed_positions.weight"}, record["tensors"]
+    assert not (runs / "frozen_whole" / "checkpoints" / "step_000004" / FROZEN_SOURCE).exists()
+
+    # The base changes under the run: refused before it starts, the source and the checkpoint named.
+    with open(source / "hf_config.json", "a") as handle:
+        handle.write(" ")
+    env = {**os.environ, "PYTHONPATH": str(REPO), "PYTHONWARNINGS": "ignore", "OMP_NUM_THREADS": "1"}
+    for argv in ([*split[:-1], "train.iters=6"],
+                 _overrides(pretrained, "from_frozen", [f"model.init_checkpoint={runs / 'frozen_split'}"])):
+        proc = subprocess.run([sys.executable, "-m", "orchestrator.cli", "train", *argv], capture_output=True,
+                              text=True, timeout=300, cwd=root, env=env)
+        said = proc.stdout + proc.stderr
+        assert proc.returncode != 0 and f"in {source.resolve()}, the model.init_checkpoint" in said, said[-3000:]
+        assert "whose files changed since (hf_config.json has " in said and "step_000004" in said, said[-3000:]

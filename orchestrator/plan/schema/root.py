@@ -51,6 +51,14 @@ class TrainConfig:
     # small run's saves take a moment; the fork costs host memory up to the rank's
     # shard of weights and optimizer state); the SLURM recipes turn it on.
     async_save: bool = False
+    # false: frozen weights read from model.init_checkpoint (a LoRA run's base model, a
+    # frozen encoder) are left out of checkpoints, which record where they are and read
+    # them back from there at a resume, an evaluation and an export (a 9B LoRA checkpoint:
+    # its adapter and optimizer, not 18 GB of base weights each), so that checkpoint must
+    # stay where it is, unchanged; a checkpoint whose source is gone or changed is refused,
+    # naming it. true: every checkpoint holds every weight (one to hand on by itself, or
+    # to load with Megatron-LM's own tools).
+    save_frozen_weights: bool = False
     # Seconds a rank may go without progress before the job is declared hung, its stacks
     # logged, the stopped rank named and the job requeued on SLURM (launchers/watchdog.py).
     # 0: max(120 s, 5 x the slowest step seen); 30 minutes before the first steps are
