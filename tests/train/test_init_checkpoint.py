@@ -349,8 +349,9 @@ def test_the_finetune_recipe_builds_from_a_converted_checkpoint_and_trains(pretr
 def test_a_lora_runs_checkpoints_leave_the_frozen_base_in_the_init_checkpoint_and_resume_exactly(pretrained):
     """train.save_frozen_weights=false (the default): a LoRA run from a converted checkpoint
     saves its LoRA factors, adapter and optimizer, records where its frozen base is, and
-    reads it back from there at a resume: 2 + 2 steps give the losses of 4 steps in one
-    launch that saved every weight (train.save_frozen_weights=true). Once that checkpoint
+    reads it back from there at a resume and an evaluation: 2 + 2 steps give the losses of 4
+    steps in one launch that saved every weight (train.save_frozen_weights=true), and
+    `audiollm eval` scores the last checkpoint as the run did. Once that checkpoint
     changes, the run is refused before it starts, naming it, and so is a run that would
     start from the LoRA run's checkpoint."""
     import shutil
@@ -363,8 +364,10 @@ def test_a_lora_runs_checkpoints_leave_the_frozen_base_in_the_init_checkpoint_an
     shutil.copytree(pretrained["converted"], source)
     lora = ["lora=decoder_r16", "lora.rank=4", "lora.alpha=8", "optim.lr=1e-2", "optim.min_lr=1e-2",
             f"model.init_checkpoint={source}", "train.save_interval=2", "train.keep_last=5"]
-    whole = _overrides(pretrained, "frozen_whole", [*lora, "train.iters=4", "train.save_frozen_weights=true"])
-    split = _overrides(pretrained, "frozen_split", [*lora, "train.iters=2"])
+    # with the validation set: the run scores itself, then `audiollm eval` scores its checkpoint
+    whole, split = ([o for o in _overrides(pretrained, name, [*lora, *extra]) if o != "data.validation=[]"]
+                    for name, extra in (("frozen_whole", ["train.iters=4", "train.save_frozen_weights=true"]),
+                                        ("frozen_split", ["train.iters=2"])))
     _cli(["train", *whole], cwd=root)
     _cli(["train", *split], cwd=root)
     out = _cli(["train", *split[:-1], "train.iters=4"], cwd=root)
@@ -374,6 +377,11 @@ def test_a_lora_runs_checkpoints_leave_the_frozen_base_in_the_init_checkpoint_an
     losses = {name: [r["loss"] for r in map(json.loads, (runs / name / "metrics.jsonl").read_text().splitlines())
                      if "loss" in r] for name in ("frozen_whole", "frozen_split")}
     assert losses["frozen_split"] == losses["frozen_whole"], losses
+    _cli(["eval", str(runs / "frozen_split")], cwd=root)  # its latest checkpoint, step 4
+    scored = json.loads((runs / "frozen_split" / "eval" / "step_000004.json").read_text())["val_loss"]
+    trained = [r["val_loss"] for r in map(json.loads, (runs / "frozen_split" / "metrics.jsonl").read_text().splitlines())
+               if "val_loss" in r][-1]
+    assert scored == pytest.approx(trained, abs=1e-5)
 
     base = "language_model.decoder.layers.self_attention.linear_qkv.weight"
     with process_group():
