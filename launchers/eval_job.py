@@ -35,6 +35,7 @@ from launchers.runs import EXIT_INVALID, EXIT_OK, print_errors
 from launchers.submit import RunActive, submit_job
 from orchestrator.eval.arguments import eval_parser, layout_of, split_launcher_overrides
 from orchestrator.plan import config_path
+from orchestrator.plan.checkpoint_dirs import frozen_source_problem, step_dirs
 from orchestrator.plan import rundir as rd
 
 EVAL_ENTRY = "orchestrator.train.evaluate.job_entry"
@@ -70,6 +71,8 @@ def submit_eval(argv: Sequence[str], overrides: Sequence[str]) -> int:
             f"here); drop the override and pass --gpus N for N processes"], header="not submitted")
         return EXIT_INVALID
     launcher, errors = eval_launcher(run_dir, overrides, processes)
+    newest = step_dirs(run_dir)[:1]  # a run's checkpoints all leave frozen weights in the same place
+    errors += [problem for problem in map(frozen_source_problem, newest) if problem]
     if errors:
         print_errors(errors, header="not submitted")
         return EXIT_INVALID

@@ -165,7 +165,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     try:
         source = checkpoint_at_step(args.megatron, args.step) if args.step is not None else args.megatron
         result = convert(source, args.out, args.lora)
-    except ValueError as exc:
+    except (ValueError, FileNotFoundError) as exc:  # what to fix, named: no traceback
         print(str(exc), file=sys.stderr)
         return 2
     parts = ["Gemma2"] + ([f"{PEFT_SUBDIR}/ ({result['peft_modules']} LoRA modules)"] if result["peft_modules"] else []) \

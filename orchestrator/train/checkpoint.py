@@ -5,6 +5,9 @@ Layout under <run_dir>/checkpoints/:
   step_000010/            one published checkpoint (dist_checkpointing format)
     rank_state/rank_00000.pt   per-rank RNG states and data-loader state
     manifest.json              size and CRC-32 of every file (orchestrator/plan/checkpoint_dirs.py)
+    frozen_weights.json        with train.save_frozen_weights=false: the frozen model
+                               tensors left out, and the model.init_checkpoint they are
+                               read back from (FrozenWeights, dist_format.load_model_state)
   latest                  name of the newest published checkpoint (replaced atomically)
   iter_0000010 -> step_000010           Megatron-LM's names for the same checkpoints, so
   latest_checkpointed_iteration.txt     that its loaders and tools find them: a relative

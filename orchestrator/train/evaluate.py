@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Callable, Optional, Sequence, Tuple
 
 from orchestrator.plan.rundir import write_text_atomic
-from orchestrator.plan.checkpoint_dirs import checkpoint_problem, step_dirs
+from orchestrator.plan.checkpoint_dirs import checkpoint_problem, frozen_source_problem, step_dirs
 from orchestrator.runtime.ports import free_port
 from orchestrator.train.run_plan import PlanError
 
@@ -108,7 +108,18 @@ def evaluate_run(run_dir: str | Path, checkpoint: Optional[str | Path] = None,
         raise DamagedCheckpoint(f"checkpoint {path} is damaged: {problem}; "
                                 + (f"evaluate the newest complete one with --checkpoint {others[0]}" if others
                                    else "the run has no other complete checkpoint"))
+    _check_frozen_source(path)
     return _score(run_dir, plan, [path], components_factory, layout, examples)[path.name]
+
+
+def _check_frozen_source(path: Path) -> None:
+    """Before the model is built: FrozenSourceError where the checkpoint's frozen weights,
+    left in its run's model.init_checkpoint, are gone or changed."""
+    from orchestrator.train.dist_format import FrozenSourceError
+
+    problem = frozen_source_problem(path)
+    if problem:
+        raise FrozenSourceError(problem)
 
 
 def evaluate_every_checkpoint(run_dir: str | Path, components_factory: Optional[Callable] = None,
@@ -125,6 +136,8 @@ def evaluate_every_checkpoint(run_dir: str | Path, components_factory: Optional[
     todo = [p for p in kept if checkpoint_problem(p) is None and not (run_dir / "eval" / f"{p.name}.json").is_file()]
     if not kept:
         raise FileNotFoundError(f"{run_dir}: no checkpoint to evaluate (checkpoints/step_N); train first")
+    for path in todo:
+        _check_frozen_source(path)
     return (_score(run_dir, plan, todo, components_factory, layout, examples) if todo else {}), damaged
 
 

@@ -363,7 +363,9 @@ def test_a_lora_runs_checkpoints_leave_the_frozen_base_in_the_init_checkpoint_an
     source = root / "converted_for_frozen"  # a copy: this test changes it at the end
     shutil.copytree(pretrained["converted"], source)
     lora = ["lora=decoder_r16", "lora.rank=4", "lora.alpha=8", "optim.lr=1e-2", "optim.min_lr=1e-2",
-            f"model.init_checkpoint={source}", "train.save_interval=2", "train.keep_last=5"]
+            f"model.init_checkpoint={source}", "train.save_interval=2", "train.keep_last=5",
+            # as gemma2_whisper_tp1 trains: the distributed optimizer, over two data-parallel ranks
+            "parallel.distributed_optimizer=true", "launcher.gpus_per_node=2"]
     # with the validation set: the run scores itself, then `audiollm eval` scores its checkpoint
     whole, split = ([o for o in _overrides(pretrained, name, [*lora, *extra]) if o != "data.validation=[]"]
                     for name, extra in (("frozen_whole", ["train.iters=4", "train.save_frozen_weights=true"]),
@@ -402,14 +404,20 @@ def test_a_lora_runs_checkpoints_leave_the_frozen_base_in_the_init_checkpoint_an
     assert set(record["tensors"]) == adapted | {"encoder.embed_positions.weight"}, record["tensors"]
     assert not (runs / "frozen_whole" / "checkpoints" / "step_000004" / FROZEN_SOURCE).exists()
 
-    # The base changes under the run: refused before it starts, the source and the checkpoint named.
+    # The base changes under the run: its resume, a run from its checkpoint, its evaluation
+    # (here and as a job) and its export are refused before they start, naming both places.
     with open(source / "hf_config.json", "a") as handle:
         handle.write(" ")
     env = {**os.environ, "PYTHONPATH": str(REPO), "PYTHONWARNINGS": "ignore", "OMP_NUM_THREADS": "1"}
-    for argv in ([*split[:-1], "train.iters=6"],
-                 _overrides(pretrained, "from_frozen", [f"model.init_checkpoint={runs / 'frozen_split'}"])):
-        proc = subprocess.run([sys.executable, "-m", "orchestrator.cli", "train", *argv], capture_output=True,
+    run = str(runs / "frozen_split")
+    for argv in (["train", *split[:-1], "train.iters=6"],
+                 ["train", *_overrides(pretrained, "from_frozen", [f"model.init_checkpoint={run}"])],
+                 ["eval", run, "--all"], ["eval", run, "launcher=local"],
+                 ["convert", "megatron-to-hf", "--megatron", run, "--out", str(root / "frozen_export")]):
+        proc = subprocess.run([sys.executable, "-m", "orchestrator.cli", *argv], capture_output=True,
                               text=True, timeout=300, cwd=root, env=env)
         said = proc.stdout + proc.stderr
         assert proc.returncode != 0 and f"in {source.resolve()}, the model.init_checkpoint" in said, said[-3000:]
-        assert "whose files changed since (hf_config.json has " in said and "step_000004" in said, said[-3000:]
+        assert "Traceback" not in said, said[-3000:]
+        assert "whose files changed since (hf_config.json has " in said and "frozen_split/checkpoints/step_" in said, \
+            said[-3000:]
