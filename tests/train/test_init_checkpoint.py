@@ -350,10 +350,12 @@ def test_a_lora_runs_checkpoints_leave_the_frozen_base_in_the_init_checkpoint_an
     """train.save_frozen_weights=false (the default): a LoRA run from a converted checkpoint
     saves its LoRA factors, adapter and optimizer, records where its frozen base is, and
     reads it back from there at a resume and an evaluation: 2 + 2 steps give the losses of 4
-    steps in one launch that saved every weight (train.save_frozen_weights=true), and
-    `audiollm eval` scores the last checkpoint as the run did. Once that checkpoint
-    changes, the run is refused before it starts, naming it, and so is a run that would
-    start from the LoRA run's checkpoint."""
+    steps in one launch that saved every weight (train.save_frozen_weights=true), both as
+    gemma2_whisper_tp1 trains (the distributed optimizer, here over two data-parallel ranks;
+    the split run saving in the background), and `audiollm eval` scores the last checkpoint
+    as the run did. Once the converted checkpoint changes, the run's resume, a run from its
+    checkpoint, its evaluation (here and as a job) and its export are refused before they
+    start, naming both."""
     import shutil
 
     from orchestrator.plan.checkpoint_dirs import FROZEN_SOURCE, frozen_source
@@ -369,7 +371,7 @@ def test_a_lora_runs_checkpoints_leave_the_frozen_base_in_the_init_checkpoint_an
     # with the validation set: the run scores itself, then `audiollm eval` scores its checkpoint
     whole, split = ([o for o in _overrides(pretrained, name, [*lora, *extra]) if o != "data.validation=[]"]
                     for name, extra in (("frozen_whole", ["train.iters=4", "train.save_frozen_weights=true"]),
-                                        ("frozen_split", ["train.iters=2"])))
+                                        ("frozen_split", ["train.iters=2", "train.async_save=true"])))
     _cli(["train", *whole], cwd=root)
     _cli(["train", *split], cwd=root)
     out = _cli(["train", *split[:-1], "train.iters=4"], cwd=root)
