@@ -179,12 +179,10 @@ def frozen_weights(chunks: Sequence, source: str, loaded: Sequence[str]) -> Opti
     from megatron.core.dist_checkpointing.mapping import ShardedObject
 
     frozen = set()
-    for chunk in chunks:
-        module = _unwrap_ddp(chunk)
-        trains = {_without_wrappers(name): p.requires_grad for name, p in module.named_parameters()}
-        for name, sharded in module.sharded_state_dict(metadata=dict(_SHARDING_METADATA)).items():
-            if not isinstance(sharded, ShardedObject) and trains.get(name) is False:
-                frozen.add(sharded.key)
+    for chunk, entries in zip(chunks, _model_sharded_state_dict(chunks).values()):
+        trains = {_without_wrappers(name): p.requires_grad for name, p in _unwrap_ddp(chunk).named_parameters()}
+        frozen.update(sharded.key for name, sharded in entries.items()
+                      if not isinstance(sharded, ShardedObject) and trains.get(name) is False)
     gathered = [None] * dist.get_world_size()
     dist.all_gather_object(gathered, frozen)
     keys = frozenset(set().union(*gathered) & set(loaded))
