@@ -7,14 +7,18 @@ callable run once per task, with the task's rank in the environment.
   processes on this machine (only nodes=1 makes sense there).
 * slurm: submitit's SlurmExecutor; one task per GPU (`ntasks_per_node =
   gpus_per_node`), parameter names as submitit's (which follow sbatch).
+
+Each task starts through launchers/rank_start.py, which holds a preemption signal back
+until the job's handlers are installed.
 """
 
 from __future__ import annotations
 
 import shlex
-import sys
 from pathlib import Path
 from typing import Any, Mapping
+
+from launchers.rank_start import launcher_python
 
 
 def world_size(launcher: Mapping[str, Any]) -> int:
@@ -52,15 +56,14 @@ def slurm_parameters(launcher: Mapping[str, Any], job_name: str) -> dict[str, An
     return params
 
 
-def submitit_command(folder: Path, python: str | None = None) -> str:
+def submitit_command(folder: Path, interpreter: str | None = None) -> str:
     """The command every task runs (what submitit's SlurmExecutor puts after srun)."""
-    python = python or shlex.quote(sys.executable)
-    return " ".join([python, "-u -m submitit.core._submit", shlex.quote(str(folder))])
+    return " ".join([launcher_python(interpreter), "-u -m submitit.core._submit", shlex.quote(str(folder))])
 
 
 def render_sbatch(
     launcher: Mapping[str, Any], folder: Path, job_name: str, *, array_size: int | None = None,
-    python: str | None = None,
+    interpreter: str | None = None,
 ) -> str:
     """The sbatch script submitit would submit (works without SLURM installed)."""
     from submitit.slurm.slurm import _make_sbatch_string
@@ -68,7 +71,7 @@ def render_sbatch(
     params = slurm_parameters(launcher, job_name)
     if array_size is not None and array_size > 1:
         params["map_count"] = array_size
-    return _make_sbatch_string(command=submitit_command(folder, python), folder=folder, **params)
+    return _make_sbatch_string(command=submitit_command(folder, interpreter), folder=folder, **params)
 
 
 def slurm_executor(launcher: Mapping[str, Any], folder: Path, job_name: str):
@@ -76,7 +79,8 @@ def slurm_executor(launcher: Mapping[str, Any], folder: Path, job_name: str):
 
     # Requeues are bounded by the job itself (launchers/job.py counts them against
     # launcher.max_requeues); submitit's own time-out countdown gets the same bound.
-    executor = submitit.SlurmExecutor(folder=folder, max_num_timeout=int(launcher["max_requeues"]))
+    executor = submitit.SlurmExecutor(folder=folder, max_num_timeout=int(launcher["max_requeues"]),
+                                      python=launcher_python())
     executor.update_parameters(**slurm_parameters(launcher, job_name))
     return executor
 
@@ -84,7 +88,7 @@ def slurm_executor(launcher: Mapping[str, Any], folder: Path, job_name: str):
 def local_executor(launcher: Mapping[str, Any], folder: Path, job_name: str):
     import submitit
 
-    executor = submitit.AutoExecutor(folder=folder, cluster="local")
+    executor = submitit.AutoExecutor(folder=folder, cluster="local", local_python=launcher_python())
     params: dict[str, Any] = {
         "name": job_name,
         "tasks_per_node": world_size(launcher),

@@ -13,17 +13,20 @@ saw when it disappeared. `audiollm train` starts this module in place of
 Each start of the tasks also gets its own rendezvous port, free on this host when the
 tasks start and below the ephemeral range (orchestrator/runtime/ports.py), unless the
 user exported MASTER_PORT: submitit's own choice is a random port in 20000-60000 that
-an outgoing connection can hold.
+an outgoing connection can hold, and the tasks start with the stop signals blocked
+(launchers/rank_start.py says why).
 """
 
 from __future__ import annotations
 
 import os
+import signal
 import sys
 from pathlib import Path
 
 from submitit.local.local import Controller
 
+from launchers.rank_start import HELD
 from orchestrator.plan.rundir import write_json
 from orchestrator.runtime.ports import free_port
 
@@ -40,7 +43,14 @@ class RecordingController(Controller):
     def start_tasks(self) -> None:
         if not self.user_port:
             os.environ["MASTER_PORT"] = str(free_port())  # the tasks inherit the controller's environment
-        super().start_tasks()
+        # The tasks start with the stop signals blocked, as launchers/rank_start.py would
+        # block them a little later: one sent at once is held until the job can act on it.
+        # The controller's own SIGTERM, held meanwhile, is forwarded once they exist.
+        held = signal.pthread_sigmask(signal.SIG_BLOCK, HELD)
+        try:
+            super().start_tasks()
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, held)
 
     def wait(self, freq: int = 24):
         codes = super().wait(freq)

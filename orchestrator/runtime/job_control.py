@@ -38,9 +38,15 @@ def request_stop(signum: int, _frame=None) -> None:
     _requested = signal.Signals(signum).name
 
 
-def install_handlers(signals=(signal.SIGUSR2, signal.SIGTERM)) -> None:
+STOP_SIGNALS = (signal.SIGUSR2, signal.SIGTERM)
+
+
+def install_handlers(signals=STOP_SIGNALS) -> None:
+    """Stop at the next step boundary on these signals, one that arrived while the task
+    started included: launchers/rank_start.py blocks them until now."""
     for sig in signals:
         signal.signal(sig, request_stop)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, signals)
 
 
 def stop_signal() -> str | None:

@@ -7,6 +7,7 @@ import os
 import re
 import signal
 import socket
+import textwrap
 import time
 
 import pytest
@@ -54,20 +55,36 @@ def test_local_run_writes_the_run_directory_and_streams_rank0(reference, capfd):
     assert len((run_dir / "wandb_id").read_text().strip()) == 16
 
 
-def test_preempted_rank_restarts_and_reproduces_every_loss(reference, tmp_path, tiny, monkeypatch):
-    # USR2 to one rank only: both ranks must agree to stop at the same step boundary.
+def test_a_rank_preempted_as_it_starts_stops_at_once_and_reproduces_every_loss(reference, tmp_path, tiny, monkeypatch):
+    """USR2 reaches rank 1 as its interpreter starts, before any of the job's Python
+    (a sitecustomize on PYTHONPATH sends it, once): the signal is held until the job's
+    handlers exist (launchers/rank_start.py, launchers/local_controller.py), where it
+    used to kill the rank. Both ranks agree to stop at the first boundary (the minimal
+    job asks before its first step); the run is requeued, resumes, and reproduces every
+    loss."""
     _, ref_dir = reference
-    monkeypatch.setenv("AUDIOLLM_MINIMAL_STEP_DELAY_S", "0.25")
+    hook = tmp_path / "hook"
+    hook.mkdir()
+    (hook / "sitecustomize.py").write_text(textwrap.dedent(f"""\
+        import os, signal
+        if os.environ.get("SUBMITIT_LOCAL_GLOBALID") == "1":
+            try:
+                os.close(os.open({str(tmp_path / "signalled")!r}, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+            except FileExistsError:
+                pass
+            else:
+                os.kill(os.getpid(), signal.SIGUSR2)
+        """))
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(hook), os.environ.get("PYTHONPATH")])))
     run_dir = tmp_path / "tiny_cpu" / "pre"
-    assert train(tiny(tmp_path, "run.name=pre", "launcher.wait=false", iters=ITERS)) == 0
-    wait_for_step(run_dir, 3, timeout=120)
-    os.kill(rank_pids(run_dir, 1)[0], signal.SIGUSR2)
+    assert train(tiny(tmp_path, "run.name=pre", iters=ITERS)) == 0
+    assert (tmp_path / "signalled").exists()
     info = wait_for_end(run_dir, timeout=180)
     assert info["state"] == "COMPLETED", info
     state = read_json(run_dir / "state.json")
-    assert state["requeues"] == 1 and state["attempt"] == 2 and state["signal"] == "SIGUSR2"
+    assert state["requeues"] == 1 and state["attempt"] == 2 and state["signal"] == "SIGUSR2", state
     assert len(rank_pids(run_dir, 0)) == 2  # the tasks were started again
-    assert "resumed from step_" in (run_dir / "logs" / "rank0.log").read_text()
+    assert "resumed from step_0" in (run_dir / "logs" / "rank0.log").read_text()
     assert losses(run_dir) == losses(ref_dir)
 
 

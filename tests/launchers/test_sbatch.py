@@ -30,7 +30,7 @@ CASES = {
 
 def _render(overrides: list[str], array_size: int | None = None) -> str:
     launcher = OmegaConf.to_container(compose(overrides).launcher, resolve=True)
-    return render_sbatch(launcher, FOLDER, "audiollm-gemma2_whisper_tp4pp2", array_size=array_size, python="python")
+    return render_sbatch(launcher, FOLDER, "audiollm-gemma2_whisper_tp4pp2", array_size=array_size, interpreter="python")
 
 
 @pytest.mark.parametrize("name", sorted(CASES))
@@ -54,13 +54,13 @@ def test_site_options_reach_sbatch():
                  "#SBATCH --mail-type=END", "module load cuda/12.4", "export NCCL_DEBUG=WARN"):
         assert line in lines, line
     srun = next(line for line in lines if line.startswith("srun "))
-    assert "--cpu-bind=none" in srun and srun.endswith("python -u -m submitit.core._submit /RUN_DIR/submitit")
+    assert "--cpu-bind=none" in srun and srun.endswith("python -u -m launchers.rank_start -u -m submitit.core._submit /RUN_DIR/submitit")
 
 
 def test_cpu_jobs_ask_for_no_gpus_and_arrays_are_bounded():
     launcher = OmegaConf.to_container(compose(["launcher=slurm", "launcher.accelerator=cpu"]).launcher)
     assert "gpus_per_node" not in slurm_parameters(launcher, "x")
     launcher["array_parallelism"] = 2
-    text = render_sbatch(launcher, FOLDER, "x", array_size=5, python="python")
+    text = render_sbatch(launcher, FOLDER, "x", array_size=5, interpreter="python")
     assert "#SBATCH --array=0-4%2" in text.splitlines()
     assert "#SBATCH --output=/RUN_DIR/submitit/%A_%a_0_log.out" in text.splitlines()
