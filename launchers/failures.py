@@ -126,6 +126,7 @@ class TaskEnds:
     """How the ranks' processes of a job ended, as the launcher and the scheduler saw it."""
 
     codes: dict = field(default_factory=dict)  # rank -> exit status (Popen's: -N = signal N), in the order seen
+    stopped: list = field(default_factory=list)  # ranks the launcher ended itself, after a peer had failed
     oom: list = field(default_factory=list)  # ranks srun reports out of memory
     hosts: dict = field(default_factory=dict)  # rank -> host, where srun named it
     lost_nodes: list = field(default_factory=list)  # "srun: error: Node failure on HOST"
@@ -206,8 +207,12 @@ def task_ends(run_dir: Path, kind: Optional[str], job_id: str, folder: Optional[
     if kind != "slurm":
         from launchers.local_controller import exit_codes_path
 
-        codes = (read_json(exit_codes_path(folder, job_id), default={}) or {}).get("exit_codes") or []
-        return TaskEnds(codes={rank: code for rank, code in enumerate(codes[:world]) if code is not None})
+        record = read_json(exit_codes_path(folder, job_id), default={}) or {}
+        codes = (record.get("exit_codes") or [])[:world]
+        order = [r for r in record.get("ended") or [] if r < len(codes)] or range(len(codes))  # the order they ended
+        return TaskEnds(codes={rank: codes[rank] for rank in order if codes[rank] is not None},
+                        stopped=[r for r in record.get("stopped") or [] if r < world],
+                        hosts=dict.fromkeys(range(len(codes)), record["host"]) if record.get("host") else {})
     from submitit.core.utils import JobPaths
 
     ends = TaskEnds()
@@ -329,14 +334,15 @@ def explain(run_dir: Path, job_id: str, ends: TaskEnds | Sequence[Optional[int]]
     if ends.scheduler in _SCHEDULER_ENDS:
         return f"SLURM ended the job ({ends.scheduler}): {_SCHEDULER_ENDS[ends.scheduler]}"
 
-    killed = [(rank, -code) for rank, code in ends.codes.items() if code < 0 and rank not in by_rank]
+    killed = [(rank, -code) for rank, code in ends.codes.items()
+              if code < 0 and rank not in by_rank and rank not in ends.stopped]
     if killed:
         rank, number = killed[0]
         hint = _SIGNAL_HINTS.get(number)
         return (f"{_on(rank, hosts)} was killed by signal {number} ({_signal_name(number)}"
                 f"{': ' + hint if hint else ''}) {log(rank)}{after([rank])}")
 
-    silent = [rank for rank in range(world_size) if rank not in by_rank]
+    silent = [rank for rank in range(world_size) if rank not in by_rank and rank not in ends.stopped]
     if records and silent:  # every recorded error is a lost peer: the silent rank went first
         rank = silent[0]
         return (f"{_on(rank, hosts)} ended without an error of its own (killed by a signal? the out-of-memory killer "

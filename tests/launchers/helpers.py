@@ -7,6 +7,7 @@ import os
 import re
 import subprocess
 import sys
+import textwrap
 import time
 from pathlib import Path
 
@@ -28,6 +29,24 @@ def tiny_overrides(root, *extra: str, ranks: int = 2, iters: int = 6) -> list[st
         "optim.lr_warmup_iters=0", f"train.iters={iters}", "train.log_interval=1", f"run.output_root={root}",
         *data_overrides(shared_corpus()), *extra,
     ]
+
+
+def signal_at_start(directory: Path, rank: int, sig: int) -> str:
+    """A directory for PYTHONPATH whose sitecustomize sends `sig` to local rank `rank`
+    while its interpreter starts, before any of the job's Python, once (the first start)."""
+    hook = Path(directory) / f"signal_rank{rank}_at_start"
+    hook.mkdir()
+    (hook / "sitecustomize.py").write_text(textwrap.dedent(f"""\
+        import os
+        if os.environ.get("SUBMITIT_LOCAL_GLOBALID") == "{rank}":
+            try:
+                os.close(os.open({str(hook / "sent")!r}, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+            except FileExistsError:
+                pass
+            else:
+                os.kill(os.getpid(), {int(sig)})
+        """))
+    return str(hook)
 
 
 def wait_until(predicate, timeout: float, what: str, run_dirs=(), interval: float = 0.2):

@@ -207,6 +207,24 @@ def test_a_local_jobs_exit_statuses_come_from_its_controller(run_dir):
     assert explain(run_dir, "123", ends).startswith("rank 2 on node2 was killed by signal 9")
 
 
+def test_the_rank_that_died_first_is_named_not_the_peers_its_controller_killed(run_dir):
+    """Rank 3 died at start; its peers waited for it until the local controller killed
+    them (launchers/local_controller.py): every code is SIGKILL, the order they ended
+    and the ranks the controller stopped tell them apart."""
+    folder = run_dir / "submitit"
+    folder.mkdir()
+    (folder / "5_exit_codes.json").write_text(json.dumps(
+        {"exit_codes": [-9, -9, -9, -9], "ended": [3, 0, 1, 2], "stopped": [0, 1, 2], "host": "box"}))
+    ends = failures.task_ends(run_dir, "local", "5", folder)
+    assert list(ends.codes) == [3, 0, 1, 2] and ends.stopped == [0, 1, 2]
+    assert explain(run_dir, "5", ends) == (
+        f"rank 3 on node2 was killed by signal 9 (SIGKILL: the out-of-memory killer or a kill -9) "
+        f"(log: {run_dir}/logs/rank3.log); ranks 0-2 failed after it")
+    for rank in range(4):  # no heartbeat written: the controller's host
+        (run_dir / "heartbeats" / f"rank{rank}.json").unlink()
+    assert explain(run_dir, "5", failures.task_ends(run_dir, "local", "5", folder)).startswith("rank 3 on box was")
+
+
 def test_a_rank_that_ended_without_a_word_while_its_peers_lost_it(run_dir):
     for rank in (0, 1, 3):
         _record(run_dir, rank, LOST)

@@ -7,7 +7,6 @@ import os
 import re
 import signal
 import socket
-import textwrap
 import time
 
 import pytest
@@ -17,7 +16,8 @@ from launchers.train import train
 from orchestrator.plan.rundir import read_json, read_metrics
 from orchestrator.runtime.ports import END_PORT, FIRST_PORT
 
-from .helpers import launches, losses, rank_pids, status_cause, tiny_overrides, wait_for_end, wait_for_step, wait_until
+from .helpers import (launches, losses, rank_pids, signal_at_start, status_cause, tiny_overrides, wait_for_end,
+                      wait_for_step, wait_until)
 
 pytestmark = pytest.mark.multiprocess
 
@@ -63,22 +63,11 @@ def test_a_rank_preempted_as_it_starts_stops_at_once_and_reproduces_every_loss(r
     job asks before its first step); the run is requeued, resumes, and reproduces every
     loss."""
     _, ref_dir = reference
-    hook = tmp_path / "hook"
-    hook.mkdir()
-    (hook / "sitecustomize.py").write_text(textwrap.dedent(f"""\
-        import os, signal
-        if os.environ.get("SUBMITIT_LOCAL_GLOBALID") == "1":
-            try:
-                os.close(os.open({str(tmp_path / "signalled")!r}, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
-            except FileExistsError:
-                pass
-            else:
-                os.kill(os.getpid(), signal.SIGUSR2)
-        """))
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(hook), os.environ.get("PYTHONPATH")])))
+    hook = signal_at_start(tmp_path, 1, signal.SIGUSR2)
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [hook, os.environ.get("PYTHONPATH")])))
     run_dir = tmp_path / "tiny_cpu" / "pre"
     assert train(tiny(tmp_path, "run.name=pre", iters=ITERS)) == 0
-    assert (tmp_path / "signalled").exists()
+    assert os.path.exists(os.path.join(hook, "sent"))
     info = wait_for_end(run_dir, timeout=180)
     assert info["state"] == "COMPLETED", info
     state = read_json(run_dir / "state.json")
@@ -262,6 +251,26 @@ def test_a_rank_killed_by_a_signal_is_named_with_the_signal(tmp_path):
     assert status_cause(run_dir) == cause
     assert out.strip().splitlines()[-1] == f"job failed: {cause}", out[-3000:]
     assert read_json(run_dir / "logs" / "failure_rank0.json")["lost_peer"] is True
+
+
+def test_a_rank_dead_before_the_rendezvous_ends_the_job_instead_of_leaving_its_peer_waiting(tmp_path):
+    """Rank 1 is killed as its interpreter starts: rank 0 waits for it at the rendezvous,
+    which no timeout bounds closely (it waited past 15 minutes). The local controller
+    kills rank 0 once rank 1 has been gone PEERS_GRACE_S, and the job fails naming rank 1
+    and its signal, rank 0 as having failed after it."""
+    from launchers.local_controller import PEERS_GRACE_S
+    from tests.distributed_run import REPO
+
+    argv = tiny_overrides(tmp_path, "run.name=stillborn", iters=ITERS)
+    hook = signal_at_start(tmp_path, 1, signal.SIGKILL)
+    proc = _cli_in_a_terminal_group(argv, tmp_path, "0", PYTHONPATH=os.pathsep.join([hook, str(REPO)]))
+    out = proc.communicate(timeout=120 + PEERS_GRACE_S)[0]
+    assert proc.returncode == 1, out
+    run_dir = tmp_path / "tiny_cpu" / "stillborn"
+    cause = (f"rank 1 on {socket.gethostname()} was killed by signal 9 (SIGKILL: the out-of-memory killer or a kill "
+             f"-9) (log: {run_dir}/logs/rank1.log); rank 0 failed after it")
+    assert status_cause(run_dir) == cause
+    assert out.strip().splitlines()[-1] == f"job failed: {cause}", out[-3000:]
 
 
 def test_a_missing_local_dataset_is_refused_before_submission(tmp_path):
