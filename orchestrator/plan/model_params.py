@@ -165,6 +165,14 @@ def decoder_params(model: ModelConfig, lora: LoraConfig, tp: int = 1) -> list[Pa
     return specs
 
 
+def model_name(name: str) -> str:
+    """A parameter name of the job's wrapped model (DDP's and Float16Module's `module.`
+    prefixes) as this inventory and the model's sharded_state_dict name it."""
+    while name.startswith("module."):
+        name = name[len("module."):]
+    return name
+
+
 def encoder_frame_count(mel_frames: int) -> int:
     """Encoder output frames of `mel_frames` input frames (Whisper conv2: stride 2, pad 1)."""
     return (mel_frames - 1) // 2 + 1 if mel_frames > 0 else 0

@@ -55,7 +55,7 @@ import math
 import re
 from typing import Iterable, Optional
 
-from orchestrator.plan.model_params import encoder_frame_count
+from orchestrator.plan.model_params import encoder_frame_count, model_name
 
 # The quantities a micro-batch is counted in; FLOPs = sum of items x coefficients.
 KINDS = ("token", "pair_full", "pair_window", "mel_frame", "enc_position", "enc_pair", "audio_token")
@@ -65,9 +65,7 @@ def parameter_pattern(name: str) -> str:
     """A parameter name with layer numbers replaced by `*` (and DDP/Float16Module
     `module.` prefixes dropped): every layer shares one pattern, and pipeline stages'
     local layer numbers do not matter."""
-    while name.startswith("module."):
-        name = name[len("module."):]
-    return re.sub(r"\.\d+(?=\.)", ".*", name)
+    return re.sub(r"\.\d+(?=\.)", ".*", model_name(name))
 
 
 def causal_pairs(n: int, window: Optional[int] = None) -> int:

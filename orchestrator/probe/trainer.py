@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import functools
 
+from orchestrator.plan.model_params import model_name
 from orchestrator.train.loop import Trainer
 
 
@@ -71,8 +72,7 @@ class ProbeTrainer(Trainer):
         total = trainable = 0
         for chunk in self.unwrapped:
             for name, param in chunk.named_parameters():
-                while name.startswith("module."):
-                    name = name[len("module."):]
+                name = model_name(name)
                 total += param.numel()
                 trainable += param.numel() if param.requires_grad else 0
                 component = component_of(name)

@@ -56,6 +56,7 @@ from orchestrator.plan.checkpoint_dirs import (FROZEN_SOURCE, LAYOUT, STEP_DIR, 
                                                is_dist_checkpoint, layout_text, manifest_problem, read_manifest,
                                                saved_layout_of, set_aside_dirs, source_files, step_dirs,
                                                without_manifest, write_manifest)
+from orchestrator.plan.model_params import model_name
 from orchestrator.train.dist_format import load_model_state, use_in_process_results_queue
 
 log = logging.getLogger(__name__)
@@ -180,7 +181,7 @@ def frozen_weights(chunks: Sequence, source: str, loaded: Sequence[str]) -> Opti
 
     frozen = set()
     for chunk, entries in zip(chunks, _model_sharded_state_dict(chunks).values()):
-        trains = {_without_wrappers(name): p.requires_grad for name, p in _unwrap_ddp(chunk).named_parameters()}
+        trains = {model_name(name): p.requires_grad for name, p in _unwrap_ddp(chunk).named_parameters()}
         frozen.update(sharded.key for name, sharded in entries.items()
                       if not isinstance(sharded, ShardedObject) and trains.get(name) is False)
     gathered = [None] * dist.get_world_size()
@@ -191,14 +192,6 @@ def frozen_weights(chunks: Sequence, source: str, loaded: Sequence[str]) -> Opti
     files = [source_files(Path(source)) if dist.get_rank() == 0 else None]
     dist.broadcast_object_list(files, src=0)
     return FrozenWeights(keys, {"source": str(Path(source).resolve()), "files": files[0], "tensors": sorted(keys)})
-
-
-def _without_wrappers(name: str) -> str:
-    """A parameter name as the model's sharded_state_dict names it (Float16Module's
-    `module.` prefix dropped)."""
-    while name.startswith("module."):
-        name = name[len("module."):]
-    return name
 
 
 def save_checkpoint(run_dir, step: int, chunks: Sequence, optimizer, scheduler, batch_source,
