@@ -18,6 +18,7 @@ import shlex
 from pathlib import Path
 from typing import Any, Mapping
 
+from launchers.failures import ATTEMPT_START
 from launchers.rank_start import launcher_python
 
 
@@ -49,8 +50,10 @@ def slurm_parameters(launcher: Mapping[str, Any], job_name: str) -> dict[str, An
     params.update({k: v for k, v in optional.items() if v is not None})
     if launcher.get("additional_sbatch"):
         params["additional_parameters"] = dict(launcher["additional_sbatch"])
-    if launcher.get("setup"):
-        params["setup"] = list(launcher["setup"])
+    # Where this attempt's part of the job's log begins (SLURM appends a requeued job's):
+    # srun reports a task that ends even before the other tasks run any Python.
+    params["setup"] = [f'echo "{ATTEMPT_START}: job $SLURM_JOB_ID, restart ${{SLURM_RESTART_COUNT:-0}}" >&2',
+                       *(launcher.get("setup") or [])]
     if launcher.get("srun_args"):
         params["srun_args"] = list(launcher["srun_args"])
     return params

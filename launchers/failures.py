@@ -106,13 +106,15 @@ def clear(run_dir: Path, rank: int) -> None:
         pass
 
 
-def record(run_dir: Path, rank: int, job_id: str, exc: BaseException, launch: Optional[int] = None) -> None:
-    """Never raises: a failure to record must not hide the failure itself."""
+def record(run_dir: Path, rank: int, job_id: str, exc: BaseException, launch: Optional[int] = None,
+           lost_peer: Optional[bool] = None) -> None:
+    """Never raises: a failure to record must not hide the failure itself. `lost_peer`:
+    whether the error is only that another rank is gone (by default, from its message)."""
     try:
         write_json(failure_path(run_dir, rank), {
             "job_id": str(job_id), "launch": launch, "rank": rank, "pid": os.getpid(), "host": socket.gethostname(),
             "time": time.time(), "type": type(exc).__name__, "message": str(exc)[:MAX_MESSAGE], "where": _where(exc),
-            "line": one_line(exc), "log": str(log_path(run_dir, rank)), "lost_peer": bool(_PEER_LOSS.search(str(exc))),
+            "line": one_line(exc), "log": str(log_path(run_dir, rank)), "lost_peer": bool(_PEER_LOSS.search(str(exc))) if lost_peer is None else lost_peer,
         })
     except Exception:  # noqa: BLE001 - a full disk, an exception whose str() fails
         pass
@@ -195,11 +197,29 @@ def sacct_end(text: str, job_id: str) -> dict:
     return end
 
 
+# The batch script's first line (launchers/executors.py): SLURM appends a requeued job's
+# log, and an attempt's part of it begins after the last one.
+ATTEMPT_START = "[audiollm] the tasks of this attempt start"
+
+
+def srun_log(folder: Path, job_id: str) -> Path:
+    """The batch script's stderr, srun's included: task 0's stderr file."""
+    from submitit.core.utils import JobPaths
+
+    return JobPaths(folder, job_id=job_id, task_id=0).stderr
+
+
+def attempt_start(text: bytes) -> int:
+    """Where the last attempt's part of a SLURM job's log `text` begins."""
+    at = text.rfind(ATTEMPT_START.encode())
+    return 0 if at < 0 else at + len(ATTEMPT_START)
+
+
 def task_ends(run_dir: Path, kind: Optional[str], job_id: str, folder: Optional[Path],
               query_scheduler: bool = True) -> TaskEnds:
     """What the launcher recorded of job `job_id`'s ranks (local: the controller's exit
-    statuses; SLURM: srun's report in the job's log, from this attempt's start on, and
-    accounting)."""
+    statuses; SLURM: srun's report in the job's log, from this attempt's start on
+    (ATTEMPT_START), and accounting)."""
     run_dir = Path(run_dir)
     world = int((read_json(run_dir / "plan.json", default={}) or {}).get("world_size") or 0)
     if folder is None:
@@ -213,17 +233,11 @@ def task_ends(run_dir: Path, kind: Optional[str], job_id: str, folder: Optional[
         return TaskEnds(codes={rank: codes[rank] for rank in order if codes[rank] is not None},
                         stopped=[r for r in record.get("stopped") or [] if r < world],
                         hosts=dict.fromkeys(range(len(codes)), record["host"]) if record.get("host") else {})
-    from submitit.core.utils import JobPaths
-
     ends = TaskEnds()
-    log = JobPaths(folder, job_id=job_id, task_id=0).stderr
     try:
-        with open(log, "rb") as handle:
-            # srun's log is appended across requeues: rank 0 noted where this attempt began.
-            state = read_json(run_dir / "state.json", default={}) or {}
-            offset = state.get("srun_log_offset") if str(state.get("job_id")) == str(job_id) else None
-            handle.seek(int(offset or 0))
-            ends = srun_report(handle.read().decode(errors="replace"), world)
+        with open(srun_log(folder, job_id), "rb") as handle:
+            text = handle.read()
+        ends = srun_report(text[attempt_start(text):].decode(errors="replace"), world)
     except (OSError, ValueError):
         pass
     if query_scheduler:

@@ -190,15 +190,18 @@ class RankJob:
                 run_path, state="RUNNING", launch=launch_index, attempt=attempt,
                 requeues=int(state.get("requeues", 0)), job_id=env.job_id, error=None,
                 requeue_causes=state.get("requeue_causes") or {},  # this launch's only
-                srun_log_offset=_stderr_size() if on_slurm else None,
             )
 
         job_control.reset()
         job_control.install_handlers()
         requeues = int(state.get("requeues", 0))
+        # On SLURM rank 0 watches srun's report of its peers while they start (the local
+        # controller does it for a local job's tasks).
+        watch_peers = on_slurm and rank == 0
         dog = watchdog.Watchdog(run_path, rank, dist_env.world_size, _hang_timeout(run_path),
-                                lambda cause: self._hung(run_path, env, rank, on_slurm, requeues, attempt,
-                                                         cause)).start()
+                                lambda cause: self._hung(run_path, env, rank, on_slurm, requeues, attempt, cause),
+                                peer_ended=(lambda: _srun_reports_an_end(run_path, env)) if watch_peers else None,
+                                on_peer_ended=lambda cause: self._peer_ended(run_path, env, rank, cause)).start()
         try:
             if self.accelerator == "gpu":
                 _require_cuda(env.hostname, dist_env.local_rank)
@@ -240,6 +243,15 @@ class RankJob:
         _refresh_sweep_summary(run_path)
         return False
 
+    def _peer_ended(self, run_path: Path, env, rank: int, cause: str) -> None:
+        """The watchdog's verdict that a peer ended while this rank started: the job fails
+        (no requeue: what killed a rank at its start would most likely kill it again), its
+        cause the peer's end (this rank's record is only that it lost it)."""
+        failures.record(run_path, rank, env.job_id, RuntimeError(f"a peer ended while this rank started: {cause}"),
+                        lost_peer=True)
+        _update_state(run_path, state="FAILED", error=cause)
+        _refresh_sweep_summary(run_path)
+
     def _requeue(self, run_path: Path, env, rank: int, on_slurm: bool, requeues: int) -> dict:
         signame = job_control.stop_signal() or "SIGTERM"
         if requeues >= self.max_requeues:
@@ -266,14 +278,15 @@ class RankJob:
         raise SystemExit(LOCAL_REQUEUE_RETURN_CODE)
 
 
-def _stderr_size() -> int | None:
-    """Where this attempt's part of the job's log begins: on SLURM, task 0's stderr is the
-    file that srun also reports its tasks' ends in, appended to across requeues
-    (launchers/failures.py reads this attempt's part only)."""
-    try:
-        return os.fstat(sys.__stderr__.fileno()).st_size
-    except (OSError, ValueError, AttributeError):
+def _srun_reports_an_end(run_path: Path, env) -> str | None:
+    """The cause of the job's failure as srun's report of this attempt's tasks gives it
+    (launchers/failures.py), once it reports a task that ended: None before. Read
+    every beat until the first step."""
+    ends = failures.task_ends(run_path, "slurm", env.job_id, env.paths.folder, query_scheduler=False)
+    if not (ends.codes or ends.oom or ends.lost_nodes):
         return None
+    return failures.explain(run_path, env.job_id, ends) or "; ".join(
+        f"rank {rank} ended with exit code {code} (srun)" for rank, code in ends.codes.items())
 
 
 def _refresh_sweep_summary(run_path: Path) -> None:

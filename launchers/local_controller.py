@@ -6,7 +6,8 @@ restarts them on a requeue), also recording how each task ended:
 
 written each time the tasks of a start have all ended: each task's code (a negative one
 is the signal that killed it, Popen's convention), the tasks in the order they ended,
-and those the controller killed because a peer had failed (PEERS_GRACE_S). It is the only record of a rank that died
+and those the controller killed because a peer had failed (launchers/watchdog.py's
+PEERS_GRACE_S earlier: they waited for it). It is the only record of a rank that died
 without running any Python (SIGKILL from the out-of-memory killer or `kill -9`):
 launchers/failures.py names that rank and the signal instead of the error its peers
 saw when it disappeared. `audiollm train` starts this module in place of
@@ -31,11 +32,9 @@ from pathlib import Path
 from submitit.local.local import LOCAL_REQUEUE_RETURN_CODE, Controller, LocalJobEnvironment
 
 from launchers.rank_start import HELD
+from launchers.watchdog import PEERS_GRACE_S
 from orchestrator.plan.rundir import write_json
 from orchestrator.runtime.ports import free_port
-
-
-PEERS_GRACE_S = 30.0
 
 
 def exit_codes_path(folder: Path, job_id: str) -> Path:

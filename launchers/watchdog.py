@@ -25,6 +25,12 @@ for, when written in the background) or the model evaluated: max(train.hang_time
 HANG_FLOOR_S, 10 x the slowest of the same kind seen so far) -- a rank frozen in a save (a hung filesystem, the commonest hang on shared
 storage) is found as soon as a rank stuck in a step would be. Before the first step, save
 or evaluation is timed (model build, compilation, the first data): STARTUP_S.
+
+Before the first step, rank 0 of a SLURM job also reads what srun reports of the other
+tasks (launchers/failures.py): a task that ended there (killed, out of memory, an exit
+code) leaves the others waiting for it at the rendezvous, so PEERS_GRACE_S later the job
+ends, its cause naming that task. A local job's controller does the same for its tasks
+(launchers/local_controller.py).
 """
 
 from __future__ import annotations
@@ -49,6 +55,9 @@ STEP_MULTIPLE = 5
 PHASE_MULTIPLE = 10  # saves and evaluations vary more than steps (the filesystem, generation lengths)
 STALE_BEATS = 4  # a heartbeat this many beats old: the process no longer runs
 REQUEUE_GRACE_S = 120.0
+# How long the ranks of a job get to notice on their own that one of them ended (they fail
+# with a lost connection within seconds in a gloo collective) before the launcher ends them.
+PEERS_GRACE_S = 30.0
 
 
 def heartbeat_path(run_dir: Path, rank: int) -> Path:
@@ -82,11 +91,16 @@ def stopped_ranks(beats: dict, now: float) -> tuple[list, list]:
 
 class Watchdog:
     def __init__(self, run_dir: Path, rank: int, world_size: int, hang_timeout: float,
-                 on_hang: Callable[[str], bool]):
+                 on_hang: Callable[[str], bool], peer_ended: Optional[Callable[[], Optional[str]]] = None,
+                 on_peer_ended: Optional[Callable[[str], None]] = None):
         self.run_dir, self.rank, self.world_size = Path(run_dir), rank, world_size
         self.hang_timeout = float(hang_timeout or 0)
         # Records the cause and requeues (True: SLURM ends every task) or ends the job.
         self.on_hang = on_hang
+        # Before the first step: what the launcher saw of a peer that ended (None while all
+        # run), and what records this job's failure for it.
+        self.peer_ended, self.on_peer_ended = peer_ended, on_peer_ended
+        self._peer_ended_at: Optional[float] = None
         self.started = time.time()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="audiollm-watchdog", daemon=True)
@@ -131,6 +145,25 @@ class Watchdog:
             stalled = now - progress["progress_at"]
             if stalled > bound and self._declare(progress, stalled, bound):
                 return
+            if progress["phase"] == "start" and self.peer_ended is not None:
+                self._end_if_a_peer_ended(now)
+
+    def _end_if_a_peer_ended(self, now: float) -> None:
+        """A rank that ended while the others start leaves them waiting at the rendezvous
+        or in the first collective, bounded only by the process group's timeout (10
+        minutes) or STARTUP_S. PEERS_GRACE_S after the launcher reported it, this rank
+        records the job's failure and ends; the others lose it and end too."""
+        cause = self.peer_ended()
+        if cause is None:
+            return
+        self._peer_ended_at = self._peer_ended_at or now
+        if now - self._peer_ended_at < PEERS_GRACE_S:
+            return
+        print(f"[watchdog] rank {self.rank}: a peer ended while this rank started "
+              f"{now - self._peer_ended_at:.0f} s ago: {cause}; ending the job", file=sys.stderr, flush=True)
+        if self.on_peer_ended is not None:
+            self.on_peer_ended(cause)
+        os._exit(1)
 
     def _declare(self, progress: dict, stalled: float, bound: float) -> bool:
         """False where progress came back while waiting (a whole job suspended and

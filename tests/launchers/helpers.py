@@ -31,14 +31,15 @@ def tiny_overrides(root, *extra: str, ranks: int = 2, iters: int = 6) -> list[st
     ]
 
 
-def signal_at_start(directory: Path, rank: int, sig: int) -> str:
-    """A directory for PYTHONPATH whose sitecustomize sends `sig` to local rank `rank`
-    while its interpreter starts, before any of the job's Python, once (the first start)."""
+def signal_at_start(directory: Path, rank: int, sig: int, rank_variable: str = "SUBMITIT_LOCAL_GLOBALID") -> str:
+    """A directory for PYTHONPATH whose sitecustomize sends `sig` to rank `rank` (as
+    `rank_variable` numbers the tasks: SLURM_PROCID on SLURM) while its interpreter
+    starts, before any of the job's Python, once (the first start)."""
     hook = Path(directory) / f"signal_rank{rank}_at_start"
     hook.mkdir()
     (hook / "sitecustomize.py").write_text(textwrap.dedent(f"""\
         import os
-        if os.environ.get("SUBMITIT_LOCAL_GLOBALID") == "{rank}":
+        if os.environ.get("{rank_variable}") == "{rank}":
             try:
                 os.close(os.open({str(hook / "sent")!r}, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
             except FileExistsError:

@@ -191,8 +191,9 @@ def test_only_this_attempts_part_of_a_requeued_jobs_log_is_read(run_dir):
     folder = run_dir / "submitit"
     folder.mkdir()
     first = "srun: error: Node failure on node2\nsrun: error: node1: task 0: Killed\n"
-    (folder / "7_0_log.err").write_text(first + "srun: error: node1: task 1: Killed\n")
-    (run_dir / "state.json").write_text(json.dumps({"job_id": "7", "srun_log_offset": len(first)}))
+    second = "srun: error: node1: task 1: Killed\n"  # before any task of the attempt ran Python
+    (folder / "7_0_log.err").write_text("".join(f"{failures.ATTEMPT_START}: job 7, restart {n}\n{text}"
+                                                for n, text in enumerate([first, second])))
     ends = failures.task_ends(run_dir, "slurm", "7", folder, query_scheduler=False)
     assert ends.lost_nodes == [] and ends.codes == {1: -9}
     assert explain(run_dir, "7", ends).startswith("rank 1 on node1 was killed by signal 9")

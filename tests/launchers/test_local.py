@@ -258,7 +258,7 @@ def test_a_rank_dead_before_the_rendezvous_ends_the_job_instead_of_leaving_its_p
     which no timeout bounds closely (it waited past 15 minutes). The local controller
     kills rank 0 once rank 1 has been gone PEERS_GRACE_S, and the job fails naming rank 1
     and its signal, rank 0 as having failed after it."""
-    from launchers.local_controller import PEERS_GRACE_S
+    from launchers.watchdog import PEERS_GRACE_S
     from tests.distributed_run import REPO
 
     argv = tiny_overrides(tmp_path, "run.name=stillborn", iters=ITERS)

@@ -146,12 +146,15 @@ def test_preempted_job_requeues_and_reproduces_every_loss(submitted, corpus, cap
 
 def test_status_names_why_a_slurm_job_failed_an_error_in_one_rank_or_a_rank_killed(slurm_cluster, tmp_path,
                                                                                   monkeypatch):
-    """Two 2-task SLURM jobs of the launchers' minimal job: in one, rank 1 raises at step 3;
-    in the other, rank 1 is SIGKILLed (the out-of-memory killer) at step 2. Without
+    """Three 2-task SLURM jobs of the launchers' minimal job: in one, rank 1 raises at step
+    3; in another, rank 1 is SIGKILLed (the out-of-memory killer) at step 2. Without
     launcher.wait, `audiollm status` names the rank, its host and its own error, or the
     signal from srun's report in the job's log, and the rank that failed after it; not
     rank 0's lost connection, the last line of its traceback. The second job's
-    `audiollm train launcher.wait=true` ends on the same line."""
+    `audiollm train launcher.wait=true` ends on the same line. In the third, rank 1 is
+    SIGKILLed as its interpreter starts: rank 0, which would wait for it at the
+    rendezvous for the process group's 10 minutes, ends the job PEERS_GRACE_S after srun
+    reports it, with the same cause."""
     import os
     import signal
     import socket
@@ -159,7 +162,8 @@ def test_status_names_why_a_slurm_job_failed_an_error_in_one_rank_or_a_rank_kill
     import sys
 
     from tests.distributed_run import REPO
-    from tests.launchers.helpers import rank_pids, status_cause, tiny_overrides
+    from launchers.watchdog import BEAT_S, PEERS_GRACE_S
+    from tests.launchers.helpers import rank_pids, signal_at_start, status_cause, tiny_overrides
     from tests.slurm.runs import SLURM
 
     def argv(name, iters, *extra):
@@ -170,6 +174,10 @@ def test_status_names_why_a_slurm_job_failed_an_error_in_one_rank_or_a_rank_kill
     monkeypatch.setenv("AUDIOLLM_MINIMAL_FAIL", "1:3")
     assert train(argv("raises", 12)) == 0
     monkeypatch.delenv("AUDIOLLM_MINIMAL_FAIL")
+    with monkeypatch.context() as patch:  # sbatch exports this environment to the job
+        hook = signal_at_start(tmp_path, 1, signal.SIGKILL, rank_variable="SLURM_PROCID")
+        patch.setenv("PYTHONPATH", os.pathsep.join([hook, str(REPO)]))
+        assert train(argv("stillborn", 12)) == 0
     env = {**os.environ, "PYTHONPATH": str(REPO), "AUDIOLLM_MINIMAL_STEP_DELAY_S": "0.25"}
     proc = subprocess.Popen([sys.executable, "-m", "orchestrator.cli", "train",
                              *argv("killed", 40, "launcher.wait=true")],
@@ -192,6 +200,16 @@ def test_status_names_why_a_slurm_job_failed_an_error_in_one_rank_or_a_rank_kill
     (job_id,) = launches(killed)[0]["job_ids"]
     assert proc.returncode == 1, out
     assert out.strip().splitlines()[-1] == f"job {job_id} failed: {cause}", out[-3000:]
+
+    stillborn = tmp_path / "tiny_cpu" / "stillborn"
+    state = wait_for_end(stillborn, timeout=JOB_TIMEOUT)
+    assert state["state"] == "FAILED", state
+    assert re.fullmatch(r"rank 1 on \S+ was killed by signal 9 \(SIGKILL: the out-of-memory killer or a kill -9\) "
+                        + re.escape(f"(log: {stillborn}/logs/rank1.log); rank 0 failed after it"),
+                        status_cause(stillborn)), status_cause(stillborn)
+    log = (stillborn / "logs" / "rank0.log").read_text()
+    waited = float(re.search(r"a peer ended while this rank started (\d+) s ago", log).group(1))
+    assert PEERS_GRACE_S <= waited < PEERS_GRACE_S + 2 * BEAT_S, log[-2000:]
 
 
 def test_every_checkpoint_is_scored_by_one_slurm_eval_job_that_survives_preemption(submitted, tmp_path, capsys):
