@@ -98,7 +98,7 @@ class Watchdog:
         # Records the cause and requeues (True: SLURM ends every task) or ends the job.
         self.on_hang = on_hang
         # Before the first step: what the launcher saw of a peer that ended (None while all
-        # run), and what records this job's failure for it.
+        # run), and what records this job's failure for it (both or neither).
         self.peer_ended, self.on_peer_ended = peer_ended, on_peer_ended
         self._peer_ended_at: Optional[float] = None
         self.started = time.time()
@@ -161,8 +161,7 @@ class Watchdog:
             return
         print(f"[watchdog] rank {self.rank}: a peer ended while this rank started "
               f"{now - self._peer_ended_at:.0f} s ago: {cause}; ending the job", file=sys.stderr, flush=True)
-        if self.on_peer_ended is not None:
-            self.on_peer_ended(cause)
+        self.on_peer_ended(cause)
         os._exit(1)
 
     def _declare(self, progress: dict, stalled: float, bound: float) -> bool:
