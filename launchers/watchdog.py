@@ -57,7 +57,7 @@ STALE_BEATS = 4  # a heartbeat this many beats old: the process no longer runs
 REQUEUE_GRACE_S = 120.0
 # How long the ranks of a job get to notice on their own that one of them ended (they fail
 # with a lost connection within seconds in a gloo collective) before the launcher ends them.
-PEERS_GRACE_S = 30.0
+PEERS_GRACE_S = 15.0
 
 
 def heartbeat_path(run_dir: Path, rank: int) -> Path:
