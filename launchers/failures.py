@@ -111,10 +111,12 @@ def record(run_dir: Path, rank: int, job_id: str, exc: BaseException, launch: Op
     """Never raises: a failure to record must not hide the failure itself. `lost_peer`:
     whether the error is only that another rank is gone (by default, from its message)."""
     try:
+        if lost_peer is None:
+            lost_peer = bool(_PEER_LOSS.search(str(exc)))
         write_json(failure_path(run_dir, rank), {
             "job_id": str(job_id), "launch": launch, "rank": rank, "pid": os.getpid(), "host": socket.gethostname(),
             "time": time.time(), "type": type(exc).__name__, "message": str(exc)[:MAX_MESSAGE], "where": _where(exc),
-            "line": one_line(exc), "log": str(log_path(run_dir, rank)), "lost_peer": bool(_PEER_LOSS.search(str(exc))) if lost_peer is None else lost_peer,
+            "line": one_line(exc), "log": str(log_path(run_dir, rank)), "lost_peer": lost_peer,
         })
     except Exception:  # noqa: BLE001 - a full disk, an exception whose str() fails
         pass

@@ -200,8 +200,9 @@ class RankJob:
         watch_peers = on_slurm and rank == 0
         dog = watchdog.Watchdog(run_path, rank, dist_env.world_size, _hang_timeout(run_path),
                                 lambda cause: self._hung(run_path, env, rank, on_slurm, requeues, attempt, cause),
-                                peer_ended=(lambda: _srun_reports_an_end(run_path, env)) if watch_peers else None,
-                                on_peer_ended=lambda cause: self._peer_ended(run_path, env, rank, cause)).start()
+                                **({"peer_ended": lambda: _srun_reports_an_end(run_path, env),
+                                    "on_peer_ended": lambda cause: self._peer_ended(run_path, env, rank, cause)}
+                                   if watch_peers else {})).start()
         try:
             if self.accelerator == "gpu":
                 _require_cuda(env.hostname, dist_env.local_rank)
