@@ -24,8 +24,9 @@ JOB_TIMEOUT = 480
 
 def slurm_run(root, corpus, *extra, ranks=2, iters=30):
     """A `ranks`-process-per-node job of the real trainer (data parallel unless `extra`
-    says otherwise) writing under `root`."""
-    return [*SLURM, f"launcher.gpus_per_node={ranks}", *train_overrides(corpus), f"train.iters={iters}",
+    says otherwise) writing under `root`, logging to W&B offline as the recipes do: the
+    SLURM tests check one W&B run across requeues and W&B's service under SLURM's signals."""
+    return [*SLURM, f"launcher.gpus_per_node={ranks}", *train_overrides(corpus, wandb=True), f"train.iters={iters}",
             f"run.output_root={root}", *extra]
 
 

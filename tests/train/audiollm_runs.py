@@ -57,14 +57,21 @@ def data_overrides(corpus: Path) -> list[str]:
             f"data.validation=[{{name:{VAL_SET},path:'{corpus / 'val' / VAL_SET}'}}]"]
 
 
-def train_overrides(corpus: Path) -> list[str]:
+# What a run logs to W&B (offline) is tested where it matters (tests/train/test_logging.py,
+# test_training.py, and the SLURM runs: one W&B run across a requeue, an evaluation job's
+# scores, a cancel that ends W&B's service). Elsewhere the tests' runs log nowhere: W&B
+# costs a run about 3 s of CPU (wandb's import and its service), over a minute of the suite.
+NO_WANDB = "logger=none"
+
+
+def train_overrides(corpus: Path, wandb: bool = False) -> list[str]:
     """`audiollm train` overrides for the tiny AudioLLM on make_corpus's datasets (not the
     demo corpus), with the small batch and sequence sizes of write_audiollm_run_dir: the
-    real trainer at a fraction of a second per step on CPU."""
+    real trainer at a fraction of a second per step on CPU; W&B (offline) only if `wandb`."""
     return [
         *data_overrides(corpus), "optim.micro_batch_size=2", "optim.global_batch_size=4", "optim.lr=3e-3", "optim.min_lr=3e-4",
         "optim.lr_warmup_iters=2", "data.seq_length=128", "data.packing_buffer=8", "data.feature_cache_mb=64",
-        "model.adapter.dropout=0.0", "train.eval_iters=1", "train.log_interval=1",
+        "model.adapter.dropout=0.0", "train.eval_iters=1", "train.log_interval=1", *([] if wandb else [NO_WANDB]),
     ]
 
 
@@ -72,7 +79,7 @@ def write_audiollm_run_dir(run_dir: Path, corpus: Path, *, tp: int = 1, pp: int 
                            micro_batch_size: int = 2, global_batch_size: int = 4, seq_length: int = 128,
                            save_interval: int = 0, eval_interval: int = 0, extra: Sequence[str] = ()) -> Path:
     """Compose (tiny_cpu recipe + overrides) -> validate -> resolve -> plan.json, as
-    `audiollm train` writes it."""
+    `audiollm train` writes it (W&B off unless `extra` says otherwise: NO_WANDB)."""
     from omegaconf import OmegaConf
 
     from orchestrator.plan.compose import compose
@@ -89,7 +96,7 @@ def write_audiollm_run_dir(run_dir: Path, corpus: Path, *, tp: int = 1, pp: int 
         "train.eval_iters=1", "train.log_interval=1",
         f"data.seq_length={seq_length}", "data.packing_buffer=8", "data.feature_cache_mb=64",
         f"data.tokenizer={corpus / 'tokenizer'}", "model.adapter.dropout=0.0",
-        f"run.name={run_dir.name}", f"run.output_root={run_dir.parent}", *extra,
+        f"run.name={run_dir.name}", f"run.output_root={run_dir.parent}", NO_WANDB, *extra,
     ])
     cfg.data.train = [DatasetEntry(name=name, path=str(corpus / "train" / name)) for name in TRAIN_SETS]
     cfg.data.validation = [DatasetEntry(name=VAL_SET, path=str(corpus / "val" / VAL_SET))]

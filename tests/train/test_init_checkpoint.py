@@ -71,8 +71,7 @@ def _overrides(pretrained, run_name: str, extra=()) -> list:
     base = ["+recipe=tiny_cpu", *train_overrides(pretrained["corpus"]), f"model.init_checkpoint={pretrained['converted']}",
             "data.validation=[]", "train.eval_generation=false", "model.adapter.ctc_weight=0",
             "model.spec_augment.enabled=false", "model.encoder.mask_padding=false", "train.iters=1",
-            "optim.lr_warmup_iters=0",
-            "logger=none", f"run.name={run_name}", f"run.output_root={pretrained['root'] / 'runs'}"]
+            "optim.lr_warmup_iters=0", f"run.name={run_name}", f"run.output_root={pretrained['root'] / 'runs'}"]
     replaced = {o.split("=", 1)[0] for o in extra}
     return [o for o in base if o.split("=", 1)[0] not in replaced] + list(extra)
 
@@ -335,7 +334,7 @@ def test_the_finetune_recipe_builds_from_a_converted_checkpoint_and_trains(pretr
     overrides = ["+recipe=tiny_cpu_finetune", f"model.init_checkpoint={pretrained['converted']}",
                  *[o for o in train_overrides(corpus) if not o.startswith("optim.lr")],
                  "data.demo_corpus=null", "data.demo_corpus_accent=null", "train.iters=2", "train.eval_iters=1",
-                 "train.eval_generation=false", "optim.lr_warmup_iters=0", "logger=none", f"run.name={name}",
+                 "train.eval_generation=false", "optim.lr_warmup_iters=0", f"run.name={name}",
                  f"run.output_root={pretrained['root'] / 'runs'}"]
     out = _cli(["train", *overrides], cwd=pretrained["root"])
     run_dir = pretrained["root"] / "runs" / "tiny_cpu_finetune" / name
