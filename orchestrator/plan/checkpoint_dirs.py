@@ -153,6 +153,45 @@ def step_dirs(run_dir: Path) -> list:
                   key=lambda p: int(STEP_DIR.match(p.name).group(1)), reverse=True)
 
 
+# RUN/checkpoints/holds/<step name>/<holder>.json: another run's checkpoints read their
+# frozen weights from that checkpoint of RUN (FROZEN_SOURCE); RUN's retention keeps it.
+HOLDS = "holds"
+
+
+def _run_step(path: Path) -> Optional[Path]:
+    """`path` resolved, where it is a published checkpoint of a training run
+    (RUN/checkpoints/step_N, or Megatron-LM's iter_ name for it); else None."""
+    path = Path(path).resolve()
+    return path if STEP_DIR.match(path.name) and path.parent.name == "checkpoints" else None
+
+
+def hold_checkpoint(source: Path, holder_run_dir: Path) -> Optional[Path]:
+    """Where `source` is a checkpoint of a training run, record that the run at
+    `holder_run_dir` reads frozen weights from it, so that the source run's retention
+    (train.keep_last, train.keep_every) never deletes it; returns the hold's file. None
+    where `source` is no run's checkpoint (a converted one: nothing prunes it). Raises
+    OSError where the source run's directory cannot be written."""
+    step = _run_step(source)
+    if step is None:
+        return None
+    holder = str(Path(holder_run_dir).resolve())
+    hold = step.parent / HOLDS / step.name / f"{zlib.crc32(holder.encode()):08x}.json"
+    if not hold.is_file():
+        hold.parent.mkdir(parents=True, exist_ok=True)
+        tmp = hold.with_name(f".{hold.name}.{os.getpid()}")
+        tmp.write_text(json.dumps({"run_dir": holder}) + "\n")
+        os.replace(tmp, hold)
+    return hold
+
+
+def held_by(checkpoints_root: Path, step_name: str) -> list:
+    """The run directories whose checkpoints hold `step_name` of this run (hold_checkpoint)."""
+    holds = Path(checkpoints_root) / HOLDS / step_name
+    if not holds.is_dir():
+        return []
+    return sorted(json.loads(p.read_text())["run_dir"] for p in holds.glob("*.json"))
+
+
 def is_dist_checkpoint(path: Path) -> bool:
     meta = Path(path) / "metadata.json"
     if not meta.is_file():

@@ -14,6 +14,8 @@ Layout under <run_dir>/checkpoints/:
                                         link per checkpoint, and the tracker file holding
                                         the step `latest` names
   .tmp-step_000020/       a save in progress (never read; removed by the next save)
+  holds/step_000010/      another run's checkpoints read their frozen weights from
+                          step_000010 (one file per run): kept whatever train.keep_last says
   step_000030.damaged/    a checkpoint found damaged at a resume, set aside (never read)
 
 Every rank writes into the temporary directory; after a barrier the ranks record every
@@ -52,9 +54,9 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from orchestrator.plan.checkpoint_dirs import (FROZEN_SOURCE, LAYOUT, STEP_DIR, checkpoint_files, file_record,
-                                               is_dist_checkpoint, layout_text, manifest_problem, read_manifest,
-                                               saved_layout_of, set_aside_dirs, source_files, step_dirs,
+from orchestrator.plan.checkpoint_dirs import (FROZEN_SOURCE, HOLDS, LAYOUT, STEP_DIR, checkpoint_files, file_record,
+                                               held_by, is_dist_checkpoint, layout_text, manifest_problem,
+                                               read_manifest, saved_layout_of, set_aside_dirs, source_files, step_dirs,
                                                without_manifest, write_manifest)
 from orchestrator.plan.model_params import model_name
 from orchestrator.train.dist_format import load_model_state, use_in_process_results_queue
@@ -427,10 +429,23 @@ def _write_in_background(write, results_dir: Path, rank: int, buckets, results_q
 
 
 def _prune(root: Path, keep: Retention) -> None:
+    """Delete the checkpoints `keep` does not keep, but those another run holds (its
+    checkpoints read their frozen weights there: checkpoint_dirs.hold_checkpoint)."""
     steps = {int(STEP_DIR.match(p.name).group(1)): p for p in step_dirs(root.parent)}
     for step in keep.pruned(list(steps)):
+        holders = held_by(root, steps[step].name)
+        if holders:
+            if steps[step].name not in _SAID_HELD:
+                _SAID_HELD.add(steps[step].name)
+                log.info("checkpoint %s is kept beyond train.keep_last: the checkpoints of %s read their frozen "
+                         "weights from it (delete %s once they no longer need it)", steps[step].name,
+                         ", ".join(holders), root / HOLDS / steps[step].name)
+            continue
         shutil.rmtree(steps[step], ignore_errors=True)
     _drop_dangling_megatron_names(root)
+
+
+_SAID_HELD: set = set()  # held checkpoints this process has said it keeps
 
 
 def _my_share(names: Sequence[str]) -> list:

@@ -247,7 +247,20 @@ class Trainer:
         if frozen is not None and self.rank == 0:
             log.info("checkpoints leave out %d frozen tensors: they are read back from %s "
                      "(train.save_frozen_weights=false)", len(frozen.keys), source)
+            self._hold(source)
         return frozen
+
+    def _hold(self, source: str) -> None:
+        """Rank 0: where `source` is another run's checkpoint, that run's retention must
+        not delete it while this run's checkpoints read their frozen weights there."""
+        from orchestrator.plan.checkpoint_dirs import hold_checkpoint
+
+        try:
+            hold_checkpoint(Path(source), self.plan.run_dir)
+        except OSError as exc:
+            log.warning("could not mark %s as read by this run's checkpoints (%s): the run that wrote it may delete "
+                        "it (train.keep_last), and this run's checkpoints would then be refused; copy it elsewhere "
+                        "and point model.init_checkpoint there, or set train.save_frozen_weights=true", source, exc)
 
     def _log_init(self, init: dict, chunks) -> None:
         """One line: what was loaded, and what starts fresh (LoRA included, added after the load)."""

@@ -65,3 +65,28 @@ def test_the_newest_checkpoints_and_every_keep_every_th_are_kept():
     assert Retention(2).pruned(newest_first) == [800, 600, 400, 200]
     assert Retention(2, every=400).pruned(newest_first) == [600, 200]  # 800 and 400 stay for eval --all
     assert Retention(0).pruned(newest_first) == [1000, 800, 600, 400, 200]  # the one just saved stays
+
+
+def test_a_checkpoint_another_runs_checkpoints_read_frozen_weights_from_outlives_the_retention(tmp_path):
+    """A LoRA run started from step 4 of a pretraining run leaves the frozen base out of its
+    own checkpoints and reads it there (train.save_frozen_weights=false): the job holds step
+    4, and the pretraining run's keep_last no longer deletes it; without the hold it does."""
+    from orchestrator.plan.checkpoint_dirs import held_by, hold_checkpoint
+    from orchestrator.train.checkpoint import Retention, _prune
+
+    root = tmp_path / "pretrain" / "checkpoints"
+    for step in (2, 4, 6, 8):
+        (root / f"step_{step:06d}").mkdir(parents=True)
+    (root / "iter_0000004").symlink_to("step_000004")  # Megatron-LM's name for it
+    holder = tmp_path / "lora_run"
+    hold = hold_checkpoint(root / "iter_0000004", holder)
+    assert hold_checkpoint(root / "step_000004", holder) == hold  # one hold a run, however named
+    assert held_by(root, "step_000004") == [str(holder.resolve())] and held_by(root, "step_000006") == []
+    assert hold_checkpoint(tmp_path / "converted", holder) is None  # no run's checkpoint: nothing prunes it
+    _prune(root, Retention(1))
+    assert sorted(p.name for p in root.glob("step_*")) == ["step_000004", "step_000008"]
+    assert (root / "iter_0000004").is_symlink()
+    hold.unlink()  # the LoRA run no longer needs it
+    _prune(root, Retention(1))
+    assert sorted(p.name for p in root.glob("step_*")) == ["step_000008"]
+    assert not (root / "iter_0000004").exists()
