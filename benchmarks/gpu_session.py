@@ -45,6 +45,7 @@ DEMO = ".whl/demo"  # `audiollm data demo .whl/demo --num-samples 96 --num-val-s
 ESPEAK = ".whl/espeak"  # `python3 benchmarks/espeak_kit.py .whl/espeak`, for the default run
 SCRATCH = ".acceptance-tmp"  # one candidate for the groups' temporary files (scratch_root)
 MARGIN_S = 15  # the table printed and the files written after the last group
+LOG_TAIL_LINES = 40  # of a failed group's output, kept in session.json and printed
 _MARK = "AUDIOLLM_GPU_SESSION_GROUP"  # in the environment of every process a group starts
 
 
@@ -217,11 +218,17 @@ class Session:
             argv += ["--profile", str(self.out / "profile")]
         self.log.write(f"== {group.name}: {' '.join(argv[1:])} (limit {limit} s)\n")
         self.log.flush()
+        offset = self.log.tell()
         started = time.monotonic()
         code = run_bounded(argv, limit, self.env, self.log)
         entry = {"group": group.name, "checks": group.checks, "limit_s": limit,
                  "seconds": round(time.monotonic() - started, 1), "exit": code,
                  "rows": json.loads(rows.read_text()) if rows.exists() else []}
+        if code != 0:  # what it said last, in the JSON and the call's output (the log may not come back)
+            self.log.flush()
+            with open(self.out / "session.log", errors="replace") as log:
+                log.seek(offset)
+                entry["log_tail"] = log.read().splitlines()[-LOG_TAIL_LINES:]
         self.record["groups"].append(entry)
         self.write()
         return entry
@@ -270,6 +277,8 @@ def main(argv: Optional[List[str]] = None) -> int:
             continue
         entry = session.run(group, limit, args.dry_run)
         print(f"{group.name}: exit {entry['exit']} in {entry['seconds']:.0f} s (limit {limit} s)", flush=True)
+        if entry.get("log_tail"):
+            print("\n".join(f"  | {line}" for line in entry["log_tail"]), flush=True)
         if entry["rows"]:
             table = Table()
             table.rows = entry["rows"]
