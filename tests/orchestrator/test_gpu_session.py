@@ -96,3 +96,19 @@ def test_the_groups_write_where_a_disk_has_the_most_room_never_in_memory(tmp_pat
         assert facts[str(chosen)][0] == max(free for free, _ in facts.values())
     finally:
         shutil.rmtree(in_memory, ignore_errors=True)
+
+
+def test_a_failed_group_keeps_the_end_of_its_output_in_the_record(tmp_path):
+    """The session's folder may not come back from a lent machine (a rehearsal removes its
+    own): what a failed group said last is in session.json (and main prints it)."""
+    import shutil
+
+    from benchmarks.gpu_session import Session
+
+    session = Session(tmp_path, "1", 60, {}, None)
+    shutil.rmtree(session.scratch)
+    session.scratch = tmp_path
+    entry = session.run(Group("bogus", "no_such_check", 60, 1), 60, dry_run=True)
+    assert entry["exit"] == 2
+    assert entry["log_tail"][-1].startswith("gpu_acceptance.py: error: --only no_such_check: unknown no_such_check")
+    assert json.loads((tmp_path / "session.json").read_text())["groups"][0]["log_tail"] == entry["log_tail"]
