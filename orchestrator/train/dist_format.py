@@ -134,7 +134,19 @@ def load_model_state(request: dict, ckpt_dir: Path) -> dict:
         request, lambda v: not isinstance(v, ShardedObject) and getattr(v, "key", None) in left_out)
     loaded = dist_checkpointing.load(here, str(ckpt_dir))
     if any(True for _ in nested_values(elsewhere)):
-        merge(loaded, load_model_state(elsewhere, Path(record["source"])))
+        # Only the tensors asked of the source: a load also returns its checkpoint's common
+        # state, which for a training run's checkpoint (its optimizer's step, its scheduler)
+        # differs from this one's, and merge refuses two values for one entry.
+        merge(loaded, _requested(elsewhere, load_model_state(elsewhere, Path(record["source"]))))
+    return loaded
+
+
+def _requested(request, loaded):
+    """The entries of `loaded` at the places `request` has entries (dicts and lists alike)."""
+    if isinstance(request, dict):
+        return {k: _requested(v, loaded[k]) for k, v in request.items() if k in loaded}
+    if isinstance(request, list):
+        return [_requested(v, item) for v, item in zip(request, loaded)]
     return loaded
 
 
