@@ -36,7 +36,8 @@ numpy 2.x, no TransformerEngine, no megatron-core and no internet. This script:
    model but keeping its own flags: its parallel layout (TP 4 -> 2: the tiny decoder
    has 2 KV heads), sequence parallel, distributed optimizer, recompute, LoRA, packing
    and CP; the backend is local (no TransformerEngine there) and the attention is what
-   the job picks on a CPU (reference);
+   the job picks on a CPU (reference); the LoRA step, started from the TP2 x PP2 step's
+   checkpoint, holds it there (its checkpoints read their frozen weights from it);
 7. `audiollm convert` both ways on transformers 5: the TP2 x PP2 step's checkpoint out to
    HF and back, verified against the HF model's logits.
 8. `audiollm plan --probe` of the tiny model planned for a GPU with its layers compiled:
