@@ -433,15 +433,14 @@ def _prune(root: Path, keep: Retention) -> None:
     checkpoints read their frozen weights there: checkpoint_dirs.hold_checkpoint)."""
     steps = {int(STEP_DIR.match(p.name).group(1)): p for p in step_dirs(root.parent)}
     for step in keep.pruned(list(steps)):
-        holders = held_by(root, steps[step].name)
-        if holders:
-            if steps[step].name not in _SAID_HELD:
-                _SAID_HELD.add(steps[step].name)
-                log.info("checkpoint %s is kept beyond train.keep_last: the checkpoints of %s read their frozen "
-                         "weights from it (delete %s once they no longer need it)", steps[step].name,
-                         ", ".join(holders), root / HOLDS / steps[step].name)
-            continue
-        shutil.rmtree(steps[step], ignore_errors=True)
+        name = steps[step].name
+        holders = held_by(root, name)
+        if not holders:
+            shutil.rmtree(steps[step], ignore_errors=True)
+        elif name not in _SAID_HELD:
+            _SAID_HELD.add(name)
+            log.info("checkpoint %s is kept beyond train.keep_last: the checkpoints of %s read their frozen weights "
+                     "from it (delete %s once they no longer need it)", name, ", ".join(holders), root / HOLDS / name)
     _drop_dangling_megatron_names(root)
 
 

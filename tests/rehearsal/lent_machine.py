@@ -241,7 +241,9 @@ def rehearse(root: Path, machine: Path | None = None) -> dict:
                 raise StepFailed(f"{recipe}: the job did not say {said!r} (logs/rank0.log)")
     # The LoRA step leaves its frozen base out of its checkpoints and reads it from the TP2 x
     # PP2 run's checkpoint, which that run's retention must now keep: the job holds it there.
-    holds = list((run_dirs["gemma2_whisper_tp4pp2"] / "checkpoints" / "holds").glob("step_*/*.json"))
+    from orchestrator.plan.checkpoint_dirs import HOLDS
+
+    holds = list((run_dirs["gemma2_whisper_tp4pp2"] / "checkpoints" / HOLDS).glob("step_*/*.json"))
     if len(holds) != 1:
         raise StepFailed(f"gemma2_whisper_tp1 did not hold the checkpoint it started from: {holds}")
     # transformers 5 on both conversion paths: the TP2 x PP2 run out to HF (Gemma2, the
