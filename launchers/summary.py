@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from orchestrator.plan.checkpoint_dirs import held_checkpoints
 from orchestrator.plan.rundir import damage, last_launch, read_json, read_metrics
 from launchers.slurm_fit import slurm_output
 
@@ -171,6 +172,7 @@ def run_state(run_dir: Path, query_scheduler: bool = True) -> dict:
         "checkpoint": checkpoint,
         "error": job_state.get("error"),
         "damaged": damaged,
+        "held": held_checkpoints(run_dir / "checkpoints"),
     }
 
 
@@ -217,6 +219,10 @@ def format_run(run_dir: Path, info: dict) -> str:
                      f"{attempt['end']}: {attempt['cause']}{at}")
     if info.get("checkpoint"):
         lines.append(f"checkpoint {info['checkpoint']}")
+    for k, (step, holders) in enumerate((info.get("held") or {}).items()):
+        # Kept beyond train.keep_last (checkpoint_dirs.hold_checkpoint) until those runs are deleted.
+        lines.append(f"{'held' if k == 0 else '':<10}{step} by {', '.join(holders)} (their checkpoints read "
+                     f"frozen weights there)")
     if info.get("cause"):
         # In place of the job's own error (rank 0's, often only that a peer was gone).
         lines.append("cause     " + info["cause"])

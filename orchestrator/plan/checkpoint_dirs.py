@@ -185,11 +185,31 @@ def hold_checkpoint(source: Path, holder_run_dir: Path) -> Optional[Path]:
 
 
 def held_by(checkpoints_root: Path, step_name: str) -> list:
-    """The run directories whose checkpoints hold `step_name` of this run (hold_checkpoint)."""
+    """The run directories whose checkpoints hold `step_name` of this run (hold_checkpoint).
+    A hold whose run directory was deleted holds nothing (a deleted run's checkpoints need
+    no frozen weights); one whose run directory's parent is not there either still holds
+    (a file system not mounted here may hold the run)."""
     holds = Path(checkpoints_root) / HOLDS / step_name
     if not holds.is_dir():
         return []
-    return sorted(json.loads(p.read_text())["run_dir"] for p in holds.glob("*.json"))
+    holders = []
+    for hold in holds.glob("*.json"):
+        try:
+            run_dir = Path(json.loads(hold.read_text())["run_dir"])
+        except (OSError, ValueError, KeyError, TypeError):
+            run_dir = None  # a damaged hold: kept, as its run cannot be told
+        if run_dir is None or run_dir.exists() or not run_dir.parent.exists():
+            holders.append(str(run_dir or hold))
+    return sorted(holders)
+
+
+def held_checkpoints(checkpoints_root: Path) -> dict:
+    """{step name: the run directories that hold it} of the run's checkpoints that are held
+    (held_by), in step order."""
+    holds = Path(checkpoints_root) / HOLDS
+    steps = sorted(p.name for p in holds.glob("*") if STEP_DIR.match(p.name)
+                   and (Path(checkpoints_root) / p.name).is_dir()) if holds.is_dir() else []
+    return {step: held for step in steps if (held := held_by(checkpoints_root, step))}
 
 
 def is_dist_checkpoint(path: Path) -> bool:

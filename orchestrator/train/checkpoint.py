@@ -430,17 +430,19 @@ def _write_in_background(write, results_dir: Path, rank: int, buckets, results_q
 
 def _prune(root: Path, keep: Retention) -> None:
     """Delete the checkpoints `keep` does not keep, but those another run holds (its
-    checkpoints read their frozen weights there: checkpoint_dirs.hold_checkpoint)."""
+    checkpoints read their frozen weights there: checkpoint_dirs.hold_checkpoint); with a
+    deleted checkpoint, the holds of deleted runs on it (held_by)."""
     steps = {int(STEP_DIR.match(p.name).group(1)): p for p in step_dirs(root.parent)}
     for step in keep.pruned(list(steps)):
         name = steps[step].name
         holders = held_by(root, name)
         if not holders:
             shutil.rmtree(steps[step], ignore_errors=True)
+            shutil.rmtree(root / HOLDS / name, ignore_errors=True)
         elif name not in _SAID_HELD:
             _SAID_HELD.add(name)
             log.info("checkpoint %s is kept beyond train.keep_last: the checkpoints of %s read their frozen weights "
-                     "from it (delete %s once they no longer need it)", name, ", ".join(holders), root / HOLDS / name)
+                     "from it (it goes at the next save after %s or those runs' directories are deleted)", name, ", ".join(holders), root / HOLDS / name)
     _drop_dangling_megatron_names(root)
 
 

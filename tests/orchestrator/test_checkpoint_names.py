@@ -70,19 +70,29 @@ def test_the_newest_checkpoints_and_every_keep_every_th_are_kept():
 def test_a_checkpoint_another_runs_checkpoints_read_frozen_weights_from_outlives_the_retention(tmp_path):
     """A LoRA run started from step 4 of a pretraining run leaves the frozen base out of its
     own checkpoints and reads it there (train.save_frozen_weights=false): the job holds step
-    4, and the pretraining run's keep_last no longer deletes it; without the hold it does."""
-    from orchestrator.plan.checkpoint_dirs import held_by, hold_checkpoint
+    4, `audiollm status` of the pretraining run says so, and its keep_last no longer deletes
+    it; once the hold is deleted, or the LoRA run's directory, it does."""
+    from launchers.summary import format_run, run_state
+    from orchestrator.plan.checkpoint_dirs import HOLDS, held_by, hold_checkpoint
     from orchestrator.train.checkpoint import Retention, _prune
 
     root = tmp_path / "pretrain" / "checkpoints"
-    for step in (2, 4, 6, 8):
-        (root / f"step_{step:06d}").mkdir(parents=True)
-    (root / "iter_0000004").symlink_to("step_000004")  # Megatron-LM's name for it
+
+    def checkpoints(*steps):
+        for step in steps:
+            (root / f"step_{step:06d}").mkdir(parents=True, exist_ok=True)
+        (root / "iter_0000004").unlink(missing_ok=True)
+        (root / "iter_0000004").symlink_to("step_000004")  # Megatron-LM's name for it
+
+    checkpoints(2, 4, 6, 8)
     holder = tmp_path / "lora_run"
+    holder.mkdir()
     hold = hold_checkpoint(root / "iter_0000004", holder)
     assert hold_checkpoint(root / "step_000004", holder) == hold  # one hold a run, however named
     assert held_by(root, "step_000004") == [str(holder.resolve())] and held_by(root, "step_000006") == []
     assert hold_checkpoint(tmp_path / "converted", holder) is None  # no run's checkpoint: nothing prunes it
+    said = format_run(root.parent, run_state(root.parent, query_scheduler=False))
+    assert f"held      step_000004 by {holder.resolve()}" in said, said
     _prune(root, Retention(1))
     assert sorted(p.name for p in root.glob("step_*")) == ["step_000004", "step_000008"]
     assert (root / "iter_0000004").is_symlink()
@@ -90,3 +100,16 @@ def test_a_checkpoint_another_runs_checkpoints_read_frozen_weights_from_outlives
     _prune(root, Retention(1))
     assert sorted(p.name for p in root.glob("step_*")) == ["step_000008"]
     assert not (root / "iter_0000004").exists()
+
+    checkpoints(4, 10)
+    hold_checkpoint(root / "step_000004", holder)
+    elsewhere = hold_checkpoint(root / "step_000004", tmp_path / "unmounted" / "run")  # its file system not here
+    _prune(root, Retention(1))
+    assert sorted(p.name for p in root.glob("step_*")) == ["step_000004", "step_000010"]
+    elsewhere.unlink()
+    holder.rmdir()  # the LoRA run deleted: its checkpoints need nothing
+    assert held_by(root, "step_000004") == []
+    assert "held" not in format_run(root.parent, run_state(root.parent, query_scheduler=False))
+    _prune(root, Retention(1))
+    assert sorted(p.name for p in root.glob("step_*")) == ["step_000010"]
+    assert not (root / HOLDS / "step_000004").exists()
