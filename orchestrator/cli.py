@@ -152,16 +152,18 @@ def _plan_sweep(args: argparse.Namespace) -> int:
     runnable = [p for p in report["points"] if p["runs"]]
     if args.probe_best:
         from orchestrator.plan.compose import compose
-        from orchestrator.plan.probe_report import ProbeFailed, render as render_probe, run_probe
+        from orchestrator.plan.probe_report import ProbeFailed, render as render_probe, run_probes
         from orchestrator.plan.resolve import resolve
 
-        for point in runnable[:args.probe_best]:
-            plan = resolve(compose(point["overrides"]), purpose="plan", keep_errors=True).to_dict()
-            try:
-                print(f"\nprobe of {' '.join(point['overrides'])}:\n" + render_probe(plan, run_probe(plan)), flush=True)
-            except ProbeFailed as exc:
-                print(f"\n{exc}", file=sys.stderr)
-                return 1
+        best = runnable[:args.probe_best]
+        plans = [resolve(compose(point["overrides"]), purpose="plan", keep_errors=True).to_dict() for point in best]
+        try:
+            results = run_probes([(plan, None) for plan in plans])  # their roles share this machine's cores
+        except ProbeFailed as exc:
+            print(f"\nprobe of {' '.join(best[exc.probe]['overrides'])}: {exc}", file=sys.stderr)
+            return 1
+        for point, plan, probed in zip(best, plans, results):
+            print(f"\nprobe of {' '.join(point['overrides'])}:\n" + render_probe(plan, probed), flush=True)
     return 0 if runnable and not report["shared_errors"] else 2
 
 

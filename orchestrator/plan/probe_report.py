@@ -1,9 +1,9 @@
 """`audiollm plan ... --probe`: the plan's memory and parameters beside a measurement.
 
 Submit side: no torch here. Each rank role (pipeline stage, and context-parallel rank
-where there are several) is probed in a process of its own
-(`python -m orchestrator.probe.role`, orchestrator/probe/), at most as many at once as
-this machine has cores; this module starts them, reads their JSON and sets it beside the
+where there are several) is probed in a process of its own, forked from one that imports
+the job once (orchestrator/probe/forks.py, role.py), at most as many at once as this
+machine has cores; this module starts them, reads their JSON and sets it beside the
 plan's estimate (orchestrator/plan/estimate.py), category by category.
 
 The comparison: weights, grads and optimizer state as such; the plan's activations
@@ -17,10 +17,10 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -30,7 +30,9 @@ CATEGORIES = ("weights", "grads", "optimizer", "activations")
 
 
 class ProbeFailed(RuntimeError):
-    pass
+    def __init__(self, message: str, probe: int | None = None):
+        super().__init__(message)
+        self.probe = probe  # the index in run_probes' `probes` of the plan whose role failed
 
 
 def probe_roles(plan: dict) -> list[tuple[int, int]]:
@@ -47,39 +49,54 @@ def _failure(log: Path) -> str:
 
 
 def run_probe(plan: dict, roles=None, workers: int | None = None) -> list[dict]:
-    """Probe every role of `plan` (Plan.to_dict()), or those in `roles`, each in a process
-    of its own, at most `workers` (this machine's cores) at once; their results in order."""
-    roles = probe_roles(plan) if roles is None else list(roles)
-    workers = max(1, min(len(roles), workers or os.cpu_count() or 1))
+    """Probe every role of `plan` (Plan.to_dict()), or those in `roles`, at most `workers`
+    (this machine's cores) at once; their results in order."""
+    (results,) = run_probes([(plan, roles)], workers)
+    return results
+
+
+def run_probes(probes: list, workers: int | None = None) -> list[list[dict]]:
+    """run_probe of each (plan, roles or None) in `probes`, their roles forked from one
+    process that imports the job once (orchestrator/probe/forks.py), at most `workers`
+    (this machine's cores) at once; each plan's results in order. Raises ProbeFailed at
+    the first role that fails, naming it, with the project's frames and the error."""
     with tempfile.TemporaryDirectory(prefix="audiollm-probe-") as tmp:
-        plan_json = Path(tmp) / "plan.json"
-        plan_json.write_text(json.dumps(plan))
-        pending, running, results = list(roles), {}, {}
+        jobs, owners = [], []
+        for k, (plan, roles) in enumerate(probes):
+            plan_dir = Path(tmp) / f"plan{k}"  # the probe's run directory (role.py)
+            plan_dir.mkdir()
+            (plan_dir / "plan.json").write_text(json.dumps(plan))
+            for stage, cp_rank in (probe_roles(plan) if roles is None else roles):
+                name = plan_dir / f"stage{stage}_cp{cp_rank}"
+                jobs.append({"plan": str(plan_dir / "plan.json"), "stage": stage, "cp_rank": cp_rank,
+                             "out": f"{name}.json", "log": f"{name}.log"})
+                owners.append(k)
+        workers = max(1, min(len(jobs), workers or os.cpu_count() or 1))
+        (Path(tmp) / "roles.json").write_text(json.dumps(jobs))
+        with open(Path(tmp) / "forks.log", "w") as log:
+            # A session of its own: a failure stops the forks and every role they started at once.
+            process = subprocess.Popen([sys.executable, "-m", "orchestrator.probe.forks", str(Path(tmp) / "roles.json"),
+                                        str(workers)], stdout=subprocess.PIPE, stderr=log, text=True,
+                                       start_new_session=True)
         try:
-            while pending or running:
-                while pending and len(running) < workers:
-                    stage, cp_rank = role = pending.pop(0)
-                    name = f"stage{stage}_cp{cp_rank}"
-                    log = open(Path(tmp) / f"{name}.log", "w")
-                    command = [sys.executable, "-m", "orchestrator.probe.role", str(plan_json), str(stage),
-                               str(cp_rank), str(Path(tmp) / f"{name}.json")]
-                    running[role] = (subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT), log, name)
-                for role, (process, log, name) in list(running.items()):
-                    if process.poll() is None:
-                        continue
-                    log.close()
-                    del running[role]
-                    if process.returncode != 0:
-                        raise ProbeFailed(f"the probe of pipeline stage {role[0]}, context-parallel rank {role[1]} "
-                                          f"failed (exit {process.returncode}):\n  {_failure(Path(tmp) / f'{name}.log')}")
-                    results[role] = json.loads((Path(tmp) / f"{name}.json").read_text())
-                time.sleep(0.05)
+            ended = set()
+            for line in process.stdout:
+                index, code = (int(x) for x in line.split())
+                if code != 0:
+                    job = jobs[index]
+                    raise ProbeFailed(f"the probe of pipeline stage {job['stage']}, context-parallel rank "
+                                      f"{job['cp_rank']} failed (exit {code}):\n  {_failure(Path(job['log']))}", owners[index])
+                ended.add(index)
+            if process.wait() != 0 or len(ended) < len(jobs):
+                raise ProbeFailed(f"the probe's process failed (exit {process.returncode}):\n  "
+                                  f"{_failure(Path(tmp) / 'forks.log')}")
         finally:
-            for process, log, _ in running.values():
-                process.kill()
+            if process.poll() is None:
+                os.killpg(process.pid, signal.SIGKILL)
                 process.wait()
-                log.close()
-    return [results[role] for role in roles]
+            process.stdout.close()
+        results = [json.loads(Path(job["out"]).read_text()) for job in jobs]
+    return [[r for r, owner in zip(results, owners) if owner == k] for k in range(len(probes))]
 
 
 @dataclass

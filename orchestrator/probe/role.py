@@ -185,6 +185,27 @@ def probe_role(plan_json: Path, stage: int, cp_rank: int = 0, fake: bool = True)
     }
 
 
+# What a role imports as it builds and steps its model, beyond this module's own imports:
+# with those, about 6 s of a role's CPU (a tiny role then probes in 3 s, a full-size one
+# in 15). A process that probes many roles (probe/forks.py) imports them once.
+PRELOADED = ("torch._subclasses.fake_tensor", "torch._dynamo.backends.common", "torch._inductor.compile_fx",
+             "transformers.models.whisper.modeling_whisper", "orchestrator.models.audiollm",
+             "orchestrator.plan.estimate", "orchestrator.probe.stand_ins", "orchestrator.probe.trainer",
+             "orchestrator.train.audiollm_provider")
+
+
+def preload() -> None:
+    """Import PRELOADED before the probe's modes are on, as the job imports them before it
+    builds: a tensor a module makes at import (megatron's multi_token_prediction makes a
+    4-byte scalar as it defines MTPLossAutoScaler) is then no part of the step's memory,
+    whether the role runs in a process of its own or forked from one that imported them
+    (probe/forks.py)."""
+    import importlib
+
+    for name in PRELOADED:
+        importlib.import_module(name)
+
+
 def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     # The probe is a CPU process whatever machine runs it: its tensors are fake CPU ones
@@ -198,6 +219,7 @@ def main(argv=None) -> int:
     if len(argv) != 4:
         print("usage: python -m orchestrator.probe.role PLAN_JSON STAGE CP_RANK OUT_JSON [--real]", file=sys.stderr)
         return 2
+    preload()
     result = probe_role(Path(argv[0]), int(argv[1]), int(argv[2]), fake=not real)
     Path(argv[3]).write_text(json.dumps(result, indent=1))
     return 0

@@ -6,13 +6,12 @@ process never holds the model's real size. Time on 2 cores: about 20 s per full-
 recipe (its roles in parallel), 7 s for a tiny one."""
 
 import os
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 
 from orchestrator.plan.compose import compose
-from orchestrator.plan.probe_report import CATEGORIES, compare, compile_note, render, run_probe
+from orchestrator.plan.probe_report import CATEGORIES, ProbeFailed, compare, compile_note, render, run_probe, run_probes
 from orchestrator.plan.resolve import resolve
 
 REPO = Path(__file__).resolve().parents[2]
@@ -41,9 +40,8 @@ def probed():
     machine's cores."""
     plans = {recipe: _plan(f"+recipe={recipe}") for recipe in RECIPES}
     plans.update({name: _plan(*overrides) for name, overrides in VARIANTS.items()})
-    with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
-        results = dict(zip(plans, pool.map(lambda plan: run_probe(plan, workers=1), plans.values())))
-    return {name: (plans[name], results[name]) for name in plans}
+    results = run_probes([(plan, None) for plan in plans.values()])
+    return {name: (plan, probed) for (name, plan), probed in zip(plans.items(), results)}
 
 
 def test_the_recipes_are_all_probed():
@@ -90,6 +88,17 @@ def test_a_recipe_changed_so_it_cannot_fit_is_refused_by_both_naming_the_largest
     (comparison,) = compare(plan, results)
     assert not comparison.fits and comparison.largest == "activations"
     assert "DOES NOT FIT (largest: activations" in render(plan, results)
+
+
+def test_a_role_that_fails_is_named_with_its_error():
+    """The roles of several plans fork from one process (orchestrator/probe/forks.py): one
+    that fails stops the probe, named with the plan it belongs to and its error."""
+    plan = _plan("+recipe=tiny_cpu")
+    with pytest.raises(ProbeFailed) as failed:
+        run_probes([(plan, [(0, 0)]), (plan, [(3, 0)])])  # tiny_cpu has one pipeline stage
+    assert failed.value.probe == 1
+    assert "the probe of pipeline stage 3, context-parallel rank 0 failed (exit 1)" in str(failed.value)
+    assert "rank (3) >= world_size (1)" in str(failed.value).splitlines()[-1]
 
 
 def test_under_lora_the_plan_trains_what_the_job_trains():
