@@ -5,8 +5,9 @@ A role's own process (orchestrator/probe/role.py) spends about 6 s of CPU import
 torch, megatron, transformers' Whisper and the job before it probes; a sweep's probes or
 a recipe's several stages paid that once per role. This process imports it all once
 (role.preload) and forks a child per role, at most WORKERS at once. Forking is safe
-here: nothing has run a tensor operation or started a thread pool before the fork, and
-each child builds its own fake process group and stand-ins, as a fresh process would.
+here: imports run no parallel tensor operation (OpenMP's threads start at the first),
+the one thread torch starts as it loads waits idle, and each child builds its own fake
+process group and stand-ins, as a fresh process would.
 
 ROLES_JSON: a list of {"plan": PLAN_JSON, "stage", "cp_rank", "out": OUT_JSON, "log": LOG};
 each child probes its role (role.probe_role), writes the result to "out" and its output to
@@ -20,6 +21,7 @@ import json
 import os
 import sys
 import traceback
+import warnings
 from pathlib import Path
 
 
@@ -54,6 +56,9 @@ def main(argv=None) -> int:
     from orchestrator.probe import role
 
     role.preload()
+    # Python 3.12 warns at a fork in a process with more than one thread: torch's idle one
+    # (above) is no lock a child needs.
+    warnings.filterwarnings("ignore", message=r"This process .* is multi-threaded", category=DeprecationWarning)
     jobs = json.loads(Path(argv[0]).read_text())
     workers = max(1, int(argv[1]))
     pending, running = list(enumerate(jobs)), {}
