@@ -160,7 +160,8 @@ def _plan_sweep(args: argparse.Namespace) -> int:
         try:
             results = run_probes([(plan, None) for plan in plans])  # their roles share this machine's cores
         except ProbeFailed as exc:
-            print(f"\nprobe of {' '.join(best[exc.probe]['overrides'])}: {exc}", file=sys.stderr)
+            point = "" if exc.probe is None else f" of {' '.join(best[exc.probe]['overrides'])}"
+            print(f"\nprobe{point}: {exc}", file=sys.stderr)
             return 1
         for point, plan, probed in zip(best, plans, results):
             print(f"\nprobe of {' '.join(point['overrides'])}:\n" + render_probe(plan, probed), flush=True)

@@ -85,7 +85,8 @@ def run_probes(probes: list, workers: int | None = None) -> list[list[dict]]:
                 if code != 0:
                     job = jobs[index]
                     raise ProbeFailed(f"the probe of pipeline stage {job['stage']}, context-parallel rank "
-                                      f"{job['cp_rank']} failed (exit {code}):\n  {_failure(Path(job['log']))}", owners[index])
+                                      f"{job['cp_rank']} failed (exit {code}):\n  {_failure(Path(job['log']))}",
+                                      owners[index])
                 ended.add(index)
             if process.wait() != 0 or len(ended) < len(jobs):
                 raise ProbeFailed(f"the probe's process failed (exit {process.returncode}):\n  "

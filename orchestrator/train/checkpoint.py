@@ -442,7 +442,8 @@ def _prune(root: Path, keep: Retention) -> None:
         elif name not in _SAID_HELD:
             _SAID_HELD.add(name)
             log.info("checkpoint %s is kept beyond train.keep_last: the checkpoints of %s read their frozen weights "
-                     "from it (it goes at the next save after %s or those runs' directories are deleted)", name, ", ".join(holders), root / HOLDS / name)
+                     "from it (it goes at the next save after %s or those runs' directories are deleted)",
+                     name, ", ".join(holders), root / HOLDS / name)
     _drop_dangling_megatron_names(root)
 
 
