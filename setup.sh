@@ -12,7 +12,8 @@
 #                          itself a virtual environment, which a venv made from it
 #                          would not see through.
 # Idempotent: re-running installs only what is missing. Installs with uv (pip as the
-# fallback, or with AUDIOLLM_INSTALLER=pip).
+# fallback, or with AUDIOLLM_INSTALLER=pip), at the versions in constraints.txt
+# (AUDIOLLM_UNPINNED=1: the newest pyproject.toml allows).
 set -euo pipefail
 cd "$(dirname "$0")"
 
@@ -63,10 +64,15 @@ echo "setup: installing the project into .venv"
 # PYTHONDONTWRITEBYTECODE is set, a process would otherwise compile torch, megatron and
 # transformers from source at every start (importing them took 19 s instead of 7.5 s;
 # the compilation costs about 33 s once, on 2 cores).
+# Within the versions the test suite passed with (constraints.txt); AUDIOLLM_UNPINNED=1
+# takes the newest that pyproject.toml's ranges allow.
+constraints=(-c constraints.txt)
+[ "${AUDIOLLM_UNPINNED:-0}" = 1 ] && constraints=()
 installed=0
 if [ "${AUDIOLLM_INSTALLER:-uv}" = uv ]; then
   if .venv/bin/python -m pip install -q uv && \
-     .venv/bin/uv pip install -q --compile-bytecode --python .venv/bin/python --upgrade pip -e ".${extras}"; then
+     .venv/bin/uv pip install -q --compile-bytecode --python .venv/bin/python --upgrade pip -e ".${extras}" \
+       "${constraints[@]}"; then
     installed=1
   else
     echo "setup: uv could not install the project; installing with pip instead" >&2
@@ -74,6 +80,6 @@ if [ "${AUDIOLLM_INSTALLER:-uv}" = uv ]; then
 fi
 if [ "$installed" = 0 ]; then
   .venv/bin/python -m pip install -q --upgrade pip
-  .venv/bin/python -m pip install -q -e ".${extras}"
+  .venv/bin/python -m pip install -q -e ".${extras}" "${constraints[@]}"
 fi
 echo "setup: done (.venv/bin/audiollm --help)"
