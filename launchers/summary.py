@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from orchestrator.plan.checkpoint_dirs import held_checkpoints
+from orchestrator.plan.checkpoint_dirs import FROZEN_SOURCE, frozen_source, frozen_source_problem, held_checkpoints
 from orchestrator.plan.rundir import damage, last_launch, read_json, read_metrics
 from launchers.slurm_fit import slurm_output
 
@@ -106,7 +106,10 @@ def _local_alive(job_id: str) -> bool:
 def run_state(run_dir: Path, query_scheduler: bool = True) -> dict:
     """{"state", "scheduler", "job_id", "step", "iters", "loss", "requeues", "pending" (why it waits),
     "history" (attempts that ended without finishing), "checkpoint", "error", "damaged" (files of the run
-    directory that cannot be read, one line each)} of one run; a damaged file never raises."""
+    directory that cannot be read, and frozen weights its latest checkpoint cannot read back, one line
+    each), "held" (its checkpoints other runs hold: checkpoint_dirs.held_checkpoints), "frozen_from"
+    (where its latest checkpoint reads its frozen weights, or None)} of one run; a damaged file never
+    raises."""
     run_dir = Path(run_dir)
     job_state = read_json(run_dir / "state.json", default={})
     job_state = job_state if isinstance(job_state, dict) else {}
@@ -153,6 +156,17 @@ def run_state(run_dir: Path, query_scheduler: bool = True) -> dict:
     if problems["state.json"] and state == "DIED":
         # The job's own record is lost: its checkpoints still tell a finished run.
         state = "COMPLETED" if checkpoint_step is not None and checkpoint_step == cfg_iters else "UNKNOWN"
+    frozen_from = None
+    if checkpoint and (run_dir / "checkpoints" / checkpoint).is_dir():
+        # A LoRA run's checkpoints leave the frozen base where model.init_checkpoint was.
+        try:
+            record = frozen_source(run_dir / "checkpoints" / checkpoint)
+            frozen_from = record and record["source"]
+            problem = frozen_from and frozen_source_problem(run_dir / "checkpoints" / checkpoint)
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            problem = f"{checkpoint}/{FROZEN_SOURCE} cannot be read ({exc})"
+        if problem:
+            damaged.append(problem)
     last_step = metrics[-1]["step"] if metrics else None
     if checkpoint_step is not None and (last_step or 0) < checkpoint_step:
         damaged.append(f"metrics.jsonl ends at step {last_step or 0}, before the checkpoint of step "
@@ -173,6 +187,7 @@ def run_state(run_dir: Path, query_scheduler: bool = True) -> dict:
         "error": job_state.get("error"),
         "damaged": damaged,
         "held": held_checkpoints(run_dir / "checkpoints"),
+        "frozen_from": frozen_from,
     }
 
 
@@ -219,6 +234,9 @@ def format_run(run_dir: Path, info: dict) -> str:
                      f"{attempt['end']}: {attempt['cause']}{at}")
     if info.get("checkpoint"):
         lines.append(f"checkpoint {info['checkpoint']}")
+    if info.get("frozen_from"):
+        lines.append(f"frozen    weights read from {info['frozen_from']} (train.save_frozen_weights=false: it must "
+                     f"stay in place)")
     for k, (step, holders) in enumerate((info.get("held") or {}).items()):
         # Kept beyond train.keep_last (checkpoint_dirs.hold_checkpoint) until those runs are deleted.
         lines.append(f"{'held' if k == 0 else '':<10}{step} by {', '.join(holders)} (their checkpoints read "

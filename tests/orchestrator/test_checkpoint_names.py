@@ -113,3 +113,33 @@ def test_a_checkpoint_another_runs_checkpoints_read_frozen_weights_from_outlives
     _prune(root, Retention(1))
     assert sorted(p.name for p in root.glob("step_*")) == ["step_000010"]
     assert not (root / HOLDS / "step_000004").exists()
+
+def test_status_says_where_a_lora_runs_checkpoint_reads_its_frozen_weights_and_when_they_are_gone(tmp_path):
+    """`audiollm status` of a run whose latest checkpoint leaves its frozen base in
+    model.init_checkpoint (train.save_frozen_weights=false) names that place; once it is
+    gone, the damage line says what resume, evaluation and export will refuse."""
+    import json
+
+    from launchers.summary import format_run, run_state
+    from orchestrator.plan.checkpoint_dirs import FROZEN_SOURCE
+
+    base = tmp_path / "pretrained"
+    base.mkdir()
+    (base / "weights.bin").write_bytes(b"x" * 10)
+    run = tmp_path / "lora_run"
+    step = run / "checkpoints" / "step_000002"
+    step.mkdir(parents=True)
+    (run / "checkpoints" / "latest").write_text("step_000002\n")
+    (run / "metrics.jsonl").write_text("".join(json.dumps({"step": k, "loss": 1.0}) + "\n" for k in (1, 2)))
+    (step / FROZEN_SOURCE).write_text(json.dumps({"source": str(base), "files": {"weights.bin": {"size": 10}},
+                                                  "tensors": ["decoder.layers.0.mlp.linear_fc1.weight"]}))
+    said = format_run(run, run_state(run, query_scheduler=False))
+    assert f"frozen    weights read from {base} (train.save_frozen_weights=false: it must stay in place)" in said
+    assert "damaged" not in said, said
+    (base / "weights.bin").unlink()
+    (base / "weights.bin").write_bytes(b"x" * 3)  # another file written there since
+    said = format_run(run, run_state(run, query_scheduler=False))
+    assert "damaged" in said and "whose files changed since" in said, said
+    (step / FROZEN_SOURCE).write_text("{")
+    said = format_run(run, run_state(run, query_scheduler=False))
+    assert f"step_000002/{FROZEN_SOURCE} cannot be read" in said, said
