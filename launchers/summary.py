@@ -157,13 +157,13 @@ def run_state(run_dir: Path, query_scheduler: bool = True) -> dict:
         # The job's own record is lost: its checkpoints still tell a finished run.
         state = "COMPLETED" if checkpoint_step is not None and checkpoint_step == cfg_iters else "UNKNOWN"
     frozen_from = None
-    if checkpoint and (run_dir / "checkpoints" / checkpoint).is_dir():
+    latest_dir = run_dir / "checkpoints" / checkpoint if checkpoint else None
+    if latest_dir is not None and latest_dir.is_dir():
         # A LoRA run's checkpoints leave the frozen base where model.init_checkpoint was.
         try:
-            record = frozen_source(run_dir / "checkpoints" / checkpoint)
-            frozen_from = record and record["source"]
-            problem = frozen_from and frozen_source_problem(run_dir / "checkpoints" / checkpoint)
-        except (OSError, ValueError, KeyError, TypeError) as exc:
+            frozen_from = (frozen_source(latest_dir) or {}).get("source")
+            problem = frozen_source_problem(latest_dir)  # None where it holds every weight
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
             problem = f"{checkpoint}/{FROZEN_SOURCE} cannot be read ({exc})"
         if problem:
             damaged.append(problem)

@@ -206,9 +206,9 @@ def held_by(checkpoints_root: Path, step_name: str) -> list:
 def held_checkpoints(checkpoints_root: Path) -> dict:
     """{step name: the run directories that hold it} of the run's checkpoints that are held
     (held_by), in step order."""
-    holds = Path(checkpoints_root) / HOLDS
-    steps = sorted(p.name for p in holds.glob("*") if STEP_DIR.match(p.name)
-                   and (Path(checkpoints_root) / p.name).is_dir()) if holds.is_dir() else []
+    steps = [p.name for p in (Path(checkpoints_root) / HOLDS).glob("*")
+             if STEP_DIR.match(p.name) and (Path(checkpoints_root) / p.name).is_dir()]
+    steps.sort(key=lambda name: int(STEP_DIR.match(name).group(1)))
     return {step: held for step in steps if (held := held_by(checkpoints_root, step))}
 
 
