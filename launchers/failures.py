@@ -217,6 +217,31 @@ def attempt_start(text: bytes) -> int:
     return 0 if at < 0 else at + len(ATTEMPT_START)
 
 
+class SrunLogTail:
+    """srun's report of this attempt's tasks, followed while the job runs (rank 0's
+    watchdog asks every few seconds): each call reads only what the log gained since the
+    last, because the same file holds rank 0's stderr and a run lasts days."""
+
+    def __init__(self, path: Path):
+        self.path, self.offset, self.lines = Path(path), None, []
+
+    def ends(self, world_size: int) -> TaskEnds:
+        try:
+            with open(self.path, "rb") as handle:
+                if self.offset is not None:
+                    handle.seek(self.offset)
+                text = handle.read()
+        except OSError:
+            return srun_report("".join(self.lines), world_size)
+        start = attempt_start(text) if self.offset is None else 0
+        complete = text.rfind(b"\n") + 1  # a line still being written is read next time
+        if complete > start:
+            self.lines += [line + "\n" for line in text[start:complete].decode(errors="replace").splitlines()
+                           if line.startswith("srun: ")]
+        self.offset = (self.offset or 0) + max(complete, start)
+        return srun_report("".join(self.lines), world_size)
+
+
 def task_ends(run_dir: Path, kind: Optional[str], job_id: str, folder: Optional[Path],
               query_scheduler: bool = True) -> TaskEnds:
     """What the launcher recorded of job `job_id`'s ranks (local: the controller's exit
@@ -297,6 +322,20 @@ _SCHEDULER_ENDS = {
 }
 
 
+def _records(run_dir: Path, job_id: str, since: float = 0.0) -> list:
+    """The ranks' failure records of job `job_id` written at or after `since`, earliest first."""
+    world_size = int((read_json(Path(run_dir) / "plan.json", default={}) or {}).get("world_size") or 0)
+    records = [r for r in (read_json(failure_path(run_dir, rank)) for rank in range(world_size))
+               if isinstance(r, dict) and r.get("job_id") == str(job_id) and r.get("time", 0) >= since]
+    return sorted(records, key=lambda r: r.get("time", 0))
+
+
+def own_errors(run_dir: Path, job_id: str, since: float = 0.0) -> list:
+    """The ranks of job `job_id` that raised an error of their own (not only the loss of
+    a peer) at or after `since`: what a requeue would most likely meet again."""
+    return [r["rank"] for r in _records(run_dir, job_id, since) if not r.get("lost_peer")]
+
+
 def explain(run_dir: Path, job_id: str, ends: TaskEnds | Sequence[Optional[int]] | None = None) -> Optional[str]:
     """The cause of job `job_id`'s failure in one line, with its rank, host and the log to
     read, then the ranks that failed after it; None when nothing was recorded. `ends`: a
@@ -305,9 +344,7 @@ def explain(run_dir: Path, job_id: str, ends: TaskEnds | Sequence[Optional[int]]
     if not isinstance(ends, TaskEnds):
         ends = TaskEnds(codes={r: c for r, c in enumerate(ends or ()) if c is not None})
     world_size = int((read_json(run_dir / "plan.json", default={}) or {}).get("world_size") or 0)
-    records = [r for r in (read_json(failure_path(run_dir, rank)) for rank in range(world_size))
-               if isinstance(r, dict) and r.get("job_id") == str(job_id)]
-    records.sort(key=lambda r: r.get("time", 0))
+    records = _records(run_dir, job_id)
     by_rank = {r["rank"]: r for r in records}
     # The ranks' own host names first (as their records and logs say), srun's node names else.
     hosts = {**ends.hosts, **_rank_hosts(run_dir, world_size), **{r["rank"]: r.get("host") for r in records}}

@@ -195,14 +195,19 @@ class RankJob:
         job_control.reset()
         job_control.install_handlers()
         requeues = int(state.get("requeues", 0))
-        # On SLURM rank 0 watches srun's report of its peers while they start (the local
-        # controller does it for a local job's tasks).
-        watch_peers = on_slurm and rank == 0
+        started = time.time()
+        # On SLURM rank 0 follows srun's report of its peers (the local controller does it
+        # for a local job's tasks).
+        peers = {}
+        if on_slurm and rank == 0:
+            tail = failures.SrunLogTail(failures.srun_log(env.paths.folder, env.job_id))
+            peers = {"peer_ended": lambda stepped: _srun_reports_an_end(run_path, env, tail, dist_env.world_size,
+                                                                        stepped),
+                     "on_peer_ended": lambda cause: self._peer_ended(run_path, env, rank, cause)}
         dog = watchdog.Watchdog(run_path, rank, dist_env.world_size, _hang_timeout(run_path),
-                                lambda cause: self._hung(run_path, env, rank, on_slurm, requeues, attempt, cause),
-                                **({"peer_ended": lambda: _srun_reports_an_end(run_path, env),
-                                    "on_peer_ended": lambda cause: self._peer_ended(run_path, env, rank, cause)}
-                                   if watch_peers else {})).start()
+                                lambda cause: self._hung(run_path, env, rank, on_slurm, requeues, attempt, cause,
+                                                         started),
+                                **peers).start()
         try:
             if self.accelerator == "gpu":
                 _require_cuda(env.hostname, dist_env.local_rank)
@@ -227,11 +232,23 @@ class RankJob:
         # The count read at start: rank 0 rewrites state.json while the others decide.
         return self._requeue(run_path, env, rank, on_slurm, int(state.get("requeues", 0)))
 
-    def _hung(self, run_path: Path, env, rank: int, on_slurm: bool, requeues: int, attempt: int, cause: str) -> bool:
+    def _hung(self, run_path: Path, env, rank: int, on_slurm: bool, requeues: int, attempt: int, cause: str,
+              started: float) -> bool:
         """The watchdog's verdict (launchers/watchdog.py), on the rank that acts on it: on
         SLURM the job is requeued (counted, with its cause) and resumes from its latest
         checkpoint; elsewhere, or past launcher.max_requeues, it ends FAILED, and the same
-        command resumes it. True when requeued."""
+        command resumes it. A rank that stopped because it raised an error of its own
+        (its peers, in a NCCL collective, wait for it without one) is no hang: the job
+        ends FAILED with that error as its cause, because a requeue would meet it again.
+        True when requeued."""
+        # A record from before this attempt belongs to an earlier one (its tasks start
+        # within seconds of each other: a minute of margin).
+        if failures.own_errors(run_path, env.job_id, since=started - 60):
+            raised = failures.explain(run_path, env.job_id) or cause
+            print(f"[launcher {time.strftime('%H:%M:%S')}] not a hang: {raised}", flush=True)
+            self._fail(run_path, env, rank, on_slurm, RuntimeError(f"a peer raised an error: {raised}"), raised,
+                       lost_peer=True)
+            return False
         if on_slurm and requeues < self.max_requeues:
             causes = (read_json(run_path / "state.json", default={}) or {}).get("requeue_causes") or {}
             _update_state(run_path, state="PREEMPTED", requeues=requeues + 1, signal="hang", stopped_at=time.time(),
@@ -239,19 +256,32 @@ class RankJob:
             print(f"[launcher {time.strftime('%H:%M:%S')}] {cause}; requeuing job {env.job_id}", flush=True)
             subprocess.run(["scontrol", "requeue", env.job_id], check=False, timeout=60)
             return True
-        failures.record(run_path, rank, env.job_id, RuntimeError(cause))
-        _update_state(run_path, state="FAILED", error=cause)
-        _refresh_sweep_summary(run_path)
+        self._fail(run_path, env, rank, on_slurm, RuntimeError(cause), cause)
         return False
 
     def _peer_ended(self, run_path: Path, env, rank: int, cause: str) -> None:
-        """The watchdog's verdict that a peer ended while this rank started: the job fails
-        (no requeue: what killed a rank at its start would most likely kill it again), its
-        cause the peer's end (this rank's record is only that it lost it)."""
-        failures.record(run_path, rank, env.job_id, RuntimeError(f"a peer ended while this rank started: {cause}"),
-                        lost_peer=True)
+        """The watchdog's verdict that a peer ended while this rank waited for it: the job
+        fails, its cause the peer's end (this rank's record is only that it lost it), as a
+        local job's controller ends one and as gloo's ranks end on their own: no requeue,
+        because what killed a rank or made it raise would most likely do it again; the
+        same command resumes the run from its latest checkpoint."""
+        self._fail(run_path, env, rank, True, RuntimeError(f"a peer ended: {cause}"), cause, lost_peer=True)
+
+    @staticmethod
+    def _fail(run_path: Path, env, rank: int, on_slurm: bool, error: Exception, cause: str,
+              lost_peer: bool | None = None) -> None:
+        """The job's failure, decided by this rank for all: its record, the run's state, and
+        on SLURM the end of every task of the job's step (this one too), as srun's
+        --kill-on-bad-exit would: srun keeps running the tasks that wait in a NCCL
+        collective for a peer that is gone, for the process group's timeout (10 minutes)."""
+        failures.record(run_path, rank, env.job_id, error, lost_peer=lost_peer)
         _update_state(run_path, state="FAILED", error=cause)
         _refresh_sweep_summary(run_path)
+        job, step = os.environ.get("SLURM_JOB_ID"), os.environ.get("SLURM_STEP_ID")
+        if on_slurm and job and step:
+            print(f"[launcher {time.strftime('%H:%M:%S')}] rank {rank}: ending the tasks of step {job}.{step}",
+                  flush=True)
+            subprocess.run(["scancel", "--signal=KILL", f"{job}.{step}"], check=False, timeout=60)
 
     def _requeue(self, run_path: Path, env, rank: int, on_slurm: bool, requeues: int) -> dict:
         signame = job_control.stop_signal() or "SIGTERM"
@@ -279,11 +309,15 @@ class RankJob:
         raise SystemExit(LOCAL_REQUEUE_RETURN_CODE)
 
 
-def _srun_reports_an_end(run_path: Path, env) -> str | None:
+def _srun_reports_an_end(run_path: Path, env, tail: failures.SrunLogTail, world_size: int,
+                         stepped: bool) -> str | None:
     """The cause of the job's failure as srun's report of this attempt's tasks gives it
     (launchers/failures.py), once it reports a task that ended: None before. Read
-    every beat until the first step."""
-    ends = failures.task_ends(run_path, "slurm", env.job_id, env.paths.folder, query_scheduler=False)
+    every beat. Once the job has stepped, a lost node is SLURM's to handle: it ends the
+    job's step itself, and requeues the job where its configuration says so."""
+    ends = tail.ends(world_size)
+    if stepped:
+        ends.lost_nodes = []
     if not (ends.codes or ends.oom or ends.lost_nodes):
         return None
     return failures.explain(run_path, env.job_id, ends) or "; ".join(

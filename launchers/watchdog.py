@@ -26,11 +26,13 @@ HANG_FLOOR_S, 10 x the slowest of the same kind seen so far) -- a rank frozen in
 storage) is found as soon as a rank stuck in a step would be. Before the first step, save
 or evaluation is timed (model build, compilation, the first data): STARTUP_S.
 
-Before the first step, rank 0 of a SLURM job also reads what srun reports of the other
-tasks (launchers/failures.py): a task that ended there (killed, out of memory, an exit
-code) leaves the others waiting for it at the rendezvous, so PEERS_GRACE_S later the job
-ends, its cause naming that task. A local job's controller does the same for its tasks
-(launchers/local_controller.py).
+Rank 0 of a SLURM job also follows what srun reports of the other tasks
+(launchers/failures.py): a task that ended (killed, out of memory, an exit code) leaves
+the others waiting for it -- at the rendezvous, or in a collective that NCCL does not
+fail when a peer is gone -- so PEERS_GRACE_S later the job ends, its cause naming that
+task, within seconds instead of the hang bound. After the first step a lost node is left
+to SLURM, which ends (or requeues) the whole job itself. A local job's controller does
+the same for its tasks (launchers/local_controller.py).
 """
 
 from __future__ import annotations
@@ -91,14 +93,15 @@ def stopped_ranks(beats: dict, now: float) -> tuple[list, list]:
 
 class Watchdog:
     def __init__(self, run_dir: Path, rank: int, world_size: int, hang_timeout: float,
-                 on_hang: Callable[[str], bool], peer_ended: Optional[Callable[[], Optional[str]]] = None,
+                 on_hang: Callable[[str], bool], peer_ended: Optional[Callable[[bool], Optional[str]]] = None,
                  on_peer_ended: Optional[Callable[[str], None]] = None):
         self.run_dir, self.rank, self.world_size = Path(run_dir), rank, world_size
         self.hang_timeout = float(hang_timeout or 0)
         # Records the cause and requeues (True: SLURM ends every task) or ends the job.
         self.on_hang = on_hang
-        # Before the first step: what the launcher saw of a peer that ended (None while all
-        # run), and what records this job's failure for it (both or neither).
+        # What the launcher saw of a peer that ended (None while all run; its argument:
+        # whether this rank has stepped), and what records this job's failure for it (both
+        # or neither).
         self.peer_ended, self.on_peer_ended = peer_ended, on_peer_ended
         self._peer_ended_at: Optional[float] = None
         self.started = time.time()
@@ -145,22 +148,25 @@ class Watchdog:
             stalled = now - progress["progress_at"]
             if stalled > bound and self._declare(progress, stalled, bound):
                 return
-            if progress["phase"] == "start" and self.peer_ended is not None:
-                self._end_if_a_peer_ended(now)
+            if self.peer_ended is not None and progress["phase"] != job_control.END_PHASE:
+                self._end_if_a_peer_ended(now, progress)
 
-    def _end_if_a_peer_ended(self, now: float) -> None:
-        """A rank that ended while the others start leaves them waiting at the rendezvous
-        or in the first collective, bounded only by the process group's timeout (10
-        minutes) or STARTUP_S. PEERS_GRACE_S after the launcher reported it, this rank
+    def _end_if_a_peer_ended(self, now: float, progress: dict) -> None:
+        """A rank that ended leaves the others waiting for it: at the rendezvous or in the
+        first collective, bounded only by the process group's timeout (10 minutes) or
+        STARTUP_S; later in a NCCL collective, bounded by the hang detection. PEERS_GRACE_S
+        after the launcher reported it (gloo's ranks fail on their own by then), this rank
         records the job's failure and ends; the others lose it and end too."""
-        cause = self.peer_ended()
+        started = progress["phase"] == "start"
+        cause = self.peer_ended(not started)
         if cause is None:
             return
         self._peer_ended_at = self._peer_ended_at or now
         if now - self._peer_ended_at < PEERS_GRACE_S:
             return
-        print(f"[watchdog] rank {self.rank}: a peer ended while this rank started "
-              f"{now - self._peer_ended_at:.0f} s ago: {cause}; ending the job", file=sys.stderr, flush=True)
+        where = "while this rank started" if started else f"after step {progress['step']} ({progress['phase']})"
+        print(f"[watchdog] rank {self.rank}: a peer ended {where} {now - self._peer_ended_at:.0f} s ago: {cause}; "
+              "ending the job", file=sys.stderr, flush=True)
         self.on_peer_ended(cause)
         os._exit(1)
 

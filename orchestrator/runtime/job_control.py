@@ -91,6 +91,9 @@ def reset() -> None:
 # of a background one), the wait for background saves to be written (the run's end, a stop),
 # an evaluation.
 TIMED_PHASES = ("save", "save_wait", "eval")
+# After the loop's last collective: this rank's own end (the logger's, a summary), while
+# its peers may already have exited; bounded as the start is.
+END_PHASE = "end"
 _START = {"step": 0, "phase": "start", "progress_at": None, "slowest_step_s": None,
           **{f"slowest_{phase}_s": None for phase in TIMED_PHASES}}
 _progress: dict = dict(_START)

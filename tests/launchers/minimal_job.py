@@ -17,9 +17,15 @@ checkpoints/step_<N>/state.pt + checkpoints/latest and metrics.jsonl (one line p
 step, rank 0). At every step boundary it asks orchestrator.runtime.job_control.should_stop()
 and, when told to, checkpoints and returns.
 
+It reports its progress to the launcher's watchdog after every step and at its end
+(job_control.progress), as the trainer does.
+
 AUDIOLLM_MINIMAL_STEP_DELAY_S (seconds, default 0) slows each step down, so that a
 demo or a test can interrupt a run mid-way. AUDIOLLM_MINIMAL_FAIL=RANK:STEP makes that
-rank raise a ValueError at that step (a failure inside the job).
+rank raise a ValueError at that step (a failure inside the job); with
+AUDIOLLM_MINIMAL_PEERS_WAIT=1 the other ranks then wait at that step without an error,
+as NCCL's ranks wait in a collective for a peer that is gone (gloo's fail at once on the
+closed connection), which only a GPU job would show.
 """
 
 from __future__ import annotations
@@ -135,10 +141,15 @@ def main(run_dir: str) -> dict:
                 _save(run_path, step, model, optim, keep_last)
                 print(f"[minimal_job] stop requested: checkpoint at step {step}", flush=True)
             dist.barrier()
+            job_control.progress(step, job_control.END_PHASE)
             return {"stopped_at": step}
         step_start = time.time()
-        if fail_rank and (rank, step + 1) == (int(fail_rank), int(fail_step)):
-            raise ValueError(f"batch of step {step + 1} has 3 columns, the model takes {IN_DIM} (AUDIOLLM_MINIMAL_FAIL)")
+        if fail_rank and step + 1 == int(fail_step):
+            if rank == int(fail_rank):
+                raise ValueError(f"batch of step {step + 1} has 3 columns, the model takes {IN_DIM} "
+                                 "(AUDIOLLM_MINIMAL_FAIL)")
+            if os.environ.get("AUDIOLLM_MINIMAL_PEERS_WAIT") == "1":
+                time.sleep(3600)  # until the launcher ends the job
         x, y = _batch(seed, step, rank)
         loss = torch.nn.functional.mse_loss(model(x.to(device)), y.to(device))
         optim.zero_grad(set_to_none=True)
@@ -156,6 +167,7 @@ def main(run_dir: str) -> dict:
         dist.all_reduce(mean_loss)
         loss_value = mean_loss.item() / world
         step += 1
+        job_control.progress(step)
         if delay:
             time.sleep(delay)
         if rank == 0:
@@ -171,4 +183,5 @@ def main(run_dir: str) -> dict:
             _save(run_path, step, model, optim, keep_last)
         print(f"[minimal_job] done: step {step}" + (f" loss {loss_value:.6f}" if step > start else " (nothing left to train)"), flush=True)
     dist.barrier()
+    job_control.progress(step, job_control.END_PHASE)
     return {"step": step, "loss": loss_value}

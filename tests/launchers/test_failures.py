@@ -199,6 +199,44 @@ def test_only_this_attempts_part_of_a_requeued_jobs_log_is_read(run_dir):
     assert explain(run_dir, "7", ends).startswith("rank 1 on node1 was killed by signal 9")
 
 
+def test_the_log_followed_while_the_job_runs_gives_this_attempts_task_ends_as_they_come(tmp_path):
+    """Rank 0's watchdog reads srun's report every few seconds of a log that also holds
+    rank 0's stderr: each read takes only what the log gained, a line still being written
+    is taken once whole, and the attempts before this one are not read."""
+    log = tmp_path / "7_0_log.err"
+    log.write_text(f"{failures.ATTEMPT_START}: job 7, restart 0\nsrun: error: node1: task 1: Killed\n"
+                   f"{failures.ATTEMPT_START}: job 7, restart 1\nWARNING rank 0 says something\n")
+    tail = failures.SrunLogTail(log)
+    assert tail.ends(4).codes == {}  # task 1's end belongs to the first attempt
+    with open(log, "a") as handle:
+        handle.write("srun: error: node2: task 3: Exited with exit")  # srun is writing it
+        handle.flush()
+        assert tail.ends(4).codes == {}
+        handle.write(" code 1\nmore of rank 0's stderr\nsrun: error: node1: task 1: Out Of Memory\n")
+    ends = tail.ends(4)
+    assert ends.codes == {3: 1} and ends.oom == [1] and ends.hosts == {3: "node2", 1: "node1"}
+    read = tail.offset
+    assert read == log.stat().st_size
+    with open(log, "a") as handle:
+        handle.write("srun: error: Node failure on node2\n")
+    ends = tail.ends(4)
+    assert ends.codes == {3: 1} and ends.lost_nodes == ["node2"] and tail.offset > read
+    log.unlink()  # a log gone (a cleaned folder) keeps what was read
+    assert tail.ends(4).codes == {3: 1}
+
+
+def test_own_errors_are_this_jobs_since_a_time_not_the_lost_peers(run_dir):
+    """What the hang detection asks before it requeues: did a rank stop because it raised
+    (a requeue would meet the error again) rather than because it froze?"""
+    _record(run_dir, 1, ValueError("bad sample"), at=100.0)
+    _record(run_dir, 0, LOST, at=101.0)
+    _record(run_dir, 2, ValueError("another job's"), job_id="8", at=102.0)
+    _record(run_dir, 3, ValueError("an earlier attempt's"), at=50.0)
+    assert failures.own_errors(run_dir, "7", since=90.0) == [1]
+    assert failures.own_errors(run_dir, "7") == [3, 1]
+    assert failures.own_errors(run_dir, "7", since=200.0) == []
+
+
 def test_a_local_jobs_exit_statuses_come_from_its_controller(run_dir):
     folder = run_dir / "submitit"
     folder.mkdir()

@@ -412,6 +412,47 @@ def test_a_frozen_rank_is_named_and_the_job_requeued_and_resumed_exactly(tp2_ref
              f"first step after the requeue {first_step_after:.1f} s (train.hang_timeout {HANG_TIMEOUT} s)")
 
 
+def test_a_rank_that_raises_while_its_peers_wait_fails_the_job_at_once_and_ends_every_task(nodes_env, root,
+                                                                                          monkeypatch, measured):
+    """A 2-node job of the launchers' minimal job, 4 ranks: rank 0 raises at step 3 while
+    ranks 1-3 wait for it without an error, as a NCCL collective waits for a peer that is
+    gone (a stand-in: gloo's would fail on the closed connection). Rank 1's hang detection
+    finds rank 0 stopped, and its error recorded: no hang, so no requeue (it would meet the
+    error again). The job ends FAILED, rank 1 ending every task of the step: ranks 2-3,
+    which detected the same stall but do not act, would otherwise wait REQUEUE_GRACE_S
+    more. `audiollm status` names rank 0's own error."""
+    from launchers.watchdog import REQUEUE_GRACE_S
+    from tests.launchers.helpers import status_cause, tiny_overrides
+    from tests.slurm.runs import SLURM
+
+    monkeypatch.setenv("AUDIOLLM_MINIMAL_FAIL", "0:3")
+    monkeypatch.setenv("AUDIOLLM_MINIMAL_PEERS_WAIT", "1")
+    assert train(["+recipe=tiny_cpu", *tiny_overrides(root, "run.name=raised_first", ranks=2, iters=12), *SLURM,
+                  "launcher.nodes=2", "optim.micro_batch_size=4", f"train.hang_timeout={HANG_TIMEOUT}"]) == 0
+    run_dir = root / "tiny_cpu" / "raised_first"
+    (job_id,) = launches(run_dir)[0]["job_ids"]
+    wait_until(lambda: (run_dir / "logs" / "failure_rank0.json").exists(), JOB_TIMEOUT, "rank 0's error", [run_dir])
+    raised_at = read_json(run_dir / "logs" / "failure_rank0.json")["time"]
+    wait_until(lambda: not subprocess.run(["squeue", "-h", "-j", job_id], capture_output=True, text=True,
+                                          timeout=30).stdout.strip(), JOB_TIMEOUT, "the job to leave the queue",
+               [run_dir])
+    ended = time.time() - raised_at
+    assert wait_for_end(run_dir, timeout=60)["state"] == "FAILED"
+    state = read_json(run_dir / "state.json")
+    assert state["attempt"] == 1 and not state["requeues"], state
+    log = (run_dir / "logs" / "rank1.log").read_text()
+    assert "[watchdog] rank 1: no progress for" in log and "not a hang: rank 0 on aunode" in log, log[-3000:]
+    assert f"ending the tasks of step {job_id}." in log, log[-3000:]
+    assert ended < HANG_TIMEOUT + REQUEUE_GRACE_S, (ended, logs_tail([run_dir]))
+    cause = status_cause(run_dir)
+    assert re.fullmatch(r"rank 0 on aunode\d: ValueError: batch of step 3 has 3 columns, the model takes 16 "
+                        r"\(AUDIOLLM_MINIMAL_FAIL\) \(raised in tests/launchers/minimal_job\.py:\d+\) "
+                        + re.escape(f"(log: {run_dir}/logs/rank0.log)") + r"; ranks? 1[-\d, ]* failed after it",
+                        cause), cause
+    measured(f"rank 0 raised while 3 ranks waited as under NCCL (train.hang_timeout {HANG_TIMEOUT} s): "
+             f"the job failed and left the queue {ended:.1f} s later, not requeued")
+
+
 def _hosts_of_attempt(run_dir, attempt: int) -> list[str]:
     """Hosts of the ranks started by the given attempt (each attempt logs its ranks anew)."""
     hosts = []

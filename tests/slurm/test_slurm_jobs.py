@@ -148,9 +148,12 @@ def test_preempted_job_requeues_and_reproduces_every_loss(submitted, corpus, cap
 def test_status_names_why_a_slurm_job_failed_an_error_in_one_rank_or_a_rank_killed(slurm_cluster, tmp_path,
                                                                                   monkeypatch):
     """Two 2-task SLURM jobs of the launchers' minimal job. In one, rank 1 raises at step
-    3: without launcher.wait, `audiollm status` names the rank, its host and its own
-    error, and the rank that failed after it; not rank 0's lost connection, the last line
-    of its traceback. In the other, rank 1 is SIGKILLed (the out-of-memory killer) as its
+    3 while rank 0 waits for it without an error, as a NCCL collective waits for a peer
+    that is gone (a stand-in: gloo's would fail on the closed connection): rank 0 follows
+    srun's report, ends the job PEERS_GRACE_S after rank 1's end, FAILED and not requeued
+    (the hang bound, minutes, never comes into it); without launcher.wait, `audiollm
+    status` names the rank, its host and its own error, and the rank that failed after
+    it. In the other, rank 1 is SIGKILLed (the out-of-memory killer) as its
     interpreter starts: srun reports it, and rank 0, which would wait for it at the
     rendezvous for the process group's 10 minutes, ends the job PEERS_GRACE_S later;
     `audiollm train launcher.wait=true` and `audiollm status` name rank 1 and the signal
@@ -172,8 +175,10 @@ def test_status_names_why_a_slurm_job_failed_an_error_in_one_rank_or_a_rank_kill
 
     # Queued first: the node's 2 CPUs run one of these jobs at a time.
     monkeypatch.setenv("AUDIOLLM_MINIMAL_FAIL", "1:3")
+    monkeypatch.setenv("AUDIOLLM_MINIMAL_PEERS_WAIT", "1")
     assert train(argv("raises", 12)) == 0
     monkeypatch.delenv("AUDIOLLM_MINIMAL_FAIL")
+    monkeypatch.delenv("AUDIOLLM_MINIMAL_PEERS_WAIT")
     hook = signal_at_start(tmp_path, 1, signal.SIGKILL, rank_variable="SLURM_PROCID")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([hook, str(REPO)])}  # sbatch exports it to the job
     proc = subprocess.Popen([sys.executable, "-m", "orchestrator.cli", "train",
@@ -185,7 +190,12 @@ def test_status_names_why_a_slurm_job_failed_an_error_in_one_rank_or_a_rank_kill
         proc.kill()
     raised, stillborn = tmp_path / "tiny_cpu" / "raises", tmp_path / "tiny_cpu" / "stillborn"
     host = socket.gethostname()  # the one node's processes' host name
-    assert wait_for_end(raised, timeout=JOB_TIMEOUT)["state"] == "FAILED"
+    state = wait_for_end(raised, timeout=JOB_TIMEOUT)
+    assert state["state"] == "FAILED" and not state.get("requeues"), state
+    log = (raised / "logs" / "rank0.log").read_text()
+    waited = float(re.search(r"a peer ended after step 2 \(train\) (\d+) s ago: rank 1 on ", log).group(1))
+    assert PEERS_GRACE_S <= waited < PEERS_GRACE_S + 2 * BEAT_S, log[-2000:]
+    assert "ending the tasks of step" in log and "[watchdog] rank 0: no progress" not in log, log[-2000:]
     assert re.fullmatch(rf"rank 1 on {re.escape(host)}: ValueError: batch of step 3 has 3 columns, the model takes 16 "
                         r"\(AUDIOLLM_MINIMAL_FAIL\) \(raised in tests/launchers/minimal_job\.py:\d+\) "
                         + re.escape(f"(log: {raised}/logs/rank1.log); rank 0 failed after it"), status_cause(raised))
