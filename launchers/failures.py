@@ -52,6 +52,8 @@ _PEER_LOSS = re.compile(r"(reset|closed) by peer|Broken pipe|communicator was ab
                         r"No route to host|Network is unreachable|Socket Timeout|Timed out waiting|"
                         r"collective operation timeout|recvBytes|sendBytes|NCCL (error|communicator)|"
                         r"CheckpointException ranks:dict_keys\(\[\]\)", re.IGNORECASE)
+# torch's TCPStore on rank 0 when another process of its host holds the rendezvous port.
+_PORT_HELD = re.compile(r"EADDRINUSE|address already in use", re.IGNORECASE)
 _PROJECT_CODE = ("orchestrator", "launchers")  # their exceptions' messages say where and why
 _REPO = Path(__file__).resolve().parents[1]
 _SIGNAL_HINTS = {signal.SIGKILL: "the out-of-memory killer or a kill -9", signal.SIGSEGV: "a crash in native code",
@@ -97,6 +99,18 @@ def one_line(exc: BaseException) -> str:
     return f"{line} (raised in {where})" if where and not type(exc).__module__.startswith(_PROJECT_CODE) else line
 
 
+def _fix(exc: BaseException) -> str:
+    """What to do, for the errors whose own message does not say."""
+    if not _PORT_HELD.search(str(exc)):
+        return ""
+    from orchestrator.runtime.ports import END_PORT, FIRST_PORT
+
+    return (f" (the rendezvous port MASTER_PORT={os.environ.get('MASTER_PORT', '?')} is held by another process on "
+            f"{socket.gethostname()}: a server's, or on SLURM another job's whose id is the same modulo "
+            f"{END_PORT - FIRST_PORT}; choose a free one: launcher.setup=['export MASTER_PORT=N'] on SLURM, "
+            f"`MASTER_PORT=N audiollm train ...` locally, N in {FIRST_PORT}-{END_PORT - 1})")
+
+
 def clear(run_dir: Path, rank: int) -> None:
     """At a rank's start: a record left by an earlier start (a requeue, a rerun) is not
     this start's."""
@@ -116,7 +130,7 @@ def record(run_dir: Path, rank: int, job_id: str, exc: BaseException, launch: Op
         write_json(failure_path(run_dir, rank), {
             "job_id": str(job_id), "launch": launch, "rank": rank, "pid": os.getpid(), "host": socket.gethostname(),
             "time": time.time(), "type": type(exc).__name__, "message": str(exc)[:MAX_MESSAGE], "where": _where(exc),
-            "line": one_line(exc), "log": str(log_path(run_dir, rank)), "lost_peer": lost_peer,
+            "line": one_line(exc) + _fix(exc), "log": str(log_path(run_dir, rank)), "lost_peer": lost_peer,
         })
     except Exception:  # noqa: BLE001 - a full disk, an exception whose str() fails
         pass

@@ -237,6 +237,27 @@ def test_own_errors_are_this_jobs_since_a_time_not_the_lost_peers(run_dir):
     assert failures.own_errors(run_dir, "7", since=200.0) == []
 
 
+def test_a_rendezvous_port_held_by_another_process_is_said_with_how_to_choose_one(run_dir, monkeypatch):
+    """torch's own error when rank 0 cannot listen on MASTER_PORT names the port and errno
+    only; the cause line adds who may hold it and how to pick another."""
+    import socket
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        port = holder.getsockname()[1]
+        monkeypatch.setenv("MASTER_PORT", str(port))
+        with pytest.raises(dist.DistNetworkError) as caught:
+            dist.TCPStore("127.0.0.1", port, 1, True, timeout=timedelta(seconds=5))
+    failures.record(run_dir, 0, "7", caught.value)
+    line = explain(run_dir, "7")
+    assert "EADDRINUSE" in line and f"MASTER_PORT={port} is held by another process" in line, line
+    assert "launcher.setup=['export MASTER_PORT=N']" in line and "N in 20000-32767" in line, line
+
+
 def test_a_local_jobs_exit_statuses_come_from_its_controller(run_dir):
     folder = run_dir / "submitit"
     folder.mkdir()
