@@ -531,6 +531,8 @@ class Trainer:
 
     def run(self) -> list:
         """Train to train_iters; returns the per-step metrics (rank 0; others get [])."""
+        from orchestrator.runtime.job_control import END_PHASE
+
         run_id_from_ckpt = self.resume()
         self.run_id = self._run_id(run_id_from_ckpt)
         writer = None
@@ -587,7 +589,7 @@ class Trainer:
                         log.info("stop requested: checkpoint of step %d written, exiting for requeue", self.step)
                     break
             self.finish_saves(wait=True)
-            self.progress(self.step, job_control.END_PHASE)  # what follows is this rank's own: a peer may exit meanwhile
+            self.progress(self.step, END_PHASE)  # what follows is this rank's own: a peer may exit meanwhile
             exit_code = 0
         except OSError as exc:  # the run's own files (metrics.jsonl, the loss curve, W&B's)
             if not ckpt.is_disk_full(exc, self.plan.run_dir):
