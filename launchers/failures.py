@@ -262,7 +262,7 @@ def task_ends(run_dir: Path, kind: Optional[str], job_id: str, folder: Optional[
     statuses; SLURM: srun's report in the job's log, from this attempt's start on
     (ATTEMPT_START), and accounting)."""
     run_dir = Path(run_dir)
-    world = int((read_json(run_dir / "plan.json", default={}) or {}).get("world_size") or 0)
+    world = _world_size(run_dir)
     if folder is None:
         return TaskEnds()
     if kind != "slurm":
@@ -336,9 +336,12 @@ _SCHEDULER_ENDS = {
 }
 
 
-def _records(run_dir: Path, job_id: str, since: float = 0.0) -> list:
+def _world_size(run_dir: Path) -> int:
+    return int((read_json(Path(run_dir) / "plan.json", default={}) or {}).get("world_size") or 0)
+
+
+def _records(run_dir: Path, job_id: str, world_size: int, since: float = 0.0) -> list:
     """The ranks' failure records of job `job_id` written at or after `since`, earliest first."""
-    world_size = int((read_json(Path(run_dir) / "plan.json", default={}) or {}).get("world_size") or 0)
     records = [r for r in (read_json(failure_path(run_dir, rank)) for rank in range(world_size))
                if isinstance(r, dict) and r.get("job_id") == str(job_id) and r.get("time", 0) >= since]
     return sorted(records, key=lambda r: r.get("time", 0))
@@ -347,7 +350,7 @@ def _records(run_dir: Path, job_id: str, since: float = 0.0) -> list:
 def own_errors(run_dir: Path, job_id: str, since: float = 0.0) -> list:
     """The ranks of job `job_id` that raised an error of their own (not only the loss of
     a peer) at or after `since`: what a requeue would most likely meet again."""
-    return [r["rank"] for r in _records(run_dir, job_id, since) if not r.get("lost_peer")]
+    return [r["rank"] for r in _records(run_dir, job_id, _world_size(run_dir), since) if not r.get("lost_peer")]
 
 
 def explain(run_dir: Path, job_id: str, ends: TaskEnds | Sequence[Optional[int]] | None = None) -> Optional[str]:
@@ -357,8 +360,8 @@ def explain(run_dir: Path, job_id: str, ends: TaskEnds | Sequence[Optional[int]]
     run_dir = Path(run_dir)
     if not isinstance(ends, TaskEnds):
         ends = TaskEnds(codes={r: c for r, c in enumerate(ends or ()) if c is not None})
-    world_size = int((read_json(run_dir / "plan.json", default={}) or {}).get("world_size") or 0)
-    records = _records(run_dir, job_id)
+    world_size = _world_size(run_dir)
+    records = _records(run_dir, job_id, world_size)
     by_rank = {r["rank"]: r for r in records}
     # The ranks' own host names first (as their records and logs say), srun's node names else.
     hosts = {**ends.hosts, **_rank_hosts(run_dir, world_size), **{r["rank"]: r.get("host") for r in records}}
