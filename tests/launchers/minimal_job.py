@@ -25,7 +25,9 @@ demo or a test can interrupt a run mid-way. AUDIOLLM_MINIMAL_FAIL=RANK:STEP make
 rank raise a ValueError at that step (a failure inside the job); with
 AUDIOLLM_MINIMAL_PEERS_WAIT=1 the other ranks then wait at that step without an error,
 as NCCL's ranks wait in a collective for a peer that is gone (gloo's fail at once on the
-closed connection), which only a GPU job would show.
+closed connection), which only a GPU job would show. AUDIOLLM_MINIMAL_STOP_END_DELAY_S
+(seconds) keeps rank 0 that long past its last collective when the job stops early, as a
+logger's end can, while its peers have exited for the requeue.
 """
 
 from __future__ import annotations
@@ -142,6 +144,8 @@ def main(run_dir: str) -> dict:
                 print(f"[minimal_job] stop requested: checkpoint at step {step}", flush=True)
             dist.barrier()
             job_control.progress(step, job_control.END_PHASE)
+            if rank == 0:
+                time.sleep(float(os.environ.get("AUDIOLLM_MINIMAL_STOP_END_DELAY_S", "0")))
             return {"stopped_at": step}
         step_start = time.time()
         if fail_rank and step + 1 == int(fail_step):

@@ -145,6 +145,32 @@ def test_preempted_job_requeues_and_reproduces_every_loss(submitted, corpus, cap
              f"USR2 -> first step after requeue seen {resume_s:.1f} s")
 
 
+def test_peers_that_exit_for_a_requeue_while_rank_0_ends_its_own_way_are_no_failure(slurm_cluster, tmp_path,
+                                                                                  monkeypatch):
+    """A 2-task SLURM job of the launchers' minimal job, preempted (USR2): both ranks stop
+    after the same step, rank 1 exits for the requeue (srun reports its exit code 1) while
+    rank 0 stays longer than the grace past its loop's last collective, as a logger's end
+    can. Rank 0's watchdog, which follows srun's report, takes that exit for no failure:
+    the job requeues once and completes."""
+    from launchers.failures import srun_log
+    from launchers.watchdog import BEAT_S, PEERS_GRACE_S
+    from tests.launchers.helpers import tiny_overrides
+    from tests.slurm.runs import SLURM
+
+    monkeypatch.setenv("AUDIOLLM_MINIMAL_STEP_DELAY_S", "0.25")
+    monkeypatch.setenv("AUDIOLLM_MINIMAL_STOP_END_DELAY_S", str(PEERS_GRACE_S + 3 * BEAT_S))
+    assert train(["+recipe=tiny_cpu", *tiny_overrides(tmp_path, "run.name=slow_end", iters=40), *SLURM]) == 0
+    run_dir = tmp_path / "tiny_cpu" / "slow_end"
+    (job_id,) = launches(run_dir)[0]["job_ids"]
+    preempt_and_wait_for_resume(run_dir, job_id, SIGNAL_AFTER)
+    assert wait_for_end(run_dir, timeout=JOB_TIMEOUT)["state"] == "COMPLETED"
+    state = read_json(run_dir / "state.json")
+    assert state["requeues"] == 1 and state["signal"] == "SIGUSR2" and not state.get("error"), state
+    first_attempt = srun_log(run_dir / "submitit", job_id).read_text()
+    assert re.search(r"srun: error: \S+: task 1: Exited with exit code 1", first_attempt), first_attempt[-2000:]
+    assert "a peer ended" not in (run_dir / "logs" / "rank0.log").read_text()
+
+
 def test_status_names_why_a_slurm_job_failed_an_error_in_one_rank_or_a_rank_killed(slurm_cluster, tmp_path,
                                                                                   monkeypatch):
     """Two 2-task SLURM jobs of the launchers' minimal job. In one, rank 1 raises at step
