@@ -104,7 +104,10 @@ def run_bounded(argv: List[str], limit: float, env: dict, log) -> int:
 
 
 def _kill_marked(mark: bytes) -> None:
-    """SIGKILL to every process whose environment holds `mark` (Linux /proc), until none is left."""
+    """SIGKILL to every process whose environment holds `mark` (Linux /proc), until none is
+    left, then wait until those have exited: a process being killed may still hold its
+    GPU memory after its environment (read above) is gone."""
+    killed = set()
     for _ in range(10):
         found = False
         for entry in Path("/proc").iterdir():
@@ -116,13 +119,25 @@ def _kill_marked(mark: bytes) -> None:
                 continue
             if marked:
                 found = True
+                killed.add(int(entry.name))
                 try:
                     os.kill(int(entry.name), signal.SIGKILL)
                 except ProcessLookupError:
                     pass
         if not found:
-            return
+            break
         time.sleep(0.2)
+    deadline = time.time() + 30
+    while any(_running(pid) for pid in killed) and time.time() < deadline:
+        time.sleep(0.05)
+
+
+def _running(pid: int) -> bool:
+    """Whether `pid` has yet to exit (a zombie has: it waits only for its reaper)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    except (OSError, IndexError):
+        return False
 
 
 def _filesystem(path: Path) -> str:
