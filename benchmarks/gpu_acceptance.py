@@ -431,33 +431,17 @@ def packed_microbatch(obj, audio_token_id: int, seed: int, text_tokens: int = 60
 
 
 def profile_step(step, sync, out: Path):
-    """One more step under torch.profiler: the ops by their own device time and by their
-    own host time (which of the two bounds the step), and the trace, gzipped."""
-    import gzip
-    import shutil
+    """One more step under torch.profiler, written as the job writes its profiled steps
+    (orchestrator/train/profiling.py: ops.txt, the operators by their own device time, own
+    host time and input shape, which of the two bounds the step; trace.json.gz)."""
     import torch
-    from torch.profiler import ProfilerActivity, profile
+    from orchestrator.train.profiling import profiler, write_profile
 
-    out.mkdir(parents=True, exist_ok=True)
-    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
-    with profile(activities=activities, record_shapes=True) as prof:
+    session = profiler("cuda" if torch.cuda.is_available() else "cpu")
+    with session:
         step()
         sync()
-    events = prof.key_averages()
-    for key in ("self_device_time_total", "self_cpu_time_total"):
-        if key == "self_device_time_total" and len(activities) == 1:
-            continue
-        (out / f"ops_by_{key}.txt").write_text(events.table(sort_by=key, row_limit=60, max_name_column_width=90))
-    by_shape = prof.key_averages(group_by_input_shape=True)
-    if len(activities) > 1:
-        (out / "ops_by_shape.txt").write_text(by_shape.table(sort_by="self_device_time_total", row_limit=60,
-                                                             max_name_column_width=70, max_shapes_column_width=90))
-    trace = out / "trace.json"
-    prof.export_chrome_trace(str(trace))
-    with trace.open("rb") as src, gzip.open(out / "trace.json.gz", "wb") as dst:
-        shutil.copyfileobj(src, dst)
-    trace.unlink()
-    print(f"profile of one step written to {out}", flush=True)
+    print(f"profile of one step written to {out}; {write_profile(session, out)}", flush=True)
 
 
 def seconds_per_step(step, sync, dry_run: bool) -> float:
@@ -1003,7 +987,7 @@ def job_overrides(size: str, corpus: Path, dry_run: bool, gpu_type: str, root: s
             f"run.output_root={root}", f"run.name={size}"]
 
 
-def check_job_full(table: Table, corpus: Path | None, dry_run: bool, size: str):
+def check_job_full(table: Table, corpus: Path | None, dry_run: bool, size: str, profile_dir: Path | None = None):
     """gemma2_whisper_tp1 (LoRA r16 on the frozen decoder, 2048-token packed rows) with the
     2b or 9b decoder and whisper-large-v3 at full size on this one GPU, through `audiollm
     train` itself: random weights (no hub here: model.allow_frozen_random), the local
@@ -1012,7 +996,10 @@ def check_job_full(table: Table, corpus: Path | None, dry_run: bool, size: str):
     with the tokens/s and MFU the job logs (median after the warm-up: the steps that
     compile, and the first after a resume, excluded) and its peak memory against the plan's
     and the probe's tensors; greedy decoding through the KV cache of a validation batch at
-    the end; for the 9B also an asynchronous save and a resume from it. The 9B's dry run:
+    the end; for the 9B also an asynchronous save and a resume from it. One step, the
+    last before the first save, runs under the profiler (train.profile_steps; left out of
+    the median), and its ops.txt and trace.json.gz go to `profile_dir` when given: where
+    the MFU falls short, what the step spends. The 9B's dry run:
     the tiny model on the CPU, the same path; the 2b's plans its full size only (its
     training would repeat the 9B's dry run). On a lent machine run each alone (--only
     job2b, --only job9b): minutes each."""
@@ -1031,8 +1018,10 @@ def check_job_full(table: Table, corpus: Path | None, dry_run: bool, size: str):
 
     first, second = (3, 5) if dry_run else (10, 14)
     warmup = 2 if dry_run else 4
+    profiled = first - 1  # after the warm-up, in the first launch
     with tempfile.TemporaryDirectory(prefix=f"acceptance_{size}_") as root:
         overrides = job_overrides(size, corpus, dry_run, "h100" if dry_run else _gpu_type(), root, first, second)
+        overrides.append(f"train.profile_steps=[{profiled},{profiled}]")
         try:
             layout, planned_layout = fitting_layout(overrides)
             overrides += layout
@@ -1072,8 +1061,11 @@ def check_job_full(table: Table, corpus: Path | None, dry_run: bool, size: str):
         run_dir = Path(root) / "gemma2_whisper" / size
         rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()
                 if line.strip()] if (run_dir / "metrics.jsonl").exists() else []
-        steps = [r for r in rows if "tokens_per_s_per_gpu" in r and r["step"] > warmup
+        steps = [r for r in rows if "tokens_per_s_per_gpu" in r and r["step"] > warmup and not r.get("profiled")
                  and not (resumes and r["step"] == first + 1)]
+        profile = run_dir / "profile" / f"steps_{profiled}-{profiled}" / "rank0"
+        if profile_dir is not None and profile.is_dir():
+            shutil.copytree(profile, profile_dir, dirs_exist_ok=True)
         decoded = [r for r in rows if "wer/all" in r]
         saved = (run_dir / "checkpoints" / f"step_{first:06d}").is_dir() or not resumes
         what = "runs, decodes" + (", saves, resumes" if resumes else "")
@@ -1217,7 +1209,8 @@ def main() -> int:
                         help="a small demo corpus (audiollm data demo DIR --num-samples 96 --num-val-samples 8) "
                              "for the job rows: audiollm train on this machine")
     parser.add_argument("--profile", type=Path, metavar="DIR",
-                        help="profile one more throughput step into DIR (op tables, gzipped trace)")
+                        help="profile one more throughput step, or the job rows' profiled step, into DIR "
+                             "(ops.txt: operators by device time, host time, shape; trace.json.gz)")
     args = parser.parse_args()
     wanted = set(args.only.split(",")) if args.only else None
     unknown = (wanted or set()) - CHECKS
@@ -1267,7 +1260,7 @@ def main() -> int:
             check_default_run(table, dry_run=True)
         for size in ("2b", "9b"):
             if run(f"job{size}"):
-                check_job_full(table, args.demo_corpus, dry_run=True, size=size)
+                check_job_full(table, args.demo_corpus, dry_run=True, size=size, profile_dir=args.profile)
     else:
         if _has_te():
             flex = ("te+flex", "te", "flex")
@@ -1303,7 +1296,7 @@ def main() -> int:
             check_default_run(table, dry_run=False)
         for size in ("2b", "9b"):
             if run(f"job{size}"):
-                check_job_full(table, args.demo_corpus, dry_run=False, size=size)
+                check_job_full(table, args.demo_corpus, dry_run=False, size=size, profile_dir=args.profile)
 
     print()
     print(table.render())

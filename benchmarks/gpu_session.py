@@ -62,13 +62,14 @@ class Group:
 # anything), then the issue's centre, the 9B recipe at full size (two launches, an 18 GB
 # save, a resume: about five minutes by the CPU-side estimates), then the 2b through the
 # job in the time left: the figures the issue is judged by come first, because a lease
-# has held a single call before. Part 2: the step loop against HF + PEFT with its
-# profile, README's first command on the GPU (its held-out WER), then the checks that
-# passed on every GPU so far. Part 3, for a later lease: the default recipe's job rows.
+# has held a single call before; each job row profiles one step of the job itself
+# (train.profile_steps). Part 2: the step loop against HF + PEFT with its profile,
+# README's first command on the GPU (its held-out WER), then the checks that passed on
+# every GPU so far. Part 3, for a later lease: the default recipe's job rows.
 PARTS = {
     "1": [Group("parity", "parity", 150, 60),
-          Group("job9b", "job9b", 450, 240),
-          Group("job2b", "job2b", 240, 120)],
+          Group("job9b", "job9b", 450, 240, profile=True),
+          Group("job2b", "job2b", 240, 120, profile=True)],
     "2": [Group("throughput", "throughput", 300, 150, profile=True),
           Group("default", "default", 540, 240),
           Group("checks", "lora,generation,encoder,recompiles,fp8", 240, 60)],
@@ -195,7 +196,8 @@ def _output(argv: List[str], env: dict) -> str:
 class Session:
     """$OUT holds two files whatever the part (a lent machine returns at most eight):
     session.log, every group's output one after another, and session.json, the machine,
-    the commit and each group's exit, time and rows. Part 2 adds the profile's four."""
+    the commit and each group's exit, time and rows. A profiled group adds two in
+    profile_<group>/ (part 1: six files in all)."""
 
     def __init__(self, out: Path, part: str, seconds: float, env: dict, scratch: Optional[dict] = None):
         self.out, self.env = out, env
@@ -229,8 +231,8 @@ class Session:
             argv += ["--dry-run"]
         elif (REPO / DEMO).is_dir():  # the job rows' corpus (n/a without it)
             argv += ["--demo-corpus", DEMO]
-        if group.profile:
-            argv += ["--profile", str(self.out / "profile")]
+        if group.profile:  # two files each (orchestrator/train/profiling.py): ops.txt, trace.json.gz
+            argv += ["--profile", str(self.out / f"profile_{group.name}")]
         self.log.write(f"== {group.name}: {' '.join(argv[1:])} (limit {limit} s)\n")
         self.log.flush()
         offset = self.log.tell()

@@ -638,6 +638,20 @@ def check_train(train: TrainConfig, run: RunConfig) -> Iterator[Finding]:
     yield from _one_of("run", "run.resume", run.resume, ("auto", "never"))
 
 
+def check_profile(train: TrainConfig, launcher: LauncherConfig) -> Iterator[Finding]:
+    """train.profile_steps: off, or [first, last] steps of the run; train.profile_ranks:
+    ranks the job has (orchestrator/train/profiling.py)."""
+    steps, ranks, world = list(train.profile_steps), list(train.profile_ranks), world_size(launcher)
+    if steps and not (len(steps) == 2 and 1 <= steps[0] <= steps[1] <= train.iters):
+        yield _error("profile", f"train.profile_steps={steps} must be [first, last] with 1 <= first <= last <= "
+                                f"train.iters ({train.iters}), e.g. [10, 10] for one step; [] turns profiling off")
+    outside = [r for r in ranks if not 0 <= r < world]
+    if steps and (outside or not ranks):
+        yield _error("profile", f"train.profile_ranks={ranks} must name ranks of the job, 0 to {world - 1} "
+                                f"(launcher.nodes {launcher.nodes} x launcher.gpus_per_node "
+                                f"{launcher.gpus_per_node}), e.g. [0]")
+
+
 def check_ctc(model: ModelConfig, parallel: ParallelConfig, train: TrainConfig) -> Iterator[Finding]:
     if model.adapter.ctc_weight > 0 and parallel.pp > 1:
         yield _error("ctc", f"model.adapter.ctc_weight={model.adapter.ctc_weight}: the auxiliary CTC loss is computed "
@@ -813,6 +827,7 @@ def validate(cfg: AudioLLMConfig, purpose: str = "plan") -> list[Finding]:
         lambda: check_tokenizer(cfg.data, m, purpose),
         lambda: check_optim(cfg.optim, cfg.train),
         lambda: check_train(cfg.train, cfg.run),
+        lambda: check_profile(cfg.train, l),
         lambda: check_eval_generation(cfg.train, cfg.data, p),
         lambda: check_ctc(m, p, cfg.train),
         lambda: check_launcher(l),

@@ -37,6 +37,7 @@ from orchestrator.train.lora import apply_lora
 from orchestrator.train import optimizer_kernels
 from orchestrator.train.metrics import (LossStats, MetricsWriter, eval_line, memory_gib, peak_flops, plot_loss_curve,
                                         progress_line, run_summary, throughput)
+from orchestrator.train.profiling import StepProfiler
 from orchestrator.train.run_plan import RunPlan
 from orchestrator.train.save_clock import SaveClock
 from orchestrator.train.stragglers import StepTimer, straggler_line, stragglers
@@ -547,6 +548,8 @@ class Trainer:
         log_interval = max(int(self.train_cfg.get("log_interval", 1)), 1)
         history = []
         exit_code = 1
+        profiler = StepProfiler(self.train_cfg.get("profile_steps") or [], self.train_cfg.get("profile_ranks") or [0],
+                                self.rank, self.plan.run_dir, self.device)
         try:
             if self.train_cfg.get("eval_at_start") and self.step == 0:
                 metrics = self.evaluate()
@@ -555,8 +558,11 @@ class Trainer:
                     history.append({"step": 0, **metrics})
                     print(eval_line(0, metrics), flush=True)  # metrics hold the validation loss
             while self.step < self.train_iters:
+                profiler.before_step(self.step + 1)
                 metrics = self.train_step()
                 self.progress(self.step, "train")
+                if profiler.after_step(self.step):
+                    metrics["profiled"] = 1  # slowed by the profiler: not a throughput figure
                 self.finish_saves()
                 metrics.update(self.checkpoint_metrics)
                 self.checkpoint_metrics = {}
@@ -597,6 +603,7 @@ class Trainer:
             raise ckpt.DiskFull(f"disk full at {self.plan.run_dir} after step {self.step} ({exc}); free space there "
                                 f"and run the same command again: it resumes from the latest checkpoint") from exc
         finally:
+            profiler.close()
             if writer is not None:
                 try:
                     writer.finish(exit_code)

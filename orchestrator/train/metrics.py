@@ -172,6 +172,8 @@ def progress_line(step: int, total: int, m: dict, width: int = 20) -> str:
     parts.append(f"{1000 * m['step_time_s']:.0f} ms")
     if "data_wait_s" in m:
         parts.append(f"data wait {1000 * m['data_wait_s']:.0f} ms")
+    if m.get("profiled"):
+        parts.append("profiled")
     return " | ".join(parts)
 
 

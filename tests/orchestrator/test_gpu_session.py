@@ -37,7 +37,7 @@ def test_a_call_too_short_for_its_groups_skips_them_and_says_so(tmp_path, monkey
     assert [g["group"] for g in session["groups"]] == ["throughput", "default", "checks"]
     assert all("skipped" in g and "rows" not in g for g in session["groups"]), session
     assert "throughput: skipped, 70 s left, it needs 150 s" in capsys.readouterr().out
-    # a lent machine returns at most eight files: the session writes two (and the profile's four)
+    # a lent machine returns at most eight files: the session writes two (and two per profiled group)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["session.json", "session.log"]
 
 

@@ -16,7 +16,7 @@ def write_run_dir(run_dir: Path, *, tp: int = 1, pp: int = 1, dp: int = 1, vpp: 
                   seq_length: int = 16, micro_batch_size: int = 2, num_microbatches: int = 2,
                   distributed_optimizer: bool = False, lora: Optional[dict] = None,
                   save_interval: int = 0, keep_last: int = 2, eval_interval: int = 0, save_interval_minutes: float = 0,
-                  async_save: bool = False,
+                  async_save: bool = False, profile_steps: tuple = (), profile_ranks: tuple = (0,),
                   logger: Optional[dict] = None, recompute: Optional[str] = None,
                   overlap_grad_reduce: bool = False) -> Path:
     run_dir = Path(run_dir)
@@ -44,7 +44,8 @@ def write_run_dir(run_dir: Path, *, tp: int = 1, pp: int = 1, dp: int = 1, vpp: 
         "data": {"seq_length": seq_length, "seed": 17},
         "train": {"iters": iters, "log_interval": 5, "save_interval": save_interval, "keep_last": keep_last,
                   "save_interval_minutes": save_interval_minutes, "async_save": async_save,
-                  "eval_interval": eval_interval, "eval_iters": 1, "seed": 1234},
+                  "eval_interval": eval_interval, "eval_iters": 1, "seed": 1234,
+                  "profile_steps": list(profile_steps), "profile_ranks": list(profile_ranks)},
         "run": {"experiment": "tests", "name": run_dir.name, "resume": "auto"},
         "logger": logger or {"backend": "none"},
         "launcher": {"gpu_type": "h100"},

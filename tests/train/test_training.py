@@ -4,6 +4,7 @@ spec) on deterministic synthetic rows; see orchestrator/train/stand_in.py."""
 
 from __future__ import annotations
 
+import gzip
 import json
 import math
 import os
@@ -187,17 +188,29 @@ def test_lora_tp2_forward_equals_tp1_and_merge_reproduces_it(tmp_path):
 @pytest.mark.multiprocess
 def test_pp2_1f1b_with_full_recompute_trains(tmp_path):
     """PP=2, 1F1B, full activation recompute: falling loss, both stages train, and
-    recomputation is counted as hardware FLOPs, not model FLOPs."""
+    recomputation is counted as hardware FLOPs, not model FLOPs. Steps 3-4 run under the
+    profiler on both stages (train.profile_steps): each writes its operator tables and
+    trace, and those steps' metrics say `profiled`."""
     run_dir = write_run_dir(tmp_path / "pp", pp=2, num_layers=4, iters=12, num_microbatches=4,
-                            lr=3e-3, warmup=0, recompute="full")
+                            lr=3e-3, warmup=0, recompute="full", profile_steps=(3, 4), profile_ranks=(0, 1))
     out = result(launch("job_script.py", 2, "train", str(run_dir), log_dir=tmp_path))
     losses = out["losses"]
     print("pp2 1f1b recompute losses:", losses)
     assert len(losses) == 12 and sum(losses[-3:]) / 3 < sum(losses[:3]) / 3 - 0.05, losses
     for rank_report in out["ranks"]:
         assert rank_report["changes"] and all(v > 0 for v in rank_report["changes"].values())
-    last = metrics(run_dir)[-1]
-    assert last["hardware_tflops_per_gpu"] > last["model_tflops_per_gpu"]
+    rows = metrics(run_dir)
+    assert rows[-1]["hardware_tflops_per_gpu"] > rows[-1]["model_tflops_per_gpu"]
+    assert [r["step"] for r in rows if r.get("profiled")] == [3, 4]
+    for rank in (0, 1):
+        profiled = run_dir / "profile" / "steps_3-4" / f"rank{rank}"
+        ops = (profiled / "ops.txt").read_text()
+        assert "== operators by self_cpu_time_total" in ops and "aten::mm" in ops, ops[:2000]
+        with gzip.open(profiled / "trace.json.gz") as trace:
+            events = json.load(trace)["traceEvents"]
+        assert any(e.get("name") == "aten::mm" for e in events)
+    said = "".join(log.read_text(errors="replace") for log in tmp_path.glob("*.log"))
+    assert "rank 0: profile of steps 3-4 written to" in said and "top operators by own host time: " in said
 
 
 @pytest.mark.multiprocess

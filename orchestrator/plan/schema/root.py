@@ -68,6 +68,15 @@ class TrainConfig:
     # optimizer: not its waits for others) is this fraction above the median of all ranks
     # is named on the console and in metrics.jsonl (`stragglers`).
     straggler_threshold: float = 0.2
+    # Profile steps of the run with torch.profiler, to see what bounds a step (the GPU's
+    # kernels, or the host issuing them): [first, last] optimizer steps, inclusive, e.g.
+    # [10, 10]; empty: off. Each rank of profile_ranks writes
+    # RUN/profile/steps_<first>-<last>/rank<N>/ops.txt (operators by their own device
+    # time, host time and input shape) and trace.json.gz (Perfetto, chrome://tracing);
+    # metrics.jsonl marks those steps `profiled`: the profiler slows them
+    # (orchestrator/train/profiling.py).
+    profile_steps: list[int] = field(default_factory=list)
+    profile_ranks: list[int] = field(default_factory=lambda: [0])
     seed: int = 1234
 
 
