@@ -224,13 +224,13 @@ class Session:
                               stdout=self.log, stderr=subprocess.STDOUT)
         return None if done.returncode == 0 else f"the kit did not install (exit {done.returncode}): see session.log"
 
-    def run(self, group: Group, limit: int, dry_run: bool) -> dict:
+    def run(self, group: Group, limit: int, dry_run: bool, corpus: Path) -> dict:
         rows = self.scratch / f"{group.name}.json"
         argv = [sys.executable, "benchmarks/gpu_acceptance.py", "--only", group.checks, "--json", str(rows)]
-        if dry_run:
+        if dry_run:  # the job rows train the tiny model on the CPU through the same path
             argv += ["--dry-run"]
-        elif (REPO / DEMO).is_dir():  # the job rows' corpus (n/a without it)
-            argv += ["--demo-corpus", DEMO]
+        if corpus.is_dir():  # the job rows' corpus (n/a without it)
+            argv += ["--demo-corpus", str(corpus)]
         if group.profile:  # two files each (orchestrator/train/profiling.py): ops.txt, trace.json.gz
             argv += ["--profile", str(self.out / f"profile_{group.name}")]
         self.log.write(f"== {group.name}: {' '.join(argv[1:])} (limit {limit} s)\n")
@@ -264,6 +264,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument("--seconds", type=float, help="this call's time, from its start (defaults: "
                         + ", ".join(f"part {p} {s} s" for p, s in DEFAULT_SECONDS.items()) + ")")
     parser.add_argument("--dry-run", action="store_true", help="the acceptance's CPU dry run, no kit (a rehearsal)")
+    parser.add_argument("--demo-corpus", type=Path, default=REPO / DEMO, metavar="DIR",
+                        help=f"the job rows' corpus (default {DEMO}); without one they say n/a")
     args = parser.parse_args(argv)
     started = time.monotonic()
     seconds = args.seconds or DEFAULT_SECONDS[args.part]
@@ -292,7 +294,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         if limit is None:
             session.skip(group, seconds - elapsed)
             continue
-        entry = session.run(group, limit, args.dry_run)
+        entry = session.run(group, limit, args.dry_run, args.demo_corpus)
         print(f"{group.name}: exit {entry['exit']} in {entry['seconds']:.0f} s (limit {limit} s)", flush=True)
         if entry.get("log_tail"):
             print("\n".join(f"  | {line}" for line in entry["log_tail"]), flush=True)

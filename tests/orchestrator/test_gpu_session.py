@@ -108,7 +108,7 @@ def test_a_failed_group_keeps_the_end_of_its_output_in_the_record(tmp_path):
     session = Session(tmp_path, "1", 60, {}, None)
     shutil.rmtree(session.scratch)
     session.scratch = tmp_path
-    entry = session.run(Group("bogus", "no_such_check", 60, 1), 60, dry_run=True)
+    entry = session.run(Group("bogus", "no_such_check", 60, 1), 60, dry_run=True, corpus=tmp_path / "no corpus")
     assert entry["exit"] == 2
     assert entry["log_tail"][-1].startswith("gpu_acceptance.py: error: --only no_such_check: unknown no_such_check")
     assert json.loads((tmp_path / "session.json").read_text())["groups"][0]["log_tail"] == entry["log_tail"]

@@ -24,7 +24,10 @@ numpy 2.x, no TransformerEngine, no megatron-core and no internet. This script:
    runs with PYTHONPATH=SITE from a folder outside the repository, so that the kit's
    copy of the project is what runs;
 4. the acceptance's dry run there, as a lent machine's session runs it
-   (`benchmarks/gpu_session.py PART --dry-run` for each part);
+   (`benchmarks/gpu_session.py PART --dry-run` for each part), with a demo corpus as
+   the lent machine gets one: the job rows train the tiny model on the CPU through the
+   same path (the 9B row's two launches, background save, resume and profiled step; the
+   default recipe's job rows);
 5. the job's start-up decisions on GPU machines for every GPU recipe (and the default
    recipe run on a GPU), and its model and first batch built with them
    (tests/rehearsal/gpu_decisions_script.py): what a CPU run cannot decide for itself
@@ -180,7 +183,7 @@ def rehearse(root: Path, machine: Path | None = None) -> dict:
                                           "transformers.__version__, numpy.__version__)"])
     report["machine"] = versions.strip().splitlines()[-1]
     kit = root / "kit"
-    for old in (kit, root / "site", root / "work", root / "outputs", root / "corpus"):
+    for old in (kit, root / "site", root / "work", root / "outputs", root / "corpus", root / "demo"):
         shutil.rmtree(old, ignore_errors=True)
     torch_version = MACHINE_PACKAGES[0].split("==")[1]
     out = _run("kit: audiollm wheels --kit --with-peft",
@@ -200,15 +203,22 @@ def rehearse(root: Path, machine: Path | None = None) -> dict:
         raise StepFailed(f"orchestrator imported from {where.strip()}, not from the kit in {site}")
     # The acceptance as a lent machine's session runs it, part by part (no group skipped:
     # the dry run's time is not the GPU's).
-    report["acceptance"], report["session_groups"] = [], []
+    # The job rows train on the demo corpus a lent machine gets (docs/gpu-machines.md), here
+    # with the tiny model on the CPU through the same path: the 9B's launches, its save,
+    # resume and profiled step; the default recipe's job rows.
+    demo = root / "demo"
+    _run("the job rows' demo corpus", [sys.executable, "-m", "orchestrator.cli", "data", "demo", demo,
+                                       "--num-samples", "96", "--num-val-samples", "8"], cwd=REPO)
+    report["acceptance"], report["session_groups"], report["session_files"] = [], [], {}
     for part in sorted(PARTS):
         out = root / f"session_{part}"
         _run(f"benchmarks/gpu_session.py {part} --dry-run",
-             [python3, REPO / "benchmarks" / "gpu_session.py", part, "--dry-run", "--seconds", "1800"],
-             env={**env, "OUT": str(out)}, cwd=work)
+             [python3, REPO / "benchmarks" / "gpu_session.py", part, "--dry-run", "--seconds", "1800",
+              "--demo-corpus", demo], env={**env, "OUT": str(out)}, cwd=work)
         session = json.loads((out / "session.json").read_text())
         report["session_groups"] += [(part, g["group"], g.get("exit", g.get("skipped"))) for g in session["groups"]]
         report["acceptance"] += [row for group in session["groups"] for row in group.get("rows", [])]
+        report["session_files"][part] = sorted(str(f.relative_to(out)) for f in out.rglob("*") if f.is_file())
     data = corpus(root)
     decisions = _run("GPU decisions: every GPU recipe's model and first batch",
                      [python3, REPO / "tests" / "rehearsal" / "gpu_decisions_script.py", json.dumps(data)],
