@@ -58,7 +58,7 @@ def load_callable(dotted: str) -> Callable[[str], Any]:
         raise ValueError(f"launcher.entry {dotted!r}: module {module_name} has no attribute {attr!r}") from None
 
 
-class _Tee(io.TextIOBase):
+class Tee(io.TextIOBase):
     """Write to the task's original stream and to the per-rank log file (`log`, which
     the job may also write to alone: details that the console does not need)."""
 
@@ -86,7 +86,7 @@ class _Tee(io.TextIOBase):
         return self._stream.fileno()
 
 
-def _warnings_to_log(log):
+def warnings_to_log(log):
     """Python warnings (libraries' notices: optional packages missing, deprecations) go to
     the rank log only, not to the console."""
     def show(message, category, filename, lineno, file=None, line=None):
@@ -94,7 +94,7 @@ def _warnings_to_log(log):
     return show
 
 
-def _hang_timeout(run_dir: Path) -> float:
+def hang_timeout(run_dir: Path) -> float:
     """train.hang_timeout of the run's plan (0: derived from the step times)."""
     plan = read_json(run_dir / "plan.json", default={}) or {}
     return float(((plan.get("config") or {}).get("train") or {}).get("hang_timeout") or 0)
@@ -171,8 +171,8 @@ class RankJob:
 
         (run_path / "logs").mkdir(parents=True, exist_ok=True)
         log = open(run_path / "logs" / f"rank{rank}.log", "a", buffering=1)
-        sys.stdout, sys.stderr = _Tee(sys.__stdout__, log), _Tee(sys.__stderr__, log)
-        warnings.showwarning = _warnings_to_log(log)
+        sys.stdout, sys.stderr = Tee(sys.__stdout__, log), Tee(sys.__stderr__, log)
+        warnings.showwarning = warnings_to_log(log)
         state = read_json(run_path / "state.json", default={}) or {}
         if state.get("launch") != launch_index:
             state = {"launch": launch_index, "requeues": 0, "attempt": 0}
@@ -204,7 +204,7 @@ class RankJob:
             peers = {"peer_ended": lambda stepped: _srun_reports_an_end(run_path, env, tail, dist_env.world_size,
                                                                         stepped),
                      "on_peer_ended": lambda cause: self._peer_ended(run_path, env, rank, cause)}
-        dog = watchdog.Watchdog(run_path, rank, dist_env.world_size, _hang_timeout(run_path),
+        dog = watchdog.Watchdog(run_path, rank, dist_env.world_size, hang_timeout(run_path),
                                 lambda cause: self._hung(run_path, env, rank, on_slurm, requeues, attempt, cause,
                                                          started),
                                 **peers).start()

@@ -31,7 +31,7 @@ def prepare_only(overrides: Sequence[str]) -> int:
         return EXIT_INVALID
     rd.prepare(run.run_dir, config_yaml(run), run.plan)
     nodes, per_node = int(run.launcher["nodes"]), int(run.launcher["gpus_per_node"])
-    entry = f"-m orchestrator.train.entry {run.run_dir}"
+    entry = f"-m launchers.by_hand {run.run_dir}"
     print(f"prepared run {run.run_dir} for {nodes} node(s) x {per_node} processes; start it with one of\n"
           f"  inside a SLURM allocation (salloc -N{nodes} --ntasks-per-node={per_node} ...):\n"
           f"    srun --nodes={nodes} --ntasks-per-node={per_node} {sys.executable} {entry}\n"

@@ -1,7 +1,7 @@
 """torch.distributed's environment from SLURM's, for a job started outside submitit.
 
 A user who already holds an allocation starts the job with `srun python -m
-orchestrator.train.entry RUN_DIR`: SLURM then sets SLURM_PROCID / SLURM_NTASKS /
+launchers.by_hand RUN_DIR`: SLURM then sets SLURM_PROCID / SLURM_NTASKS /
 SLURM_LOCALID / SLURM_JOB_NODELIST, not the RANK / WORLD_SIZE / MASTER_ADDR that
 torch.distributed reads. Under torchrun or the project's launcher RANK is set already
 and nothing here applies. No torch import.

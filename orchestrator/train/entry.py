@@ -2,10 +2,10 @@
 
 The launcher sets RANK / WORLD_SIZE / LOCAL_RANK / MASTER_ADDR / MASTER_PORT; the run
 directory holds plan.json (the resolved Plan) and config.yaml (`audiollm prepare` writes
-one without submitting). Run by hand with
-  torchrun --nnodes=N --nproc-per-node=G ... -m orchestrator.train.entry RUN_DIR
-or, inside a SLURM allocation (RANK and the rest from SLURM's variables),
-  srun --ntasks-per-node=G python -m orchestrator.train.entry RUN_DIR
+one without submitting). A prepared run is started by hand through launchers/by_hand.py
+(`srun ... python -m launchers.by_hand RUN_DIR`, or torchrun's `-m launchers.by_hand
+RUN_DIR`), which gives the ranks stop signals, failure records and hang detection around
+this entry; `python -m orchestrator.train.entry RUN_DIR` runs the entry alone.
 """
 
 from __future__ import annotations
@@ -95,7 +95,7 @@ def main(run_dir: str | Path, components_factory: Optional[Callable] = None) -> 
     from orchestrator.runtime.slurm_env import export_from_slurm
     from orchestrator.train.loop import TrainingDiverged
 
-    export_from_slurm()  # `srun python -m orchestrator.train.entry RUN_DIR` inside an allocation
+    export_from_slurm()  # started by srun inside an allocation: RANK and the rest from SLURM's variables
     rank = int(os.environ.get("RANK", "0"))
     setup_logging(rank)
     try:

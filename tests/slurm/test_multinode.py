@@ -512,15 +512,16 @@ def _prepared(root, corpus, name) -> Path:
 
 def test_srun_inside_an_allocation_and_torchrun_on_each_node_run_the_same_job(tp2_reference, nodes_env, corpus, root):
     """Outside submitit: `audiollm prepare` writes the run directory; `salloc` + `srun`
-    starts the entry with SLURM's variables only (RANK, WORLD_SIZE, MASTER_ADDR from
-    SLURM_PROCID, SLURM_NTASKS, SLURM_JOB_NODELIST), and `torchrun --nnodes=2` started in
-    each node's namespace starts it with torchrun's; both give the submitted run's losses."""
+    starts the ranks (launchers/by_hand.py, as `audiollm prepare` prints) with SLURM's
+    variables only (RANK, WORLD_SIZE, MASTER_ADDR from SLURM_PROCID, SLURM_NTASKS,
+    SLURM_JOB_NODELIST), and `torchrun --nnodes=2` started in each node's namespace starts
+    them with torchrun's; both give the submitted run's losses."""
     ref_dir = tp2_reference[0]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
     env.pop("RANK", None)
     srun_dir = _prepared(root, corpus, "tp2_srun")
     proc = subprocess.run(["salloc", "-N2", "--ntasks-per-node=1", "--cpus-per-task=1", "--mem=4G", "--time=10",
-                           "srun", sys.executable, "-m", "orchestrator.train.entry", str(srun_dir)],
+                           "srun", sys.executable, "-m", "launchers.by_hand", str(srun_dir)],
                           capture_output=True, text=True, timeout=JOB_TIMEOUT, env=env, cwd=REPO)
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
     assert losses(srun_dir) == losses(ref_dir)
@@ -528,7 +529,7 @@ def test_srun_inside_an_allocation_and_torchrun_on_each_node_run_the_same_job(tp
     procs = [subprocess.Popen(_on_node(node, [sys.executable, "-m", "torch.distributed.run", "--nnodes=2",
                                               "--nproc-per-node=1", "--rdzv-backend=c10d",
                                               "--rdzv-endpoint=aunode1:29513", "--rdzv-id=tp2", "-m",
-                                              "orchestrator.train.entry", str(torchrun_dir)]),
+                                              "launchers.by_hand", str(torchrun_dir)]),
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=REPO)
              for node in ("aunode1", "aunode2")]
     try:

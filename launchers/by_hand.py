@@ -1,0 +1,97 @@
+"""A prepared run started by hand, on every rank: `audiollm prepare` prints how.
+
+    srun python -m launchers.by_hand RUN_DIR                      # inside an allocation
+    torchrun --nnodes=N --nproc-per-node=G ... -m launchers.by_hand RUN_DIR
+
+What a submitted job's ranks get from launchers/job.py, without submitit:
+
+* ranks from SLURM's variables where RANK is absent (srun), else from torchrun's;
+* this rank's output also in RUN_DIR/logs/rank<N>.log, where the failure records point;
+* SIGTERM and SIGUSR2 (a time limit, `scancel`, a preemption, torchrun stopping its
+  workers) write a checkpoint at the next step boundary, and the rank exits 0: the same
+  command resumes from it. Without this, the first SIGTERM killed the rank where it was,
+  and the steps since the last checkpoint were lost;
+* a rank that raises records its error (logs/failure_rank<N>.json, launchers/failures.py);
+* the hang detection of launchers/watchdog.py: the rank that finds the job stalled
+  past train.hang_timeout logs every thread's stack, names the stopped rank, records the
+  cause and exits 1, and so do the others: srun and torchrun then end the step, instead
+  of waiting for the process group's own timeout in silence. No requeue: nothing here
+  owns a queue; the same command resumes.
+
+The entry is the run's launcher.entry (the trainer by default), as for a submitted job.
+Imports neither torch nor megatron itself: the entry does.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from pathlib import Path
+
+from launchers import failures, watchdog
+from launchers.job import Tee, hang_timeout, load_callable, warnings_to_log
+from orchestrator.plan.rundir import read_json
+from orchestrator.runtime import job_control
+from orchestrator.runtime.slurm_env import export_from_slurm
+
+DEFAULT_ENTRY = "orchestrator.train.entry.main"
+
+
+def job_id() -> str:
+    """What the failure records name this start by: SLURM's job and step, torchrun's run id."""
+    slurm = os.environ.get("SLURM_JOB_ID")
+    if slurm:
+        step = os.environ.get("SLURM_STEP_ID")
+        return f"{slurm}.{step}" if step else slurm
+    return os.environ.get("TORCHELASTIC_RUN_ID") or "by-hand"
+
+
+def main(run_dir: str) -> int:
+    run_path = Path(run_dir)
+    if not (run_path / "plan.json").is_file():
+        print(f"{run_path} holds no plan.json: prepare it first (`audiollm prepare OVERRIDES`)", file=sys.stderr)
+        return 2
+    export_from_slurm()
+    rank, world_size = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
+    (run_path / "logs").mkdir(parents=True, exist_ok=True)
+    log = open(run_path / "logs" / f"rank{rank}.log", "a", buffering=1)
+    sys.stdout, sys.stderr = Tee(sys.__stdout__, log), Tee(sys.__stderr__, log)
+    import warnings
+
+    warnings.showwarning = warnings_to_log(log)
+    started_by = job_id()
+    print(f"[by hand {time.strftime('%H:%M:%S')}] rank {rank}/{world_size} pid {os.getpid()} ({started_by})",
+          flush=True)
+    failures.clear(run_path, rank)
+    job_control.reset()
+    job_control.install_handlers()
+
+    def hung(cause: str) -> bool:
+        failures.record(run_path, rank, started_by, RuntimeError(cause))
+        print(f"[by hand] rank {rank}: {cause}; ending this rank (the same command resumes from the latest "
+              f"checkpoint)", flush=True)
+        return False
+
+    dog = watchdog.Watchdog(run_path, rank, world_size, hang_timeout(run_path), hung).start()
+    config = (read_json(run_path / "plan.json", default={}) or {}).get("config") or {}
+    entry = (config.get("launcher") or {}).get("entry") or DEFAULT_ENTRY
+    try:
+        load_callable(entry)(str(run_path))
+    except BaseException as exc:
+        failures.record(run_path, rank, started_by, exc)
+        raise
+    finally:
+        dog.stop()
+        sys.stdout.flush()
+        sys.stderr.flush()
+    if job_control.stopped_early():
+        print(f"[by hand] rank {rank}: stopped by {job_control.stop_signal()} after a checkpoint; the same command "
+              f"resumes from it", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    if len(sys.argv) != 2:
+        sys.exit("usage: python -m launchers.by_hand RUN_DIR")
+    sys.exit(main(sys.argv[1]))

@@ -1,0 +1,89 @@
+"""A prepared run started by hand (launchers/by_hand.py, what `audiollm prepare` prints):
+two ranks on this machine with the variables torchrun gives them, the launchers' minimal
+job as the run's launcher.entry. A stop signal to every task (a time limit, `scancel`)
+checkpoints at the next step and the same command resumes with an uninterrupted run's
+losses; a frozen rank is found, named and recorded, and no rank is left waiting.
+(On several nodes under srun and torchrun: tests/slurm/test_multinode.py.)"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+
+from launchers.prepare import prepare_only
+from orchestrator.runtime.ports import free_port
+from tests.distributed_run import REPO
+
+from .helpers import losses, tiny_overrides, wait_for_step
+
+ITERS = 8
+
+
+def _prepared(root, name: str, *extra: str):
+    assert prepare_only(tiny_overrides(root, f"run.name={name}", *extra, iters=ITERS)) == 0
+    return root / "tiny_cpu" / name
+
+
+def _start(run_dir, step_delay: str = "0") -> list:
+    """Both ranks of the run, as torchrun starts them (RANK, WORLD_SIZE, MASTER_ADDR, ...)."""
+    port = str(free_port())
+    base = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "SUBMITIT_"))}
+    base.update(PYTHONPATH=str(REPO), OMP_NUM_THREADS="1", AUDIOLLM_MINIMAL_STEP_DELAY_S=step_delay,
+                WORLD_SIZE="2", LOCAL_WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=port)
+    return [subprocess.Popen([sys.executable, "-m", "launchers.by_hand", str(run_dir)], cwd=REPO, text=True,
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                             env={**base, "RANK": str(rank), "LOCAL_RANK": str(rank)})
+            for rank in (0, 1)]
+
+
+def _ends(procs, timeout: float = 120) -> list:
+    try:
+        return [p.communicate(timeout=timeout)[0] for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+
+
+def test_a_stop_signal_to_every_task_checkpoints_and_the_same_command_resumes_exactly(tmp_path, capsys):
+    straight, stopped = _prepared(tmp_path, "straight"), _prepared(tmp_path, "stopped")
+    said = capsys.readouterr().out  # what prepare prints: these ranks' command
+    assert f"srun --nodes=1 --ntasks-per-node=2 {sys.executable} -m launchers.by_hand {stopped}" in said, said
+    procs = _start(straight)
+    outputs = _ends(procs)
+    assert [p.returncode for p in procs] == [0, 0], outputs
+    procs = _start(stopped, step_delay="0.25")
+    wait_for_step(stopped, 3, timeout=120)
+    for p in procs:  # as SLURM signals every task at a time limit
+        p.send_signal(signal.SIGTERM)
+    outputs = _ends(procs)
+    assert [p.returncode for p in procs] == [0, 0], outputs
+    stopped_at = max(losses(stopped))
+    assert 3 <= stopped_at < ITERS, outputs
+    assert int((stopped / "checkpoints" / "latest").read_text().strip().split("_")[1]) == stopped_at
+    assert "rank 0: stopped by SIGTERM after a checkpoint; the same command resumes from it" in outputs[0], outputs[0]
+    procs = _start(stopped)
+    outputs = _ends(procs)
+    assert [p.returncode for p in procs] == [0, 0], outputs
+    assert losses(stopped) == losses(straight)
+    assert "[by hand" in (stopped / "logs" / "rank1.log").read_text()  # each rank's output in its log too
+
+
+def test_a_frozen_rank_is_named_and_recorded_and_no_rank_is_left_waiting(tmp_path):
+    run_dir = _prepared(tmp_path, "frozen", "train.hang_timeout=4")
+    procs = _start(run_dir, step_delay="0.25")
+    wait_for_step(run_dir, 2, timeout=120)
+    procs[1].send_signal(signal.SIGSTOP)
+    outputs = _ends(procs, timeout=120)
+    # rank 0 found it, recorded it, ended the frozen rank on this host, and ended
+    assert procs[0].returncode == 1 and procs[1].returncode == -signal.SIGKILL, outputs
+    record = json.loads((run_dir / "logs" / "failure_rank0.json").read_text())
+    cause = record["message"]
+    assert record["type"] == "RuntimeError" and record["job_id"] == "by-hand", record
+    assert cause.startswith("hang: no progress for") and f"rank 1 (pid {procs[1].pid}" in cause, cause
+    assert "frozen or dead" in cause, cause
+    log = (run_dir / "logs" / "rank0.log").read_text()
+    assert "this rank's threads:" in log and "ending this rank (the same command resumes" in log, log[-3000:]
