@@ -79,7 +79,10 @@ def test_a_rank_preempted_as_it_starts_stops_at_once_and_reproduces_every_loss(r
 
 def test_cancelled_run_continues_when_the_same_command_runs_again(reference, tmp_path, tiny, monkeypatch, capsys):
     _, ref_dir = reference
-    monkeypatch.setenv("AUDIOLLM_MINIMAL_STEP_DELAY_S", "0.25")
+    # Slow enough steps that the job still runs when the second command checks, however
+    # long that command takes to compose and validate on a busy machine (at 0.25 s the
+    # job once finished first, in a suite beside other multi-process tests).
+    monkeypatch.setenv("AUDIOLLM_MINIMAL_STEP_DELAY_S", "1")
     overrides = tiny(tmp_path, iters=ITERS)  # no run.name: the run is found from the config
     assert train([*overrides, "launcher.wait=false"]) == 0
     (run_dir,) = (tmp_path / "tiny_cpu").iterdir()
