@@ -11,7 +11,10 @@ What a submitted job's ranks get from launchers/job.py, without submitit:
   workers) write a checkpoint at the next step boundary, and the rank exits 0: the same
   command resumes from it. Without this, the first SIGTERM killed the rank where it was,
   and the steps since the last checkpoint were lost;
-* a rank that raises records its error (logs/failure_rank<N>.json, launchers/failures.py);
+* a rank that raises records its error (logs/failure_rank<N>.json, launchers/failures.py),
+  and the run's state.json says RUNNING, COMPLETED, STOPPED or FAILED, so that `audiollm
+  status RUN_DIR` shows the run and names the cause of its failure as for a submitted one
+  (a run whose ranks all stopped beating without a word: DIED);
 * the hang detection of launchers/watchdog.py: the rank that finds the job stalled
   past train.hang_timeout logs every thread's stack, names the stopped rank, records the
   cause and exits 1, and so do the others: srun and torchrun then end the step, instead
@@ -27,10 +30,11 @@ from __future__ import annotations
 import os
 import sys
 import time
+import traceback
 from pathlib import Path
 
 from launchers import failures, watchdog
-from launchers.job import Tee, hang_timeout, load_callable, warnings_to_log
+from launchers.job import Tee, hang_timeout, load_callable, update_state, warnings_to_log
 from orchestrator.plan.rundir import read_json
 from orchestrator.runtime import job_control
 from orchestrator.runtime.slurm_env import export_from_slurm
@@ -64,11 +68,14 @@ def main(run_dir: str) -> int:
     print(f"[by hand {time.strftime('%H:%M:%S')}] rank {rank}/{world_size} pid {os.getpid()} ({started_by})",
           flush=True)
     failures.clear(run_path, rank)
+    if rank == 0:  # launch None: no launch.json entry is this start's (launchers/summary.py run_state)
+        update_state(run_path, state="RUNNING", by_hand=True, job_id=started_by, launch=None, error=None)
     job_control.reset()
     job_control.install_handlers()
 
     def hung(cause: str) -> bool:
         failures.record(run_path, rank, started_by, RuntimeError(cause))
+        update_state(run_path, state="FAILED", error=cause)
         print(f"[by hand] rank {rank}: {cause}; ending this rank (the same command resumes from the latest "
               f"checkpoint)", flush=True)
         return False
@@ -80,14 +87,19 @@ def main(run_dir: str) -> int:
         load_callable(entry)(str(run_path))
     except BaseException as exc:
         failures.record(run_path, rank, started_by, exc)
+        if rank == 0:
+            update_state(run_path, state="FAILED", error=traceback.format_exc(limit=5))
         raise
     finally:
         dog.stop()
         sys.stdout.flush()
         sys.stderr.flush()
-    if job_control.stopped_early():
+    stopped = job_control.stopped_early()
+    if stopped:
         print(f"[by hand] rank {rank}: stopped by {job_control.stop_signal()} after a checkpoint; the same command "
               f"resumes from it", flush=True)
+    if rank == 0:
+        update_state(run_path, state="STOPPED" if stopped else "COMPLETED")
     return 0
 
 

@@ -100,7 +100,7 @@ def hang_timeout(run_dir: Path) -> float:
     return float(((plan.get("config") or {}).get("train") or {}).get("hang_timeout") or 0)
 
 
-def _update_state(run_dir: Path, **fields: Any) -> None:
+def update_state(run_dir: Path, **fields: Any) -> None:
     path = run_dir / "state.json"
     state = read_json(path, default={}) or {}
     state.update(fields, updated=time.strftime("%Y-%m-%dT%H:%M:%S%z"))
@@ -186,7 +186,7 @@ class RankJob:
         )
         failures.clear(run_path, rank)  # a record of an earlier start is not this one's
         if rank == 0:
-            _update_state(
+            update_state(
                 run_path, state="RUNNING", launch=launch_index, attempt=attempt,
                 requeues=int(state.get("requeues", 0)), job_id=env.job_id, error=None,
                 requeue_causes=state.get("requeue_causes") or {},  # this launch's only
@@ -215,7 +215,7 @@ class RankJob:
         except BaseException as exc:
             failures.record(run_path, rank, env.job_id, exc, launch_index)  # every rank: status names the cause
             if rank == 0:
-                _update_state(run_path, state="FAILED", error=traceback.format_exc(limit=5))
+                update_state(run_path, state="FAILED", error=traceback.format_exc(limit=5))
                 _refresh_sweep_summary(run_path)
             raise
         finally:
@@ -226,7 +226,7 @@ class RankJob:
 
         if not job_control.stopped_early():
             if rank == 0:
-                _update_state(run_path, state="COMPLETED")
+                update_state(run_path, state="COMPLETED")
                 _refresh_sweep_summary(run_path)
             return {"rank": rank, "result": result}
         # The count read at start: rank 0 rewrites state.json while the others decide.
@@ -251,7 +251,7 @@ class RankJob:
             return False
         if on_slurm and requeues < self.max_requeues:
             causes = (read_json(run_path / "state.json", default={}) or {}).get("requeue_causes") or {}
-            _update_state(run_path, state="PREEMPTED", requeues=requeues + 1, signal="hang", stopped_at=time.time(),
+            update_state(run_path, state="PREEMPTED", requeues=requeues + 1, signal="hang", stopped_at=time.time(),
                           requeue_causes={**causes, str(attempt): cause})
             print(f"[launcher {time.strftime('%H:%M:%S')}] {cause}; requeuing job {env.job_id}", flush=True)
             subprocess.run(["scontrol", "requeue", env.job_id], check=False, timeout=60)
@@ -275,7 +275,7 @@ class RankJob:
         --kill-on-bad-exit would: srun keeps running the tasks that wait in a NCCL
         collective for a peer that is gone, for the process group's timeout (10 minutes)."""
         failures.record(run_path, rank, env.job_id, error, lost_peer=lost_peer)
-        _update_state(run_path, state="FAILED", error=cause)
+        update_state(run_path, state="FAILED", error=cause)
         _refresh_sweep_summary(run_path)
         job, step = os.environ.get("SLURM_JOB_ID"), os.environ.get("SLURM_STEP_ID")
         if on_slurm and job and step:
@@ -291,12 +291,12 @@ class RankJob:
                 "the checkpoint is kept: run the same command again with run.resume=auto to continue"
             )
             if rank == 0:
-                _update_state(run_path, state="FAILED", error=message)
+                update_state(run_path, state="FAILED", error=message)
                 _refresh_sweep_summary(run_path)
             raise RuntimeError(message)
         print(f"[launcher {time.strftime('%H:%M:%S')}] rank {rank}: checkpoint written after {signame}; exiting for requeue", flush=True)
         if rank == 0:
-            _update_state(run_path, state="PREEMPTED", requeues=requeues + 1, signal=signame, stopped_at=time.time())
+            update_state(run_path, state="PREEMPTED", requeues=requeues + 1, signal=signame, stopped_at=time.time())
             if on_slurm and signame == "SIGUSR2":
                 # Requeue this job (array element ids "A_i" are accepted as they are).
                 subprocess.run(["scontrol", "requeue", env.job_id], check=False, timeout=60)

@@ -113,11 +113,12 @@ def run_state(run_dir: Path, query_scheduler: bool = True) -> dict:
     run_dir = Path(run_dir)
     job_state = read_json(run_dir / "state.json", default={})
     job_state = job_state if isinstance(job_state, dict) else {}
-    launch = last_launch(run_dir) or {}
+    by_hand = bool(job_state.get("by_hand"))  # started by srun or torchrun (launchers/by_hand.py): no launch
+    launch = {} if by_hand else last_launch(run_dir) or {}
     job_ids = launch.get("job_ids") or []
-    job_id = job_ids[0] if job_ids else None
+    job_id = job_state.get("job_id") if by_hand else job_ids[0] if job_ids else None
     scheduler, slurm, attempts = None, {}, []
-    if query_scheduler and job_id is not None:
+    if query_scheduler and job_ids:
         if launch.get("kind") == "slurm":
             slurm = slurm_job(str(job_id))
             attempts = slurm_attempts(str(job_id))
@@ -135,6 +136,8 @@ def run_state(run_dir: Path, query_scheduler: bool = True) -> dict:
         state = "DIED"  # a local job ended without saying how
     elif scheduler == "ENDED" and state == "PREEMPTED":
         state = "STOPPED"  # a local run stopped with a checkpoint: run the same command to continue
+    elif by_hand and state == "RUNNING" and not _beating(run_dir):
+        state = "DIED"  # every rank stopped beating without saying how (killed, out of memory)
     metrics = read_metrics(run_dir)
     problems = {name: damage(run_dir / name) for name in ("state.json", "launch.json", "config.yaml", "plan.json")}
     damaged = [problem for problem in problems.values() if problem]
@@ -176,6 +179,7 @@ def run_state(run_dir: Path, query_scheduler: bool = True) -> dict:
         "scheduler": scheduler,
         "job_id": job_id,
         "kind": launch.get("kind"),
+        "by_hand": by_hand,
         "step": metrics[-1]["step"] if metrics else None,
         "iters": cfg_iters,
         "loss": metrics[-1].get("loss") if metrics else None,
@@ -189,6 +193,18 @@ def run_state(run_dir: Path, query_scheduler: bool = True) -> dict:
         "held": held_checkpoints(run_dir / "checkpoints"),
         "frozen_from": frozen_from,
     }
+
+
+def _beating(run_dir: Path) -> bool:
+    """Whether a rank of a by-hand start still writes its heartbeat (launchers/watchdog.py),
+    or started a moment ago (state.json says RUNNING just before the first beat)."""
+    import time
+
+    from launchers.watchdog import BEAT_S, STALE_BEATS
+
+    files = [Path(run_dir) / "state.json", *(Path(run_dir) / "heartbeats").glob("rank*.json")]
+    times = [f.stat().st_mtime for f in files if f.exists()]
+    return bool(times) and time.time() - max(times) < STALE_BEATS * BEAT_S
 
 
 # States of a run that ended without finishing: `audiollm status` names the cause. Not
@@ -215,6 +231,8 @@ def _fmt_loss(loss) -> str:
 
 def format_run(run_dir: Path, info: dict) -> str:
     sched = f" (scheduler: {info['scheduler']}, job {info['job_id']})" if info["scheduler"] else ""
+    if info.get("by_hand"):
+        sched = f" (started by hand: {info['job_id']})"
     step = "-" if info["step"] is None else f"{info['step']}/{info['iters']}"
     lines = [
         f"run       {run_dir}",

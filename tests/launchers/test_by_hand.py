@@ -12,8 +12,11 @@ import os
 import signal
 import subprocess
 import sys
+import time
 
+from launchers import watchdog
 from launchers.prepare import prepare_only
+from launchers.status import status
 from orchestrator.runtime.ports import free_port
 from tests.distributed_run import REPO
 
@@ -69,10 +72,11 @@ def test_a_stop_signal_to_every_task_checkpoints_and_the_same_command_resumes_ex
     outputs = _ends(procs)
     assert [p.returncode for p in procs] == [0, 0], outputs
     assert losses(stopped) == losses(straight)
+    assert "state     COMPLETED (started by hand: by-hand)" in _status(stopped, capsys)
     assert "[by hand" in (stopped / "logs" / "rank1.log").read_text()  # each rank's output in its log too
 
 
-def test_a_frozen_rank_is_named_and_recorded_and_no_rank_is_left_waiting(tmp_path):
+def test_a_frozen_rank_is_named_and_recorded_and_no_rank_is_left_waiting(tmp_path, capsys):
     run_dir = _prepared(tmp_path, "frozen", "train.hang_timeout=4")
     procs = _start(run_dir, step_delay="0.25")
     wait_for_step(run_dir, 2, timeout=120)
@@ -87,3 +91,23 @@ def test_a_frozen_rank_is_named_and_recorded_and_no_rank_is_left_waiting(tmp_pat
     assert "frozen or dead" in cause, cause
     log = (run_dir / "logs" / "rank0.log").read_text()
     assert "this rank's threads:" in log and "ending this rank (the same command resumes" in log, log[-3000:]
+    said = _status(run_dir, capsys)  # the cause in one line, as for a submitted run
+    assert "state     FAILED (started by hand: by-hand)" in said and "hang: no progress for" in said, said
+
+
+def test_a_run_whose_ranks_all_died_without_a_word_is_said_to_have_died(tmp_path, capsys):
+    run_dir = _prepared(tmp_path, "killed")
+    procs = _start(run_dir, step_delay="0.25")
+    wait_for_step(run_dir, 2, timeout=120)
+    assert "state     RUNNING (started by hand: by-hand)" in _status(run_dir, capsys)
+    for p in procs:  # as the out-of-memory killer or `kill -9` would
+        p.kill()
+    _ends(procs)
+    time.sleep(watchdog.STALE_BEATS * watchdog.BEAT_S + 1)  # their heartbeats now older than the stale bound
+    assert "state     DIED (started by hand: by-hand)" in _status(run_dir, capsys)
+
+
+def _status(run_dir, capsys) -> str:
+    capsys.readouterr()
+    assert status(run_dir) == 0
+    return capsys.readouterr().out
