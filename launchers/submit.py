@@ -23,10 +23,19 @@ class RunActive(RuntimeError):
 
 
 def ensure_not_active(run_dir: Path) -> None:
-    """Two jobs must never write one run directory's checkpoints."""
-    if not rd.last_launch(run_dir):
+    """Two jobs must never write one run directory's checkpoints: neither a submitted one
+    nor one started by hand (launchers/by_hand.py) that still runs."""
+    state = rd.read_json(Path(run_dir) / "state.json", default={})
+    by_hand = isinstance(state, dict) and state.get("by_hand")
+    if not (rd.last_launch(run_dir) or by_hand):
         return
     info = run_state(run_dir)
+    if info.get("by_hand") and info["state"] == "RUNNING":
+        raise RunActive(
+            f"run {run_dir} runs, started by hand ({info['job_id']}); follow it with `audiollm status {run_dir}`, "
+            f"or stop it where it was started first (a stop signal to its tasks, scancel or Ctrl-C to torchrun, "
+            f"checkpoints it)"
+        )
     if info["state"] in ACTIVE_STATES and info["scheduler"] not in (None, "ENDED", "COMPLETED"):
         raise RunActive(
             f"run {run_dir} already has job {info['job_id']} ({info['state']}); "

@@ -17,6 +17,7 @@ import time
 from launchers import watchdog
 from launchers.prepare import prepare_only
 from launchers.status import status
+from launchers.train import train
 from orchestrator.runtime.ports import free_port
 from tests.distributed_run import REPO
 
@@ -100,6 +101,9 @@ def test_a_run_whose_ranks_all_died_without_a_word_is_said_to_have_died(tmp_path
     procs = _start(run_dir, step_delay="0.25")
     wait_for_step(run_dir, 2, timeout=120)
     assert "state     RUNNING (started by hand: by-hand)" in _status(run_dir, capsys)
+    # no second job on a run that runs
+    assert train(tiny_overrides(tmp_path, "run.name=killed", iters=ITERS)) == 2
+    assert f"run {run_dir} runs, started by hand (by-hand)" in capsys.readouterr().err
     for p in procs:  # as the out-of-memory killer or `kill -9` would
         p.kill()
     _ends(procs)
