@@ -187,7 +187,7 @@ class RankJob:
         failures.clear(run_path, rank)  # a record of an earlier start is not this one's
         if rank == 0:
             update_state(
-                run_path, state="RUNNING", launch=launch_index, attempt=attempt,
+                run_path, state="RUNNING", by_hand=False, launch=launch_index, attempt=attempt,
                 requeues=int(state.get("requeues", 0)), job_id=env.job_id, error=None,
                 requeue_causes=state.get("requeue_causes") or {},  # this launch's only
             )

@@ -109,6 +109,10 @@ def test_a_run_whose_ranks_all_died_without_a_word_is_said_to_have_died(tmp_path
     _ends(procs)
     time.sleep(watchdog.STALE_BEATS * watchdog.BEAT_S + 1)  # their heartbeats now older than the stale bound
     assert "state     DIED (started by hand: by-hand)" in _status(run_dir, capsys)
+    # submitted now, the same run continues from its checkpoint and is a submitted run's
+    assert train(tiny_overrides(tmp_path, "run.name=killed", iters=ITERS)) == 0
+    said = _status(run_dir, capsys)
+    assert "state     COMPLETED (scheduler: ENDED" in said and f"step      {ITERS}/{ITERS}" in said, said
 
 
 def _status(run_dir, capsys) -> str:
