@@ -34,7 +34,7 @@ import traceback
 from pathlib import Path
 
 from launchers import failures, watchdog
-from launchers.job import Tee, hang_timeout, load_callable, update_state, warnings_to_log
+from launchers.job import hang_timeout, load_callable, log_to_run_dir, update_state
 from orchestrator.plan.rundir import read_json
 from orchestrator.runtime import job_control
 from orchestrator.runtime.slurm_env import export_from_slurm
@@ -58,12 +58,7 @@ def main(run_dir: str) -> int:
         return 2
     export_from_slurm()
     rank, world_size = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
-    (run_path / "logs").mkdir(parents=True, exist_ok=True)
-    log = open(run_path / "logs" / f"rank{rank}.log", "a", buffering=1)
-    sys.stdout, sys.stderr = Tee(sys.__stdout__, log), Tee(sys.__stderr__, log)
-    import warnings
-
-    warnings.showwarning = warnings_to_log(log)
+    log_to_run_dir(run_path, rank)
     started_by = job_id()
     print(f"[by hand {time.strftime('%H:%M:%S')}] rank {rank}/{world_size} pid {os.getpid()} ({started_by})",
           flush=True)

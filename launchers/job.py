@@ -58,7 +58,7 @@ def load_callable(dotted: str) -> Callable[[str], Any]:
         raise ValueError(f"launcher.entry {dotted!r}: module {module_name} has no attribute {attr!r}") from None
 
 
-class Tee(io.TextIOBase):
+class _Tee(io.TextIOBase):
     """Write to the task's original stream and to the per-rank log file (`log`, which
     the job may also write to alone: details that the console does not need)."""
 
@@ -86,12 +86,17 @@ class Tee(io.TextIOBase):
         return self._stream.fileno()
 
 
-def warnings_to_log(log):
-    """Python warnings (libraries' notices: optional packages missing, deprecations) go to
-    the rank log only, not to the console."""
+def log_to_run_dir(run_path: Path, rank: int) -> None:
+    """This rank's output also into <run_dir>/logs/rank<N>.log (appended across restarts),
+    and Python warnings (libraries' notices: optional packages missing, deprecations) into
+    that log only, not to the console."""
+    (run_path / "logs").mkdir(parents=True, exist_ok=True)
+    log = open(run_path / "logs" / f"rank{rank}.log", "a", buffering=1)
+    sys.stdout, sys.stderr = _Tee(sys.__stdout__, log), _Tee(sys.__stderr__, log)
+
     def show(message, category, filename, lineno, file=None, line=None):
         log.write(warnings.formatwarning(message, category, filename, lineno, line))
-    return show
+    warnings.showwarning = show
 
 
 def hang_timeout(run_dir: Path) -> float:
@@ -169,10 +174,7 @@ class RankJob:
         on_slurm = env.name() == "slurm"
         threads = _limit_cpu_threads(dist_env.local_world_size) if self.accelerator == "cpu" else None
 
-        (run_path / "logs").mkdir(parents=True, exist_ok=True)
-        log = open(run_path / "logs" / f"rank{rank}.log", "a", buffering=1)
-        sys.stdout, sys.stderr = Tee(sys.__stdout__, log), Tee(sys.__stderr__, log)
-        warnings.showwarning = warnings_to_log(log)
+        log_to_run_dir(run_path, rank)
         state = read_json(run_path / "state.json", default={}) or {}
         if state.get("launch") != launch_index:
             state = {"launch": launch_index, "requeues": 0, "attempt": 0}

@@ -25,9 +25,7 @@ class RunActive(RuntimeError):
 def ensure_not_active(run_dir: Path) -> None:
     """Two jobs must never write one run directory's checkpoints: neither a submitted one
     nor one started by hand (launchers/by_hand.py) that still runs."""
-    state = rd.read_json(Path(run_dir) / "state.json", default={})
-    by_hand = isinstance(state, dict) and state.get("by_hand")
-    if not (rd.last_launch(run_dir) or by_hand):
+    if not (rd.last_launch(run_dir) or (Path(run_dir) / "state.json").exists()):  # never started
         return
     info = run_state(run_dir)
     if info.get("by_hand") and info["state"] == "RUNNING":
