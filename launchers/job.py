@@ -105,6 +105,16 @@ def hang_timeout(run_dir: Path) -> float:
     return float(((plan.get("config") or {}).get("train") or {}).get("hang_timeout") or 0)
 
 
+def end_slurm_step(rank: int) -> None:
+    """End every task of this process's SLURM job step, this one too, as srun's
+    --kill-on-bad-exit would (nothing outside a step)."""
+    job, step = os.environ.get("SLURM_JOB_ID"), os.environ.get("SLURM_STEP_ID")
+    if job and step:
+        print(f"[launcher {time.strftime('%H:%M:%S')}] rank {rank}: ending the tasks of step {job}.{step}",
+              flush=True)
+        subprocess.run(["scancel", "--signal=KILL", f"{job}.{step}"], check=False, timeout=60)
+
+
 def update_state(run_dir: Path, **fields: Any) -> None:
     path = run_dir / "state.json"
     state = read_json(path, default={}) or {}
@@ -279,11 +289,8 @@ class RankJob:
         failures.record(run_path, rank, env.job_id, error, lost_peer=lost_peer)
         update_state(run_path, state="FAILED", error=cause)
         _refresh_sweep_summary(run_path)
-        job, step = os.environ.get("SLURM_JOB_ID"), os.environ.get("SLURM_STEP_ID")
-        if on_slurm and job and step:
-            print(f"[launcher {time.strftime('%H:%M:%S')}] rank {rank}: ending the tasks of step {job}.{step}",
-                  flush=True)
-            subprocess.run(["scancel", "--signal=KILL", f"{job}.{step}"], check=False, timeout=60)
+        if on_slurm:
+            end_slurm_step(rank)
 
     def _requeue(self, run_path: Path, env, rank: int, on_slurm: bool, requeues: int) -> dict:
         signame = job_control.stop_signal() or "SIGTERM"

@@ -32,12 +32,18 @@ def prepare_only(overrides: Sequence[str]) -> int:
     rd.prepare(run.run_dir, config_yaml(run), run.plan)
     nodes, per_node = int(run.launcher["nodes"]), int(run.launcher["gpus_per_node"])
     entry = f"-m launchers.by_hand {run.run_dir}"
+    # torchrun kills its workers 30 s after it passed them a stop (Ctrl-C, SIGTERM): too
+    # short for a large model's checkpoint. The time the run allows for it, as a
+    # submitted job's signal comes launcher.signal_delay_s before its limit (torch >= 2.12
+    # reads the variable; older versions keep 30 s).
+    grace = int(run.launcher["signal_delay_s"])
     print(f"prepared run {run.run_dir} for {nodes} node(s) x {per_node} processes; start it with one of\n"
           f"  inside a SLURM allocation (salloc -N{nodes} --ntasks-per-node={per_node} ...):\n"
           f"    srun --nodes={nodes} --ntasks-per-node={per_node} {sys.executable} {entry}\n"
-          f"  torchrun, once on every node (HOST: the first node):\n"
-          f"    {Path(sys.executable).parent / 'torchrun'} --nnodes={nodes} --nproc-per-node={per_node} "
-          f"--rdzv-backend=c10d --rdzv-endpoint=HOST:29500 {entry}")
+          f"  torchrun, once on every node (HOST: the first node; a stop gives the ranks {grace} s, "
+          f"launcher.signal_delay_s, to checkpoint):\n"
+          f"    TORCH_ELASTIC_SHUTDOWN_TIMEOUT={grace} {Path(sys.executable).parent / 'torchrun'} --nnodes={nodes} "
+          f"--nproc-per-node={per_node} --rdzv-backend=c10d --rdzv-endpoint=HOST:29500 {entry}")
     return EXIT_OK
 
 

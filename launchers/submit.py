@@ -10,12 +10,10 @@ import signal
 import subprocess
 from pathlib import Path
 
+from launchers.job import update_state
 from launchers.runs import PreparedRun, config_yaml, launch_index, rank_job
-from launchers.summary import run_state
+from launchers.summary import active_submission, run_state
 from orchestrator.plan import rundir as rd
-
-
-ACTIVE_STATES = ("PENDING", "RUNNING", "SUBMITTED")
 
 
 class RunActive(RuntimeError):
@@ -34,11 +32,9 @@ def ensure_not_active(run_dir: Path) -> None:
             f"or stop it where it was started first (a stop signal to its tasks, scancel or Ctrl-C to torchrun, "
             f"checkpoints it)"
         )
-    if info["state"] in ACTIVE_STATES and info["scheduler"] not in (None, "ENDED", "COMPLETED"):
-        raise RunActive(
-            f"run {run_dir} already has job {info['job_id']} ({info['state']}); "
-            f"follow it with `audiollm status {run_dir}` or stop it with `audiollm cancel {run_dir}` first"
-        )
+    submitted = active_submission(run_dir, info)
+    if submitted:
+        raise RunActive(submitted)
 
 
 def submit_run(run: PreparedRun):
@@ -59,6 +55,10 @@ def submit_job(job_dir: Path, launcher: dict, task, job_name: str, write, record
     with rd.submission_lock(job_dir):
         ensure_not_active(job_dir)
         write()
+        if (rd.read_json(job_dir / "state.json", default={}) or {}).get("by_hand"):
+            # The run is now the queued job's: a start by hand beside it is refused
+            # (launchers/by_hand.py), before the job writes its own state.
+            update_state(job_dir, by_hand=False)
         index = launch_index(job_dir)
         executor = make_executor(launcher, job_dir / "submitit", job_name)
         with own_session(launcher["kind"] == "local"):

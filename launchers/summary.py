@@ -103,6 +103,20 @@ def _local_alive(job_id: str) -> bool:
         return True
 
 
+ACTIVE_STATES = ("PENDING", "RUNNING", "SUBMITTED")
+
+
+def active_submission(run_dir: Path, info: dict | None = None) -> str | None:
+    """Why the run cannot start now, where a submitted job of it is queued or running (its
+    scheduler asked once); None otherwise. A run started by hand asks it too
+    (launchers/by_hand.py)."""
+    info = run_state(run_dir) if info is None else info
+    if info.get("by_hand") or info["state"] not in ACTIVE_STATES or info["scheduler"] in (None, "ENDED", "COMPLETED"):
+        return None
+    return (f"run {run_dir} already has job {info['job_id']} ({info['state']}); "
+            f"follow it with `audiollm status {run_dir}` or stop it with `audiollm cancel {run_dir}` first")
+
+
 def run_state(run_dir: Path, query_scheduler: bool = True) -> dict:
     """{"state", "scheduler", "job_id", "step", "iters", "loss", "requeues", "pending" (why it waits),
     "history" (attempts that ended without finishing), "checkpoint", "error", "damaged" (files of the run

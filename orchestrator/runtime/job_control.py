@@ -29,7 +29,8 @@ _requested: str | None = None
 # which signal (the strongest one any rank got: SIGUSR2 asks for a requeue).
 _agreed = False
 _agreed_signal: str | None = None
-_SIGNAL_CODES = {None: 0, "SIGTERM": 1, "SIGUSR2": 2}
+# SIGINT: torchrun passes a Ctrl-C on to its workers as it is (a rank started by hand).
+_SIGNAL_CODES = {None: 0, "SIGINT": 1, "SIGTERM": 1, "SIGUSR2": 2}
 
 
 def request_stop(signum: int, _frame=None) -> None:
@@ -70,7 +71,9 @@ def should_stop() -> bool:
         code = int(flag.item())
     if code:
         _agreed = True
-        _agreed_signal = {v: k for k, v in _SIGNAL_CODES.items()}[code]
+        # this rank's own signal where it is the agreed one's kind, else the kind's name
+        _agreed_signal = (_requested if _SIGNAL_CODES.get(_requested) == code
+                          else {v: k for k, v in _SIGNAL_CODES.items()}[code])
     return bool(code)
 
 

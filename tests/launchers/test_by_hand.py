@@ -13,21 +13,23 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 from launchers import watchdog
 from launchers.prepare import prepare_only
 from launchers.status import status
+from launchers.summary import run_state
 from launchers.train import train
 from orchestrator.runtime.ports import free_port
 from tests.distributed_run import REPO
 
-from .helpers import losses, tiny_overrides, wait_for_step
+from .helpers import losses, tiny_overrides, wait_for_step, wait_until
 
 ITERS = 8
 
 
-def _prepared(root, name: str, *extra: str):
-    assert prepare_only(tiny_overrides(root, f"run.name={name}", *extra, iters=ITERS)) == 0
+def _prepared(root, name: str, *extra: str, iters: int = ITERS):
+    assert prepare_only(tiny_overrides(root, f"run.name={name}", *extra, iters=iters)) == 0
     return root / "tiny_cpu" / name
 
 
@@ -43,6 +45,16 @@ def _start(run_dir, step_delay: str = "0") -> list:
             for rank in (0, 1)]
 
 
+def _torchrun(run_dir, step_delay: str):
+    """Both ranks under torchrun, as `audiollm prepare` prints it (its shutdown grace set)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "SUBMITIT_"))}
+    env.update(PYTHONPATH=str(REPO), OMP_NUM_THREADS="1", AUDIOLLM_MINIMAL_STEP_DELAY_S=step_delay,
+               TORCH_ELASTIC_SHUTDOWN_TIMEOUT="120")
+    return subprocess.Popen([str(Path(sys.executable).parent / "torchrun"), "--standalone", "--nproc-per-node=2",
+                             "-m", "launchers.by_hand", str(run_dir)], cwd=REPO, text=True, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+
+
 def _ends(procs, timeout: float = 120) -> list:
     try:
         return [p.communicate(timeout=timeout)[0] for p in procs]
@@ -53,9 +65,11 @@ def _ends(procs, timeout: float = 120) -> list:
 
 
 def test_a_stop_signal_to_every_task_checkpoints_and_the_same_command_resumes_exactly(tmp_path, capsys):
-    straight, stopped = _prepared(tmp_path, "straight"), _prepared(tmp_path, "stopped")
+    iters = 12
+    straight, stopped = _prepared(tmp_path, "straight", iters=iters), _prepared(tmp_path, "stopped", iters=iters)
     said = capsys.readouterr().out  # what prepare prints: these ranks' command
     assert f"srun --nodes=1 --ntasks-per-node=2 {sys.executable} -m launchers.by_hand {stopped}" in said, said
+    assert "TORCH_ELASTIC_SHUTDOWN_TIMEOUT=120 " in said, said  # launcher.signal_delay_s, not torchrun's 30 s
     procs = _start(straight)
     outputs = _ends(procs)
     assert [p.returncode for p in procs] == [0, 0], outputs
@@ -66,9 +80,19 @@ def test_a_stop_signal_to_every_task_checkpoints_and_the_same_command_resumes_ex
     outputs = _ends(procs)
     assert [p.returncode for p in procs] == [0, 0], outputs
     stopped_at = max(losses(stopped))
-    assert 3 <= stopped_at < ITERS, outputs
+    assert 3 <= stopped_at < iters, outputs
     assert int((stopped / "checkpoints" / "latest").read_text().strip().split("_")[1]) == stopped_at
     assert "rank 0: stopped by SIGTERM after a checkpoint; the same command resumes from it" in outputs[0], outputs[0]
+    # Ctrl-C to torchrun: it passes SIGINT on to its workers, which checkpoint likewise
+    torchrun = _torchrun(stopped, step_delay="0.25")
+    wait_for_step(stopped, stopped_at + 1, timeout=120)
+    torchrun.send_signal(signal.SIGINT)
+    said = _ends([torchrun])[0]
+    interrupted_at = max(losses(stopped))
+    assert stopped_at < interrupted_at < iters, said
+    assert int((stopped / "checkpoints" / "latest").read_text().strip().split("_")[1]) == interrupted_at, said
+    assert "rank 0: stopped by SIGINT after a checkpoint; the same command resumes from it" in said, said
+    assert "state     STOPPED (started by hand: " in _status(stopped, capsys)
     procs = _start(stopped)
     outputs = _ends(procs)
     assert [p.returncode for p in procs] == [0, 0], outputs
@@ -96,7 +120,7 @@ def test_a_frozen_rank_is_named_and_recorded_and_no_rank_is_left_waiting(tmp_pat
     assert "state     FAILED (started by hand: by-hand)" in said and "hang: no progress for" in said, said
 
 
-def test_a_run_whose_ranks_all_died_without_a_word_is_said_to_have_died(tmp_path, capsys):
+def test_a_run_whose_ranks_all_died_without_a_word_is_said_to_have_died(tmp_path, capsys, monkeypatch):
     run_dir = _prepared(tmp_path, "killed")
     procs = _start(run_dir, step_delay="0.25")
     wait_for_step(run_dir, 2, timeout=120)
@@ -109,8 +133,20 @@ def test_a_run_whose_ranks_all_died_without_a_word_is_said_to_have_died(tmp_path
     _ends(procs)
     time.sleep(watchdog.STALE_BEATS * watchdog.BEAT_S + 1)  # their heartbeats now older than the stale bound
     assert "state     DIED (started by hand: by-hand)" in _status(run_dir, capsys)
-    # submitted now, the same run continues from its checkpoint and is a submitted run's
-    assert train(tiny_overrides(tmp_path, "run.name=killed", iters=ITERS)) == 0
+    # submitted now, the same run continues from its checkpoint and is a submitted run's ...
+    monkeypatch.setenv("AUDIOLLM_MINIMAL_STEP_DELAY_S", "0.25")
+    assert train(tiny_overrides(tmp_path, "run.name=killed", "launcher.wait=false", iters=ITERS)) == 0
+    submitted = json.loads((run_dir / "state.json").read_text())
+    # ... and no start by hand beside it: rank 0 refuses before it touches the run directory
+    by_hand = _start(run_dir)
+    by_hand[1].kill()  # waits for rank 0 in the process group's set-up: torchrun or srun ends it
+    refused = _ends(by_hand)[0]
+    assert by_hand[0].returncode == 2, refused
+    assert f"not started: run {run_dir} already has job " in refused, refused
+    assert "audiollm cancel" in refused, refused
+    state = json.loads((run_dir / "state.json").read_text())
+    assert not state.get("by_hand") and state.get("launch") == submitted.get("launch"), state
+    wait_until(lambda: run_state(run_dir)["scheduler"] == "ENDED", 120, "the submitted job's end", [run_dir])
     said = _status(run_dir, capsys)
     assert "state     COMPLETED (scheduler: ENDED" in said and f"step      {ITERS}/{ITERS}" in said, said
 
