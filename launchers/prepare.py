@@ -34,8 +34,8 @@ def prepare_only(overrides: Sequence[str]) -> int:
     entry = f"-m launchers.by_hand {run.run_dir}"
     # torchrun kills its workers 30 s after it passed them a stop (Ctrl-C, SIGTERM): too
     # short for a large model's checkpoint. The time the run allows for it, as a
-    # submitted job's signal comes launcher.signal_delay_s before its limit (torch >= 2.12
-    # reads the variable; older versions keep 30 s).
+    # submitted job's signal comes launcher.signal_delay_s before its limit (torch 2.14
+    # reads the variable; 2.11 keeps 30 s).
     grace = int(run.launcher["signal_delay_s"])
     print(f"prepared run {run.run_dir} for {nodes} node(s) x {per_node} processes; start it with one of\n"
           f"  inside a SLURM allocation (salloc -N{nodes} --ntasks-per-node={per_node} ...):\n"
