@@ -243,9 +243,17 @@ fi
 # 5. slurmdbd (reads slurmdbd.conf next to $SLURM_CONF)
 P=$(pidof_file "$BASE/run/slurmdbd.pid")
 if alive "$P" slurmdbd; then log "slurmdbd already running (pid $P)"; else
-  rm -f "$BASE/run/slurmdbd.pid"
-  in_ctl_ns /usr/sbin/slurmdbd
-  wait_for 'sacctmgr -n show cluster' || { tail -n 20 "$BASE/log/slurmdbd.log" >&2; exit 1; }
+  # three tries, as start_slurm.sh (a slurmdbd that ended at its start against a MariaDB
+  # started the same second)
+  for try in 1 2 3; do
+    rm -f "$BASE/run/slurmdbd.pid"
+    in_ctl_ns /usr/sbin/slurmdbd
+    wait_for 'sacctmgr -n show cluster' && break
+    tail -n 20 "$BASE/log/slurmdbd.log" >&2
+    P=$(pidof_file "$BASE/run/slurmdbd.pid"); if alive "$P" slurmdbd; then kill "$P"; fi
+    [ "$try" = 3 ] && exit 1
+    log "slurmdbd did not answer (start $try of 3): again"; sleep 2
+  done
   record slurmdbd "$(pidof_file "$BASE/run/slurmdbd.pid")"
 fi
 if [ -z "$(sacctmgr -n -P show cluster "$CLUSTER" format=cluster)" ]; then

@@ -139,9 +139,17 @@ if [ "$ACCT" = 1 ]; then
   # 5. slurmdbd (reads slurmdbd.conf next to $SLURM_CONF)
   P=$(pidof_file "$BASE/run/slurmdbd.pid")
   if alive "$P" slurmdbd; then log "slurmdbd already running (pid $P)"; else
-    rm -f "$BASE/run/slurmdbd.pid"
-    /usr/sbin/slurmdbd
-    wait_for 'sacctmgr -n show cluster'
+    # slurmdbd has ended at its start once, its first query given no result by a MariaDB that
+    # had started the same second on a kept data directory (the next start served): three tries
+    for try in 1 2 3; do
+      rm -f "$BASE/run/slurmdbd.pid"
+      /usr/sbin/slurmdbd
+      wait_for 'sacctmgr -n show cluster' && break
+      tail -n 5 "$BASE/log/slurmdbd.log" >&2
+      P=$(pidof_file "$BASE/run/slurmdbd.pid"); if alive "$P" slurmdbd; then kill "$P"; fi
+      [ "$try" = 3 ] && exit 1
+      log "slurmdbd did not answer (start $try of 3): again"; sleep 2
+    done
     record slurmdbd "$(pidof_file "$BASE/run/slurmdbd.pid")"
   fi
   if [ -z "$(sacctmgr -n -P show cluster ci format=cluster)" ]; then
