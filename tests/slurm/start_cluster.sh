@@ -34,6 +34,7 @@ alive() { [ -n "${1:-}" ] && [ "$(cat /proc/$1/comm 2>/dev/null)" = "$2" ] &&
 pidof_file() { cat "$1" 2>/dev/null || true; }
 wait_for() { for _ in $(seq 300); do eval "$1" >/dev/null 2>&1 && return 0; sleep 0.1; done; log "timed out: $1"; return 1; }
 record() { echo "$1 $2 ${3:-}" >> "$PIDS"; log "started $1${3:+ $3} (pid $2)"; }
+. "$(dirname "$0")/start_slurmdbd.sh"
 node() { echo "aunode$1"; }
 node_ip() { echo "$NET.$((10 + $1))"; }
 # Node I: network namespace aunodeI plus its own mount + UTS namespaces, with hostname aunodeI and
@@ -243,17 +244,7 @@ fi
 # 5. slurmdbd (reads slurmdbd.conf next to $SLURM_CONF)
 P=$(pidof_file "$BASE/run/slurmdbd.pid")
 if alive "$P" slurmdbd; then log "slurmdbd already running (pid $P)"; else
-  # three tries, as start_slurm.sh (a slurmdbd that ended at its start against a MariaDB
-  # started the same second)
-  for try in 1 2 3; do
-    rm -f "$BASE/run/slurmdbd.pid"
-    in_ctl_ns /usr/sbin/slurmdbd
-    wait_for 'sacctmgr -n show cluster' && break
-    tail -n 20 "$BASE/log/slurmdbd.log" >&2
-    P=$(pidof_file "$BASE/run/slurmdbd.pid"); if alive "$P" slurmdbd; then kill "$P"; fi
-    [ "$try" = 3 ] && exit 1
-    log "slurmdbd did not answer (start $try of 3): again"; sleep 2
-  done
+  start_slurmdbd in_ctl_ns /usr/sbin/slurmdbd
   record slurmdbd "$(pidof_file "$BASE/run/slurmdbd.pid")"
 fi
 if [ -z "$(sacctmgr -n -P show cluster "$CLUSTER" format=cluster)" ]; then

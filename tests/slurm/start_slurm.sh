@@ -19,6 +19,7 @@ alive() { [ -n "${1:-}" ] && [ "$(cat /proc/$1/comm 2>/dev/null)" = "$2" ]; }   
 pidof_file() { cat "$1" 2>/dev/null || true; }
 wait_for() { for _ in $(seq 300); do eval "$1" >/dev/null 2>&1 && return 0; sleep 0.1; done; log "timed out: $1"; return 1; }
 record() { echo "$1 $2" >> "$PIDS"; log "started $1 (pid $2)"; }
+. "$(dirname "$0")/start_slurmdbd.sh"
 
 # 0. packages (skipped when already installed)
 PKGS="slurmctld slurmd slurm-client munge"; [ "$ACCT" = 1 ] && PKGS="$PKGS slurmdbd mariadb-server"
@@ -139,17 +140,7 @@ if [ "$ACCT" = 1 ]; then
   # 5. slurmdbd (reads slurmdbd.conf next to $SLURM_CONF)
   P=$(pidof_file "$BASE/run/slurmdbd.pid")
   if alive "$P" slurmdbd; then log "slurmdbd already running (pid $P)"; else
-    # slurmdbd has ended at its start once, its first query given no result by a MariaDB that
-    # had started the same second on a kept data directory (the next start served): three tries
-    for try in 1 2 3; do
-      rm -f "$BASE/run/slurmdbd.pid"
-      /usr/sbin/slurmdbd
-      wait_for 'sacctmgr -n show cluster' && break
-      tail -n 5 "$BASE/log/slurmdbd.log" >&2
-      P=$(pidof_file "$BASE/run/slurmdbd.pid"); if alive "$P" slurmdbd; then kill "$P"; fi
-      [ "$try" = 3 ] && exit 1
-      log "slurmdbd did not answer (start $try of 3): again"; sleep 2
-    done
+    start_slurmdbd /usr/sbin/slurmdbd
     record slurmdbd "$(pidof_file "$BASE/run/slurmdbd.pid")"
   fi
   if [ -z "$(sacctmgr -n -P show cluster ci format=cluster)" ]; then
