@@ -59,9 +59,10 @@ def job_id() -> str:
 def refuse(why: str) -> int:
     """Rank 0's refusal to start beside a submitted job of the run (two jobs must never write
     one run's checkpoints), before this start touched the run directory. The other ranks
-    wait for rank 0 in the process group's set-up, where no signal handler runs: torchrun
-    kills them 30 s after rank 0 ended (its stop, then SIGKILL); under srun, rank 0 ends
-    the tasks of its step at once, as srun's --kill-on-bad-exit would."""
+    wait for rank 0 in the process group's set-up, where a stop signal only asks for a
+    checkpoint at a step that never comes: torchrun kills them 30 s after rank 0 ended;
+    under srun, rank 0 ends the tasks of its step at once, as srun's --kill-on-bad-exit
+    would."""
     print(f"not started: {why}", file=sys.stderr, flush=True)
     end_slurm_step(0)
     return 2
