@@ -4,7 +4,9 @@ stopping its jobs."""
 from __future__ import annotations
 
 import os
+import re
 import signal
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -46,6 +48,10 @@ def cancel(path: str | os.PathLike) -> int:
         return EXIT_INVALID
     code = EXIT_OK
     for run_dir in run_dirs:
+        info = run_state(run_dir, query_scheduler=False)
+        if info["by_hand"]:
+            code = code if stop_by_hand(run_dir, info) else EXIT_FAILED
+            continue
         launch = rd.last_launch(run_dir)
         if not launch:
             print(f"{run_dir}: never submitted")
@@ -62,6 +68,44 @@ def cancel(path: str | os.PathLike) -> int:
                   + ("" if ok else f" ({detail})"))
             code = code if ok else EXIT_FAILED
     return code
+
+
+def stop_by_hand(run_dir: Path, info: dict) -> bool:
+    """Stop a run started by hand (launchers/by_hand.py) as a time limit would: its ranks
+    checkpoint at their next step and end, so that the same command resumes it. One rank's
+    stop is every rank's (job_control.should_stop agrees over all of them): SLURM's step
+    gets SIGTERM where srun started it, else the ranks that run on this host do. False
+    where nothing here could reach it."""
+    job_id = str(info.get("job_id"))
+    if info["state"] != "RUNNING":
+        print(f"{run_dir}: started by hand ({job_id}), {info['state']}: nothing to stop")
+        return True
+    if re.fullmatch(r"\d+\.\d+", job_id):  # JOB.STEP: srun inside an allocation
+        done = subprocess.run(["scancel", "--signal=TERM", job_id], capture_output=True, text=True, timeout=60)
+        if done.returncode == 0:
+            print(f"{run_dir}: asked the tasks of SLURM step {job_id} to stop: they checkpoint at their next step "
+                  f"and end; the same command resumes the run")
+            return True
+    host, asked, elsewhere = socket.gethostname(), [], set()
+    for path in sorted((run_dir / "heartbeats").glob("rank*.json")):
+        beat = rd.read_json(path, default={}) or {}
+        if beat.get("host") != host:
+            elsewhere.add(str(beat.get("host")))
+            continue
+        try:  # a rank of this start (not a recycled pid) that still runs
+            if b"launchers.by_hand" in Path(f"/proc/{int(beat['pid'])}/cmdline").read_bytes():
+                os.kill(int(beat["pid"]), signal.SIGTERM)
+                asked.append(int(beat["rank"]))
+        except (OSError, KeyError, TypeError, ValueError):
+            continue
+    if asked:
+        print(f"{run_dir}: asked rank(s) {', '.join(map(str, sorted(asked)))} on this host to stop (started by hand: "
+              f"{job_id}): every rank checkpoints at the next step and ends; the same command resumes the run")
+        return True
+    print(f"{run_dir}: started by hand ({job_id}) on {', '.join(sorted(elsewhere)) or 'another host'}: stop it "
+          f"there (Ctrl-C to torchrun, or SIGTERM to one rank: every rank checkpoints at the next step and ends)",
+          file=sys.stderr)
+    return False
 
 
 def _path_main(argv: Sequence[str], prog: str, text: str, fn) -> int:

@@ -29,8 +29,7 @@ def ensure_not_active(run_dir: Path) -> None:
     if info.get("by_hand") and info["state"] == "RUNNING":
         raise RunActive(
             f"run {run_dir} runs, started by hand ({info['job_id']}); follow it with `audiollm status {run_dir}`, "
-            f"or stop it where it was started first (a stop signal to its tasks, scancel or Ctrl-C to torchrun, "
-            f"checkpoints it)"
+            f"or stop it first with `audiollm cancel {run_dir}` (or Ctrl-C to its torchrun): it checkpoints"
         )
     submitted = active_submission(run_dir, info)
     if submitted:

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from launchers import watchdog
 from launchers.prepare import prepare_only
-from launchers.status import status
+from launchers.status import cancel, status
 from launchers.summary import run_state
 from launchers.train import train
 from orchestrator.runtime.ports import free_port
@@ -65,7 +65,7 @@ def _ends(procs, timeout: float = 120) -> list:
 
 
 def test_a_stop_signal_to_every_task_checkpoints_and_the_same_command_resumes_exactly(tmp_path, capsys):
-    iters = 12
+    iters = 16
     straight, stopped = _prepared(tmp_path, "straight", iters=iters), _prepared(tmp_path, "stopped", iters=iters)
     said = capsys.readouterr().out  # what prepare prints: these ranks' command
     assert f"srun --nodes=1 --ntasks-per-node=2 {sys.executable} -m launchers.by_hand {stopped}" in said, said
@@ -93,6 +93,20 @@ def test_a_stop_signal_to_every_task_checkpoints_and_the_same_command_resumes_ex
     assert int((stopped / "checkpoints" / "latest").read_text().strip().split("_")[1]) == interrupted_at, said
     assert "rank 0: stopped by SIGINT after a checkpoint; the same command resumes from it" in said, said
     assert "state     STOPPED (started by hand: " in _status(stopped, capsys)
+    # `audiollm cancel` stops it likewise: it asks the ranks on this host (one would do)
+    procs = _start(stopped, step_delay="0.25")
+    wait_for_step(stopped, interrupted_at + 1, timeout=120)
+    capsys.readouterr()
+    assert cancel(stopped) == 0
+    said = capsys.readouterr().out
+    assert "asked rank(s) 0, 1 on this host to stop (started by hand: by-hand)" in said, said
+    outputs = _ends(procs)
+    assert [p.returncode for p in procs] == [0, 0], outputs
+    cancelled_at = max(losses(stopped))
+    assert interrupted_at < cancelled_at < iters, outputs
+    assert int((stopped / "checkpoints" / "latest").read_text().strip().split("_")[1]) == cancelled_at
+    assert "state     STOPPED (started by hand: by-hand)" in _status(stopped, capsys)
+    assert cancel(stopped) == 0 and "STOPPED: nothing to stop" in capsys.readouterr().out
     procs = _start(stopped)
     outputs = _ends(procs)
     assert [p.returncode for p in procs] == [0, 0], outputs
@@ -127,7 +141,8 @@ def test_a_run_whose_ranks_all_died_without_a_word_is_said_to_have_died(tmp_path
     assert "state     RUNNING (started by hand: by-hand)" in _status(run_dir, capsys)
     # no second job on a run that runs
     assert train(tiny_overrides(tmp_path, "run.name=killed", iters=ITERS)) == 2
-    assert f"run {run_dir} runs, started by hand (by-hand)" in capsys.readouterr().err
+    refused = capsys.readouterr().err
+    assert f"run {run_dir} runs, started by hand (by-hand)" in refused and "audiollm cancel" in refused, refused
     for p in procs:  # as the out-of-memory killer or `kill -9` would
         p.kill()
     _ends(procs)
