@@ -262,7 +262,7 @@ def task_ends(run_dir: Path, kind: Optional[str], job_id: str, folder: Optional[
     statuses; SLURM: srun's report in the job's log, from this attempt's start on
     (ATTEMPT_START), and accounting)."""
     run_dir = Path(run_dir)
-    world = _world_size(run_dir)
+    world = planned_world_size(run_dir)
     if folder is None:
         return TaskEnds()
     if kind != "slurm":
@@ -315,12 +315,9 @@ def _ranges(ranks) -> str:
 
 def _rank_hosts(run_dir: Path, world_size: int) -> dict:
     """rank -> host of its last start (its heartbeat, launchers/watchdog.py)."""
-    hosts = {}
-    for rank in range(world_size):
-        beat = read_json(Path(run_dir) / "heartbeats" / f"rank{rank}.json", default={})
-        if isinstance(beat, dict) and beat.get("host"):
-            hosts[rank] = beat["host"]
-    return hosts
+    from launchers.watchdog import read_beats
+
+    return {rank: beat["host"] for rank, beat in read_beats(run_dir, world_size).items() if beat.get("host")}
 
 
 def _on(rank: int, hosts: dict) -> str:
@@ -336,7 +333,8 @@ _SCHEDULER_ENDS = {
 }
 
 
-def _world_size(run_dir: Path) -> int:
+def planned_world_size(run_dir: Path) -> int:
+    """The run's planned number of ranks (plan.json; 0 where it cannot be read)."""
     return int((read_json(Path(run_dir) / "plan.json", default={}) or {}).get("world_size") or 0)
 
 
@@ -350,7 +348,7 @@ def _records(run_dir: Path, job_id: str, world_size: int, since: float = 0.0) ->
 def own_errors(run_dir: Path, job_id: str, since: float = 0.0) -> list:
     """The ranks of job `job_id` that raised an error of their own (not only the loss of
     a peer) at or after `since`: what a requeue would most likely meet again."""
-    return [r["rank"] for r in _records(run_dir, job_id, _world_size(run_dir), since) if not r.get("lost_peer")]
+    return [r["rank"] for r in _records(run_dir, job_id, planned_world_size(run_dir), since) if not r.get("lost_peer")]
 
 
 def explain(run_dir: Path, job_id: str, ends: TaskEnds | Sequence[Optional[int]] | None = None) -> Optional[str]:
@@ -360,7 +358,7 @@ def explain(run_dir: Path, job_id: str, ends: TaskEnds | Sequence[Optional[int]]
     run_dir = Path(run_dir)
     if not isinstance(ends, TaskEnds):
         ends = TaskEnds(codes={r: c for r, c in enumerate(ends or ()) if c is not None})
-    world_size = _world_size(run_dir)
+    world_size = planned_world_size(run_dir)
     records = _records(run_dir, job_id, world_size)
     by_rank = {r["rank"]: r for r in records}
     # The ranks' own host names first (as their records and logs say), srun's node names else.

@@ -12,9 +12,11 @@ import sys
 from pathlib import Path
 from typing import Sequence
 
+from launchers.failures import planned_world_size
 from launchers.runs import EXIT_FAILED, EXIT_INVALID, EXIT_OK
 from launchers.submit import signal_local
 from launchers.summary import failure_cause, format_eval_job, format_run, run_state, write_sweep_summary
+from launchers.watchdog import read_beats
 from orchestrator.plan import rundir as rd
 
 
@@ -48,9 +50,8 @@ def cancel(path: str | os.PathLike) -> int:
         return EXIT_INVALID
     code = EXIT_OK
     for run_dir in run_dirs:
-        info = run_state(run_dir, query_scheduler=False)
-        if info["by_hand"]:
-            code = code if stop_by_hand(run_dir, info) else EXIT_FAILED
+        if (rd.read_json(run_dir / "state.json", default={}) or {}).get("by_hand"):
+            code = code if stop_by_hand(run_dir, run_state(run_dir)) else EXIT_FAILED
             continue
         launch = rd.last_launch(run_dir)
         if not launch:
@@ -87,19 +88,18 @@ def stop_by_hand(run_dir: Path, info: dict) -> bool:
                   f"and end; the same command resumes the run")
             return True
     host, asked, elsewhere = socket.gethostname(), [], set()
-    for path in sorted((run_dir / "heartbeats").glob("rank*.json")):
-        beat = rd.read_json(path, default={}) or {}
+    for rank, beat in read_beats(run_dir, planned_world_size(run_dir)).items():
         if beat.get("host") != host:
             elsewhere.add(str(beat.get("host")))
             continue
         try:  # a rank of this start (not a recycled pid) that still runs
             if b"launchers.by_hand" in Path(f"/proc/{int(beat['pid'])}/cmdline").read_bytes():
                 os.kill(int(beat["pid"]), signal.SIGTERM)
-                asked.append(int(beat["rank"]))
+                asked.append(rank)
         except (OSError, KeyError, TypeError, ValueError):
             continue
     if asked:
-        print(f"{run_dir}: asked rank(s) {', '.join(map(str, sorted(asked)))} on this host to stop (started by hand: "
+        print(f"{run_dir}: asked rank(s) {', '.join(map(str, asked))} on this host to stop (started by hand: "
               f"{job_id}): every rank checkpoints at the next step and ends; the same command resumes the run")
         return True
     print(f"{run_dir}: started by hand ({job_id}) on {', '.join(sorted(elsewhere)) or 'another host'}: stop it "

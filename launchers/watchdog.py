@@ -66,6 +66,20 @@ def heartbeat_path(run_dir: Path, rank: int) -> Path:
     return Path(run_dir) / "heartbeats" / f"rank{rank}.json"
 
 
+def read_beats(run_dir: Path, world_size: int) -> dict:
+    """rank -> its last heartbeat ({"rank", "host", "pid", "alive", ...}), for the ranks
+    of a world of `world_size` that wrote one that reads."""
+    beats = {}
+    for rank in range(world_size):
+        try:
+            beat = json.loads(heartbeat_path(run_dir, rank).read_text())
+        except (OSError, ValueError):
+            continue
+        if isinstance(beat, dict):
+            beats[rank] = beat
+    return beats
+
+
 def hang_bound(phase: str, slowest_step: Optional[float], configured: float,
                slowest_phase: Optional[float] = None) -> float:
     """Seconds without progress after which the job is declared hung; `slowest_phase`:
@@ -130,13 +144,7 @@ class Watchdog:
             pass  # a full disk: the job's own error is the one to report
 
     def _beats(self) -> dict:
-        beats = {}
-        for rank in range(self.world_size):
-            try:
-                beats[rank] = json.loads(heartbeat_path(self.run_dir, rank).read_text())
-            except (OSError, ValueError):
-                continue
-        return beats
+        return read_beats(self.run_dir, self.world_size)
 
     def _run(self) -> None:
         while not self._stop.wait(BEAT_S):
