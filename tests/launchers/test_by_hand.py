@@ -46,13 +46,14 @@ def _start(run_dir, step_delay: str = "0") -> list:
 
 
 def _torchrun(run_dir, step_delay: str):
-    """Both ranks under torchrun, as `audiollm prepare` prints it (its shutdown grace set)."""
+    """Both ranks under torchrun, as `audiollm prepare` prints it (its shutdown grace set),
+    in a process group of its own, as a terminal's foreground job."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "SUBMITIT_"))}
     env.update(PYTHONPATH=str(REPO), OMP_NUM_THREADS="1", AUDIOLLM_MINIMAL_STEP_DELAY_S=step_delay,
                TORCH_ELASTIC_SHUTDOWN_TIMEOUT="120")
     return subprocess.Popen([str(Path(sys.executable).parent / "torchrun"), "--standalone", "--nproc-per-node=2",
                              "-m", "launchers.by_hand", str(run_dir)], cwd=REPO, text=True, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
 
 
 def _ends(procs, timeout: float = 120) -> list:
@@ -86,7 +87,7 @@ def test_a_stop_signal_to_every_task_checkpoints_and_the_same_command_resumes_ex
     # Ctrl-C to torchrun: it passes SIGINT on to its workers, which checkpoint likewise
     torchrun = _torchrun(stopped, step_delay="0.25")
     wait_for_step(stopped, stopped_at + 1, timeout=120)
-    torchrun.send_signal(signal.SIGINT)
+    os.killpg(torchrun.pid, signal.SIGINT)  # as a terminal's Ctrl-C: to torchrun's whole process group
     said = _ends([torchrun])[0]
     interrupted_at = max(losses(stopped))
     assert stopped_at < interrupted_at < iters, said
