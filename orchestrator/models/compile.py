@@ -14,11 +14,28 @@ The layer's own forward stays eager around it: it looks up the flex block mask o
 micro-batch (`prepare_mask`), which no graph can do, and decoding through the KV cache
 does not use the compiled graph.
 
-The last pipeline stage's softcapped loss (`softcapped_cross_entropy`) is compiled too:
-eagerly, the softcap and the cross entropy over a 256000-token vocabulary are a dozen
-fp32 element-wise passes over the logits per micro-batch (a quarter of an H200's GPU time
-in the compiled-layers step); compiled, a few fused ones, with no fp32 copy of the
-logits kept for the backward.
+The last pipeline stage's softcapped loss (`softcapped_cross_entropy`) is compiled too
+at TP = 1: eagerly, the softcap and the cross entropy over a 256000-token vocabulary are a
+dozen fp32 element-wise passes over the logits per micro-batch (a quarter of an H200's GPU
+time in the compiled-layers step); compiled, a few fused ones, with no fp32 copy of the
+logits kept for the backward. Under tensor parallelism each rank holds a slice of the
+vocabulary and the loss needs megatron's vocab-parallel cross entropy (its maximum and
+sums all-reduced over the TP group): it stays eager there, in chunks.
+
+Tensor and sequence parallelism inside a compiled layer: megatron's linears run their
+matrix product in autograd Functions whose backward starts its all-reduce (or, under
+sequence parallelism, its all-gather and reduce-scatter) with `async_op=True`, to
+overlap it with the weight gradient, and dynamo traces no asynchronous collective. In a
+compiled layer every megatron linear runs `traceable_linear` instead: the same product
+and bias, with the layer's communication through megatron's synchronous mappings (the
+all-gather of the sequence shards before a column-parallel linear, whose backward
+reduce-scatters; or the identity whose backward all-reduces the input gradient), which
+dynamo turns into functional collectives inside the graph, and the weight gradient by
+autograd, into `.grad`, where megatron's DDP hook adds it to its buffer (as it does with
+gradient-accumulation fusion off; the fused apex kernel megatron calls with it on is no
+code dynamo can trace either). What is lost against eager: the overlap of those
+collectives with the weight gradient's product, which a LoRA run, whose frozen weights
+have no gradient, never had.
 
 What megatron-core 0.16.1 does inside a layer that stops a fullgraph trace, and how it
 is met (found with `torch._dynamo.explain` on the tiny model; tests/models/test_compile.py):
@@ -78,6 +95,39 @@ def quiet_megatron_warnings() -> None:
     layers.get_tensor_model_parallel_group_if_none = get_group
 
 
+def traceable_linear(input, weight, bias=None, gradient_accumulation_fusion=False, allreduce_dgrad=False,
+                     sequence_parallel=False, grad_output_buffer=None, wgrad_deferral_limit=None, tp_group=None):
+    """megatron's `_forward_impl` of its Column/RowParallelLinear (same arguments), written
+    so that dynamo traces it whole (see the module docstring): under sequence parallelism
+    the input's sequence shards all-gathered (backward: reduce-scattered), else, where
+    megatron would all-reduce the input gradient, the identity whose backward does; then
+    the product and bias. The arithmetic of megatron's frozen-weight path, with autograd
+    taking the weight gradient where the weight trains."""
+    from megatron.core.tensor_parallel import mappings
+
+    if grad_output_buffer is not None or wgrad_deferral_limit:
+        raise NotImplementedError("deferred weight gradients (defer_embedding_wgrad_compute) in a compiled layer")
+    if sequence_parallel:
+        input = mappings.gather_from_sequence_parallel_region(input, tensor_parallel_output_grad=True, group=tp_group)
+    elif allreduce_dgrad:
+        input = mappings.copy_to_tensor_model_parallel_region(input, group=tp_group)
+    output = torch.matmul(input, weight.t())
+    return output if bias is None else output + bias
+
+
+def make_linears_traceable(layer: torch.nn.Module) -> int:
+    """Every megatron parallel linear in `layer` runs `traceable_linear` (an instance
+    attribute over the class's method: parameters, state dicts and LoRA's subclass are
+    unchanged, and eager calls, decoding through the KV cache among them, compute the same).
+    Returns how many."""
+    from megatron.core.tensor_parallel import ColumnParallelLinear, RowParallelLinear
+
+    linears = [m for m in layer.modules() if isinstance(m, (ColumnParallelLinear, RowParallelLinear))]
+    for linear in linears:
+        linear._forward_impl = traceable_linear
+    return len(linears)
+
+
 def decoder_layers(model: torch.nn.Module) -> list:
     """The Gemma2 decoder layers of a model chunk (any wrapping: Float16Module, DDP)."""
     from orchestrator.models.gemma2_layer import Gemma2TransformerLayer
@@ -101,9 +151,10 @@ def encoder_layers(model: torch.nn.Module) -> list:
 
 def compile_layers(model: torch.nn.Module, choice: str, backend="inductor") -> int:
     """`model.compile` applied to one model chunk: "layers" compiles each decoder layer's
-    arithmetic and each encoder layer in place, fullgraph (after LoRA and the freezes,
-    which it then sees as they are), and the last stage's softcapped loss; "none" leaves
-    the chunk eager. Returns the number of layers compiled."""
+    arithmetic (its linears made traceable) and each encoder layer in place, fullgraph
+    (after LoRA and the freezes, which it then sees as they are), and at TP = 1 the last
+    stage's softcapped loss; "none" leaves the chunk eager. Returns the number of layers
+    compiled."""
     if choice not in COMPILE_CHOICES:
         raise ValueError(f"model.compile={choice!r} is not one of {COMPILE_CHOICES}")
     if choice == "none":
@@ -118,11 +169,14 @@ def compile_layers(model: torch.nn.Module, choice: str, backend="inductor") -> i
         setattr(config, name, max(RECOMPILE_LIMIT, getattr(config, name)))
     layers = decoder_layers(model)
     for layer in layers:
+        make_linears_traceable(layer)
         layer.compiled_sandwich = torch.compile(layer.sandwich, **options)
     from orchestrator.models.gemma2_model import softcapped_cross_entropy
 
     for decoder in decoders(model):
-        if decoder.post_process:  # the last pipeline stage: the softcapped loss, fused
+        # The last pipeline stage's softcapped loss, fused; under TP its vocabulary is
+        # split over the ranks, and megatron's vocab-parallel cross entropy stays eager.
+        if decoder.post_process and decoder.config.tensor_model_parallel_size == 1:
             decoder.compiled_loss = torch.compile(softcapped_cross_entropy, **options)
     encoder = encoder_layers(model)
     for layer in encoder:

@@ -86,14 +86,16 @@ def decide(model: dict, machine: Machine, parallel: dict) -> Decisions:
     else:
         fusion_why = ("apex's fused_weight_gradient_mlp_cuda is not installed, and megatron's output layer "
                       "refuses the fusion without it")
-    compiled, compile_why = compile_kind(model.get("compile", "auto"), machine.cuda, backend, parallel.get("tp", 1),
-                                         parallel.get("cp", 1), (parallel.get("recompute") or {}).get("granularity"))
+    compiled, compile_why = compile_kind(model.get("compile", "auto"), machine.cuda, backend,
+                                         (parallel.get("recompute") or {}).get("granularity"))
+    loss_compiled = parallel.get("tp", 1) == 1  # under TP the vocab-parallel cross entropy stays eager
     lines = (
         f"linears/norms: {backend} backend" + (" (TransformerEngine)" if backend == "te" else " (megatron-core's own)"),
         f"attention: {attention} (model.attention={choice}, {'CUDA' if machine.cuda else 'CPU'})",
         f"gradient-accumulation fusion: {'on' if fusion else 'off'} ({fusion_why})",
-        "compile: " + ("each decoder and encoder layer and the loss, fullgraph" if compiled == "layers"
-                       else "none, eager") + f" ({compile_why})",
+        "compile: " + (("each decoder and encoder layer" + (" and the loss" if loss_compiled else "")
+                        + ", fullgraph" + ("" if loss_compiled else "; the vocab-parallel loss eager (TP > 1)"))
+                       if compiled == "layers" else "none, eager") + f" ({compile_why})",
     )
     return Decisions(cuda=machine.cuda, attention=attention, gradient_accumulation_fusion=fusion, compile=compiled,
                      lines=lines)

@@ -1,8 +1,8 @@
 """model.compile=layers on CPU, run by tests/models/test_compile.py under torchrun.
 
 First, every recipe's decoder and encoder layers (each recipe shrunk to the tiny model, its LoRA
-and freezes kept, at TP = CP = 1: validation refuses model.compile=layers at larger
-sizes, whose layers hold megatron's collectives) compiled whole with fullgraph=True by a counting dynamo backend, on a packed micro-batch
+and freezes kept, at TP = CP = 1: tests/models/compile_parallel_script.py compiles the
+parallel layouts) compiled whole with fullgraph=True by a counting dynamo backend, on a packed micro-batch
 of the recipe's own making: with the reference attention a forward and backward, with
 flex (the GPU kernel; torch has no flex backward on CPU) a forward without gradients.
 fullgraph makes any graph break an error; the backend counts the graphs captured.

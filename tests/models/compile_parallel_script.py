@@ -1,0 +1,89 @@
+"""model.compile=layers under tensor, sequence and context parallelism on CPU (gloo), run by
+tests/models/test_compile.py under torchrun on 2 ranks, as `tp` (TP = 2) or `cp` (CP = 2).
+
+The layers' collectives (megatron's all-reduce, all-gather and reduce-scatter of TP and
+SP; the key and value all-gather of CP) are traced into the compiled graphs
+(orchestrator/models/compile.py: `traceable_linear`). For each case: the model compiled
+with fullgraph=True by a counting dynamo backend (a graph break would raise), with the
+reference attention forward and backward and with flex (the GPU kernel: a forward without
+gradients, torch has no flex backward on CPU) against the same model eager; then, with
+the reference attention, the model compiled by inductor (what a GPU run uses) against
+the same model eager: per-token losses and every gradient. Full fine-tuning (the default
+recipe: every linear's weight trains) and LoRA (gemma2_whisper_tp1: frozen linears).
+
+Prints one `RESULT {json}` line per case from rank 0.
+"""
+
+import json
+import sys
+
+import torch
+
+from orchestrator.runtime.distributed import ParallelSizes, init_distributed, shutdown
+from tests.models.compile_script import SHRINK, build, inputs_of
+
+LAYOUTS = {  # the 2 ranks' layout, as its overrides
+    "tp": ["parallel.tp=2", "parallel.cp=1"],
+    "cp": ["parallel.tp=1", "parallel.cp=2"],
+}
+RECIPES = ("tiny_cpu", "gemma2_whisper_tp1")
+NO_DRAWS = ["model.spec_augment.enabled=false", "model.adapter.dropout=0"]  # no random draw differs
+
+
+def rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a - b).abs().max() / b.abs().max().clamp_min(1e-30))
+
+
+def case(recipe: str, layout: list, attention: str, backend) -> dict:
+    """The recipe's model compiled with `backend` against the same weights eager."""
+    from orchestrator.models.compile import compile_layers
+
+    torch._dynamo.reset()
+    overrides = [f"+recipe={recipe}", "model.allow_frozen_random=true", *SHRINK, *layout, *NO_DRAWS]
+    cfg, eager = build(overrides, attention)
+    _, compiled = build(overrides, attention)
+    compiled.load_state_dict(eager.state_dict())
+    captured = []
+
+    def counting(gm, example_inputs):
+        captured.append(sum(node.op == "call_function" for node in gm.graph.nodes))
+        return gm.forward
+
+    layers = compile_layers(compiled, "layers", backend=counting if backend == "counting" else backend)
+    inputs = inputs_of(cfg)
+    losses, grads = {}, {}
+    for name, model in (("eager", eager), ("compiled", compiled)):
+        if attention == "flex":  # forward only: torch has no flex backward on a CPU
+            with torch.no_grad():
+                losses[name] = model(**inputs)
+            continue
+        loss = model(**inputs)
+        loss.sum().backward()
+        losses[name] = loss.detach()
+        grads[name] = {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
+    grad_rel = {n: rel(grads["compiled"][n], g) for n, g in grads.get("eager", {}).items()}
+    return {"layers": layers, "graphs": len(captured), "ops": captured, "loss_rel": rel(losses["compiled"], losses["eager"]),
+            "grad_rel": grad_rel, "grads": len(grad_rel), "sp": cfg.parallel.sp,
+            "layer_input": list(inputs["input_ids"].shape)}
+
+
+def main():
+    layout = LAYOUTS[sys.argv[1]]
+    sizes = ParallelSizes(tp=2) if sys.argv[1] == "tp" else ParallelSizes(cp=2)
+    init_distributed(sizes, seed=0)
+    rank = torch.distributed.get_rank()
+    sp_choices = ("true", "false") if sys.argv[1] == "tp" else ("false",)
+    for recipe in RECIPES:
+        for sp in sp_choices:
+            for attention, backend in (("reference", "counting"), ("flex", "counting"), ("reference", "inductor")):
+                if backend == "inductor" and sp == "false" and sys.argv[1] == "tp" and recipe != "tiny_cpu":
+                    continue  # inductor parity: SP on and off with full fine-tuning, SP on with LoRA
+                result = case(recipe, [*layout, f"parallel.sp={sp}"], attention, backend)
+                if rank == 0:
+                    name = f"{sys.argv[1]}/{recipe}/sp={sp}/{attention}/{backend}"
+                    print("RESULT " + json.dumps({"case": name, **result}), flush=True)
+    shutdown()
+
+
+if __name__ == "__main__":
+    main()
