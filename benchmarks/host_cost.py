@@ -1,6 +1,7 @@
 """Host cost of a training micro-batch, measured on a CPU: the operators the host dispatches.
 
 Run: .venv/bin/python benchmarks/host_cost.py [--json FILE]
+     .venv/bin/torchrun --standalone --nproc-per-node=2 benchmarks/host_cost.py --tp 2 [--sp]
 
 On a GPU without TransformerEngine the step is bound by the host (docs/gpu-machines.md:
 about 12,000 kernel launches and 27,000 operators per micro-batch of gemma2-2b +
@@ -38,8 +39,9 @@ DEPTH_2B = {"decoder": 26, "encoder": 32}  # gemma-2-2b, whisper-large-v3
 DEPTHS = ((4, 2), (6, 2), (4, 4))
 
 
-def count_operators(compiled: str, decoder_layers: int, encoder_layers: int) -> int:
-    """Top-level aten operators of one micro-batch's forward and backward."""
+def count_operators(compiled: str, decoder_layers: int, encoder_layers: int, layout: tuple = ()) -> int:
+    """Top-level aten operators of one micro-batch's forward and backward (on this rank of
+    `layout`'s overrides: parallel.tp, parallel.sp)."""
     from omegaconf import OmegaConf
     from torch.profiler import ProfilerActivity, profile
 
@@ -53,7 +55,7 @@ def count_operators(compiled: str, decoder_layers: int, encoder_layers: int) -> 
 
     composed = compose(["+recipe=tiny_cpu", f"model.compile={compiled}", f"model.decoder.num_layers={decoder_layers}",
                         f"model.encoder.num_layers={encoder_layers}", "data.seq_length=128",
-                        "optim.micro_batch_size=2", "model.spec_augment.enabled=false"])
+                        "optim.micro_batch_size=2", "model.spec_augment.enabled=false", *layout])
     cfg = to_object(composed)
     model = build_audiollm(cfg.model, cfg.parallel, audio_token_id=AUDIO_TOKEN_ID, on_gpu=False).train()
     freeze_model_parts([model], OmegaConf.to_container(composed.model, resolve=True))
@@ -73,8 +75,8 @@ def count_operators(compiled: str, decoder_layers: int, encoder_layers: int) -> 
                and (e.cpu_parent is None or not e.cpu_parent.name.startswith("aten::")))
 
 
-def measure(compiled: str) -> dict:
-    (base, deeper_decoder, deeper_encoder) = [count_operators(compiled, d, e) for d, e in DEPTHS]
+def measure(compiled: str, layout: tuple = ()) -> dict:
+    (base, deeper_decoder, deeper_encoder) = [count_operators(compiled, d, e, layout) for d, e in DEPTHS]
     per_decoder = (deeper_decoder - base) / (DEPTHS[1][0] - DEPTHS[0][0])
     per_encoder = (deeper_encoder - base) / (DEPTHS[2][1] - DEPTHS[0][1])
     rest = base - DEPTHS[0][0] * per_decoder - DEPTHS[0][1] * per_encoder
@@ -86,12 +88,21 @@ def measure(compiled: str) -> dict:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--json", type=Path, help="write the rows here")
+    parser.add_argument("--tp", type=int, default=1, help="tensor-parallel size (under torchrun with as many ranks)")
+    parser.add_argument("--sp", action="store_true", help="sequence parallelism (with --tp > 1)")
     args = parser.parse_args()
-    os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
+    if "WORLD_SIZE" not in os.environ:  # one process of its own; torchrun sets these
+        os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1",
+                          MASTER_PORT=str(free_port()))
     from orchestrator.runtime.distributed import ParallelSizes, init_distributed, shutdown
 
-    init_distributed(ParallelSizes(), seed=0)
-    rows = [measure(choice) for choice in ("none", "layers")]
+    init_distributed(ParallelSizes(tp=args.tp), seed=0)
+    layout = (f"parallel.tp={args.tp}", f"parallel.sp={str(args.sp).lower()}", f"launcher.gpus_per_node={args.tp}")
+    rows = [measure(choice, layout) for choice in ("none", "layers")]
+    if int(os.environ["RANK"]) != 0:
+        shutdown()
+        return 0
+    print(f"rank 0 of TP {args.tp}" + (", sequence parallel" if args.sp else ""))
     print("| model.compile | operators per micro-batch (tiny) | per decoder layer | per encoder layer | rest "
           "| at gemma2-2b + whisper-large-v3 depth |\n|---|---:|---:|---:|---:|---:|")
     for r in rows:

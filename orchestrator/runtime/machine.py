@@ -12,7 +12,7 @@ section and what this machine has:
   backends, and that layer refuses the fusion without apex's kernel (megatron-core
   0.16.1, tensor_parallel/layers.py); TransformerEngine's linears could fuse without it,
   but megatron reads one config field for all of them;
-- `model.compile`: layers compiles every decoder and encoder layer and the loss
+- `model.compile`: layers compiles every decoder and encoder layer and, at TP 1, the loss
   (orchestrator.models.compile); auto does so on a GPU where the layout allows it
   (plan/kernels.compile_kind); said here beside the attention kernel it compiles around;
 - `model.backend=te` needs TransformerEngine to import: without it the job stops at

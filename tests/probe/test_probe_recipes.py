@@ -183,7 +183,7 @@ def test_the_planned_schedule_holds_what_megatron_warms_up(pp, vpp):
 
 def test_the_probe_compiles_the_layers_where_the_job_does(probed):
     """Each recipe's probe steps its layers as its job runs them: compiled where the plan
-    compiles them (a GPU, TP = CP = 1, no selective or full recompute), eager elsewhere;
+    compiles them (a GPU, the local backend, no selective recompute), eager elsewhere;
     the report says that it compiled them."""
     for name, (plan, results) in probed.items():
         assert {r["compiled"] for r in results} == {plan["model_extensions"]["compiled"]}, name

@@ -40,7 +40,8 @@ def test_attention_kernel_follows_the_choice_and_the_device(machine, choice, ker
     (GPU_BARE, {"backend": "local"}, ONE, "layers", "model.compile=auto, CUDA"),
     (CPU, {"backend": "local"}, ONE, "none", "model.compile=auto, CPU"),
     (GPU_TE, {"backend": "te"}, ONE, "none", "not with model.backend=te"),
-    (GPU_BARE, {"backend": "local"}, {**ONE, "tp": 4}, "none", "not with parallel.tp=4 and parallel.cp=1"),
+    (GPU_BARE, {"backend": "local"}, {**ONE, "tp": 4}, "layers", "model.compile=auto, CUDA"),
+    (GPU_BARE, {"backend": "local"}, {**ONE, "cp": 2}, "layers", "model.compile=auto, CUDA"),
     (GPU_BARE, {"backend": "local"}, {**ONE, "recompute": {"granularity": "selective"}}, "none",
      "not with parallel.recompute.granularity=selective"),
     (GPU_BARE, {"backend": "local", "compile": "none"}, ONE, "none", "model.compile=none"),
@@ -49,7 +50,10 @@ def test_attention_kernel_follows_the_choice_and_the_device(machine, choice, ker
 def test_compile_auto_compiles_the_layers_on_gpus_where_the_layout_allows(machine, model, parallel, compiled, why):
     decisions = decide(model, machine, parallel)
     assert decisions.compile == compiled
-    assert why in decisions.describe().splitlines()[-1]
+    said = decisions.describe().splitlines()[-1]
+    assert why in said
+    # under TP the vocabulary is split over the ranks and megatron's vocab-parallel loss stays eager
+    assert ("and the loss" in said) == (compiled == "layers" and parallel.get("tp", 1) == 1), said
 
 
 def test_what_this_machine_cannot_run_stops_the_job_naming_the_fix():

@@ -105,11 +105,11 @@ class ModelConfig:
     # reference) or flex (torch's flex_attention, compiled; GPU training only).
     attention: str = "auto"
     # none: eager. layers: every decoder and encoder layer compiled whole with torch.compile
-    # (fullgraph, static shapes; orchestrator/models/compile.py), and the softcapped loss: a
+    # (fullgraph, static shapes; orchestrator/models/compile.py), and at TP 1 the softcapped loss: a
     # few fused kernels a layer instead of dozens of launches, for GPU steps bound by the host
     # (benchmarks/host_cost.py: operators per gemma2-2b micro-batch 12,068 -> 2,470; an H200:
-    # 1.43x tokens/s). Local backend, TP = CP = 1, no selective recompute. auto: layers on a
-    # GPU where the layout allows it, none on CPUs and elsewhere (the job says which).
+    # 1.43x tokens/s). Local backend (any TP, CP, SP, PP), no selective recompute. auto:
+    # layers on a GPU where the layout allows it, none on CPUs and elsewhere (the job says which).
     compile: str = "auto"
     # FP8 GEMMs of TransformerEngine's linears (megatron's `fp8`, Megatron-LM's --fp8-format):
     # null (off), hybrid (E4M3 forward, E5M2 gradients) or e4m3. TE backend on GPUs only;
