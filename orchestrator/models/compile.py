@@ -31,9 +31,10 @@ and bias, with the layer's communication through megatron's synchronous mappings
 all-gather of the sequence shards before a column-parallel linear, whose backward
 reduce-scatters; or the identity whose backward all-reduces the input gradient), which
 dynamo turns into functional collectives inside the graph, and the weight gradient by
-autograd, into `.grad`, where megatron's DDP hook adds it to its buffer (as it does with
-gradient-accumulation fusion off; the fused apex kernel megatron calls with it on is no
-code dynamo can trace either). What is lost against eager: the overlap of those
+autograd, into `.grad`, where megatron's DDP hook adds it to its buffer, as it does with
+gradient-accumulation fusion off (with it on, megatron's backward calls apex's fused
+kernel, a C extension dynamo cannot trace: on a machine with apex, a compiled layer would
+have broken its graph there even at TP = 1; not run, no such machine here). What is lost against eager: the overlap of those
 collectives with the weight gradient's product, which a LoRA run, whose frozen weights
 have no gradient, never had.
 
