@@ -26,8 +26,18 @@ LAYOUTS = {  # the 2 ranks' layout, as its overrides
     "tp": ["parallel.tp=2", "parallel.cp=1"],
     "cp": ["parallel.tp=1", "parallel.cp=2"],
 }
-RECIPES = ("tiny_cpu", "gemma2_whisper_tp1")
 NO_DRAWS = ["model.spec_augment.enabled=false", "model.adapter.dropout=0"]  # no random draw differs
+FULL, LORA = "tiny_cpu", "gemma2_whisper_tp1"  # every weight trains; LoRA on frozen linears
+# (recipe, parallel.sp, attention, backend) per layout: the graphs counted (reference, flex)
+# and inductor against eager, with SP on; without SP inductor for full fine-tuning (its
+# linears' own all-reduce) and flex's mask for LoRA's.
+CASES = {
+    "tp": [(recipe, "true", attention, backend) for recipe in (FULL, LORA)
+           for attention, backend in (("reference", "counting"), ("flex", "counting"), ("reference", "inductor"))]
+          + [(FULL, "false", "reference", "inductor"), (LORA, "false", "flex", "counting")],
+    "cp": [(FULL, "false", "reference", "counting"), (FULL, "false", "reference", "inductor"),
+           (LORA, "false", "flex", "counting"), (LORA, "false", "reference", "inductor")],
+}
 
 
 def rel(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -68,20 +78,13 @@ def case(recipe: str, layout: list, attention: str, backend) -> dict:
 
 
 def main():
-    layout = LAYOUTS[sys.argv[1]]
-    sizes = ParallelSizes(tp=2) if sys.argv[1] == "tp" else ParallelSizes(cp=2)
-    init_distributed(sizes, seed=0)
-    rank = torch.distributed.get_rank()
-    sp_choices = ("true", "false") if sys.argv[1] == "tp" else ("false",)
-    for recipe in RECIPES:
-        for sp in sp_choices:
-            for attention, backend in (("reference", "counting"), ("flex", "counting"), ("reference", "inductor")):
-                if backend == "inductor" and sp == "false" and sys.argv[1] == "tp" and recipe != "tiny_cpu":
-                    continue  # inductor parity: SP on and off with full fine-tuning, SP on with LoRA
-                result = case(recipe, [*layout, f"parallel.sp={sp}"], attention, backend)
-                if rank == 0:
-                    name = f"{sys.argv[1]}/{recipe}/sp={sp}/{attention}/{backend}"
-                    print("RESULT " + json.dumps({"case": name, **result}), flush=True)
+    layout = sys.argv[1]
+    init_distributed(ParallelSizes(tp=2) if layout == "tp" else ParallelSizes(cp=2), seed=0)
+    for recipe, sp, attention, backend in CASES[layout]:
+        result = case(recipe, [*LAYOUTS[layout], f"parallel.sp={sp}"], attention, backend)
+        if torch.distributed.get_rank() == 0:
+            name = f"{layout}/{recipe}/sp={sp}/{attention}/{backend}"
+            print("RESULT " + json.dumps({"case": name, **result}), flush=True)
     shutdown()
 
 
