@@ -22,21 +22,21 @@ logits kept for the backward. Under tensor parallelism each rank holds a slice o
 vocabulary and the loss needs megatron's vocab-parallel cross entropy (its maximum and
 sums all-reduced over the TP group): it stays eager there, in chunks.
 
-Tensor and sequence parallelism inside a compiled layer: megatron's linears run their
-matrix product in autograd Functions whose backward starts its all-reduce (or, under
-sequence parallelism, its all-gather and reduce-scatter) with `async_op=True`, to
+Tensor parallelism inside a compiled layer: megatron's linears run their matrix product
+in autograd Functions whose backward starts its all-reduce with `async_op=True`, to
 overlap it with the weight gradient, and dynamo traces no asynchronous collective. In a
 compiled layer every megatron linear runs `traceable_linear` instead: the same product
-and bias, with the layer's communication through megatron's synchronous mappings (the
-all-gather of the sequence shards before a column-parallel linear, whose backward
-reduce-scatters; or the identity whose backward all-reduces the input gradient), which
-dynamo turns into functional collectives inside the graph, and the weight gradient by
-autograd, into `.grad`, where megatron's DDP hook adds it to its buffer, as it does with
-gradient-accumulation fusion off (with it on, megatron's backward calls apex's fused
-kernel, a C extension dynamo cannot trace: on a machine with apex, a compiled layer would
-have broken its graph there even at TP = 1; not run, no such machine here). What is lost against eager: the overlap of those
-collectives with the weight gradient's product, which a LoRA run, whose frozen weights
-have no gradient, never had.
+and bias, the input gradient's all-reduce through megatron's synchronous mapping (the
+identity whose backward all-reduces), which dynamo turns into a functional collective
+inside the graph, and the weight gradient by autograd, into `.grad`, where megatron's DDP
+hook adds it to its buffer, as it does with gradient-accumulation fusion off (with it on,
+megatron's backward calls apex's fused kernel, a C extension dynamo cannot trace: on a
+machine with apex, a compiled layer would have broken its graph there even at TP = 1; not
+run, no such machine here). What is lost against eager: the overlap of the all-reduce with
+the weight gradient's product, which a LoRA run, whose frozen weights have no gradient,
+never had. Sequence and context parallelism are refused (plan/kernels.compile_blockers):
+their all-gathers, traced the same way, gave wrong gradients under torch 2.11
+(docs/gpu-machines.md).
 
 What megatron-core 0.16.1 does inside a layer that stops a fullgraph trace, and how it
 is met (found with `torch._dynamo.explain` on the tiny model; tests/models/test_compile.py):
@@ -99,18 +99,17 @@ def quiet_megatron_warnings() -> None:
 def traceable_linear(input, weight, bias=None, gradient_accumulation_fusion=False, allreduce_dgrad=False,
                      sequence_parallel=False, grad_output_buffer=None, wgrad_deferral_limit=None, tp_group=None):
     """megatron's `_forward_impl` of its Column/RowParallelLinear (same arguments), written
-    so that dynamo traces it whole (see the module docstring): under sequence parallelism
-    the input's sequence shards all-gathered (backward: reduce-scattered), else, where
-    megatron would all-reduce the input gradient, the identity whose backward does; then
-    the product and bias. The arithmetic of megatron's frozen-weight path, with autograd
-    taking the weight gradient where the weight trains."""
+    so that dynamo traces it whole (see the module docstring): where megatron would
+    all-reduce the input gradient, the identity whose backward does; then the product and
+    bias. The arithmetic of megatron's frozen-weight path, with autograd taking the weight
+    gradient where the weight trains."""
     from megatron.core.tensor_parallel import mappings
 
     if grad_output_buffer is not None or wgrad_deferral_limit:
         raise NotImplementedError("deferred weight gradients (defer_embedding_wgrad_compute) in a compiled layer")
     if sequence_parallel:
-        input = mappings.gather_from_sequence_parallel_region(input, tensor_parallel_output_grad=True, group=tp_group)
-    elif allreduce_dgrad:
+        raise ValueError("compiled layers take no sequence parallelism (plan/kernels.compile_blockers)")
+    if allreduce_dgrad:
         input = mappings.copy_to_tensor_model_parallel_region(input, group=tp_group)
     output = torch.matmul(input, weight.t())
     return output if bias is None else output + bias

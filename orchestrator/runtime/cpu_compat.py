@@ -91,31 +91,9 @@ def _patch_rng_tracker() -> None:
 
 def _patch_cuda_device() -> None:
     torch.cuda.current_device = lambda: "cpu"
-    _constant_in_compiled_graphs(torch.cuda.current_device)
     torch.cuda.synchronize = lambda *args, **kwargs: None
     torch.cuda.manual_seed = lambda seed: None
     torch.cuda.manual_seed_all = lambda seed: None
-
-
-def _constant_in_compiled_graphs(fn) -> None:
-    """Let dynamo fold calls of `fn`, the patched torch.cuda.current_device, into a
-    constant, as it folds the real one (megatron's collectives inside compiled layers make
-    their buffers on it). dynamo looks torch's functions up by identity in two tables: its
-    in-graph functions, by name, whenever it (re)builds that cache, which then finds the
-    patched function; and its constant-folded ones, made once when it is imported. Where
-    it was imported before this patch (megatron imports it), the second holds the real
-    function only, and dynamo would take the patched one for a graph operation returning
-    a string and refuse it; so it is added there. Imported later, dynamo reads the patched
-    function into both itself."""
-    import sys
-
-    tables = sys.modules.get("torch._dynamo.variables.torch")
-    for name in ("constant_fold_functions_need_guards", "constant_fold_functions"):
-        table = getattr(tables, name, None)
-        if isinstance(table, dict):
-            table[fn] = None
-        elif isinstance(table, list):
-            table.append(fn)
 
 
 def activate() -> bool:
