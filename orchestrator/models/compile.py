@@ -66,7 +66,7 @@ import inspect
 
 import torch
 
-from orchestrator.plan.kernels import COMPILE_CHOICES
+from orchestrator.plan.kernels import COMPILE_CHOICES, loss_compiles
 
 # Compiled variants of the layer one process may need: 2 window variants x 2 grad modes x
 # up to 16 widths (training's packed length, evaluation's last batches, decoding prefills).
@@ -174,9 +174,8 @@ def compile_layers(model: torch.nn.Module, choice: str, backend="inductor") -> i
     from orchestrator.models.gemma2_model import softcapped_cross_entropy
 
     for decoder in decoders(model):
-        # The last pipeline stage's softcapped loss, fused; under TP its vocabulary is
-        # split over the ranks, and megatron's vocab-parallel cross entropy stays eager.
-        if decoder.post_process and decoder.config.tensor_model_parallel_size == 1:
+        # The last pipeline stage's softcapped loss, fused where the rank holds the whole vocabulary.
+        if decoder.post_process and loss_compiles(decoder.config.tensor_model_parallel_size):
             decoder.compiled_loss = torch.compile(softcapped_cross_entropy, **options)
     encoder = encoder_layers(model)
     for layer in encoder:

@@ -36,7 +36,7 @@ from dataclasses import dataclass, field, replace
 from fnmatch import fnmatchcase
 
 from orchestrator.plan.kernels import (LOSS_CHUNK_ELEMENTS, LOSS_CHUNK_FP32_COPIES, attention_kernel, encoder_precision,
-                                       planned_compile)
+                                       loss_compiles, planned_compile)
 from orchestrator.plan import schedule
 from orchestrator.plan.megatron_args import padded_vocab_size
 from orchestrator.plan.model_params import ParamSpec, encoder_frame_count, parameter_inventory
@@ -380,8 +380,7 @@ def memory_by_stage(cfg: AudioLLMConfig, stages: list[StageParams], dp: int,
         if stage.stage == pp - 1:
             vocab_shard = stages[0].by_component.get("embedding", 0) / max(model.decoder.hidden_size, 1)
             logits = cfg.data.seq_length / parallel.cp * optim.micro_batch_size * vocab_shard
-            # under TP megatron's vocab-parallel cross entropy runs eagerly (orchestrator/models/compile.py)
-            peaks.append(loss_peak_bytes(logits, weight_bytes, compiled and parallel.tp == 1))
+            peaks.append(loss_peak_bytes(logits, weight_bytes, compiled and loss_compiles(parallel.tp)))
         activations += max(peaks)
         subtotal = (weights + grads + optimizer + activations) / GIB
         total = subtotal * (1 + MEMORY_MARGIN) + (FIXED_OVERHEAD_GIB if low_precision else 0.0)

@@ -71,6 +71,13 @@ def compile_blockers(backend: str, tp: int, sp: bool, cp: int, recompute_granula
     return blockers
 
 
+def loss_compiles(tp: int) -> bool:
+    """Whether compiled layers (model.compile=layers) fuse the softcapped loss too: at TP 1
+    only; under TP each rank holds a slice of the vocabulary and megatron's vocab-parallel
+    cross entropy (its maximum and sums all-reduced) stays eager."""
+    return tp == 1
+
+
 def compile_kind(choice: str, on_gpu: bool, backend: str, tp: int, sp: bool, cp: int, recompute_granularity) -> tuple:
     """`model.compile` on a GPU (on_gpu) or CPU machine -> ("none" | "layers", why). auto
     compiles on GPUs, where the step is bound by the host's launches (an H200 at

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from orchestrator.plan.kernels import attention_kernel, compile_kind
+from orchestrator.plan.kernels import attention_kernel, compile_kind, loss_compiles
 
 
 @dataclass(frozen=True)
@@ -89,7 +89,7 @@ def decide(model: dict, machine: Machine, parallel: dict) -> Decisions:
     compiled, compile_why = compile_kind(model.get("compile", "auto"), machine.cuda, backend, parallel.get("tp", 1),
                                          parallel.get("sp", False), parallel.get("cp", 1),
                                          (parallel.get("recompute") or {}).get("granularity"))
-    loss_compiled = parallel.get("tp", 1) == 1  # under TP the vocab-parallel cross entropy stays eager
+    loss_compiled = loss_compiles(parallel.get("tp", 1))
     lines = (
         f"linears/norms: {backend} backend" + (" (TransformerEngine)" if backend == "te" else " (megatron-core's own)"),
         f"attention: {attention} (model.attention={choice}, {'CUDA' if machine.cuda else 'CPU'})",
