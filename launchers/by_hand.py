@@ -38,7 +38,8 @@ import traceback
 from pathlib import Path
 
 from launchers import failures, watchdog
-from launchers.job import end_slurm_step, hang_timeout, load_callable, log_to_run_dir, update_state
+from launchers.job import (end_slurm_step, hang_timeout, load_callable, log_to_run_dir, recorded_failure,
+                          update_state)
 from launchers.summary import active_submission
 from orchestrator.plan.rundir import read_json
 from orchestrator.runtime import job_control
@@ -96,7 +97,8 @@ def main(run_dir: str) -> int:
               f"checkpoint)", flush=True)
         return False
 
-    dog = watchdog.Watchdog(run_path, rank, world_size, hang_timeout(run_path), hung).start()
+    dog = watchdog.Watchdog(run_path, rank, world_size, hang_timeout(run_path), hung,
+                            job_failed=lambda: recorded_failure(run_path, started_by)).start()
     config = (read_json(run_path / "plan.json", default={}) or {}).get("config") or {}
     entry = (config.get("launcher") or {}).get("entry") or DEFAULT_ENTRY
     try:

@@ -115,6 +115,15 @@ def end_slurm_step(rank: int) -> None:
         subprocess.run(["scancel", "--signal=KILL", f"{job}.{step}"], check=False, timeout=60)
 
 
+def recorded_failure(run_dir: Path, job_id: str) -> str | None:
+    """The last line of job `job_id`'s failure where state.json records one (its state
+    FAILED, by whichever rank decided it), else None."""
+    state = read_json(run_dir / "state.json", default={}) or {}
+    if state.get("state") != "FAILED" or str(state.get("job_id")) != str(job_id):
+        return None
+    return (str(state.get("error") or "").strip().splitlines() or ["no cause recorded"])[-1]
+
+
 def update_state(run_dir: Path, **fields: Any) -> None:
     path = run_dir / "state.json"
     state = read_json(path, default={}) or {}
@@ -219,7 +228,7 @@ class RankJob:
         dog = watchdog.Watchdog(run_path, rank, dist_env.world_size, hang_timeout(run_path),
                                 lambda cause: self._hung(run_path, env, rank, on_slurm, requeues, attempt, cause,
                                                          started),
-                                **peers).start()
+                                job_failed=lambda: recorded_failure(run_path, env.job_id), **peers).start()
         try:
             if self.accelerator == "gpu":
                 _require_cuda(env.hostname, dist_env.local_rank)

@@ -17,7 +17,8 @@ decides that the job hangs:
    logs/failure_rank<N>.json) and, on SLURM, requeues the job (`scontrol requeue`,
    counted as a requeue): the next attempt resumes from the latest checkpoint. Off
    SLURM it ends the job (frozen processes of this host are killed), and the same
-   command resumes it.
+   command resumes it. The other ranks wait for SLURM to end them, or end themselves
+   once the run records the job's failure (state.json FAILED).
 
 The bound, per phase of the loop: `train.hang_timeout` seconds when set (> 0); otherwise
 max(HANG_FLOOR_S, 5 x the slowest step seen). While a checkpoint is written (or waited
@@ -108,7 +109,8 @@ def stopped_ranks(beats: dict, now: float) -> tuple[list, list]:
 class Watchdog:
     def __init__(self, run_dir: Path, rank: int, world_size: int, hang_timeout: float,
                  on_hang: Callable[[str], bool], peer_ended: Optional[Callable[[bool], Optional[str]]] = None,
-                 on_peer_ended: Optional[Callable[[str], None]] = None):
+                 on_peer_ended: Optional[Callable[[str], None]] = None,
+                 job_failed: Optional[Callable[[], Optional[str]]] = None):
         self.run_dir, self.rank, self.world_size = Path(run_dir), rank, world_size
         self.hang_timeout = float(hang_timeout or 0)
         # Records the cause and requeues (True: SLURM ends every task) or ends the job.
@@ -118,6 +120,8 @@ class Watchdog:
         # or neither).
         self.peer_ended, self.on_peer_ended = peer_ended, on_peer_ended
         self._peer_ended_at: Optional[float] = None
+        # The job's failure as the run records it (its cause), None while it has none.
+        self.job_failed = job_failed
         self.started = time.time()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="audiollm-watchdog", daemon=True)
@@ -222,8 +226,24 @@ class Watchdog:
         elif live:
             requeued = None  # the acting rank decides; SLURM ends this task if it requeues
         if requeued is not False:
-            time.sleep(REQUEUE_GRACE_S)  # normally killed by SLURM's requeue long before
+            self._await_the_end()
         os._exit(1)
+
+    def _await_the_end(self) -> None:
+        """Up to REQUEUE_GRACE_S for SLURM to end this task, as it normally does long before:
+        by the requeue, or by the acting rank's end of the job's step when the job fails.
+        That end is one signal the controller sends once, node to node, and a node can miss
+        it (a loaded two-node cluster: the message forwarded to the second node was lost,
+        its ranks waited out the grace). So once the run records the job's failure, this
+        rank ends on its own."""
+        deadline = time.time() + REQUEUE_GRACE_S
+        while time.time() < deadline:
+            failed = self.job_failed() if self.job_failed is not None else None
+            if failed:
+                print(f"[watchdog] rank {self.rank}: the job failed ({failed}); ending this task",
+                      file=sys.stderr, flush=True)
+                return
+            time.sleep(min(BEAT_S, max(deadline - time.time(), 0)))
 
 
 def _kill(pid: int) -> None:

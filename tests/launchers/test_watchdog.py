@@ -3,6 +3,12 @@ ranks a hang names. The whole path (a rank frozen with SIGSTOP in a two-node SLU
 detected, the job requeued and resumed exactly) is
 tests/slurm/test_multinode.py::test_a_frozen_rank_is_named_and_the_job_requeued_and_resumed_exactly."""
 
+import json
+import os
+import subprocess
+import sys
+import time
+
 from orchestrator.runtime import job_control
 from launchers.watchdog import (BEAT_S, HANG_FLOOR_S, PHASE_MULTIPLE, STALE_BEATS, STARTUP_S, hang_bound,
                                stopped_ranks)
@@ -66,3 +72,70 @@ def test_a_rank_without_heartbeat_is_named_frozen_else_the_one_furthest_behind()
     assert stopped_ranks(beats, now) == ([1], [0, 2])
     beats = {0: beat(fresh, 7, 900.0), 1: beat(fresh, 6, 800.0), 2: beat(fresh, 7, 900.0)}
     assert stopped_ranks(beats, now) == ([], [1])
+
+
+# A rank of job 42 that detects a hang while rank 0, alive, waits at the same step: rank 0
+# acts, this rank waits. Its watchdog beats every 0.2 s instead of 5 s (the module's
+# constants, read at each use), so that the detection takes about two seconds.
+WAITING_RANK = """
+import json, os, sys, threading, time
+from pathlib import Path
+from launchers import watchdog
+from launchers.job import recorded_failure
+from orchestrator.runtime import job_control
+
+watchdog.BEAT_S = 0.2
+run_dir = Path(sys.argv[1])
+job_control.reset()
+job_control.progress(1)
+job_control.progress(2)
+
+def peer():
+    path = watchdog.heartbeat_path(run_dir, 0)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    while True:
+        path.with_suffix('.tmp').write_text(json.dumps({'rank': 0, 'host': 'here', 'pid': 1, 'alive': time.time(),
+                                                      'step': 2, 'phase': 'train', 'progress_at': time.time() - 60}))
+        os.replace(path.with_suffix('.tmp'), path)
+        time.sleep(0.05)
+
+threading.Thread(target=peer, daemon=True).start()
+watchdog.Watchdog(run_dir, 1, 2, 0.5, lambda cause: sys.exit('rank 1 must not act'),
+                  job_failed=lambda: recorded_failure(run_dir, '42')).start()
+time.sleep(600)
+"""
+
+
+def test_a_rank_waiting_for_slurm_to_end_it_ends_once_the_run_records_the_jobs_failure(tmp_path):
+    """The rank that acts on a hang (or on a peer's error) ends the job's step with one
+    signal, which a node can miss; the others wait for it (for a requeue, up to
+    REQUEUE_GRACE_S). Such a waiting rank ends on its own once state.json records this
+    job's failure, and not for a requeue (PREEMPTED) or another job's failure."""
+    from tests.distributed_run import REPO
+
+    state, log = tmp_path / "state.json", tmp_path / "rank1.log"
+
+    def record(**fields):
+        state.write_text(json.dumps(fields))
+
+    record(state="RUNNING", job_id="42")
+    with open(log, "w") as out:
+        proc = subprocess.Popen([sys.executable, "-c", WAITING_RANK, str(tmp_path)], stderr=out, cwd=REPO,
+                                env={**os.environ, "PYTHONPATH": str(REPO)})
+    try:
+        deadline = time.time() + 120
+        while "hang: no progress" not in log.read_text() and proc.poll() is None and time.time() < deadline:
+            time.sleep(0.2)
+        assert "hang: no progress" in log.read_text() and "rank 0 (pid 1 on here) furthest behind" in log.read_text(), \
+            log.read_text()
+        record(state="PREEMPTED", job_id="42")  # the acting rank requeued it: SLURM ends this task
+        time.sleep(1.5)
+        record(state="FAILED", job_id="41", error="an earlier job's")
+        time.sleep(1.5)
+        assert proc.poll() is None, log.read_text()
+        record(state="FAILED", job_id="42", error="Traceback (most recent call last):\n  ...\nValueError: boom")
+        assert proc.wait(timeout=60) == 1, log.read_text()
+        assert "[watchdog] rank 1: the job failed (ValueError: boom); ending this task" in log.read_text()
+    finally:
+        proc.kill()
+        proc.wait()
