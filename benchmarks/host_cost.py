@@ -1,7 +1,7 @@
 """Host cost of a training micro-batch, measured on a CPU: the operators the host dispatches.
 
 Run: .venv/bin/python benchmarks/host_cost.py [--json FILE]
-     .venv/bin/torchrun --standalone --nproc-per-node=2 benchmarks/host_cost.py --tp 2
+     .venv/bin/torchrun --standalone --nproc-per-node=2 benchmarks/host_cost.py --tp 2 [--sp]
 
 On a GPU without TransformerEngine the step is bound by the host (docs/gpu-machines.md:
 about 12,000 kernel launches and 27,000 operators per micro-batch of gemma2-2b +
@@ -41,7 +41,7 @@ DEPTHS = ((4, 2), (6, 2), (4, 4))
 
 def count_operators(compiled: str, decoder_layers: int, encoder_layers: int, layout: tuple = ()) -> int:
     """Top-level aten operators of one micro-batch's forward and backward (on this rank of
-    `layout`'s overrides: parallel.tp)."""
+    `layout`'s overrides: parallel.tp, parallel.sp)."""
     from omegaconf import OmegaConf
     from torch.profiler import ProfilerActivity, profile
 
@@ -89,6 +89,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--json", type=Path, help="write the rows here")
     parser.add_argument("--tp", type=int, default=1, help="tensor-parallel size (under torchrun with as many ranks)")
+    parser.add_argument("--sp", action="store_true", help="sequence parallelism (with --tp > 1)")
     args = parser.parse_args()
     if "WORLD_SIZE" not in os.environ:  # one process of its own; torchrun sets these
         os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1",
@@ -96,12 +97,12 @@ def main() -> int:
     from orchestrator.runtime.distributed import ParallelSizes, init_distributed, shutdown
 
     init_distributed(ParallelSizes(tp=args.tp), seed=0)
-    layout = (f"parallel.tp={args.tp}", "parallel.sp=false", f"launcher.gpus_per_node={args.tp}")
+    layout = (f"parallel.tp={args.tp}", f"parallel.sp={str(args.sp).lower()}", f"launcher.gpus_per_node={args.tp}")
     rows = [measure(choice, layout) for choice in ("none", "layers")]
     if int(os.environ["RANK"]) != 0:
         shutdown()
         return 0
-    print(f"rank 0 of TP {args.tp}")
+    print(f"rank 0 of TP {args.tp}" + (", sequence parallel" if args.sp else ""))
     print("| model.compile | operators per micro-batch (tiny) | per decoder layer | per encoder layer | rest "
           "| at gemma2-2b + whisper-large-v3 depth |\n|---|---:|---:|---:|---:|---:|")
     for r in rows:

@@ -420,18 +420,22 @@ class FlexSoftcapAttention(_Gemma2CoreAttentionBase):
 
     def prepare_mask(self, attention_mask: Optional[Tensor], packed_seq_params: Optional[PackedSeqParams],
                      local_length: int, device: torch.device):
-        """This layer's block mask of the micro-batch (`_block_mask`) for a layer of
-        `local_length` rows: the whole sequence without sequence or context parallelism,
-        the layouts whose layers compile (validation refuses model.compile=layers at others;
-        under TP each rank masks its heads alike)."""
+        """This layer's block mask of the micro-batch (`_block_mask`), made before a compiled
+        layer's graph, for a layer whose input has `local_length` rows: its queries are
+        those rows, all-gathered over the TP group under sequence parallelism (the QKV
+        projection gathers them); under context parallelism they are this rank's chunks
+        of the row, its keys the whole row (`_gather_row`), as `_attend` masks them."""
         if self.kv_cache is not None:
             return attention_mask
-        if self.cp_group is not None or self.config.sequence_parallel:
-            raise ValueError("compiled layers take no sequence or context parallelism (model.compile=layers)")
-        width = flex_bucket_width(local_length)
-        return PreparedBlockMask(self._block_mask(local_length, local_length, width, width, device,
+        sq = local_length * (self.config.tensor_model_parallel_size if self.config.sequence_parallel else 1)
+        sk, q_slots, layout = sq, None, None
+        if self.cp_group is not None:
+            layout = (self.cp_group.size(), self.cp_group.rank())
+            q_slots = _cp_layout(sq, *layout, device)[1]
+            sk = sq * layout[0]
+        return PreparedBlockMask(self._block_mask(sq, sk, flex_bucket_width(sq), flex_bucket_width(sk), device,
                                                   self._packed_boundaries(packed_seq_params), attention_mask,
-                                                  None, None))
+                                                  q_slots, layout))
 
     def _attend(self, query: Tensor, key: Tensor, value: Tensor, attention_mask: Optional[Tensor],
                 cu_seqlens: Optional[Tensor], q_slots: Optional[Tensor]) -> Tensor:

@@ -22,21 +22,24 @@ logits kept for the backward. Under tensor parallelism each rank holds a slice o
 vocabulary and the loss needs megatron's vocab-parallel cross entropy (its maximum and
 sums all-reduced over the TP group): it stays eager there, in chunks.
 
-Tensor parallelism inside a compiled layer: megatron's linears run their matrix product
-in autograd Functions whose backward starts its all-reduce with `async_op=True`, to
+Tensor and sequence parallelism inside a compiled layer: megatron's linears run their
+matrix product in autograd Functions whose backward starts its all-reduce (or, under
+sequence parallelism, its all-gather and reduce-scatter) with `async_op=True`, to
 overlap it with the weight gradient, and dynamo traces no asynchronous collective. In a
 compiled layer every megatron linear runs `traceable_linear` instead: the same product
-and bias, the input gradient's all-reduce through megatron's synchronous mapping (the
-identity whose backward all-reduces), which dynamo turns into a functional collective
-inside the graph, and the weight gradient by autograd, into `.grad`, where megatron's DDP
-hook adds it to its buffer, as it does with gradient-accumulation fusion off (with it on,
-megatron's backward calls apex's fused kernel, a C extension dynamo cannot trace: on a
-machine with apex, a compiled layer would have broken its graph there even at TP = 1; not
-run, no such machine here). What is lost against eager: the overlap of the all-reduce with
-the weight gradient's product, which a LoRA run, whose frozen weights have no gradient,
-never had. Sequence and context parallelism are refused (plan/kernels.compile_blockers):
-their all-gathers, traced the same way, gave wrong gradients under torch 2.11
-(docs/gpu-machines.md).
+and bias, with the layer's communication through megatron's synchronous mappings (the
+all-gather of the sequence shards before a column-parallel linear, whose backward
+reduce-scatters; or the identity whose backward all-reduces the input gradient), which
+dynamo turns into functional collectives inside the graph, and the weight gradient by
+autograd, into `.grad`, where megatron's DDP hook adds it to its buffer, as it does with
+gradient-accumulation fusion off (with it on, megatron's backward calls apex's fused
+kernel, a C extension dynamo cannot trace: on a machine with apex, a compiled layer would
+have broken its graph there even at TP = 1; not run, no such machine here). What is lost
+against eager: the overlap of those collectives with the weight gradient's product, which
+a LoRA run, whose frozen weights have no gradient, never had. The all-gathers and
+reduce-scatters of those mappings (and of context parallelism's keys and values) are
+traced as functional collectives (`functional_sequence_collectives`): megatron's own,
+writing into a buffer it allocates, gave zero gradients traced by torch 2.11.
 
 What megatron-core 0.16.1 does inside a layer that stops a fullgraph trace, and how it
 is met (found with `torch._dynamo.explain` on the tiny model; tests/models/test_compile.py):
@@ -96,20 +99,52 @@ def quiet_megatron_warnings() -> None:
     layers.get_tensor_model_parallel_group_if_none = get_group
 
 
+def functional_sequence_collectives() -> None:
+    """megatron's all-gather and reduce-scatter along the first dimension (under sequence
+    parallelism around the linears, under context parallelism the keys' and values'
+    gather), as functional collectives while dynamo traces them: each returns a new
+    tensor. megatron's own write into a buffer it allocates (`torch.empty`, then
+    `all_gather_into_tensor` / `reduce_scatter_tensor` into it), traced inside the
+    autograd Function of its mapping, lost the write under torch 2.11, the GPU machines'
+    torch: the backward read the empty buffer, zero gradients (with torch 2.14 it is
+    right; a megatron-free reproduction, docs/gpu-machines.md). Eager calls run megatron's
+    code unchanged. Idempotent."""
+    from megatron.core.tensor_parallel import mappings
+
+    if getattr(mappings._gather_along_first_dim, "functional", False):
+        return
+    import torch.distributed._functional_collectives as funcol
+
+    def traced(original, functional):
+        def helper(input_, group, split_sizes=None, use_global_buffer=False):
+            if not torch.compiler.is_compiling() or split_sizes is not None or group is None or group.size() == 1:
+                return original(input_, group, split_sizes, use_global_buffer)
+            return functional(input_.contiguous(), group)
+
+        helper.functional = True
+        return helper
+
+    mappings._gather_along_first_dim = traced(mappings._gather_along_first_dim,
+                                              lambda x, group: funcol.all_gather_tensor(x, 0, group))
+    mappings._reduce_scatter_along_first_dim = traced(mappings._reduce_scatter_along_first_dim,
+                                                      lambda x, group: funcol.reduce_scatter_tensor(x, "sum", 0, group))
+
+
 def traceable_linear(input, weight, bias=None, gradient_accumulation_fusion=False, allreduce_dgrad=False,
                      sequence_parallel=False, grad_output_buffer=None, wgrad_deferral_limit=None, tp_group=None):
     """megatron's `_forward_impl` of its Column/RowParallelLinear (same arguments), written
-    so that dynamo traces it whole (see the module docstring): where megatron would
-    all-reduce the input gradient, the identity whose backward does; then the product and
-    bias. The arithmetic of megatron's frozen-weight path, with autograd taking the weight
-    gradient where the weight trains."""
+    so that dynamo traces it whole (see the module docstring): under sequence parallelism
+    the input's sequence shards all-gathered (backward: reduce-scattered), else, where
+    megatron would all-reduce the input gradient, the identity whose backward does; then
+    the product and bias. The arithmetic of megatron's frozen-weight path, with autograd
+    taking the weight gradient where the weight trains."""
     from megatron.core.tensor_parallel import mappings
 
     if grad_output_buffer is not None or wgrad_deferral_limit:
         raise NotImplementedError("deferred weight gradients (defer_embedding_wgrad_compute) in a compiled layer")
     if sequence_parallel:
-        raise ValueError("compiled layers take no sequence parallelism (plan/kernels.compile_blockers)")
-    if allreduce_dgrad:
+        input = mappings.gather_from_sequence_parallel_region(input, tensor_parallel_output_grad=True, group=tp_group)
+    elif allreduce_dgrad:
         input = mappings.copy_to_tensor_model_parallel_region(input, group=tp_group)
     output = torch.matmul(input, weight.t())
     return output if bias is None else output + bias
@@ -160,6 +195,7 @@ def compile_layers(model: torch.nn.Module, choice: str, backend="inductor") -> i
     if choice == "none":
         return 0
     quiet_megatron_warnings()
+    functional_sequence_collectives()
     options = dict(backend=backend, fullgraph=True, dynamic=False)
     if "recompile_limit" in inspect.signature(torch.compile).parameters:
         options["recompile_limit"] = RECOMPILE_LIMIT

@@ -34,6 +34,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field, replace
 from fnmatch import fnmatchcase
+from typing import Optional
 
 from orchestrator.plan.kernels import (LOSS_CHUNK_ELEMENTS, LOSS_CHUNK_FP32_COPIES, attention_kernel, encoder_precision,
                                        loss_compiles, planned_compile)
@@ -139,7 +140,8 @@ def stage_params(inventory: list[ParamSpec], model: ModelConfig, parallel: Paral
 
 
 def decoder_layer_activation_bytes(model: ModelConfig, parallel: ParallelConfig, seq: int, mbs: int, dtype_bytes: int,
-                                   attention: str, fused_norms: bool = True, compiled: bool = False) -> float:
+                                   attention: str, fused_norms: bool = True, compiled: bool = False,
+                                   linears_train: bool = True) -> float:
     """Bytes saved for backward by one Gemma2 decoder layer for one micro-batch, with the
     `attention` kernel ("reference" or "flex", orchestrator.plan.kernels); `fused_norms`: the
     norms are one kernel each (GPUs: compiled or TransformerEngine's) rather than eager
@@ -147,9 +149,10 @@ def decoder_layer_activation_bytes(model: ModelConfig, parallel: ParallelConfig,
     attention keeps the whole row's keys and values (gathered over the CP group) and
     scores its queries against all of them (orchestrator.models.attention). The counts
     per term are those the full-size probe measures (orchestrator/probe/); `compiled`
-    (model.compile=layers): what the compiled layer keeps (compiled_layer_activation_bytes)."""
+    (model.compile=layers): what the compiled layer keeps (compiled_layer_activation_bytes),
+    with `linears_train` (the decoder's linear weights train: no LoRA, no freeze)."""
     if compiled:
-        return compiled_layer_activation_bytes(model, seq, mbs, dtype_bytes, attention, parallel.tp)
+        return compiled_layer_activation_bytes(model, seq, mbs, dtype_bytes, attention, parallel, linears_train)
     dec = model.decoder
     t, s, b, h = parallel.tp, seq / parallel.cp, mbs, dec.hidden_size
     sp_div = t if parallel.sp else 1
@@ -176,7 +179,7 @@ def decoder_layer_activation_bytes(model: ModelConfig, parallel: ParallelConfig,
 
 
 def compiled_layer_activation_bytes(model: ModelConfig, seq: int, mbs: int, dtype_bytes: int, attention: str,
-                                    tp: int = 1) -> float:
+                                    parallel: Optional[ParallelConfig] = None, linears_train: bool = True) -> float:
     """Bytes one decoder layer compiled whole (model.compile=layers) keeps for its backward
     for one micro-batch: what the compiler's partitioner saves of the joint forward and
     backward graph, which recomputes cheap element-wise work (the norms' outputs, the
@@ -190,22 +193,34 @@ def compiled_layer_activation_bytes(model: ModelConfig, seq: int, mbs: int, dtyp
     keep it at gemma2-2b and 9b size (orchestrator/probe/compiled.py, within 1 %): 4 [s, b,
     h], 4 f, and the attention's below. Not counted (about 1 % at gemma2-2b): the norms'
     fp32 reciprocal RMS per token, LoRA's rank-wide intermediates, and the rotary table,
-    which every layer shares. On a rank of `tp` tensor-parallel ranks (no sequence
-    parallelism, which compiled layers do not take): the residual stream whole, the heads,
-    the FFN and the attention's tensors divided (against the probe at gemma2-2b size, LoRA,
-    TP 2: the plan 3 % above)."""
+    which every layer shares.
+
+    On a rank of `parallel`'s layout: its seq / cp tokens; the heads, the FFN and the
+    attention's tensors divided over TP; the residual stream too under sequence
+    parallelism but for the normed inputs of QKV and fc1 where the linears' weights train
+    (`linears_train`; not with LoRA or a frozen decoder), which their weight gradients
+    read as the all-gathered, whole sequence. Against the probe at gemma2-2b size with
+    LoRA (flex, bf16): TP 2 with SP and CP 2 within 1.2 %, TP 2 without SP 4 % under it."""
+    tp = parallel.tp if parallel is not None else 1
+    cp = parallel.cp if parallel is not None else 1
+    sp = tp > 1 and parallel is not None and parallel.sp
     dec = model.decoder
-    tokens, h = seq * mbs, dec.hidden_size
+    tokens, h = seq / cp * mbs, dec.hidden_size
     q = dec.num_attention_heads * dec.kv_channels
     kv = 2 * dec.num_query_groups * dec.kv_channels
+    streams = 5 if attention == "reference" else 4
+    # the stream's tensors per token, in units of h: sharded over TP under SP but for the
+    # two normed inputs the trained linears keep gathered
+    stream = (streams - 2) / tp + 2 * (1 if linears_train else 1 / tp) if sp else streams
     if attention == "reference":
+        # scores and probabilities of each query against the whole row (all of it under CP)
         attention_bytes = 4 * q * dtype_bytes + 2 * dec.num_attention_heads * (seq * dtype_bytes + 4)
-        return tokens * (5 * h * dtype_bytes + (3 * dec.ffn_hidden_size * dtype_bytes + attention_bytes) / tp)
+        return tokens * (stream * h * dtype_bytes + (3 * dec.ffn_hidden_size * dtype_bytes + attention_bytes) / tp)
     # flex, in bf16 on a GPU: Q and K after the rotary embedding, V as a view of the fused
     # QKV output (which it keeps whole), the kernel's output and its [s, b, h] copy for the
     # output projection, the log-sum-exp; GeGLU's activation kept, not recomputed (4 f).
     attention_bytes = (q + kv // 2 + (q + kv) + 2 * q) * dtype_bytes + dec.num_attention_heads * 4
-    return tokens * (4 * h * dtype_bytes + (4 * dec.ffn_hidden_size * dtype_bytes + attention_bytes) / tp)
+    return tokens * (stream * h * dtype_bytes + (4 * dec.ffn_hidden_size * dtype_bytes + attention_bytes) / tp)
 
 
 def encoder_activation_bytes(model: ModelConfig, clips: int, frames: int, dtype_bytes: int) -> float:
@@ -340,7 +355,8 @@ def memory_by_stage(cfg: AudioLLMConfig, stages: list[StageParams], dp: int,
     compiled = planned_compile(cfg) == "layers"
     layer_act = decoder_layer_activation_bytes(model, parallel, cfg.data.seq_length, optim.micro_batch_size, weight_bytes,
                                                attention_kernel(model.attention, on_gpu=low_precision),
-                                               fused_norms=low_precision, compiled=compiled)
+                                               fused_norms=low_precision, compiled=compiled,
+                                               linears_train=not (model.decoder.freeze or cfg.lora.rank))
     rc = parallel.recompute
     if rc.granularity == "full":
         input_only = weight_bytes * cfg.data.seq_length / parallel.cp * optim.micro_batch_size * model.decoder.hidden_size

@@ -48,21 +48,15 @@ def encoder_precision(choice: str, on_gpu: bool) -> str:
 COMPILE_CHOICES = ("auto", "none", "layers")
 
 
-def compile_blockers(backend: str, tp: int, sp: bool, cp: int, recompute_granularity) -> list:
+def compile_blockers(backend: str, recompute_granularity) -> list:
     """Why the compiled layer cannot take this layout: [(setting, reason, fix)], empty if it
-    can. Tensor parallelism without SP, PP and DP can: the layers' all-reduces are traced
-    into their graphs (orchestrator/models/compile.py)."""
+    can. Any TP, CP, SP, PP and DP can: the layers' collectives are traced into their graphs
+    (orchestrator/models/compile.py)."""
     blockers = []
     if backend != "local":
         blockers.append((f"model.backend={backend}", "TransformerEngine's fused modules, where model.compile=layers "
                                                      "compiles megatron-core's own linears and the project's norms",
                          "model.backend=local"))
-    if (sp and tp > 1) or cp > 1:
-        blockers.append((f"parallel.sp={str(bool(sp and tp > 1)).lower()} and parallel.cp={cp}",
-                         "the all-gathers of sequence and context parallelism, whose backward (a reduce-scatter) "
-                         "traced by torch 2.11's compiler gave wrong gradients (right with torch 2.14; "
-                         "docs/gpu-machines.md)",
-                         "parallel.sp=false and parallel.cp=1 (tensor, pipeline and data parallelism are fine)"))
     if recompute_granularity == "selective":
         blockers.append(("parallel.recompute.granularity=selective",
                          "megatron recomputes the core attention inside the layer with a checkpoint that takes "
@@ -78,7 +72,7 @@ def loss_compiles(tp: int) -> bool:
     return tp == 1
 
 
-def compile_kind(choice: str, on_gpu: bool, backend: str, tp: int, sp: bool, cp: int, recompute_granularity) -> tuple:
+def compile_kind(choice: str, on_gpu: bool, backend: str, recompute_granularity) -> tuple:
     """`model.compile` on a GPU (on_gpu) or CPU machine -> ("none" | "layers", why). auto
     compiles on GPUs, where the step is bound by the host's launches (an H200 at
     gemma2-2b: 1.43x the eager tokens/s, docs/gpu-machines.md), not on CPUs, whose steps
@@ -90,7 +84,7 @@ def compile_kind(choice: str, on_gpu: bool, backend: str, tp: int, sp: bool, cp:
         return choice, f"model.compile={choice}"
     if not on_gpu:
         return "none", "model.compile=auto, CPU"
-    blockers = compile_blockers(backend, tp, sp, cp, recompute_granularity)
+    blockers = compile_blockers(backend, recompute_granularity)
     if blockers:
         return "none", f"model.compile=auto, not with {blockers[0][0]}"
     return "layers", "model.compile=auto, CUDA"
@@ -99,8 +93,8 @@ def compile_kind(choice: str, on_gpu: bool, backend: str, tp: int, sp: bool, cp:
 def planned_compile(cfg) -> str:
     """compile_kind's choice ("none" | "layers") for a planned run (AudioLLMConfig) on its
     planned accelerator: what the plan reports and its memory estimate counts."""
-    return compile_kind(cfg.model.compile, cfg.launcher.accelerator == "gpu", cfg.model.backend, cfg.parallel.tp,
-                        cfg.parallel.sp, cfg.parallel.cp, cfg.parallel.recompute.granularity)[0]
+    return compile_kind(cfg.model.compile, cfg.launcher.accelerator == "gpu", cfg.model.backend,
+                        cfg.parallel.recompute.granularity)[0]
 
 
 # Logits per chunk of the final softcap + cross entropy (Gemma2Model.softcapped_loss):

@@ -483,8 +483,7 @@ def check_compile(model: ModelConfig, parallel: ParallelConfig) -> Iterator[Find
     yield from _one_of("compile", "model.compile", model.compile, COMPILE_CHOICES)
     if model.compile != "layers":
         return
-    for setting, reason, fix in compile_blockers(model.backend, parallel.tp, parallel.sp, parallel.cp,
-                                                 parallel.recompute.granularity):
+    for setting, reason, fix in compile_blockers(model.backend, parallel.recompute.granularity):
         yield _error("compile", f"model.compile=layers with {setting}: {reason}; use {fix}, or model.compile=auto "
                                 f"(compiles where it can) or none")
 

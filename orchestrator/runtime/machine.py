@@ -86,8 +86,7 @@ def decide(model: dict, machine: Machine, parallel: dict) -> Decisions:
     else:
         fusion_why = ("apex's fused_weight_gradient_mlp_cuda is not installed, and megatron's output layer "
                       "refuses the fusion without it")
-    compiled, compile_why = compile_kind(model.get("compile", "auto"), machine.cuda, backend, parallel.get("tp", 1),
-                                         parallel.get("sp", False), parallel.get("cp", 1),
+    compiled, compile_why = compile_kind(model.get("compile", "auto"), machine.cuda, backend,
                                          (parallel.get("recompute") or {}).get("granularity"))
     loss_compiled = loss_compiles(parallel.get("tp", 1))
     lines = (

@@ -1,16 +1,15 @@
-"""model.compile=layers under tensor parallelism on CPU (gloo), run by
-tests/models/test_compile.py under torchrun on 2 ranks (TP = 2, no sequence parallelism:
-validation refuses compiled layers with SP or CP, whose gathers' traced backward gave
-wrong gradients under torch 2.11).
+"""model.compile=layers under tensor, sequence and context parallelism on CPU (gloo), run by
+tests/models/test_compile.py under torchrun on 2 ranks: first as TP = 2, then as CP = 2.
 
-megatron's TP all-reduces are traced into the compiled graphs (orchestrator/models/
-compile.py: `traceable_linear`). For each case: the model compiled with fullgraph=True by
-a counting dynamo backend (a graph break would raise), with the reference attention
-forward and backward and with flex (the GPU kernel: a forward without gradients, torch
-has no flex backward on CPU) against the same model eager; then, with the reference
-attention, the model compiled by inductor (what a GPU run uses) against the same model
-eager: per-token losses and every gradient. Full fine-tuning (the default recipe: every
-linear's weight trains) and LoRA (gemma2_whisper_tp1: frozen linears).
+The layers' collectives (megatron's all-reduce, all-gather and reduce-scatter of TP and
+SP; the key and value all-gather of CP) are traced into the compiled graphs
+(orchestrator/models/compile.py: `traceable_linear`). For each case: the model compiled
+with fullgraph=True by a counting dynamo backend (a graph break would raise), with the
+reference attention forward and backward and with flex (the GPU kernel: a forward without
+gradients, torch has no flex backward on CPU) against the same model eager; then, with
+the reference attention, the model compiled by inductor (what a GPU run uses) against
+the same model eager: per-token losses and every gradient. Full fine-tuning (the default
+recipe: every linear's weight trains) and LoRA (gemma2_whisper_tp1: frozen linears).
 
 Prints one `RESULT {json}` line per case from rank 0.
 """
@@ -22,11 +21,22 @@ import torch
 from orchestrator.runtime.distributed import ParallelSizes, init_distributed, shutdown
 from tests.models.compile_script import SHRINK, build, inputs_of
 
-LAYOUT = ["parallel.tp=2", "parallel.sp=false", "parallel.cp=1"]
+LAYOUTS = {  # the 2 ranks' layout, as its overrides
+    "tp": ["parallel.tp=2", "parallel.cp=1"],
+    "cp": ["parallel.tp=1", "parallel.cp=2"],
+}
 NO_DRAWS = ["model.spec_augment.enabled=false", "model.adapter.dropout=0"]  # no random draw differs
-# (recipe, attention, backend): every weight trains (tiny_cpu) or LoRA on frozen linears
-CASES = [(recipe, attention, backend) for recipe in ("tiny_cpu", "gemma2_whisper_tp1")
-         for attention, backend in (("reference", "counting"), ("flex", "counting"), ("reference", "inductor"))]
+FULL, LORA = "tiny_cpu", "gemma2_whisper_tp1"  # every weight trains; LoRA on frozen linears
+# (recipe, parallel.sp, attention, backend) per layout: the graphs counted (reference, flex)
+# and inductor against eager, with SP on; without SP inductor for full fine-tuning (its
+# linears' own all-reduce) and flex's mask for LoRA's.
+CASES = {
+    "tp": [(recipe, "true", attention, backend) for recipe in (FULL, LORA)
+           for attention, backend in (("reference", "counting"), ("flex", "counting"), ("reference", "inductor"))]
+          + [(FULL, "false", "reference", "inductor"), (LORA, "false", "flex", "counting")],
+    "cp": [(FULL, "false", "reference", "counting"), (FULL, "false", "reference", "inductor"),
+           (LORA, "false", "flex", "counting"), (LORA, "false", "reference", "inductor")],
+}
 
 
 def rel(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -35,6 +45,8 @@ def rel(a: torch.Tensor, b: torch.Tensor) -> float:
 
 def case(recipe: str, layout: list, attention: str, backend) -> dict:
     """The recipe's model compiled with `backend` against the same weights eager."""
+    from torch._dynamo.backends.debugging import aot_eager
+
     from orchestrator.models.compile import compile_layers
 
     torch._dynamo.reset()
@@ -45,8 +57,11 @@ def case(recipe: str, layout: list, attention: str, backend) -> dict:
     captured = []
 
     def counting(gm, example_inputs):
+        # dynamo's graph counted, then run as AOT autograd traces it for inductor (forward
+        # and backward graphs, not compiled): dynamo's graph run as it is, torch 2.11 gave
+        # zero gradients for functional collectives in an autograd Function's backward
         captured.append(sum(node.op == "call_function" for node in gm.graph.nodes))
-        return gm.forward
+        return aot_eager(gm, example_inputs)
 
     layers = compile_layers(compiled, "layers", backend=counting if backend == "counting" else backend)
     inputs = inputs_of(cfg)
@@ -67,11 +82,17 @@ def case(recipe: str, layout: list, attention: str, backend) -> dict:
 
 
 def main():
-    init_distributed(ParallelSizes(tp=2), seed=0)
-    for recipe, attention, backend in CASES:
-        result = case(recipe, LAYOUT, attention, backend)
-        if torch.distributed.get_rank() == 0:
-            print("RESULT " + json.dumps({"case": f"{recipe}/{attention}/{backend}", **result}), flush=True)
+    from megatron.core import parallel_state
+
+    for layout in LAYOUTS:  # one launch: the process group kept, megatron's groups made anew per layout
+        if parallel_state.model_parallel_is_initialized():
+            parallel_state.destroy_model_parallel()
+        init_distributed(ParallelSizes(tp=2) if layout == "tp" else ParallelSizes(cp=2), seed=0)
+        for recipe, sp, attention, backend in CASES[layout]:
+            result = case(recipe, [*LAYOUTS[layout], f"parallel.sp={sp}"], attention, backend)
+            if torch.distributed.get_rank() == 0:
+                name = f"{layout}/{recipe}/sp={sp}/{attention}/{backend}"
+                print("RESULT " + json.dumps({"case": name, **result}), flush=True)
     shutdown()
 
 

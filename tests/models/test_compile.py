@@ -1,9 +1,9 @@
 """model.compile=layers (orchestrator/models/compile.py) on CPU, from one process launch
 of tests/models/compile_script.py: every recipe's decoder and encoder layers compile with
 no graph break, with either attention kernel; compiled equals eager within fp32 rounding;
-the same under tensor parallelism (tests/models/compile_parallel_script.py, 2 ranks); and
-validation refuses what the compiled layer cannot take (TransformerEngine's modules,
-selective recompute, sequence and context parallelism)."""
+the same under tensor, sequence and context parallelism (tests/models/
+compile_parallel_script.py, one launch of 2 ranks); and validation refuses what the
+compiled layer cannot take (TransformerEngine's modules, selective recompute)."""
 
 import json
 import re
@@ -109,8 +109,6 @@ def test_the_compiled_loss_keeps_no_fp32_copy_of_the_logits(results):
 @pytest.mark.parametrize("layout, words", [
     (["parallel.recompute.granularity=selective"], "selective"),
     (["model.backend=te"], "model.backend=te"),
-    (["parallel.tp=2", "parallel.sp=true"], "parallel.sp=true"),
-    (["parallel.cp=2", "data.seq_length=1024"], "parallel.cp=2"),
 ])
 def test_layouts_the_compiled_layer_cannot_take_are_refused(layout, words):
     cfg = to_object(compose(["+recipe=tiny_cpu", "model.compile=layers", "launcher.gpus_per_node=2", *layout]))
@@ -121,33 +119,42 @@ def test_layouts_the_compiled_layer_cannot_take_are_refused(layout, words):
     assert auto.model.compile == "auto" and not [f for f in validate(auto, "plan") if f.rule == "compile"]
 
 
-def test_tensor_parallel_layers_compile():
-    cfg = to_object(compose(["+recipe=tiny_cpu", "model.compile=layers", "launcher.gpus_per_node=2",
-                             "parallel.tp=2", "parallel.sp=false"]))
+@pytest.mark.parametrize("layout", [["parallel.tp=2", "parallel.sp=true"], ["parallel.tp=2", "parallel.sp=false"],
+                                    ["parallel.cp=2", "data.seq_length=1024"]])
+def test_tensor_sequence_and_context_parallel_layers_compile(layout):
+    cfg = to_object(compose(["+recipe=tiny_cpu", "model.compile=layers", "launcher.gpus_per_node=2", *layout]))
     assert not [str(f) for f in validate(cfg, "plan") if f.rule == "compile"]
 
 
 @pytest.fixture(scope="module")
-def parallel_results():
-    output = torchrun(Path(__file__).with_name("compile_parallel_script.py"), 2, timeout=600)
-    return [json.loads(m) for m in re.findall(r"^RESULT (.*)$", output, re.M)]
+def parallel_output():
+    return torchrun(Path(__file__).with_name("compile_parallel_script.py"), 2, timeout=600)
 
 
-def test_tensor_parallel_layers_compile_whole_and_equal_eager(parallel_results):
-    """TP = 2, full fine-tuning and LoRA: the layers' all-reduces are inside fullgraph
-    graphs (a graph break would have raised), one per decoder window variant and one for
-    the encoder (megatron's vocab-parallel cross entropy stays eager under TP); what dynamo
+@pytest.fixture(params=["tp", "cp"])
+def parallel_results(request, parallel_output):
+    found = [json.loads(m) for m in re.findall(r"^RESULT (.*)$", parallel_output, re.M)]
+    return request.param, [r for r in found if r["case"].startswith(f"{request.param}/")]
+
+
+def test_parallel_layers_compile_whole_and_equal_eager(parallel_results):
+    """TP = 2 (with and without sequence parallelism) and CP = 2, full fine-tuning and LoRA:
+    the layers' collectives are inside fullgraph graphs (a graph break would have raised),
+    one per decoder window variant and one for the encoder, the softcapped loss a fourth
+    at TP = 1 (under TP megatron's vocab-parallel cross entropy stays eager); what dynamo
     traced equals eager, and inductor's compiled layers equal eager within fp32 rounding
     (FP32_REORDER), losses and every gradient."""
+    layout, results = parallel_results
     from tests.models.compile_parallel_script import CASES
 
-    assert len(parallel_results) == len(CASES), [r["case"] for r in parallel_results]
-    for result in parallel_results:
+    assert len(results) == len(CASES[layout]), [r["case"] for r in results]
+    for result in results:
         name = result["case"]
         assert result["layers"] == 4 + 2, name
+        assert result["sp"] == ("sp=true" in name), name
         if name.endswith("/counting"):
             layer_graphs = [ops for ops in result["ops"] if ops > 10]
-            assert len(layer_graphs) == 3 and result["graphs"] == 3, result
+            assert len(layer_graphs) == 3 and result["graphs"] == (3 if layout == "tp" else 4), result
         assert result["loss_rel"] <= FP32_REORDER, result
         if "/reference/" in name:
             assert result["grads"] > 70, name

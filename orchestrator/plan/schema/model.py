@@ -108,7 +108,7 @@ class ModelConfig:
     # (fullgraph, static shapes; orchestrator/models/compile.py), and at TP 1 the softcapped loss: a
     # few fused kernels a layer instead of dozens of launches, for GPU steps bound by the host
     # (benchmarks/host_cost.py: operators per gemma2-2b micro-batch 12,068 -> 2,470; an H200:
-    # 1.43x tokens/s). Local backend, any TP and PP, no SP, CP or selective recompute. auto:
+    # 1.43x tokens/s). Local backend (any TP, CP, SP, PP), no selective recompute. auto:
     # layers on a GPU where the layout allows it, none on CPUs and elsewhere (the job says which).
     compile: str = "auto"
     # FP8 GEMMs of TransformerEngine's linears (megatron's `fp8`, Megatron-LM's --fp8-format):
