@@ -11,10 +11,13 @@ the reference attention, the model compiled by inductor (what a GPU run uses) ag
 the same model eager: per-token losses and every gradient. Full fine-tuning (the default
 recipe: every linear's weight trains) and LoRA (gemma2_whisper_tp1: frozen linears).
 
-Prints one `RESULT {json}` line per case from rank 0.
+Prints one `RESULT {json}` line per case from rank 0. With `traced`, only the cases whose
+gradients come from the traced graphs run through AOT autograd, without inductor (the
+rehearsal's, on the GPU machines' torch: tests/rehearsal/lent_machine.py).
 """
 
 import json
+import sys
 
 import torch
 
@@ -89,6 +92,8 @@ def main():
             parallel_state.destroy_model_parallel()
         init_distributed(ParallelSizes(tp=2) if layout == "tp" else ParallelSizes(cp=2), seed=0)
         for recipe, sp, attention, backend in CASES[layout]:
+            if "traced" in sys.argv[1:] and (attention, backend) != ("reference", "counting"):
+                continue  # the rehearsal's cases: the traced graphs' gradients, without inductor's compile
             result = case(recipe, [*LAYOUTS[layout], f"parallel.sp={sp}"], attention, backend)
             if torch.distributed.get_rank() == 0:
                 name = f"{layout}/{recipe}/sp={sp}/{attention}/{backend}"

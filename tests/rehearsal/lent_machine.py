@@ -47,6 +47,10 @@ numpy 2.x, no TransformerEngine, no megatron-core and no internet. This script:
    the probe compiles them on torch 2.11 as the job would (orchestrator/probe/compiled.py
    needs torch's `ignore_compile_internals`), the GPU machine's torch, where the 9B row's
    probe runs.
+9. the layers compiled at TP 2 with sequence parallelism and at CP 2 (2 ranks, gloo),
+   their gradients through the traced collectives against eager
+   (tests/models/compile_parallel_script.py `traced`): torch 2.11 traced megatron's own
+   gathers to zero gradients (orchestrator/models/compile.py).
 
 Prints one line per step and exits non-zero at the first failure, with its output.
 """
@@ -275,6 +279,14 @@ def rehearse(root: Path, machine: Path | None = None) -> dict:
                 "orchestrator/probe/compiled.py)"]:
         raise StepFailed(f"the probe did not compile the layers: {said}\n{probe[-3000:]}")
     report["probe_compiled"] = said[0]
+    # The layers' collectives traced into their graphs on torch 2.11: megatron's own
+    # gathers, traced as they are, gave zero gradients there (orchestrator/models/compile.py).
+    traced = _run("compiled layers at TP 2 with SP and at CP 2, gradients against eager",
+                  [python3, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
+                   REPO / "tests" / "models" / "compile_parallel_script.py", "traced"],
+                  env={**env, "PYTHONPATH": f"{site}{os.pathsep}{REPO}"}, cwd=work)
+    report["compiled_parallel"] = [json.loads(m) for m in
+                                   (line[len("RESULT "):] for line in traced.splitlines() if line.startswith("RESULT "))]
     return report
 
 

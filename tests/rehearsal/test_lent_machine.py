@@ -20,6 +20,7 @@ import pytest
 from benchmarks.gpu_session import PARTS
 from tests.rehearsal.gpu_decisions_script import RECIPES
 from tests.rehearsal.lent_machine import RECIPE_LAYOUT, REPO
+from tests.models.test_compile import FP32_REORDER
 
 # benchmarks/gpu_acceptance.py's rows: each passes or is n/a in its dry run, where the lent
 # machine's stack runs it through benchmarks/gpu_session.py (the rehearsal's step 4).
@@ -77,3 +78,9 @@ def test_the_lent_machine_rehearsal_passes(tmp_path):
     assert set(report["steps"]) == set(RECIPE_LAYOUT)
     assert report["convert_verify"]["ok"] and report["convert_verify"]["max_abs_logit_diff"] <= 1e-3
     assert report["probe_compiled"].startswith("the probe compiles the layers as the job does")
+    traced = {r["case"]: r for r in report["compiled_parallel"]}
+    assert set(traced) == {"tp/tiny_cpu/sp=true/reference/counting", "tp/gemma2_whisper_tp1/sp=true/reference/counting",
+                           "cp/tiny_cpu/sp=false/reference/counting"}, traced
+    for name, result in traced.items():
+        worst = max(result["grad_rel"].items(), key=lambda item: item[1])
+        assert result["grads"] > 70 and result["loss_rel"] <= FP32_REORDER and worst[1] <= FP32_REORDER, (name, worst)
