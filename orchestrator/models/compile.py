@@ -116,9 +116,11 @@ def functional_sequence_collectives() -> None:
     import torch.distributed._functional_collectives as funcol
 
     def traced(original, functional):
-        def helper(input_, group, split_sizes=None, use_global_buffer=False):
-            if not torch.compiler.is_compiling() or split_sizes is not None or group is None or group.size() == 1:
-                return original(input_, group, split_sizes, use_global_buffer)
+        def helper(input_, group, *options, **named):
+            # uneven split sizes or megatron's global buffer, given by position or name: megatron's own
+            if (not torch.compiler.is_compiling() or any(options) or any(named.values()) or group is None
+                    or group.size() == 1):
+                return original(input_, group, *options, **named)
             return functional(input_.contiguous(), group)
 
         helper.functional = True

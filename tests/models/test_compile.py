@@ -16,14 +16,7 @@ from orchestrator.plan.resolve import to_object
 from orchestrator.plan.validate import ERROR, validate
 from tests.distributed_run import torchrun
 from tests.models.compile_script import RECIPES
-
-# fp32 results of the same arithmetic in another order (inductor fuses and reorders the
-# reductions: norms over 64 hidden values, attention over up to 96 keys, the loss over a
-# 250-token vocabulary): each reduction of n terms may differ by up to about n x eps
-# (eps = 1.19e-7) relative to its largest term, and a layer's output carries its
-# inputs' differences on. 2e-5 of a tensor's largest value is 168 eps: a few hundred-term
-# reductions deep; a wrong fusion (a dropped softcap, a norm offset) is orders larger.
-FP32_REORDER = 2e-5
+from tests.tolerances import FP32_REORDER
 
 
 @pytest.fixture(scope="module")

@@ -20,7 +20,7 @@ import pytest
 from benchmarks.gpu_session import PARTS
 from tests.rehearsal.gpu_decisions_script import RECIPES
 from tests.rehearsal.lent_machine import RECIPE_LAYOUT, REPO
-from tests.models.test_compile import FP32_REORDER
+from tests.tolerances import FP32_REORDER
 
 # benchmarks/gpu_acceptance.py's rows: each passes or is n/a in its dry run, where the lent
 # machine's stack runs it through benchmarks/gpu_session.py (the rehearsal's step 4).
