@@ -18,10 +18,17 @@ from tests.distributed_run import torchrun
 from tests.models.compile_script import RECIPES
 from tests.tolerances import FP32_REORDER
 
+# The two launches compile with inductor from a cold cache: about 200 s each alone on 2
+# cores; in the suite on a slow day 308 s and 531 s (docs/project.md, 0a5399c). Their bound,
+# and that of the test that starts each (it pays its fixture's launch), are hang guards with
+# room for a machine slower still.
+LAUNCH_TIMEOUT_S = 1200
+pytestmark = pytest.mark.timeout(LAUNCH_TIMEOUT_S + 300)
+
 
 @pytest.fixture(scope="module")
 def results():
-    output = torchrun(Path(__file__).with_name("compile_script.py"), 1, timeout=600)
+    output = torchrun(Path(__file__).with_name("compile_script.py"), 1, timeout=LAUNCH_TIMEOUT_S)
     found = [json.loads(m) for m in re.findall(r"^RESULT (.*)$", output, re.M)]
     return {r["case"]: r for r in found}
 
@@ -121,7 +128,7 @@ def test_tensor_sequence_and_context_parallel_layers_compile(layout):
 
 @pytest.fixture(scope="module")
 def parallel_output():
-    return torchrun(Path(__file__).with_name("compile_parallel_script.py"), 2, timeout=600)
+    return torchrun(Path(__file__).with_name("compile_parallel_script.py"), 2, timeout=LAUNCH_TIMEOUT_S)
 
 
 @pytest.fixture(params=["tp", "cp"])
