@@ -30,10 +30,10 @@ def slurm_run(root, corpus, *extra, ranks=2, iters=30):
             f"run.output_root={root}", *extra]
 
 
-def restarted_or_ended(run_dir):
-    """state.json once a second attempt has started, or the run has ended."""
+def restarted_or_ended(run_dir, attempt: int = 2):
+    """state.json once attempt `attempt` has started, or the run has ended."""
     state = read_json(run_dir / "state.json") or {}
-    return state if state.get("attempt", 0) >= 2 or state.get("state") in ("COMPLETED", "FAILED") else None
+    return state if state.get("attempt", 0) >= attempt or state.get("state") in ("COMPLETED", "FAILED") else None
 
 
 def wandb_runs(run_dir) -> list:
