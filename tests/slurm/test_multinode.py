@@ -360,8 +360,8 @@ HANG_TIMEOUT = 15  # train.hang_timeout, seconds
 def test_usr2_and_then_a_frozen_rank_requeue_a_two_node_job_that_resumes_exactly_in_one_wandb_run(
         tp2_reference, nodes_env, corpus, root, capsys, measured):
     """Two requeues of one running 2-node job (one job for both: a job's start and its 24
-    steps fewer: 133 s in the suite, 72 + 84 s as two tests). First USR2, SLURM's preemption / time-limit warning: the job
-    saves in the background (the SLURM recipes' setting), publishes that checkpoint before
+    steps fewer; docs/project.md). First USR2, SLURM's preemption / time-limit warning: the
+    job saves in the background (the SLURM recipes' setting), publishes that checkpoint before
     it exits for its requeue, and resumes from it. Then, once the second attempt has
     written a periodic checkpoint of its own, one rank is frozen (SIGSTOP: its own threads
     stop too; its node stays healthy, so SLURM sees nothing). The other rank's watchdog
