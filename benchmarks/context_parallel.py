@@ -47,11 +47,12 @@ def worker(args) -> None:
 
     from orchestrator.data.context_parallel import rank_slots
     from orchestrator.models.gemma2_model import Gemma2Model, gemma2_transformer_config
-    from orchestrator.runtime.distributed import ParallelSizes, init_distributed, shutdown
+    from orchestrator.plan.parallel_dims import ParallelDims
+    from orchestrator.runtime.distributed import init_distributed, shutdown
     from orchestrator.plan.schema.model import DecoderConfig
 
     cp = int(os.environ["WORLD_SIZE"])
-    init_distributed(ParallelSizes(cp=cp), seed=0)
+    init_distributed(ParallelDims(cp=cp), seed=0)
     dec = DecoderConfig(hidden_size=128, num_layers=args.layers, num_attention_heads=4, num_query_groups=2,
                         kv_channels=32, ffn_hidden_size=384, vocab_size=512, max_position_embeddings=args.seq,
                         sliding_window=64, query_pre_attn_scalar=32)

@@ -56,11 +56,12 @@ def main() -> None:
 
     import torch
 
-    from orchestrator.runtime.distributed import ParallelSizes, init_distributed, shutdown
+    from orchestrator.plan.parallel_dims import ParallelDims
+    from orchestrator.runtime.distributed import init_distributed, shutdown
     from orchestrator.train.evaluate import _single_process_env
 
     _single_process_env()
-    init_distributed(ParallelSizes(), seed=0)
+    init_distributed(ParallelDims(), seed=0)
     rows = []
     for name in args.models.split(","):
         started = time.perf_counter()

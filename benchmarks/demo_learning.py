@@ -79,11 +79,12 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     _setup_env()
     from orchestrator.plan.compose import compose
-    from orchestrator.runtime.distributed import ParallelSizes, init_distributed, shutdown
+    from orchestrator.plan.parallel_dims import ParallelDims
+    from orchestrator.runtime.distributed import init_distributed, shutdown
 
     cfg = compose(["+recipe=tiny_cpu", *args.overrides])
     seed = int(cfg.train.seed)
-    init_distributed(ParallelSizes(tp=1), seed=seed)
+    init_distributed(ParallelDims(tp=1), seed=seed)
 
     from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig, finalize_model_grads
     from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer

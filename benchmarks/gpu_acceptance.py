@@ -1226,12 +1226,13 @@ def main() -> int:
     started = time.perf_counter()
 
     import torch
-    from orchestrator.runtime.distributed import ParallelSizes, init_distributed, shutdown
+    from orchestrator.plan.parallel_dims import ParallelDims
+    from orchestrator.runtime.distributed import init_distributed, shutdown
 
     if not args.dry_run and not torch.cuda.is_available():
         print("no CUDA device: run with --dry-run for the CPU-possible checks", file=sys.stderr)
         return 2
-    init_distributed(ParallelSizes(), seed=0)  # as the job: TF32 on for fp32 matmuls on GPUs
+    init_distributed(ParallelDims(), seed=0)  # as the job: TF32 on for fp32 matmuls on GPUs
     if args.dry_run:
         torch.set_num_threads(max(1, os.cpu_count() or 1))
     table = Table(args.json)

@@ -94,9 +94,10 @@ def main() -> int:
     if "WORLD_SIZE" not in os.environ:  # one process of its own; torchrun sets these
         os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1",
                           MASTER_PORT=str(free_port()))
-    from orchestrator.runtime.distributed import ParallelSizes, init_distributed, shutdown
+    from orchestrator.plan.parallel_dims import ParallelDims
+    from orchestrator.runtime.distributed import init_distributed, shutdown
 
-    init_distributed(ParallelSizes(tp=args.tp), seed=0)
+    init_distributed(ParallelDims(tp=args.tp), seed=0)
     layout = (f"parallel.tp={args.tp}", f"parallel.sp={str(args.sp).lower()}", f"launcher.gpus_per_node={args.tp}")
     rows = [measure(choice, layout) for choice in ("none", "layers")]
     if int(os.environ["RANK"]) != 0:

@@ -33,8 +33,8 @@ def main() -> None:
     cfg = compose([f"+recipe={args.recipe}", *args.overrides])
     plan = resolve(cfg)
     obj = to_object(cfg)
-    if plan.world_size != 1:
-        raise SystemExit(f"this benchmark runs one process; the plan has world size {plan.world_size}")
+    if plan.dims.world_size != 1:
+        raise SystemExit(f"this benchmark runs one process; the plan has world size {plan.dims.world_size}")
 
     import torch
     from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
@@ -42,9 +42,10 @@ def main() -> None:
 
     from orchestrator.plan.model_params import audio_token_count
     from orchestrator.models.audiollm import build_audiollm
-    from orchestrator.runtime.distributed import ParallelSizes, init_distributed
+    from orchestrator.plan.parallel_dims import ParallelDims
+    from orchestrator.runtime.distributed import init_distributed
 
-    init_distributed(ParallelSizes(), seed=1234)
+    init_distributed(ParallelDims(), seed=1234)
     torch.set_num_threads(max(1, os.cpu_count() or 1))
     process = psutil.Process()
     baseline = process.memory_info().rss

@@ -19,11 +19,12 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from launchers.failures import ATTEMPT_START
+from orchestrator.plan import parallel_dims
 from launchers.rank_start import launcher_python
 
 
 def world_size(launcher: Mapping[str, Any]) -> int:
-    return int(launcher["nodes"]) * int(launcher["gpus_per_node"])
+    return parallel_dims.world_size(launcher["nodes"], launcher["gpus_per_node"])
 
 
 def slurm_parameters(launcher: Mapping[str, Any], job_name: str) -> dict[str, Any]:

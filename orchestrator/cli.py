@@ -1,6 +1,8 @@
-"""`audiollm` command line. Entry points only orchestrate: each command hands its
-arguments to the module that does the work. Commands that plan or submit import
-neither torch nor megatron, so `audiollm --help` and `audiollm plan` stay fast."""
+"""`audiollm` command line. Most commands hand their arguments to the module that does
+the work (DELEGATED, CONVERSIONS); `audiollm plan` (one plan, or a sweep's table
+with -m) is implemented here, on the planning side's functions. Commands that plan or
+submit import neither torch nor megatron, so `audiollm --help` and `audiollm plan` stay
+fast."""
 
 from __future__ import annotations
 

@@ -54,13 +54,14 @@ def _worker(args) -> None:
     from orchestrator.convert.hf_io import read_hf_config
     from orchestrator.convert.megatron_forward import pipeline_forward
     from orchestrator.models.gemma2_model import Gemma2Model, gemma2_transformer_config
-    from orchestrator.runtime.distributed import ParallelSizes, init_distributed, shutdown
+    from orchestrator.plan.parallel_dims import ParallelDims
+    from orchestrator.runtime.distributed import init_distributed, shutdown
     from orchestrator.train.init_weights import load_init_checkpoint
 
     tp, pp = args.tp, args.pp
     dtype = getattr(torch, args.dtype)
     # Exact fp32 matmuls: an fp32 comparison with HF must not run on TF32.
-    device = init_distributed(ParallelSizes(tp=tp, pp=pp), seed=0, allow_tf32=False)
+    device = init_distributed(ParallelDims(tp=tp, pp=pp), seed=0, allow_tf32=False)
     hf_cfg = hf_gemma2_config(read_hf_config(args.hf))
     dec = decoder_config_from_hf(hf_cfg)
     config = gemma2_transformer_config(dec, tp=tp, pp=pp, params_dtype=dtype)

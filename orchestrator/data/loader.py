@@ -708,7 +708,7 @@ class RankLoader:
 
 def check_canonical_nodes(canonical_nodes: int, dp_size: int, fixed: bool = True,
                           configured: Optional[int] = None) -> None:
-    from orchestrator.plan.validate import canonical_nodes_problem
+    from orchestrator.plan.parallel_dims import canonical_nodes_problem
 
     problem = canonical_nodes_problem(canonical_nodes, dp_size, fixed, configured)
     if problem:

@@ -4,7 +4,7 @@ Counted as the job runs megatron-core 0.16 without TransformerEngine (local back
 each entry is a collective's payload on one rank, the tensor as the call sees it (an
 all-gather's gathered output, a reduce-scatter's full input, an all-reduce's tensor, a
 point-to-point send's tensor); what the wire carries follows from it by the ring factor
-of the collective (`wire_factor`). tests/plan/test_communication_measured.py compares
+of the collective (`wire_factor`). tests/orchestrator/test_communication_measured.py compares
 every kind with a real multi-process step whose collectives are wrapped and summed.
 
 Per decoder layer and micro-batch, with A = b x s/cp x hidden activation elements:

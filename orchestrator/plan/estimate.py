@@ -40,10 +40,9 @@ from orchestrator.plan.kernels import (LOSS_CHUNK_ELEMENTS, LOSS_CHUNK_FP32_COPI
                                        loss_compiles, planned_compile)
 from orchestrator.plan import schedule
 from orchestrator.plan.megatron_args import padded_vocab_size
-from orchestrator.plan.model_params import ParamSpec, encoder_frame_count, parameter_inventory
+from orchestrator.plan.model_params import ParamSpec, audio_tokens_per_clip, encoder_frame_count, parameter_inventory
 from orchestrator.plan.schema import AudioLLMConfig, ModelConfig, ParallelConfig
 from orchestrator.plan.step_flops import StepFlops, causal_pairs
-from orchestrator.plan.validate import audio_tokens_per_clip
 
 GIB = 1024**3
 MEMORY_MARGIN = 0.10  # fraction added to the computed total

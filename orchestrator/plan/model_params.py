@@ -10,6 +10,7 @@ the Gemma2 layer (tests compare this list with the real model's named_parameters
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import asdict, dataclass, is_dataclass
 from typing import Optional
 
@@ -183,6 +184,13 @@ def audio_token_count(mel_frames: int, frame_stack: int) -> int:
     whole groups of `frame_stack` encoder frames; a trailing partial group is dropped.
     30 s (3000 frames) -> 1500 encoder frames -> 300 tokens with frame_stack 5."""
     return encoder_frame_count(mel_frames) // frame_stack
+
+
+def audio_tokens_per_clip(seconds: float, model: ModelConfig) -> int:
+    """Decoder tokens the adapter makes for a clip of `seconds` (100 mel frames per second,
+    capped at the encoder window)."""
+    mel_frames = min(math.ceil(seconds * 100), 2 * model.encoder.max_source_positions)
+    return audio_token_count(mel_frames, model.adapter.frame_stack)
 
 
 # Inventories by their inputs: validation and the estimates of one plan ask for the same one.

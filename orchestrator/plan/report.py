@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import math
 
-from orchestrator.plan.resolve import Plan
+from orchestrator.plan.parallel_dims import world_size
+from orchestrator.plan.resolved import Plan
 
 MAX_GROUPS_SHOWN = 8
 
@@ -32,19 +33,20 @@ def render(plan: Plan, with_params: bool = False) -> str:
     cfg = plan.config
     launcher, parallel, optim = cfg["launcher"], cfg["parallel"], cfg["optim"]
     mem, flops = plan.memory, plan.flops
+    dims, world = plan.dims, world_size(launcher["nodes"], launcher["gpus_per_node"])  # (they differ in a plan with errors)
     lines = [
         f"recipe        {plan.recipe}   model {cfg['model']['name']} (backend {cfg['model']['backend']}, attention "
         f"{plan.model_extensions['attention_kernel']}, encoder {plan.model_extensions['encoder_precision']}, "
         f"compiled {plan.model_extensions['compiled']})",
-        f"topology      world {plan.world_size} = nodes {launcher['nodes']} x gpus_per_node {launcher['gpus_per_node']}"
-        f" ({launcher['accelerator']}) = TP {plan.tp} x PP {plan.pp} x CP {plan.cp} x DP {plan.dp}",
-        f"              VPP {plan.vpp or '-'}, sequence parallel {'on' if plan.sp else 'off'}, distributed optimizer "
+        f"topology      world {world} = nodes {launcher['nodes']} x gpus_per_node {launcher['gpus_per_node']}"
+        f" ({launcher['accelerator']}) = TP {dims.tp} x PP {dims.pp} x CP {dims.cp} x DP {dims.dp}",
+        f"              VPP {dims.vpp or '-'}, sequence parallel {'on' if dims.sp else 'off'}, distributed optimizer "
         f"{'on' if parallel['distributed_optimizer'] else 'off'}, recompute {parallel['recompute']['granularity'] or 'none'}"
         f"{'/' + str(parallel['recompute']['method']) if parallel['recompute']['method'] else ''}"
         f"{' x' + str(parallel['recompute']['num_layers']) if parallel['recompute']['num_layers'] else ''}",
-        f"batch         global {optim['global_batch_size']} = micro {optim['micro_batch_size']} x DP {plan.dp} x "
+        f"batch         global {optim['global_batch_size']} = micro {optim['micro_batch_size']} x DP {dims.dp} x "
         f"{plan.num_microbatches} micro-batches; seq {cfg['data']['seq_length']}; {plan.tokens_per_step} tokens/step",
-        f"vocab         {cfg['model']['decoder']['vocab_size']} -> padded {plan.padded_vocab_size} (multiple of 128 x TP {plan.tp})",
+        f"vocab         {cfg['model']['decoder']['vocab_size']} -> padded {plan.padded_vocab_size} (multiple of 128 x TP {dims.tp})",
         "rank layout   (" + parallel["rank_order"] + ")",
     ]
     for kind in ("tp", "pp", "dp", "cp"):
@@ -68,7 +70,7 @@ def render(plan: Plan, with_params: bool = False) -> str:
     at_cp1 = plan.memory_at_cp1
     if at_cp1 is not None:
         lines.append(
-            f"  at CP=1       {at_cp1['total_gib']:.1f} GiB on stage {at_cp1['stage']} (same GPUs, DP {plan.dp * plan.cp}) = "
+            f"  at CP=1       {at_cp1['total_gib']:.1f} GiB on stage {at_cp1['stage']} (same GPUs, DP {dims.dp * dims.cp}) = "
             f"weights {at_cp1['weights_gib']:.1f} + grads {at_cp1['grads_gib']:.1f} + optimizer "
             f"{at_cp1['optimizer_gib']:.1f} + activations {at_cp1['activations_gib']:.1f} + margin "
             f"{at_cp1['overhead_gib']:.1f}: {'fits' if at_cp1['fits'] else 'DOES NOT FIT'}"
@@ -98,7 +100,7 @@ def render(plan: Plan, with_params: bool = False) -> str:
 
         obj = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(AudioLLMConfig), cfg))
         lines.append("parameters (name, full shape, trainable)")
-        for spec in parameter_inventory(obj.model, obj.lora, plan.tp):
+        for spec in parameter_inventory(obj.model, obj.lora, dims.tp):
             lines.append(f"  {spec.name} {list(spec.shape)} {'trainable' if spec.trainable else 'frozen'}")
     return "\n".join(lines)
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import copy
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, replace
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
@@ -21,66 +21,8 @@ from orchestrator.plan.layout_estimate import estimate_layout
 from orchestrator.plan.kernels import attention_kernel, encoder_precision, planned_compile
 from orchestrator.plan.megatron_args import megatron_args, padded_vocab_size, render_argv
 from orchestrator.plan.schema import AudioLLMConfig
-from orchestrator.plan.topology import rank_layout
-from orchestrator.plan.validate import ERROR, Finding, check, data_parallel_size, validate, world_size
-
-
-@dataclass
-class Plan:
-    recipe: str | None
-    world_size: int
-    tp: int
-    pp: int
-    cp: int
-    dp: int
-    vpp: int | None
-    sp: bool
-    num_microbatches: int
-    padded_vocab_size: int
-    tokens_per_step: int
-    megatron_args: dict[str, Any]  # Megatron-LM argparse dest -> value
-    argv: list[str]  # the same, as Megatron-LM command-line flags
-    model_extensions: dict[str, Any]  # Gemma2/AudioLLM settings without a Megatron-LM flag
-    rank_layout: dict[str, list[list[int]]]
-    parameters: dict[str, Any]
-    memory: dict[str, Any]
-    # Context parallel plans: the same run at CP=1 on the same GPUs (DP x CP as DP), for
-    # comparison; None at CP=1.
-    memory_at_cp1: dict[str, Any] | None
-    flops: dict[str, Any]
-    # On GPUs: step time, tokens/s, bubble and communication per kind (layout_estimate.py)
-    step_estimate: dict[str, Any] | None
-    warnings: list[str]
-    config: dict[str, Any]  # the full composed config
-    # Configuration errors of a plan resolved to be shown (`audiollm plan`), not run; a run's
-    # plan.json never has any (train refuses an invalid config before writing it).
-    errors: list[str] = field(default_factory=list)
-
-    @property
-    def memory_per_gpu_gib(self) -> float:
-        return self.memory["total_gib"]
-
-    @property
-    def fits(self) -> bool:
-        return self.memory["fits"]
-
-    def to_dict(self) -> dict[str, Any]:
-        """JSON-ready: NaN and infinite numbers (CPU runs have no device memory limit or
-        peak FLOPs) become None."""
-        out = asdict(self)
-        out["memory_per_gpu_gib"] = self.memory_per_gpu_gib
-        out["fits"] = self.fits
-        return _finite(out)
-
-
-def _finite(value: Any) -> Any:
-    if isinstance(value, float) and (math.isnan(value) or math.isinf(value)):
-        return None
-    if isinstance(value, dict):
-        return {k: _finite(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_finite(v) for v in value]
-    return value
+from orchestrator.plan.resolved import Plan
+from orchestrator.plan.validate import ERROR, Finding, check, parallel_dims, validate, world_size
 
 
 def to_object(cfg: DictConfig | AudioLLMConfig) -> AudioLLMConfig:
@@ -156,8 +98,10 @@ def resolve(cfg: DictConfig | AudioLLMConfig, purpose: str = "plan", keep_errors
 
         obj.model.init_checkpoint = resolve_model_checkpoint(obj.model.init_checkpoint)[0]
     p, launcher, optim = obj.parallel, obj.launcher, obj.optim
-    world = world_size(launcher)
-    dp = data_parallel_size(p, launcher)
+    dims = parallel_dims(p, launcher)
+    if dims.dp is None:  # kept errors: the sizes do not tile the ranks; shown on as many as they fill
+        dims = replace(dims, dp=world_size(launcher) // dims.model_parallel)
+    dp = dims.dp
     gpu = launcher.accelerator == "gpu"
     args = megatron_args(obj.model, p, obj.data, optim, obj.train, on_gpu=gpu, dp=dp)
     inventory = est.inventory_for(obj)
@@ -179,20 +123,14 @@ def resolve(cfg: DictConfig | AudioLLMConfig, purpose: str = "plan", keep_errors
                                                overlap_grad_reduce=bool({a.dest: a.value for a in args}.get("overlap_grad_reduce"))))
     return Plan(
         recipe=obj.recipe,
-        world_size=world,
-        tp=p.tp,
-        pp=p.pp,
-        cp=p.cp,
-        dp=dp,
-        vpp=p.vpp,
-        sp=p.sp,
+        dims=dims,
         num_microbatches=num_microbatches,
         padded_vocab_size=padded_vocab_size(obj.model.decoder.vocab_size, p.tp),
         tokens_per_step=optim.global_batch_size * obj.data.seq_length,
         megatron_args={a.dest: a.value for a in args},
         argv=render_argv(args),
         model_extensions=model_extensions(obj),
-        rank_layout=rank_layout(p.tp, p.cp, dp, p.pp, p.rank_order).as_dict(),
+        rank_layout=dims.mesh().as_dict(),
         parameters={
             "total": est.parameter_totals(inventory),
             "per_rank_by_stage": [asdict(s) | {"total": s.total} for s in stages],

@@ -5,7 +5,7 @@ ranks, fastest-varying first, in the order named by `rank_order`. megatron-core'
 default is "tp-cp-ep-dp-pp" (Megatron-LM's `--use-tp-pp-dp-mapping` switches to
 "tp-cp-ep-pp-dp"). Expert parallelism is not used by this project (ep = 1).
 
-Pure Python, no megatron import: tests/test_topology_matches_megatron.py checks
+Pure Python, no megatron import: tests/orchestrator/test_topology.py checks
 these groups against megatron-core's own RankGenerator.
 """
 

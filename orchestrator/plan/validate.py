@@ -11,7 +11,6 @@ Each rule is a small function of the config sections it needs, yielding Findings
 from __future__ import annotations
 
 import fnmatch
-import math
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,6 +30,8 @@ from orchestrator.plan.schema import (
     RunConfig,
     TrainConfig,
 )
+from orchestrator.plan.model_params import audio_tokens_per_clip
+from orchestrator.plan.parallel_dims import ParallelDims, canonical_nodes_problem, world_size as launcher_world
 from orchestrator.plan.topology import RANK_ORDERS
 from orchestrator.plan.wandb_settings import WANDB_MODES
 from orchestrator.plan import tasks
@@ -82,15 +83,20 @@ def _positive(rule: str, **values) -> Iterator[Finding]:
 
 
 def world_size(launcher: LauncherConfig) -> int:
-    return launcher.nodes * launcher.gpus_per_node
+    return launcher_world(launcher.nodes, launcher.gpus_per_node)
 
 
 def model_parallel_size(parallel: ParallelConfig) -> int:
     return parallel.tp * parallel.pp * parallel.cp
 
 
-def data_parallel_size(parallel: ParallelConfig, launcher: LauncherConfig) -> int:
-    return world_size(launcher) // model_parallel_size(parallel)
+def parallel_dims(parallel: ParallelConfig, launcher: LauncherConfig) -> ParallelDims:
+    """The run's sizes; dp None where tp x pp x cp does not tile the launcher's ranks
+    (check_world_size says so)."""
+    dims = ParallelDims(tp=parallel.tp, pp=parallel.pp, cp=parallel.cp, vpp=parallel.vpp, sp=parallel.sp,
+                        order=parallel.rank_order)
+    world = world_size(launcher)
+    return dims if ParallelDims.world_problem(dims.tp, dims.pp, dims.cp, world, "") else dims.at_world(world)
 
 
 # --------------------------------------------------------------------------- topology
@@ -113,14 +119,11 @@ def check_world_size(parallel: ParallelConfig, launcher: LauncherConfig) -> Iter
     world, mp = world_size(launcher), model_parallel_size(parallel)
     if world < 1 or mp < 1:
         return
-    if world % mp:
-        yield _error(
-            "world_size",
-            f"tensor_model_parallel_size ({parallel.tp}) x pipeline_model_parallel_size ({parallel.pp}) x "
-            f"context_parallel_size ({parallel.cp}) = {mp} does not divide world size {world} "
-            f"(launcher.nodes {launcher.nodes} x launcher.gpus_per_node {launcher.gpus_per_node}); "
-            f"choose parallel sizes whose product divides {world}, or change the GPU count",
-        )
+    problem = ParallelDims.world_problem(
+        parallel.tp, parallel.pp, parallel.cp, world,
+        f"launcher.nodes {launcher.nodes} x launcher.gpus_per_node {launcher.gpus_per_node}")
+    if problem:
+        yield _error("world_size", problem)
 
 
 def check_rank_order(parallel: ParallelConfig) -> Iterator[Finding]:
@@ -225,16 +228,13 @@ def check_batch(parallel: ParallelConfig, launcher: LauncherConfig, optim: Optim
     world, mp = world_size(launcher), model_parallel_size(parallel)
     if world < 1 or mp < 1 or world % mp or optim.micro_batch_size < 1 or optim.global_batch_size < 1:
         return
-    dp = world // mp
-    per_step = optim.micro_batch_size * dp
-    if optim.global_batch_size % per_step:
-        yield _error(
-            "global_batch",
-            f"optim.global_batch_size ({optim.global_batch_size}) is not divisible by optim.micro_batch_size "
-            f"({optim.micro_batch_size}) x data-parallel size ({dp}) = {per_step}; use a multiple of {per_step}",
-        )
+    dims = parallel_dims(parallel, launcher)
+    dp = dims.dp
+    problem = dims.batch_problem(optim.global_batch_size, optim.micro_batch_size)
+    if problem:
+        yield _error("global_batch", problem)
         return
-    microbatches = optim.global_batch_size // per_step
+    microbatches = dims.microbatches(optim.global_batch_size, optim.micro_batch_size)
     if parallel.pp > 1 and microbatches < parallel.pp:
         yield _warning(
             "pipeline_bubble",
@@ -248,24 +248,6 @@ def check_batch(parallel: ParallelConfig, launcher: LauncherConfig, optim: Optim
             f"the interleaved schedule (parallel.vpp={parallel.vpp}) needs the number of micro-batches "
             f"({microbatches}) to be a multiple of parallel.pp ({parallel.pp})",
         )
-
-
-def canonical_nodes_problem(nodes: int, dp: int, fixed: bool, configured: int | None = None) -> str | None:
-    """Why data-parallel size `dp` cannot read a training order of `nodes` canonical nodes
-    (fixed: by the run's first start, where data.canonical_nodes, `configured`, must
-    agree; else set by data.canonical_nodes), or None."""
-    if fixed and configured is not None and configured != nodes:
-        return (f"data.canonical_nodes={configured}, but this run's sample order was fixed at {nodes} canonical nodes "
-                f"at its first start; unset data.canonical_nodes or set it to {nodes}")
-    if nodes >= 1 and dp >= 1 and nodes % dp == 0:
-        return None
-    sizes = [d for d in range(1, nodes + 1) if nodes % d == 0]
-    if fixed:
-        return (f"data-parallel size {dp} does not divide the run's {nodes} canonical nodes (its sample order was "
-                f"fixed at its first start); data-parallel sizes that continue it: {', '.join(map(str, sizes))}")
-    return (f"data.canonical_nodes ({nodes}) is not a multiple of the data-parallel size ({dp}): each data-parallel "
-            f"rank reads a whole number of canonical nodes; use a multiple of {dp}, or a data-parallel size among "
-            f"{sizes}")
 
 
 def layout_change(saved: dict, plan: dict) -> tuple[str | None, list]:
@@ -489,15 +471,6 @@ def check_compile(model: ModelConfig, parallel: ParallelConfig) -> Iterator[Find
 
 
 # --------------------------------------------------------------------------- data
-def audio_tokens_per_clip(seconds: float, model: ModelConfig) -> int:
-    """Decoder tokens the adapter makes for a clip of `seconds` (100 mel frames per second,
-    capped at the encoder window)."""
-    from orchestrator.plan.model_params import audio_token_count
-
-    mel_frames = min(math.ceil(seconds * 100), 2 * model.encoder.max_source_positions)
-    return audio_token_count(mel_frames, model.adapter.frame_stack)
-
-
 # mosaic's size format (streaming.base.util.bytes_to_int), checked here without importing it.
 _CACHE_LIMIT = re.compile(r"^\s*\d+(\.\d+)?\s*(b|kb|mb|gb|tb|pb)?\s*$", re.IGNORECASE)
 

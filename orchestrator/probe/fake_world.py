@@ -17,30 +17,34 @@ from __future__ import annotations
 
 import torch.distributed as dist
 
+from orchestrator.plan.parallel_dims import ParallelDims
 
-def rank_of(stage: int, cp_rank: int, tp: int, cp: int, dp: int, pp: int, order: str) -> int:
+
+def rank_of(stage: int, cp_rank: int, dims: ParallelDims) -> int:
     """The global rank of (tp 0, context-parallel rank `cp_rank`, dp 0, pipeline stage
-    `stage`) under megatron's rank `order` (orchestrator/plan/topology.py)."""
+    `stage`) under megatron's rank order (orchestrator/plan/topology.py)."""
     from orchestrator.plan.topology import global_rank
 
-    return global_rank({"cp": cp_rank, "pp": stage}, {"tp": tp, "cp": cp, "dp": dp, "pp": pp}, order)
+    return global_rank({"cp": cp_rank, "pp": stage}, {"tp": dims.tp, "cp": dims.cp, "dp": dims.dp, "pp": dims.pp},
+                       dims.order)
 
 
-def init_fake_world(rank: int, world_size: int, tp: int, pp: int, cp: int, vpp, order: str, seed: int) -> None:
+def init_fake_world(rank: int, dims: ParallelDims, seed: int) -> None:
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
     from orchestrator.runtime import cpu_compat
 
     cpu_compat.activate()  # megatron's RNG tracker and device lookups on a machine without CUDA
     cpu_compat.require_active()
-    dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=world_size)
+    dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=dims.world_size)
     from megatron.core import parallel_state as ps
     from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed
 
     # megatron's gloo copies of the groups are for CPU-side checkpoint gathers; a fake
     # world has no gloo and the probe saves nothing.
-    ps.initialize_model_parallel(tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp,
-                                 context_parallel_size=cp, virtual_pipeline_model_parallel_size=vpp, order=order,
+    ps.initialize_model_parallel(tensor_model_parallel_size=dims.tp, pipeline_model_parallel_size=dims.pp,
+                                 context_parallel_size=dims.cp, virtual_pipeline_model_parallel_size=dims.vpp,
+                                 order=dims.order,
                                  create_gloo_process_groups=False)
     model_parallel_cuda_manual_seed(seed)
     _own_objects_for_peers()

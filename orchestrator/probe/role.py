@@ -44,7 +44,7 @@ def synthetic_microbatch(cfg) -> dict:
     from orchestrator.data.packing import Example, collate
     from orchestrator.data.prompts import Tokenized
     from orchestrator.plan.estimate import clips_in_a_row
-    from orchestrator.plan.validate import audio_tokens_per_clip
+    from orchestrator.plan.model_params import audio_tokens_per_clip
 
     data, model = cfg.data, cfg.model
     seconds = min(data.max_audio_seconds, model.encoder.max_source_positions / 50)
@@ -105,16 +105,15 @@ def _probe_plan(plan_json: Path):
     compiles them and this torch allows it under the probe's modes (probe/compiled.py),
     eager otherwise."""
     from orchestrator.plan.estimate import probe_microbatches
-    from orchestrator.train.run_plan import RunPlan
+    from orchestrator.plan.resolved import Plan
 
-    plan = RunPlan(run_dir=plan_json.parent, plan=json.loads(plan_json.read_text()))
-    plan.plan["config"]["model"]["init_checkpoint"] = None
+    plan = Plan.from_dict(json.loads(plan_json.read_text()), plan_json.parent, source=str(plan_json))
+    plan.config["model"]["init_checkpoint"] = None
     from orchestrator.probe.compiled import supported
 
     if not supported():
-        plan.plan["config"]["model"]["compile"] = "none"
-    plan.plan["num_microbatches"] = probe_microbatches(plan.pp, plan.vpp if plan.pp > 1 else None,
-                                                       plan.num_microbatches)
+        plan.config["model"]["compile"] = "none"
+    plan.num_microbatches = probe_microbatches(plan.dims.pp, plan.dims.vpp, plan.num_microbatches)
     return plan
 
 
@@ -144,11 +143,9 @@ def probe_role(plan_json: Path, stage: int, cp_rank: int = 0, fake: bool = True)
 
     plan = _probe_plan(plan_json)
     cfg = audiollm_config(plan)
-    order = plan.section("parallel").get("rank_order", "tp-cp-ep-dp-pp")
-    rank = rank_of(stage, cp_rank, plan.tp, plan.cp, plan.dp, plan.pp, order)
-    seed = int(cfg.train.seed)
-    init_fake_world(rank, int(plan.plan["world_size"]), plan.tp, plan.pp, plan.cp,
-                    plan.vpp if plan.pp > 1 else None, order, seed)
+    dims = plan.dims
+    rank = rank_of(stage, cp_rank, dims)
+    init_fake_world(rank, dims, plan.seed)
     machine = _target_machine(plan)
     stand_in_lines = stand_ins.install(cfg.model.backend) if machine.cuda else []
     stand_in_lines += stand_ins.skip_value_reads() + stand_ins.fake_tensor_limits()
@@ -176,7 +173,7 @@ def probe_role(plan_json: Path, stage: int, cp_rank: int = 0, fake: bool = True)
         measured = memory.snapshot()
     params = trainer.parameter_counts()
     return {
-        "stage": stage, "cp_rank": cp_rank, "rank": rank, "world_size": int(plan.plan["world_size"]),
+        "stage": stage, "cp_rank": cp_rank, "rank": rank, "world_size": dims.world_size,
         "microbatches_per_step": plan.num_microbatches, "decisions": list(trainer.decisions.lines),
         "compiled": trainer.decisions.compile, "compiled_graphs": trainer.compiled_graphs,
         "stand_ins": stand_in_lines, "parameters": params, "memory": measured,

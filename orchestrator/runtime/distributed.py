@@ -3,24 +3,14 @@
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
 from datetime import timedelta
 from typing import Optional
 
 import torch
 import torch.distributed as dist
 
+from orchestrator.plan.parallel_dims import ParallelDims
 from orchestrator.runtime import cpu_compat
-
-
-@dataclass(frozen=True)
-class ParallelSizes:
-    tp: int = 1
-    pp: int = 1
-    cp: int = 1
-    vpp: Optional[int] = None
-    # Rank order (parallel.rank_order; orchestrator/plan/topology.py describes the layouts).
-    order: str = "tp-cp-ep-dp-pp"
 
 
 def cuda_device_index(local_rank: int, device_count: int, visible: Optional[str]) -> int:
@@ -41,7 +31,7 @@ def cuda_device_index(local_rank: int, device_count: int, visible: Optional[str]
         f"per GPU: set launcher.gpus_per_node to the GPUs a node really has, or let every task see all of them")
 
 
-def cuda_environment(sizes: ParallelSizes) -> dict:
+def cuda_environment(sizes: ParallelDims) -> dict:
     """Environment the job sets before CUDA starts (values a user set are kept).
 
     CUDA_DEVICE_MAX_CONNECTIONS=1: with tensor (and sequence) parallelism megatron
@@ -55,7 +45,7 @@ def cuda_environment(sizes: ParallelSizes) -> dict:
     return env
 
 
-def _setup_cuda(sizes: ParallelSizes, allow_tf32: bool) -> None:
+def _setup_cuda(sizes: ParallelDims, allow_tf32: bool) -> None:
     for name, value in cuda_environment(sizes).items():
         os.environ.setdefault(name, value)
     index = cuda_device_index(int(os.environ.get("LOCAL_RANK", "0")), torch.cuda.device_count(),
@@ -68,9 +58,10 @@ def _setup_cuda(sizes: ParallelSizes, allow_tf32: bool) -> None:
         torch.set_float32_matmul_precision("high")
 
 
-def init_distributed(sizes: ParallelSizes, seed: int, timeout_s: int = 600, allow_tf32: bool = True) -> str:
+def init_distributed(sizes: ParallelDims, seed: int, timeout_s: int = 600, allow_tf32: bool = True) -> str:
     """Initialise torch.distributed from the RANK/WORLD_SIZE/MASTER_* environment,
-    megatron's parallel state and its RNG tracker. Returns the device type used.
+    megatron's parallel state on `sizes` (ValueError naming every factor where they do not
+    tile the world) and its RNG tracker. Returns the device type used.
 
     gloo on CPU (with the CPU compatibility layer), nccl on GPU. `allow_tf32=False`
     keeps fp32 matmuls exact (numerical comparisons in fp32).
@@ -87,6 +78,7 @@ def init_distributed(sizes: ParallelSizes, seed: int, timeout_s: int = 600, allo
     from megatron.core import parallel_state
     from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed
 
+    sizes.at_world(dist.get_world_size(), "WORLD_SIZE of the job")
     if not parallel_state.model_parallel_is_initialized():
         parallel_state.initialize_model_parallel(
             tensor_model_parallel_size=sizes.tp,

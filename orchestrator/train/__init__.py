@@ -3,8 +3,8 @@
 entry.main(run_dir)      the job (launchers call it on every rank); entry.build_components is
                          the default components factory, the trainer's plug-in point
 evaluate.main(run_dir)   validation of a run's checkpoint (`audiollm eval RUN_DIR`)
-run_plan                 plan.json as the job reads it
-megatron_config          TransformerConfig / OptimizerConfig / DDP config / LR schedule from the plan
+megatron_config          TransformerConfig / OptimizerConfig / DDP config / LR schedule from the Plan
+                         (orchestrator/plan/resolved.py, read with Plan.load)
 components               the ModelProvider and BatchSource interfaces the loop uses
 audiollm_provider        the AudioLLM + MDS train/validation loaders implementing them (the default)
 lora                     LoRA on megatron tensor-parallel linears (and plain linears), merge for export

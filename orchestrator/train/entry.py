@@ -70,14 +70,12 @@ def make_trainer(run_dir, components_factory=None, plan=None, training: bool = T
     """Distributed init + Trainer for the run directory's plan (all ranks)."""
     from megatron.core import parallel_state as ps
 
-    from orchestrator.runtime.distributed import ParallelSizes, init_distributed
+    from orchestrator.plan.resolved import Plan
+    from orchestrator.runtime.distributed import init_distributed
     from orchestrator.train.loop import Trainer
-    from orchestrator.train.run_plan import load_run_plan
 
-    plan = plan or load_run_plan(run_dir)
-    seed = int(plan.section("train").get("seed", 1234))
-    order = plan.section("parallel").get("rank_order", ParallelSizes.order)
-    device = init_distributed(ParallelSizes(tp=plan.tp, pp=plan.pp, cp=plan.cp, vpp=plan.vpp, order=order), seed)
+    plan = plan or Plan.load(run_dir)
+    device = init_distributed(plan.dims, plan.seed)
     import torch.distributed as dist
 
     plan.check_world(dist.get_world_size())

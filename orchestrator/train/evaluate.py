@@ -37,7 +37,7 @@ from typing import Callable, Optional, Sequence, Tuple
 from orchestrator.plan.rundir import write_text_atomic
 from orchestrator.plan.checkpoint_dirs import checkpoint_problem, frozen_source_problem, step_dirs
 from orchestrator.runtime.ports import free_port
-from orchestrator.train.run_plan import PlanError
+from orchestrator.plan.resolved import PlanError
 
 
 class DamagedCheckpoint(RuntimeError):
@@ -53,15 +53,15 @@ def plan_at_layout(plan, tp: int, pp: int, cp: int, world_size: int):
     """The plan at another layout (data parallel: the rest of `world_size`), same model and
     batch sizes (num_microbatches = global batch / (micro batch x dp)); sequence parallel
     as the run had it where TP > 1, no virtual pipeline, no distributed optimizer."""
-    from orchestrator.train.run_plan import RunPlan
+    from orchestrator.plan.parallel_dims import ParallelDims
+    from orchestrator.plan.resolved import Plan
 
-    model_ranks = tp * pp * cp
-    if world_size % model_ranks:
-        raise PlanError(f"--gpus {world_size} is not a multiple of tp ({tp}) x pp ({pp}) x cp ({cp}) = {model_ranks}")
-    dp = world_size // model_ranks
-    if plan.global_batch_size % (plan.micro_batch_size * dp):
-        raise PlanError(f"optim.global_batch_size ({plan.global_batch_size}) is not a multiple of micro batch "
-                        f"({plan.micro_batch_size}) x data parallel ({dp}); choose --gpus so that it is")
+    sp = plan.dims.sp and tp > 1
+    try:
+        dims = ParallelDims(tp=tp, pp=pp, cp=cp, sp=sp, order=plan.dims.order).at_world(world_size, "--gpus")
+        num_microbatches = dims.microbatches(plan.global_batch_size, plan.micro_batch_size)
+    except ValueError as exc:
+        raise PlanError(f"cannot evaluate at this layout: {exc}") from None
     decoder = (plan.config.get("model") or {}).get("decoder") or {}  # (a test's stand-in model has none)
     sizes = (("model.decoder.num_query_groups", decoder.get("num_query_groups"), "tp", tp),
              ("model.decoder.num_layers", decoder.get("num_layers"), "pp", pp))
@@ -69,17 +69,15 @@ def plan_at_layout(plan, tp: int, pp: int, cp: int, world_size: int):
            if n is not None and n % size]
     if bad:
         raise PlanError("cannot evaluate at this layout: " + "; ".join(bad))
-    data = copy.deepcopy(plan.plan)
-    sp = bool(data.get("sp")) and tp > 1
-    data.update(world_size=world_size, tp=tp, pp=pp, cp=cp, dp=dp, vpp=None, sp=sp,
-                num_microbatches=plan.global_batch_size // (plan.micro_batch_size * dp))
+    data = copy.deepcopy(plan.to_dict())
+    data.update(dims.as_dict(), num_microbatches=num_microbatches)
     data["megatron_args"].update(tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp,
                                  context_parallel_size=cp, cp_comm_type="all_gather" if cp > 1 else None,
                                  sequence_parallel=sp, use_distributed_optimizer=False,
                                  num_virtual_stages_per_pipeline_rank=None)
     # The model is built from the config's parallel section: it must say the same.
     data["config"]["parallel"].update(tp=tp, pp=pp, cp=cp, vpp=None, sp=sp, distributed_optimizer=False)
-    return RunPlan(run_dir=plan.run_dir, plan=data)
+    return Plan.from_dict(data, plan.run_dir)
 
 
 def _single_process_env() -> None:
@@ -144,9 +142,9 @@ def evaluate_every_checkpoint(run_dir: str | Path, components_factory: Optional[
 def _evaluation_plan(run_dir: Path, ctc_weight: Optional[float]):
     """The run's plan as an evaluation runs it: generation on, the decoding weight asked
     for (refused, naming both weights, where the model has no CTC head)."""
-    from orchestrator.train.run_plan import load_run_plan
+    from orchestrator.plan.resolved import Plan
 
-    plan = load_run_plan(run_dir)
+    plan = Plan.load(run_dir)
     trained_ctc = float(plan.section("model").get("adapter", {}).get("ctc_weight", 0.0))
     head = trained_ctc > 0  # the model has the CTC head
     if ctc_weight is not None:
@@ -176,10 +174,10 @@ def _score(run_dir: Path, plan, paths: list, components_factory, layout, example
         plan = plan_at_layout(plan, *layout, world_size=int(os.environ["WORLD_SIZE"]))
     # The weight decoded at: without the head, the decoder alone (generation_eval).
     joint = float(plan.section("train").get("eval_generation_ctc_weight", 0.0)) if head else 0.0
-    if plan.pp > 1 and joint > 0:
+    if plan.dims.pp > 1 and joint > 0:
         raise PlanError(f"joint CTC/attention decoding (train.eval_generation_ctc_weight={joint}) runs at pipeline "
                         f"size 1: the CTC head is on the first stage and the tokens are chosen on the last "
-                        f"(got pp {plan.pp}); evaluate at --pp 1 or pass --ctc-weight 0")
+                        f"(got pp {plan.dims.pp}); evaluate at --pp 1 or pass --ctc-weight 0")
     rank = int(os.environ["RANK"])
     setup_logging(rank)
     scores = {}
@@ -272,9 +270,9 @@ def _summarize(run_dir: Path, rows: list, chosen: Optional[dict], damaged: list)
     for line in damaged:
         print(f"left out, damaged: {line}")
     from orchestrator.train.metrics import log_evaluations_to_wandb
-    from orchestrator.train.run_plan import load_run_plan
+    from orchestrator.plan.resolved import Plan
 
-    plan = load_run_plan(run_dir)
+    plan = Plan.load(run_dir)
     said = log_evaluations_to_wandb(run_dir, plan.section("logger"), plan.section("run"), rows)
     if said:
         print(said)

@@ -38,7 +38,7 @@ from orchestrator.train import optimizer_kernels
 from orchestrator.train.metrics import (LossStats, MetricsWriter, eval_line, memory_gib, peak_flops, plot_loss_curve,
                                         progress_line, run_summary, throughput)
 from orchestrator.train.profiling import StepProfiler
-from orchestrator.train.run_plan import RunPlan
+from orchestrator.plan.resolved import Plan
 from orchestrator.train.save_clock import SaveClock
 from orchestrator.train.stragglers import StepTimer, straggler_line, stragglers
 from orchestrator.plan.step_flops import parameter_pattern
@@ -83,7 +83,7 @@ def freeze_model_parts(chunks, model_cfg: dict) -> None:
 
 
 class Trainer:
-    def __init__(self, plan: RunPlan, components: Components, device: str, training: bool = True,
+    def __init__(self, plan: Plan, components: Components, device: str, training: bool = True,
                  machine: Optional[Machine] = None):
         """training=False (evaluation): the same model chunks (LoRA included, so a
         checkpoint's names match), no DDP, optimizer or scheduler. `machine`: what the
@@ -100,7 +100,7 @@ class Trainer:
         train_cfg = plan.section("train")
         self.train_cfg = train_cfg
         self.train_iters = plan.train_iters
-        self.seed = int(train_cfg.get("seed", 1234))
+        self.seed = plan.seed
         provider = components.provider
         self.decisions = decide(plan.section("model"), machine or Machine.probe(), plan.section("parallel"))
         on_gpu = self.decisions.cuda
@@ -199,7 +199,7 @@ class Trainer:
 
     def _build_chunks(self, provider):
         ps = self.ps
-        vpp = self.plan.vpp if self.plan.pp > 1 else None
+        vpp = self.plan.dims.vpp
         chunks = []
         for vp_stage in (range(vpp) if vpp else [None]):
             pre = ps.is_pipeline_first_stage(ignore_virtual=False, vp_stage=vp_stage)
@@ -538,8 +538,8 @@ class Trainer:
         self.run_id = self._run_id(run_id_from_ckpt)
         writer = None
         if self.rank == 0:
-            layout = {k: self.plan.plan.get(k) for k in ("world_size", "tp", "pp", "cp", "dp", "vpp", "sp",
-                                                          "num_microbatches", "tokens_per_step")}
+            layout = {**self.plan.dims.as_dict(), "num_microbatches": self.plan.num_microbatches,
+                      "tokens_per_step": self.plan.tokens_per_step}
             writer = MetricsWriter(self.plan.run_dir, self.plan.section("logger"), self.plan.section("run"),
                                    self.run_id, self.step, config_for_wandb={**self.plan.config, "plan": layout})
         save_interval = int(self.train_cfg.get("save_interval", 0))

@@ -14,7 +14,7 @@ from typing import Optional
 import torch
 
 from orchestrator.models.device_draws import INIT_METHODS
-from orchestrator.train.run_plan import RunPlan
+from orchestrator.plan.resolved import Plan
 
 # Decided by the job, not copied from the plan: dtype follows the device (bf16 on GPU
 # when planned, fp32 on CPU); gradient-accumulation fusion follows what is installed.
@@ -29,7 +29,7 @@ _CPU_FIELDS = dict(
 )
 
 
-def compute_dtype(plan: RunPlan, on_gpu: bool) -> torch.dtype:
+def compute_dtype(plan: Plan, on_gpu: bool) -> torch.dtype:
     return torch.bfloat16 if (on_gpu and plan.arg("bf16", False)) else torch.float32
 
 
@@ -59,7 +59,7 @@ def skipped_init_fields(config) -> dict:
     return {} if draws_random_init(config) else {name: _draw_nothing for name in INIT_METHODS}
 
 
-def transformer_config(plan: RunPlan, on_gpu: bool, model_fields: Optional[dict] = None,
+def transformer_config(plan: Plan, on_gpu: bool, model_fields: Optional[dict] = None,
                        gradient_accumulation_fusion: bool = False):
     """`gradient_accumulation_fusion`: the job's decision for this machine
     (orchestrator.runtime.machine.decide); the plan leaves it open on GPUs."""
@@ -69,7 +69,7 @@ def transformer_config(plan: RunPlan, on_gpu: bool, model_fields: Optional[dict]
     kwargs = {k: v for k, v in plan.megatron_args.items() if k in names and k not in _JOB_DECIDES and v is not None}
     # Megatron-LM's flag for virtual stages is num_virtual_stages_per_pipeline_rank;
     # the config field is virtual_pipeline_model_parallel_size. The Plan says it once.
-    kwargs["virtual_pipeline_model_parallel_size"] = plan.vpp if plan.pp > 1 else None
+    kwargs["virtual_pipeline_model_parallel_size"] = plan.dims.vpp
     dtype = compute_dtype(plan, on_gpu)
     kwargs.update(
         bf16=dtype == torch.bfloat16, fp16=False, params_dtype=dtype, pipeline_dtype=dtype,
@@ -91,7 +91,7 @@ def transformer_config(plan: RunPlan, on_gpu: bool, model_fields: Optional[dict]
     return TransformerConfig(**kwargs)
 
 
-def optimizer_config(plan: RunPlan, on_gpu: bool):
+def optimizer_config(plan: Plan, on_gpu: bool):
     from megatron.core.optimizer import OptimizerConfig
 
     optim = plan.section("optim")
@@ -117,7 +117,7 @@ def optimizer_config(plan: RunPlan, on_gpu: bool):
     )
 
 
-def ddp_config(plan: RunPlan):
+def ddp_config(plan: Plan):
     from megatron.core.distributed import DistributedDataParallelConfig
 
     return DistributedDataParallelConfig(
@@ -131,7 +131,7 @@ def ddp_config(plan: RunPlan):
     )
 
 
-def lr_scheduler(plan: RunPlan, optimizer):
+def lr_scheduler(plan: Plan, optimizer):
     """megatron-core's OptimizerParamScheduler: linear warmup from 0 to each group's
     max_lr over lr_warmup_iters, then `lr_decay_style` (cosine by default) down to each
     group's min_lr at lr_decay_iters (default: train_iters). Weight decay constant."""
@@ -159,7 +159,7 @@ def lr_scheduler(plan: RunPlan, optimizer):
     )
 
 
-def optimizer_config_values(plan: RunPlan) -> dict:
+def optimizer_config_values(plan: Plan) -> dict:
     optim = plan.section("optim")
     out = {}
     for name, default in (("lr", 1e-4), ("min_lr", 0.0), ("weight_decay", 0.0)):

@@ -17,7 +17,8 @@ from orchestrator.data.loader import build_train_loader
 from orchestrator.data.packing import packed_seq_params
 from orchestrator.data.tokenizer_build import AUDIO_TOKEN, build_tokenizer, load_tokenizer
 from orchestrator.plan.resolve import to_object
-from orchestrator.runtime.distributed import ParallelSizes, init_distributed, shutdown
+from orchestrator.plan.parallel_dims import ParallelDims
+from orchestrator.runtime.distributed import init_distributed, shutdown
 from orchestrator.plan.schema.data import DatasetEntry
 from orchestrator.train.audiollm_provider import model_inputs
 from tests.data.conftest import WORDS, data_config, tone_samples, write_mds
@@ -31,7 +32,7 @@ def masked_mean(per_token_loss: torch.Tensor, loss_mask: torch.Tensor) -> torch.
 
 def main() -> None:
     out = Path(sys.argv[1])
-    init_distributed(ParallelSizes(), seed=1234)
+    init_distributed(ParallelDims(), seed=1234)
     texts = [" ".join(WORDS[i:] + WORDS[:i]) for i in range(len(WORDS))] * 5
     tokenizer_dir = build_tokenizer(texts + ["Transcribe: user model"] * 5, out / "tokenizer", vocab_size=320)
     audio_token_id = load_tokenizer(tokenizer_dir).convert_tokens_to_ids(AUDIO_TOKEN)

@@ -11,7 +11,8 @@ from types import SimpleNamespace
 
 import torch
 
-from orchestrator.runtime.distributed import ParallelSizes, init_distributed, shutdown
+from orchestrator.plan.parallel_dims import ParallelDims
+from orchestrator.runtime.distributed import init_distributed, shutdown
 
 ANSWERS = {  # dataset: (metric, references, hypotheses)
     "speech": ("wer", ["one two three", "four five", "six seven eight nine", "ten"],
@@ -43,7 +44,7 @@ def _tokenizer_dir() -> str:
 
 
 def main() -> None:
-    init_distributed(ParallelSizes(tp=1), seed=0)
+    init_distributed(ParallelDims(tp=1), seed=0)
     import torch.distributed as dist
 
     from orchestrator.eval import asr, metrics

@@ -21,7 +21,8 @@ import sys
 
 import torch
 
-from orchestrator.runtime.distributed import ParallelSizes, init_distributed, shutdown
+from orchestrator.plan.parallel_dims import ParallelDims
+from orchestrator.runtime.distributed import init_distributed, shutdown
 from tests.models.compile_script import SHRINK, build, inputs_of
 
 LAYOUTS = {  # the 2 ranks' layout, as its overrides
@@ -90,7 +91,7 @@ def main():
     for layout in LAYOUTS:  # one launch: the process group kept, megatron's groups made anew per layout
         if parallel_state.model_parallel_is_initialized():
             parallel_state.destroy_model_parallel()
-        init_distributed(ParallelSizes(tp=2) if layout == "tp" else ParallelSizes(cp=2), seed=0)
+        init_distributed(ParallelDims(tp=2) if layout == "tp" else ParallelDims(cp=2), seed=0)
         for recipe, sp, attention, backend in CASES[layout]:
             if "traced" in sys.argv[1:] and (attention, backend) != ("reference", "counting"):
                 continue  # the rehearsal's cases: the traced graphs' gradients, without inductor's compile

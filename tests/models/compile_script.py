@@ -22,7 +22,8 @@ import json
 import torch
 from omegaconf import OmegaConf
 
-from orchestrator.runtime.distributed import ParallelSizes, init_distributed, shutdown
+from orchestrator.plan.parallel_dims import ParallelDims
+from orchestrator.runtime.distributed import init_distributed, shutdown
 
 RECIPES = ("gemma2_whisper_tp4pp2", "gemma2_whisper_tp1", "gemma2_whisper_8k_cp2", "tiny_cpu")
 # The recipes shrunk as the rehearsal shrinks them (the tiny model, local backend, CPU),
@@ -186,7 +187,7 @@ def fused_loss() -> None:
 
 
 def main():
-    init_distributed(ParallelSizes(), seed=0)
+    init_distributed(ParallelDims(), seed=0)
     graphs()
     torch._dynamo.reset()
     parity()

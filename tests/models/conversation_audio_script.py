@@ -9,7 +9,8 @@ import sys
 
 import torch
 
-from orchestrator.runtime.distributed import ParallelSizes, init_distributed, shutdown
+from orchestrator.plan.parallel_dims import ParallelDims
+from orchestrator.runtime.distributed import init_distributed, shutdown
 from tests.tolerances import reorder_tolerance
 
 SEQ = 512
@@ -44,7 +45,7 @@ def samples():
 
 
 def main() -> None:
-    init_distributed(ParallelSizes(tp=1), seed=0)
+    init_distributed(ParallelDims(tp=1), seed=0)
     from orchestrator.data.audio import load_audio
     from orchestrator.data import mel
     from orchestrator.data.loader import SampleProcessor

@@ -20,7 +20,8 @@ from types import SimpleNamespace
 import torch
 import torch.distributed as dist
 
-from orchestrator.runtime.distributed import ParallelSizes, init_distributed, shutdown
+from orchestrator.plan.parallel_dims import ParallelDims
+from orchestrator.runtime.distributed import init_distributed, shutdown
 from tests.models.tiny_models import hf_gemma2_config, randomize, tiny_model_config, whisper_config
 
 SEQ, ROWS, AUDIO_ID, VOCAB = 32, 2, 7, 250  # window 8: every row is 4 windows long
@@ -108,7 +109,7 @@ def main() -> None:
     def build(tp=1, pp=1, cp=1, sp=False, attention_name=None):
         if ps.model_parallel_is_initialized():
             ps.destroy_model_parallel()
-        init_distributed(ParallelSizes(tp=tp, pp=pp, cp=cp), seed=0)
+        init_distributed(ParallelDims(tp=tp, pp=pp, cp=cp), seed=0)
         parallel = SimpleNamespace(tp=tp, pp=pp, cp=cp, sp=sp, vpp=None)
         model_cfg.attention = "flex" if attention_name == "flex" else "reference"
         model = build_audiollm(model_cfg, parallel, ps.is_pipeline_first_stage(), ps.is_pipeline_last_stage(),

@@ -22,7 +22,8 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from orchestrator.runtime.distributed import ParallelSizes, init_distributed, shutdown
+from orchestrator.plan.parallel_dims import ParallelDims
+from orchestrator.runtime.distributed import init_distributed, shutdown
 
 AUDIO, BOS, SEP, PAD = 249, 2, 3, 0
 MEL_FRAMES, MEL_LENGTHS = 80, (80, 67)
@@ -114,7 +115,7 @@ def main() -> None:
         if ps.model_parallel_is_initialized():
             ps.destroy_model_parallel()
         tp, pp, cp = sizes.get("tp", 1), sizes.get("pp", 1), sizes.get("cp", 1)
-        init_distributed(ParallelSizes(tp=tp, pp=pp, cp=cp), seed=0)
+        init_distributed(ParallelDims(tp=tp, pp=pp, cp=cp), seed=0)
         first, last = ps.is_pipeline_first_stage(), ps.is_pipeline_last_stage()
         model = build_audiollm(model_cfg, ParallelConfig(tp=tp, pp=pp, cp=cp, sp=sizes.get("sp", False)),
                                pre_process=first, post_process=last, audio_token_id=AUDIO)

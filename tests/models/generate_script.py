@@ -7,7 +7,8 @@ import json
 import torch
 
 from orchestrator.plan.model_params import audio_token_count
-from orchestrator.runtime.distributed import ParallelSizes, init_distributed, shutdown
+from orchestrator.plan.parallel_dims import ParallelDims
+from orchestrator.runtime.distributed import init_distributed, shutdown
 
 AUDIO, BOS, SEP, PAD, STOP = 3, 1, 2, 0, 4
 MEL, WINDOW = 16, 50  # mel bins; encoder window in mel frames (max_source_positions 25)
@@ -83,7 +84,7 @@ def generation_scores(model, prompts, answers, features, lengths):
 
 
 def main() -> None:
-    init_distributed(ParallelSizes(tp=1), seed=0)
+    init_distributed(ParallelDims(tp=1), seed=0)
     from orchestrator.models.audiollm import build_audiollm
     from orchestrator.models.generate import greedy_generate
 

@@ -6,12 +6,13 @@ import json
 
 import torch
 
-from orchestrator.runtime.distributed import ParallelSizes, init_distributed, shutdown
+from orchestrator.plan.parallel_dims import ParallelDims
+from orchestrator.runtime.distributed import init_distributed, shutdown
 from tests.models.tiny_models import decoder_config, hf_gemma2
 
 
 def main() -> None:
-    init_distributed(ParallelSizes(tp=1), seed=0)
+    init_distributed(ParallelDims(tp=1), seed=0)
     from orchestrator.convert.gemma2_mapping import Gemma2Shape
     from tests.models.sharding import hf_to_megatron_full, shard_megatron
     from orchestrator.models.attention import FlexSoftcapAttention

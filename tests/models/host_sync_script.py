@@ -13,7 +13,8 @@ from collections import Counter
 import torch
 from torch.overrides import TorchFunctionMode
 
-from orchestrator.runtime.distributed import ParallelSizes, init_distributed, shutdown
+from orchestrator.plan.parallel_dims import ParallelDims
+from orchestrator.runtime.distributed import init_distributed, shutdown
 
 READS = {"item", "tolist", "__bool__", "__int__", "__float__", "__index__", "nonzero", "masked_select", "unique",
          "unique_consecutive", "equal", "argwhere"}
@@ -54,7 +55,7 @@ def packed_batch(audio_token_id: int, vocab: int, mel_bins: int, window: int, fr
 
 
 def main():
-    init_distributed(ParallelSizes(), seed=0)
+    init_distributed(ParallelDims(), seed=0)
     from orchestrator.plan.compose import compose
     from orchestrator.plan.resolve import to_object
     from orchestrator.models.audiollm import build_audiollm

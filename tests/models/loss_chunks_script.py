@@ -4,11 +4,12 @@ one process (megatron's parallel state needs a process group)."""
 
 import torch
 
-from orchestrator.runtime.distributed import ParallelSizes, init_distributed, shutdown
+from orchestrator.plan.parallel_dims import ParallelDims
+from orchestrator.runtime.distributed import init_distributed, shutdown
 
 
 def main():
-    init_distributed(ParallelSizes(), seed=0)
+    init_distributed(ParallelDims(), seed=0)
     from orchestrator.models.gemma2_model import Gemma2Model, gemma2_transformer_config
     from tests.models.tiny_models import decoder_config, hf_gemma2
 

@@ -15,7 +15,8 @@ import json
 import torch
 import torch.nn.functional as F
 
-from orchestrator.runtime.distributed import ParallelSizes, init_distributed, shutdown
+from orchestrator.plan.parallel_dims import ParallelDims
+from orchestrator.runtime.distributed import init_distributed, shutdown
 from tests.models.tiny_models import decoder_config, hf_gemma2
 
 SEQ, BATCH, DOCS = 24, 2, (11, 13)  # longer than the window (8)
@@ -71,7 +72,7 @@ def main() -> None:
         tp, pp, sp, packed = case.get("tp", 1), case.get("pp", 1), case.get("sp", False), case.get("packed", False)
         if ps.model_parallel_is_initialized():
             ps.destroy_model_parallel()
-        init_distributed(ParallelSizes(tp=tp, pp=pp), seed=0)
+        init_distributed(ParallelDims(tp=tp, pp=pp), seed=0)
         cfg = gemma2_transformer_config(dec, tp=tp, pp=pp, sp=sp, **case.get("overrides", {}))
         model = Gemma2Model(
             cfg, dec.vocab_size, dec.max_position_embeddings,
@@ -143,7 +144,7 @@ def device_draws_check(shape, dec) -> None:
     def build(tp: int, on_device: bool) -> dict:
         if ps.model_parallel_is_initialized():
             ps.destroy_model_parallel()
-        init_distributed(ParallelSizes(tp=tp), seed=0)
+        init_distributed(ParallelDims(tp=tp), seed=0)
         cfg = gemma2_transformer_config(dec, tp=tp)
         if on_device:
             draw_on_device(cfg, torch.device("cpu"))
@@ -184,7 +185,7 @@ def norm_grad_cases(shape, full, dec, tokens) -> None:
                                    ("bad_grad_tp2_sp_without_finalize", 2, True, False)]:
         if ps.model_parallel_is_initialized():
             ps.destroy_model_parallel()
-        init_distributed(ParallelSizes(tp=tp), seed=0)
+        init_distributed(ParallelDims(tp=tp), seed=0)
         cfg = gemma2_transformer_config(dec, tp=tp, sp=sp)
         model = Gemma2Model(cfg, dec.vocab_size, dec.max_position_embeddings, rope_theta=dec.rope_theta)
         model.load_state_dict(shard_megatron(full, shape, tp, 1)[(ps.get_tensor_model_parallel_rank(), 0)], strict=False)
@@ -224,7 +225,7 @@ def recompute_check(shape, full, dec, tokens) -> None:
 
     if ps.model_parallel_is_initialized():
         ps.destroy_model_parallel()
-    init_distributed(ParallelSizes(tp=1), seed=0)
+    init_distributed(ParallelDims(tp=1), seed=0)
     positions = torch.arange(SEQ)[None].expand(BATCH, -1)
     labels = torch.cat([tokens[:, 1:], tokens[:, :1]], dim=1)
     grads, calls = {}, {}
@@ -316,7 +317,7 @@ def audiollm_cases(hf, shape, full) -> None:
             ("bad_audiollm_scale_before_fusion", 1, 1, False, ScaleBeforeFusion, False)]:
         if ps.model_parallel_is_initialized():
             ps.destroy_model_parallel()
-        init_distributed(ParallelSizes(tp=tp, pp=pp), seed=0)
+        init_distributed(ParallelDims(tp=tp, pp=pp), seed=0)
         first, last = ps.is_pipeline_first_stage(), ps.is_pipeline_last_stage()
         model = build_audiollm(model_cfg, ParallelConfig(tp=tp, pp=pp, sp=sp), pre_process=first,
                                post_process=last, audio_token_id=AUDIO_TOKEN)
@@ -370,7 +371,7 @@ def inventory_check(hf) -> None:
 
     if ps.model_parallel_is_initialized():
         ps.destroy_model_parallel()
-    init_distributed(ParallelSizes(tp=1, pp=1), seed=0)
+    init_distributed(ParallelDims(tp=1, pp=1), seed=0)
     from orchestrator.plan.compose import compose
 
     base = tiny_model_config(hf.config, whisper_config())
@@ -423,7 +424,7 @@ def load_checkpoint_check(hf) -> None:
 
     if ps.model_parallel_is_initialized():
         ps.destroy_model_parallel()
-    init_distributed(ParallelSizes(tp=2), seed=0)
+    init_distributed(ParallelDims(tp=2), seed=0)
     whisper = randomize(WhisperModel(whisper_config()), seed=5)
     tmp = [tempfile.mkdtemp() if dist.get_rank() == 0 else None]
     dist.broadcast_object_list(tmp, src=0)

@@ -116,10 +116,10 @@ def main() -> int:
     from orchestrator.runtime.distributed import shutdown
     from orchestrator.train import entry
     from orchestrator.train.audiollm_provider import trimmed_width
-    from orchestrator.train.run_plan import load_run_plan
+    from orchestrator.plan.resolved import Plan
 
     entry.setup_logging(int(os.environ["RANK"]))
-    plan = load_run_plan(run_dir)
+    plan = Plan.load(run_dir)
     trainer = entry.make_trainer(run_dir, None, plan=plan)
     _GROUP_KINDS.extend([
         (ps.get_tensor_model_parallel_group(), "tp"),

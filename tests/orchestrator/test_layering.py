@@ -90,3 +90,22 @@ def test_no_import_cycle_between_modules():
         if module not in state:
             visit(module, [module])
     assert cycles == []
+
+
+def test_the_job_side_imports_no_validation():
+    """The job reads the resolved Plan (orchestrator/plan/resolved.py); it never validates,
+    composes or resolves a config again, however indirectly: what was planned runs."""
+    modules = _project_modules()
+    graph = _graph(modules)
+    planning_only = {"orchestrator.plan.validate", "orchestrator.plan.resolve", "orchestrator.plan.compose"}
+    reached = []
+    for start in sorted(m for m in graph if _layer(m) == 2):
+        seen, todo = set(), [start]
+        while todo:
+            for dep in graph.get(todo.pop(), ()):
+                if dep not in seen:
+                    seen.add(dep)
+                    todo.append(dep)
+        reached += [f"{start} reaches {m}" for m in sorted(seen & planning_only)]
+    assert reached == []
+    assert "orchestrator.plan.resolved" in graph["orchestrator.train.entry"] | graph["orchestrator.train.loop"]

@@ -96,7 +96,7 @@ def test_context_parallel_recipe_plans_its_memory_next_to_cp1():
     from orchestrator.plan.report import render
 
     plan = resolve(compose(["+recipe=gemma2_whisper_8k_cp2"]))
-    assert (plan.tp, plan.cp, plan.dp, plan.world_size) == (4, 2, 1, 8)
+    assert (plan.dims.tp, plan.dims.cp, plan.dims.dp, plan.dims.world_size) == (4, 2, 1, 8)
     assert _contains_run(plan.argv, ["--context-parallel-size", "2", "--cp-comm-type", "all_gather"])
     assert _contains_run(plan.argv, ["--seq-length", "8192"])
     cp2, cp1 = plan.memory, plan.memory_at_cp1
@@ -142,8 +142,8 @@ def test_every_recipe_plans_on_a_fresh_checkout_listing_the_missing_weights_afte
     returncode = main(["plan", f"+recipe={recipe}"])
     proc = SimpleNamespace(returncode=returncode, **dict(zip(("stdout", "stderr"), capsys.readouterr())))
     plan = resolve(compose([f"+recipe={recipe}"]), keep_errors=True)
-    assert "topology      world" in proc.stdout and f"TP {plan.tp} x PP {plan.pp} x CP {plan.cp}" in proc.stdout
-    assert "memory/GPU" in proc.stdout and f"--tensor-model-parallel-size {plan.tp}" in proc.stdout
+    assert "topology      world" in proc.stdout and f"TP {plan.dims.tp} x PP {plan.dims.pp} x CP {plan.dims.cp}" in proc.stdout
+    assert "memory/GPU" in proc.stdout and f"--tensor-model-parallel-size {plan.dims.tp}" in proc.stdout
     init = compose([f"+recipe={recipe}"]).model.init_checkpoint
     if init is None:
         assert proc.returncode == 0, proc.stderr

@@ -36,15 +36,15 @@ def main(data_overrides: list) -> int:
     from orchestrator.models.compile import compile_layers
     from orchestrator.plan.compose import compose
     from orchestrator.plan.resolve import resolve
-    from orchestrator.runtime.distributed import ParallelSizes, init_distributed
+    from orchestrator.plan.parallel_dims import ParallelDims
+    from orchestrator.runtime.distributed import init_distributed
     from orchestrator.runtime.machine import Machine, decide
     from orchestrator.train import megatron_config as mcfg
     from orchestrator.train.audiollm_provider import build_audiollm_components
     from orchestrator.train.lora import apply_lora
     from orchestrator.train.loop import freeze_model_parts
-    from orchestrator.train.run_plan import RunPlan
 
-    init_distributed(ParallelSizes(), seed=0)
+    init_distributed(ParallelDims(), seed=0)
     machines = {"GPU with TransformerEngine, no apex": Machine(cuda=True, transformer_engine=True,
                                                                  apex_gradient_fusion=False),
                 "GPU without TransformerEngine": Machine(cuda=True, transformer_engine=False,
@@ -66,7 +66,8 @@ def main(data_overrides: list) -> int:
             with tempfile.TemporaryDirectory() as run_dir:
                 resolved = resolve(compose([*overrides, f"model.backend={backend}"]))
                 assert resolved.config["launcher"]["accelerator"] == "gpu" and resolved.megatron_args["bf16"]
-                plan = RunPlan(Path(run_dir), resolved.to_dict())
+                plan = resolved
+                plan.run_dir = Path(run_dir)
                 decisions = decide(plan.section("model"), machine, plan.section("parallel"))
                 # Built here with megatron's linears (no TransformerEngine on this CPU) and the
                 # kernel the GPU job picks.

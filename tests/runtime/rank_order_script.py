@@ -8,11 +8,12 @@ from pathlib import Path
 
 import torch.distributed as dist
 
-from orchestrator.runtime.distributed import ParallelSizes, init_distributed, shutdown
+from orchestrator.plan.parallel_dims import ParallelDims
+from orchestrator.runtime.distributed import init_distributed, shutdown
 
 
 def main() -> None:
-    init_distributed(ParallelSizes(pp=2, order=sys.argv[1]), seed=1)
+    init_distributed(ParallelDims(pp=2, order=sys.argv[1]), seed=1)
     from megatron.core import parallel_state as ps
 
     groups = {

@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from orchestrator.runtime import distributed
-from orchestrator.runtime.distributed import ParallelSizes, cuda_device_index, cuda_environment
+from orchestrator.plan.parallel_dims import ParallelDims
+from orchestrator.runtime.distributed import cuda_device_index, cuda_environment
 
 
 @pytest.mark.parametrize("local_rank", range(8))
@@ -31,9 +32,9 @@ def test_more_tasks_than_visible_gpus_is_refused_with_the_numbers():
 
 
 def test_device_max_connections_is_one_with_tensor_or_context_parallelism_only():
-    assert cuda_environment(ParallelSizes(tp=2)) == {"CUDA_DEVICE_MAX_CONNECTIONS": "1"}
-    assert cuda_environment(ParallelSizes(cp=2)) == {"CUDA_DEVICE_MAX_CONNECTIONS": "1"}
-    assert cuda_environment(ParallelSizes(tp=1, pp=2)) == {}
+    assert cuda_environment(ParallelDims(tp=2)) == {"CUDA_DEVICE_MAX_CONNECTIONS": "1"}
+    assert cuda_environment(ParallelDims(cp=2)) == {"CUDA_DEVICE_MAX_CONNECTIONS": "1"}
+    assert cuda_environment(ParallelDims(tp=1, pp=2)) == {}
 
 
 def test_setup_cuda_with_a_faked_device_count_picks_the_local_rank_and_keeps_the_users_settings(monkeypatch):
@@ -44,13 +45,13 @@ def test_setup_cuda_with_a_faked_device_count_picks_the_local_rank_and_keeps_the
     monkeypatch.setenv("LOCAL_RANK", "3")
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1,2,3")
     monkeypatch.delenv("CUDA_DEVICE_MAX_CONNECTIONS", raising=False)
-    distributed._setup_cuda(ParallelSizes(tp=4), allow_tf32=True)
+    distributed._setup_cuda(ParallelDims(tp=4), allow_tf32=True)
     assert chosen == [3, "high"]  # device 3, then fp32 matmuls on TF32 tensor cores
     assert distributed.os.environ["CUDA_DEVICE_MAX_CONNECTIONS"] == "1"
     # The launcher no longer narrows CUDA_VISIBLE_DEVICES: every task still sees the node.
     assert distributed.os.environ["CUDA_VISIBLE_DEVICES"] == "0,1,2,3"
 
     monkeypatch.setenv("CUDA_DEVICE_MAX_CONNECTIONS", "8")  # a user's own value wins
-    distributed._setup_cuda(ParallelSizes(tp=4), allow_tf32=False)
+    distributed._setup_cuda(ParallelDims(tp=4), allow_tf32=False)
     assert distributed.os.environ["CUDA_DEVICE_MAX_CONNECTIONS"] == "8"
     assert chosen == [3, "high", 3]  # exact fp32 kept when asked

@@ -9,7 +9,8 @@ import torch
 import torch.distributed as dist
 
 from orchestrator.runtime import cpu_compat
-from orchestrator.runtime.distributed import ParallelSizes, init_distributed, shutdown
+from orchestrator.plan.parallel_dims import ParallelDims
+from orchestrator.runtime.distributed import init_distributed, shutdown
 
 
 def main() -> None:
@@ -18,7 +19,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=4)
     args = parser.parse_args()
 
-    init_distributed(ParallelSizes(tp=args.tp), seed=1234)
+    init_distributed(ParallelDims(tp=args.tp), seed=1234)
     assert cpu_compat.is_active()
     from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig, finalize_model_grads
     from megatron.core.models.gpt import GPTModel

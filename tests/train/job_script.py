@@ -21,13 +21,13 @@ def main() -> int:
     from orchestrator.runtime.distributed import shutdown
     from orchestrator.train import entry
     from orchestrator.train.loop import TrainingDiverged
-    from orchestrator.train.run_plan import load_run_plan
+    from orchestrator.plan.resolved import Plan
 
     entry.setup_logging(int(os.environ["RANK"]))
     from tests.train import stand_in
 
 
-    plan = load_run_plan(run_dir)
+    plan = Plan.load(run_dir)
     factory = None  # from the plan's model: the AudioLLM's (entry's default) or the stand-in's
     if plan.section("model").get("name") == stand_in.MODEL_NAME:
         factory = stand_in.build_components

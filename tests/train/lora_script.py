@@ -15,14 +15,14 @@ def main() -> None:
     run_dir, out_dir = sys.argv[1], sys.argv[2]
     from megatron.core import parallel_state as ps
 
-    from orchestrator.runtime.distributed import ParallelSizes, init_distributed, shutdown
+    from orchestrator.runtime.distributed import init_distributed, shutdown
     from orchestrator.train import megatron_config as mcfg
     from orchestrator.train.lora import apply_lora, lora_parameter_names, merge_lora
-    from orchestrator.train.run_plan import load_run_plan
+    from orchestrator.plan.resolved import Plan
     from tests.train.stand_in import StandInProvider
 
-    plan = load_run_plan(run_dir)
-    init_distributed(ParallelSizes(tp=plan.tp), seed=1234)
+    plan = Plan.load(run_dir)
+    init_distributed(plan.dims, seed=plan.seed)
     provider = StandInProvider(plan.padded_vocab_size, plan.seq_length)
     config = mcfg.transformer_config(plan, on_gpu=False, model_fields=provider.transformer_fields())
     model = provider.build(config, True, True, None)

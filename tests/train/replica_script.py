@@ -36,9 +36,9 @@ def main() -> int:
     from megatron.core import parallel_state as ps
 
     from orchestrator.data import loader
-    from orchestrator.runtime.distributed import ParallelSizes, init_distributed, shutdown
+    from orchestrator.runtime.distributed import init_distributed, shutdown
     from orchestrator.train.audiollm_provider import build_audiollm_components
-    from orchestrator.train.run_plan import load_run_plan
+    from orchestrator.plan.resolved import Plan
 
     reads = {"n": 0}
     read = loader.SampleReader.__getitem__
@@ -48,8 +48,8 @@ def main() -> int:
         return read(self, task)
 
     loader.SampleReader.__getitem__ = counted
-    plan = load_run_plan(run_dir)
-    init_distributed(ParallelSizes(tp=plan.tp, pp=plan.pp, cp=plan.cp, vpp=plan.vpp), seed=1234)
+    plan = Plan.load(run_dir)
+    init_distributed(plan.dims, seed=plan.seed)
     mine = {}
     for on in (True, False):
         plan.config["data"]["replica_reader"] = on

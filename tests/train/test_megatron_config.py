@@ -7,18 +7,17 @@ from orchestrator.plan import paths
 from orchestrator.plan.compose import compose
 from orchestrator.plan.resolve import resolve
 from orchestrator.train import megatron_config as mcfg
-from orchestrator.train.run_plan import RunPlan
 
 
 @pytest.mark.parametrize("recipe", paths.recipe_names())
-def test_recipe_plan_builds_transformer_and_optimizer_configs(recipe, tmp_path):
-    plan = RunPlan(tmp_path, resolve(compose([f"+recipe={recipe}"])).to_dict())
+def test_recipe_plan_builds_transformer_and_optimizer_configs(recipe):
+    plan = resolve(compose([f"+recipe={recipe}"]))
     args = plan.megatron_args
     for on_gpu in (False, True):
         config = mcfg.transformer_config(plan, on_gpu=on_gpu)
-        assert config.tensor_model_parallel_size == plan.tp
-        assert config.pipeline_model_parallel_size == plan.pp
-        assert config.virtual_pipeline_model_parallel_size == (plan.vpp if plan.pp > 1 else None)
+        assert config.tensor_model_parallel_size == plan.dims.tp
+        assert config.pipeline_model_parallel_size == plan.dims.pp
+        assert config.virtual_pipeline_model_parallel_size == plan.dims.vpp
         for name in ("num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads", "num_query_groups",
                      "kv_channels", "sequence_parallel", "recompute_granularity"):
             assert getattr(config, name) == args[name], name
@@ -45,7 +44,7 @@ def test_flags_the_job_implements_itself_are_said_so_and_off_in_megatron():
     assert "--apply-layernorm-1p (orchestrator/models/norms.py" in render(resolved)
     without_cp = resolve(compose(["+recipe=gemma2_whisper_tp4pp2"])).model_extensions["implemented_by_audiollm"]
     assert "--cp-comm-type all_gather" not in without_cp and "--apply-layernorm-1p" in without_cp
-    plan = RunPlan("/unused", resolved.to_dict())
+    plan = resolved
     fields = AudioLLMProvider.transformer_fields(None)
     config = mcfg.transformer_config(plan, on_gpu=False, model_fields=fields)
     assert plan.megatron_args["layernorm_zero_centered_gamma"] and plan.megatron_args["window_size"]

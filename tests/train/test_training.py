@@ -1,6 +1,6 @@
 """The training runtime end to end on CPU (gloo): real megatron-core models, real
 processes, real checkpoints. The stand-in model is a tiny megatron GPTModel (local
-spec) on deterministic synthetic rows; see orchestrator/train/stand_in.py."""
+spec) on deterministic synthetic rows; see tests/train/stand_in.py."""
 
 from __future__ import annotations
 

@@ -61,8 +61,9 @@ class TrainConfig:
     save_frozen_weights: bool = False
     # Seconds a rank may go without progress before the job is declared hung, its stacks
     # logged, the stopped rank named and the job requeued on SLURM (launchers/watchdog.py).
-    # 0: max(120 s, 5 x the slowest step seen); 30 minutes before the first steps are
-    # timed, during evaluation and while saving.
+    # 0: max(120 s, 5 x the slowest step seen); while saving or evaluating, max(this
+    # value or 120 s, 10 x the slowest save or evaluation seen); 30 minutes (or this
+    # value, if longer) before the first steps, saves or evaluations are timed.
     hang_timeout: float = 0
     # Every log interval a rank whose own time per step (data wait, forward/backward,
     # optimizer: not its waits for others) is this fraction above the median of all ranks
