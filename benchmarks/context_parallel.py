@@ -56,7 +56,8 @@ def worker(args) -> None:
     dec = DecoderConfig(hidden_size=128, num_layers=args.layers, num_attention_heads=4, num_query_groups=2,
                         kv_channels=32, ffn_hidden_size=384, vocab_size=512, max_position_embeddings=args.seq,
                         sliding_window=64, query_pre_attn_scalar=32)
-    model = Gemma2Model(gemma2_transformer_config(dec, cp=cp), dec.vocab_size, dec.max_position_embeddings,
+    model = Gemma2Model(gemma2_transformer_config(dec, ParallelDims(cp=cp)),
+                        dec.vocab_size, dec.max_position_embeddings,
                         rope_theta=dec.rope_theta)
     gen = torch.Generator().manual_seed(0)
     tokens = torch.randint(0, dec.vocab_size, (1, args.seq), generator=gen)

@@ -95,6 +95,7 @@ def main() -> None:
     from orchestrator.data.tokenizer_build import load_tokenizer
     from orchestrator.eval.asr import evaluate_generation
     from orchestrator.models.audiollm import build_audiollm
+    from orchestrator.models.gemma2_model import gemma2_transformer_config
 
     data_cfg = cfg.data
     tokenizer = load_tokenizer(data_cfg.tokenizer)
@@ -112,7 +113,8 @@ def main() -> None:
     from orchestrator.train.audiollm_provider import AudioLLMProvider
 
     provider = AudioLLMProvider.from_config(to_object(cfg))
-    model = build_audiollm(cfg.model, cfg.parallel, audio_token_id=audio_id, **extra)
+    config = gemma2_transformer_config(cfg.model.decoder, ParallelDims.of(cfg.parallel), **extra)
+    model = build_audiollm(cfg.model, config, audio_token_id=audio_id)
     n_params = sum(p.numel() for p in model.parameters())
     config = model.config
     model = DistributedDataParallel(config=config, ddp_config=DistributedDataParallelConfig(), module=model)

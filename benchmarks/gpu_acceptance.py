@@ -468,6 +468,7 @@ def check_throughput(table: Table, name: str, backend: str, attention: str, dry_
     from orchestrator.train.audiollm_provider import model_inputs
     from orchestrator.plan.megatron_args import padded_vocab_size
     from orchestrator.models.audiollm import build_audiollm
+    from orchestrator.models.gemma2_model import gemma2_transformer_config
     from orchestrator.models.compile import compile_layers
     from orchestrator.train import lr_groups as lrg
     from orchestrator.train.lora import apply_lora
@@ -490,8 +491,9 @@ def check_throughput(table: Table, name: str, backend: str, attention: str, dry_
         decisions = decide(OmegaConf.to_container(cfg.model, resolve=True), Machine.probe(),
                            OmegaConf.to_container(cfg.parallel, resolve=True))
         print("decided on this machine: " + "; ".join(decisions.lines), flush=True)
-        model = build_audiollm(obj.model, obj.parallel, audio_token_id=audio_token_id, params_dtype=dtype,
-                               gradient_accumulation_fusion=decisions.gradient_accumulation_fusion)
+        config = gemma2_transformer_config(obj.model.decoder, ParallelDims.of(obj.parallel), dtype,
+                                           gradient_accumulation_fusion=decisions.gradient_accumulation_fusion)
+        model = build_audiollm(obj.model, config, audio_token_id=audio_token_id)
         if on_gpu:
             model.cuda()
         # The trainer's order: build -> LoRA -> model freezes -> compile -> lr groups -> DDP -> optimizer.
@@ -705,6 +707,7 @@ def check_generation(table: Table, dry_run: bool, dtype_name: str = ""):
     import torch
     from orchestrator.plan.compose import compose
     from orchestrator.models.audiollm import build_audiollm
+    from orchestrator.models.gemma2_model import gemma2_transformer_config
     from orchestrator.models.generate import greedy_generate
     from orchestrator.plan.model_params import audio_token_count
     from orchestrator.plan.resolve import to_object
@@ -726,7 +729,8 @@ def check_generation(table: Table, dry_run: bool, dtype_name: str = ""):
                                  *(["model.encoder.precision=bf16"] if dtype_name == "bf16" else [])]))
         torch.manual_seed(0)
         audio_token_id = 3
-        model = build_audiollm(obj.model, obj.parallel, audio_token_id=audio_token_id, params_dtype=dtype).to(device)
+        config = gemma2_transformer_config(obj.model.decoder, ParallelDims.of(obj.parallel), dtype)
+        model = build_audiollm(obj.model, config, audio_token_id=audio_token_id).to(device)
         with torch.no_grad():  # wider than the init (as hf_tiny_gemma2): every position and token moves the logits
             for name, param in model.named_parameters():
                 param.copy_(torch.randn(param.shape, generator=torch.Generator().manual_seed(len(name)))
@@ -762,8 +766,8 @@ def check_generation(table: Table, dry_run: bool, dtype_name: str = ""):
             if dtype != torch.float32:
                 # What a lower precision does to this model: the same forward in fp32 with the
                 # same (rounded) weights, over the positions that decode.
-                exact = build_audiollm(obj.model, obj.parallel, audio_token_id=audio_token_id,
-                                       params_dtype=torch.float32).to(device)
+                config = gemma2_transformer_config(obj.model.decoder, ParallelDims.of(obj.parallel), torch.float32)
+                exact = build_audiollm(obj.model, config, audio_token_id=audio_token_id).to(device)
                 for (_, mine), (_, twin) in zip(model.named_parameters(), exact.named_parameters()):
                     twin.copy_(mine.float())
                 diff = (logits - uncached_logits(exact)).abs().amax(-1)  # [rows, width]

@@ -42,6 +42,7 @@ def main() -> None:
 
     from orchestrator.plan.model_params import audio_token_count
     from orchestrator.models.audiollm import build_audiollm
+    from orchestrator.models.gemma2_model import gemma2_transformer_config
     from orchestrator.plan.parallel_dims import ParallelDims
     from orchestrator.runtime.distributed import init_distributed
 
@@ -51,7 +52,8 @@ def main() -> None:
     baseline = process.memory_info().rss
 
     audio_token_id = 3
-    model = build_audiollm(obj.model, obj.parallel, audio_token_id=audio_token_id)
+    model = build_audiollm(obj.model, gemma2_transformer_config(obj.model.decoder, ParallelDims.of(obj.parallel)),
+                           audio_token_id=audio_token_id)
     model = DistributedDataParallel(config=model.config, ddp_config=DistributedDataParallelConfig(), module=model)
     optimizer = get_megatron_optimizer(OptimizerConfig(lr=1e-4, clip_grad=1.0), [model])
 

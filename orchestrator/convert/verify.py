@@ -64,7 +64,7 @@ def _worker(args) -> None:
     device = init_distributed(ParallelDims(tp=tp, pp=pp), seed=0, allow_tf32=False)
     hf_cfg = hf_gemma2_config(read_hf_config(args.hf))
     dec = decoder_config_from_hf(hf_cfg)
-    config = gemma2_transformer_config(dec, tp=tp, pp=pp, params_dtype=dtype)
+    config = gemma2_transformer_config(dec, ParallelDims(tp=tp, pp=pp), params_dtype=dtype)
     model = Gemma2Model(config, dec.vocab_size, dec.max_position_embeddings, pre_process=ps.is_pipeline_first_stage(),
                         post_process=ps.is_pipeline_last_stage(), rope_theta=dec.rope_theta).eval()
     # The base model is compared: LoRA factors it holds (an imported PEFT adapter) are left out.

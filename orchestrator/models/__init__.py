@@ -3,10 +3,14 @@
 Build on every rank after `orchestrator.runtime.distributed.init_distributed`:
 
     from orchestrator.models.audiollm import build_audiollm
-    model = build_audiollm(model_cfg, parallel_cfg, pre_process=first_stage, post_process=last_stage,
-                           audio_token_id=tokenizer_audio_id, params_dtype=torch.bfloat16)
-    config = model.config                       # megatron TransformerConfig (Gemma2 fields added)
+    from orchestrator.models.gemma2_model import gemma2_transformer_config
+    config = gemma2_transformer_config(model_cfg.decoder, ParallelDims(tp=2, sp=True), torch.bfloat16)
+    model = build_audiollm(model_cfg, config, pre_process=first_stage, post_process=last_stage,
+                           audio_token_id=tokenizer_audio_id)
     config.finalize_model_grads_func = finalize_model_grads   # required with sequence parallel
+
+A job builds that config once from its Plan (orchestrator/train/megatron_config.py) and
+the same object serves DDP, the pipeline schedule and every layer.
 
 Forward (one micro-batch; the first stage fuses audio, later stages take the
 pipeline's input tensor):

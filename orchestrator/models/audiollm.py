@@ -13,13 +13,14 @@ audio embeddings must be scaled too):
 
 from __future__ import annotations
 
+import copy
 from typing import Optional, Sequence
 
 import torch
 from megatron.core.transformer.module import MegatronModule
 
 from orchestrator.models.fusion import fuse_audio, fuse_audio_frames
-from orchestrator.models.gemma2_model import Gemma2Model, gemma2_transformer_config
+from orchestrator.models.gemma2_model import Gemma2Model, Gemma2TransformerConfig
 from orchestrator.models.speech import AudioAdapter, build_whisper_encoder, ctc_losses, run_encoder
 
 
@@ -131,14 +132,15 @@ class AudioLLM(MegatronModule):
         return output if ctc_targets is None else (output, ctc)
 
 
-def build_audiollm(model_cfg, parallel_cfg, pre_process: bool = True, post_process: bool = True,
-                   audio_token_id: int = 0, params_dtype: torch.dtype = torch.float32, vp_stage=None,
-                   encoder_pad_value: float = 0.0, core_attention=None, encoder_lora: bool = False,
-                   on_gpu: Optional[bool] = None, attention: Optional[str] = None, random_init: bool = True,
-                   **config_overrides) -> AudioLLM:
-    """Build this rank's AudioLLM chunk from the `model` and `parallel` config sections.
-    Call after `init_distributed` (megatron's parallel state must exist). Every parameter
-    that can train is in `params_dtype`: megatron's bf16 optimizer keeps their fp32 master
+def build_audiollm(model_cfg, config: Gemma2TransformerConfig, pre_process: bool = True, post_process: bool = True,
+                   audio_token_id: int = 0, vp_stage=None, encoder_pad_value: float = 0.0, core_attention=None,
+                   encoder_lora: bool = False, on_gpu: Optional[bool] = None, attention: Optional[str] = None,
+                   random_init: bool = True) -> AudioLLM:
+    """Build this rank's AudioLLM chunk from the `model` config section and the decoder's
+    megatron `config` (the job's one TransformerConfig, orchestrator/train/megatron_config.py;
+    outside a job gemma2_transformer_config): its sizes, dtype and init methods. Call after
+    `init_distributed` (megatron's parallel state must exist). Every parameter
+    that can train is in the config's params_dtype: megatron's bf16 optimizer keeps their fp32 master
     weights, and its checkpoints hold only parameters of the compute dtype (a trained fp32
     adapter beside a bf16 decoder failed the first save on a GPU). The adapter's layer mix
     sums in fp32; only a frozen encoder can stay in fp32 (model.encoder.precision=fp32).
@@ -150,23 +152,19 @@ def build_audiollm(model_cfg, parallel_cfg, pre_process: bool = True, post_proce
     kernel decided for it (orchestrator.runtime.machine.decide; model.attention on
     `on_gpu` unless given). `random_init` False: a checkpoint will overwrite every weight
     of the Whisper encoder, which is then not drawn (the decoder's draws are skipped by
-    its init methods in `config_overrides`); True on a GPU: the decoder's are drawn there
+    the config's init methods); True on a GPU: the decoder's are drawn there
     (orchestrator.models.device_draws)."""
     from orchestrator.models.device_draws import draw_on_device
     from orchestrator.plan.kernels import attention_kernel, encoder_precision
 
     dec = model_cfg.decoder
+    params_dtype = config.params_dtype
     has_cuda = torch.cuda.is_available()
     on_gpu = has_cuda if on_gpu is None else on_gpu
-    config_overrides.setdefault("init_method_std", float(getattr(dec, "init_method_std", 0.02)))
-    config = gemma2_transformer_config(
-        dec, tp=parallel_cfg.tp, pp=parallel_cfg.pp, sp=bool(getattr(parallel_cfg, "sp", False)),
-        cp=int(getattr(parallel_cfg, "cp", 1)),
-        params_dtype=params_dtype, **config_overrides,
-    )
     device = torch.device("cuda", torch.cuda.current_device()) if on_gpu and has_cuda else torch.device("cpu")
     draws_on_gpu = random_init and device.type == "cuda"
-    if draws_on_gpu:  # megatron's host draws, made on the GPU
+    if draws_on_gpu:  # megatron's host draws, made on the GPU (on this chunk's copy: the job's config stays as planned)
+        config = copy.copy(config)
         draw_on_device(config, device)
     language_model = Gemma2Model(config, dec.vocab_size, dec.max_position_embeddings, pre_process=pre_process,
                                  post_process=post_process, backend=model_cfg.backend, rope_theta=dec.rope_theta,

@@ -23,9 +23,11 @@ from megatron.core import parallel_state, tensor_parallel
 from megatron.core.models.gpt import GPTModel
 from megatron.core.transformer import TransformerConfig
 
+from orchestrator.models.gemma2_spec import gemma2_block_spec
 from orchestrator.plan.kernels import LOSS_CHUNK_ELEMENTS
 from orchestrator.plan.megatron_args import padded_vocab_size
-from orchestrator.models.gemma2_spec import gemma2_block_spec
+from orchestrator.plan.parallel_dims import ParallelDims
+from orchestrator.runtime.distributed import megatron_parallel_fields
 
 
 def _rounded(value: float, dtype: torch.dtype) -> float:
@@ -94,12 +96,13 @@ class Gemma2TransformerConfig(TransformerConfig):
     sliding_window: Optional[int] = None
 
 
-def gemma2_transformer_config(decoder, tp: int = 1, pp: int = 1, sp: bool = False, cp: int = 1,
-                              params_dtype: torch.dtype = torch.float32, **overrides) -> Gemma2TransformerConfig:
-    """megatron config of the decoder section (`orchestrator.plan.schema.model.DecoderConfig`)."""
-    if sp and tp == 1:
-        raise ValueError("sequence parallel (parallel.sp=true) needs tensor parallel size > 1 (parallel.tp=1)")
-    fields = dict(
+def gemma2_fields(decoder) -> dict:
+    """The TransformerConfig fields of the decoder section
+    (`orchestrator.plan.schema.model.DecoderConfig`): its shape and Gemma2's own, over those
+    the job takes from the Plan (orchestrator/train/megatron_config.py). The Plan's argv
+    describes windows (--window-size) that megatron's attention would apply; this project's
+    attention applies them (orchestrator/models/attention.py), so megatron's are off here."""
+    return dict(
         num_layers=decoder.num_layers,
         hidden_size=decoder.hidden_size,
         num_attention_heads=decoder.num_attention_heads,
@@ -119,14 +122,28 @@ def gemma2_transformer_config(decoder, tp: int = 1, pp: int = 1, sp: bool = Fals
         attn_logit_softcapping=decoder.attn_logit_softcap,
         final_logit_softcapping=decoder.final_logit_softcap,
         sliding_window=decoder.sliding_window,
+        window_size=None,
+        window_attn_skip_freq=None,
         hidden_dropout=0.0,
         attention_dropout=0.0,
-        init_method_std=0.02,
-        tensor_model_parallel_size=tp,
-        pipeline_model_parallel_size=pp,
-        context_parallel_size=cp,  # megatron's rotary embedding then takes this rank's chunks
-        cp_comm_type="all_gather" if cp > 1 else None,  # what orchestrator.models.attention does
-        sequence_parallel=sp,
+        init_method_std=float(getattr(decoder, "init_method_std", 0.02)),
+        bias_activation_fusion=False,
+        bias_dropout_fusion=False,
+        masked_softmax_fusion=False,
+        persist_layer_norm=False,
+        apply_rope_fusion=False,
+    )
+
+
+def gemma2_transformer_config(decoder, dims: ParallelDims = ParallelDims(),
+                              params_dtype: torch.dtype = torch.float32, **overrides) -> Gemma2TransformerConfig:
+    """The decoder's config at `dims` outside a job (the tests, benchmarks and conversion
+    checks that build a model without a Plan); a job builds its one config from the Plan
+    (orchestrator/train/megatron_config.transformer_config) with the same gemma2_fields."""
+    if dims.sp and dims.tp == 1:
+        raise ValueError("sequence parallel (parallel.sp=true) needs tensor parallel size > 1 (parallel.tp=1)")
+    fields = dict(
+        **megatron_parallel_fields(dims),
         params_dtype=params_dtype,
         pipeline_dtype=params_dtype,
         bf16=params_dtype == torch.bfloat16,
@@ -135,11 +152,7 @@ def gemma2_transformer_config(decoder, tp: int = 1, pp: int = 1, sp: bool = Fals
         # start from the same weights (on a GPU the job draws them there: device_draws).
         use_cpu_initialization=True,
         gradient_accumulation_fusion=False,
-        bias_activation_fusion=False,
-        bias_dropout_fusion=False,
-        masked_softmax_fusion=False,
-        persist_layer_norm=False,
-        apply_rope_fusion=False,
+        **gemma2_fields(decoder),
     )
     fields.update(overrides)
     return Gemma2TransformerConfig(**fields)

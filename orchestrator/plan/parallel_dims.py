@@ -100,6 +100,13 @@ class ParallelDims:
         return {"world_size": self.world_size, **out}
 
     @classmethod
+    def of(cls, parallel: Any, dp: Optional[int] = None) -> "ParallelDims":
+        """The sizes of a `parallel` config section (orchestrator/plan/schema: tp, pp, cp,
+        vpp, sp, rank_order)."""
+        return cls(tp=parallel.tp, pp=parallel.pp, cp=parallel.cp, dp=dp, vpp=parallel.vpp, sp=parallel.sp,
+                   order=parallel.rank_order)
+
+    @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> "ParallelDims":
         return cls(tp=int(data.get("tp", 1)), pp=int(data.get("pp", 1)), cp=int(data.get("cp", 1)),
                    dp=int(data["dp"]) if data.get("dp") is not None else None,

@@ -93,8 +93,7 @@ def model_parallel_size(parallel: ParallelConfig) -> int:
 def parallel_dims(parallel: ParallelConfig, launcher: LauncherConfig) -> ParallelDims:
     """The run's sizes; dp None where tp x pp x cp does not tile the launcher's ranks
     (check_world_size says so)."""
-    dims = ParallelDims(tp=parallel.tp, pp=parallel.pp, cp=parallel.cp, vpp=parallel.vpp, sp=parallel.sp,
-                        order=parallel.rank_order)
+    dims = ParallelDims.of(parallel)
     world = world_size(launcher)
     return dims if ParallelDims.world_problem(dims.tp, dims.pp, dims.cp, world, "") else dims.at_world(world)
 

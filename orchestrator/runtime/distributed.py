@@ -13,6 +13,19 @@ from orchestrator.plan.parallel_dims import ParallelDims
 from orchestrator.runtime import cpu_compat
 
 
+def megatron_parallel_fields(dims: ParallelDims) -> dict:
+    """The TransformerConfig fields that say the sizes (the job's one config takes them from
+    the Plan's dims, as megatron's parallel state does)."""
+    return dict(
+        tensor_model_parallel_size=dims.tp,
+        pipeline_model_parallel_size=dims.pp,
+        virtual_pipeline_model_parallel_size=dims.vpp,
+        context_parallel_size=dims.cp,  # megatron's rotary embedding then takes this rank's chunks
+        cp_comm_type="all_gather" if dims.cp > 1 else None,  # what orchestrator.models.attention does
+        sequence_parallel=dims.sp,
+    )
+
+
 def cuda_device_index(local_rank: int, device_count: int, visible: Optional[str]) -> int:
     """The CUDA device of this task, among the `device_count` it can see.
 

@@ -28,14 +28,6 @@ from orchestrator.models.fusion import check_audio_placeholders, check_routed_fr
 from orchestrator.models.speech import JOINS_PREVIOUS
 from orchestrator.train import megatron_config as mcfg
 
-# Fields of the loop's TransformerConfig (from the plan) that the AudioLLM's own config
-# must share: the pipeline schedule and DDP read the loop's config, the layers read the
-# model's; these must agree.
-_SHARED_CONFIG_FIELDS = ("virtual_pipeline_model_parallel_size", "calculate_per_token_loss",
-                         "recompute_granularity", "recompute_method", "recompute_num_layers",
-                         "gradient_accumulation_fusion", "fp8")
-
-
 def audiollm_config(plan):
     """The plan's composed config as the typed schema object (attribute access, each
     section passed on to the function that owns it)."""
@@ -89,22 +81,25 @@ class AudioLLMProvider:
                    lora_rank=int(cfg.lora.rank), encoder_lora=int(cfg.lora.rank) > 0 and bool(cfg.lora.encoder),
                    seed=int(cfg.train.seed))
 
+    @property
+    def config_class(self):
+        from orchestrator.models.gemma2_model import Gemma2TransformerConfig
+
+        return Gemma2TransformerConfig
+
     def transformer_fields(self) -> dict:
-        # The loop's config serves DDP and the pipeline schedule only; the model's layers
-        # use the Gemma2 config build_audiollm makes. Plain RMSNorm here keeps megatron's
-        # TransformerConfig checks for the local spec quiet.
-        return dict(layernorm_zero_centered_gamma=False, window_size=None, bias_activation_fusion=False)
+        """The decoder's shape and Gemma2's own fields, over the Plan's (the job's one config)."""
+        from orchestrator.models.gemma2_model import gemma2_fields
+
+        return gemma2_fields(self.model_cfg.decoder)
 
     def build(self, config, pre_process: bool, post_process: bool, vp_stage: Optional[int], decisions=None):
         from orchestrator.models.audiollm import build_audiollm
 
-        shared = {name: getattr(config, name) for name in _SHARED_CONFIG_FIELDS}
-        shared.update(mcfg.skipped_init_fields(config))  # a checkpoint overwrites them: drawn for nothing
         target = {} if decisions is None else {"on_gpu": decisions.cuda, "attention": decisions.attention}
-        return build_audiollm(self.model_cfg, self.parallel_cfg, pre_process, post_process,
-                              audio_token_id=self.audio_token_id, params_dtype=config.params_dtype,
-                              random_init=mcfg.draws_random_init(config),
-                              vp_stage=vp_stage, encoder_lora=self.encoder_lora, **target, **shared)
+        return build_audiollm(self.model_cfg, config, pre_process, post_process, audio_token_id=self.audio_token_id,
+                              random_init=mcfg.draws_random_init(config), vp_stage=vp_stage,
+                              encoder_lora=self.encoder_lora, **target)
 
     def forward(self, model: torch.nn.Module, batch: dict) -> torch.Tensor:
         inner = _unwrapped(model)

@@ -53,23 +53,25 @@ def draws_random_init(config) -> bool:
     return config.init_method is not _draw_nothing
 
 
-def skipped_init_fields(config) -> dict:
-    """The init methods a model built from `config` takes over, where the job skipped them
-    (skip_random_init); {} otherwise (the model draws its weights from its own std)."""
-    return {} if draws_random_init(config) else {name: _draw_nothing for name in INIT_METHODS}
-
-
 def transformer_config(plan: Plan, on_gpu: bool, model_fields: Optional[dict] = None,
-                       gradient_accumulation_fusion: bool = False):
-    """`gradient_accumulation_fusion`: the job's decision for this machine
-    (orchestrator.runtime.machine.decide); the plan leaves it open on GPUs."""
+                       gradient_accumulation_fusion: bool = False, config_class=None):
+    """The job's one TransformerConfig: the loop's DDP and pipeline schedule and the
+    model's layers all read it. The Plan's megatron_args (Megatron-LM's argparse names that
+    are config fields), its sizes (`plan.dims`, as megatron's parallel state has them),
+    what the job decides on this machine (dtype, CPU-safe fusions;
+    `gradient_accumulation_fusion`: orchestrator.runtime.machine.decide, the plan leaves it
+    open on GPUs), then the model provider's `model_fields` in its `config_class`
+    (TransformerConfig unless given)."""
     from megatron.core.transformer import TransformerConfig
 
-    names = {f.name for f in dataclasses.fields(TransformerConfig)}
-    kwargs = {k: v for k, v in plan.megatron_args.items() if k in names and k not in _JOB_DECIDES and v is not None}
-    # Megatron-LM's flag for virtual stages is num_virtual_stages_per_pipeline_rank;
-    # the config field is virtual_pipeline_model_parallel_size. The Plan says it once.
-    kwargs["virtual_pipeline_model_parallel_size"] = plan.dims.vpp
+    from orchestrator.runtime.distributed import megatron_parallel_fields
+
+    config_class = config_class or TransformerConfig
+    names = {f.name for f in dataclasses.fields(config_class)}
+    sizes = megatron_parallel_fields(plan.dims)
+    kwargs = {k: v for k, v in plan.megatron_args.items()
+              if k in names and k not in _JOB_DECIDES and k not in sizes and v is not None}
+    kwargs.update(sizes)
     dtype = compute_dtype(plan, on_gpu)
     kwargs.update(
         bf16=dtype == torch.bfloat16, fp16=False, params_dtype=dtype, pipeline_dtype=dtype,
@@ -84,11 +86,11 @@ def transformer_config(plan: Plan, on_gpu: bool, model_fields: Optional[dict] = 
     kwargs.setdefault("attention_dropout", 0.0)
     if not on_gpu:
         kwargs.update(_CPU_FIELDS)
-    kwargs.update(model_fields or {})
     unknown = sorted(set(model_fields or {}) - names)
     if unknown:
-        raise ValueError(f"model provider asked for TransformerConfig fields that do not exist: {unknown}")
-    return TransformerConfig(**kwargs)
+        raise ValueError(f"model provider asked for {config_class.__name__} fields that do not exist: {unknown}")
+    kwargs.update(model_fields or {})
+    return config_class(**kwargs)
 
 
 def optimizer_config(plan: Plan, on_gpu: bool):

@@ -72,9 +72,9 @@ def main() -> None:
 
     from orchestrator.convert.gemma2_mapping import Gemma2Shape
     from orchestrator.models.audiollm import build_audiollm
+    from orchestrator.models.gemma2_model import gemma2_transformer_config
     from orchestrator.models.generate import greedy_generate
     from orchestrator.plan.schema.model import AdapterConfig
-    from orchestrator.plan.schema.parallel import ParallelConfig
     from tests.models.sharding import hf_to_megatron_full, shard_megatron
     from tests.models.tiny_models import (hf_gemma2, random_adapter_weights, randomize, tiny_model_config,
                                           whisper_config)
@@ -117,8 +117,9 @@ def main() -> None:
         tp, pp, cp = sizes.get("tp", 1), sizes.get("pp", 1), sizes.get("cp", 1)
         init_distributed(ParallelDims(tp=tp, pp=pp, cp=cp), seed=0)
         first, last = ps.is_pipeline_first_stage(), ps.is_pipeline_last_stage()
-        model = build_audiollm(model_cfg, ParallelConfig(tp=tp, pp=pp, cp=cp, sp=sizes.get("sp", False)),
-                               pre_process=first, post_process=last, audio_token_id=AUDIO)
+        dims = ParallelDims(tp=tp, pp=pp, cp=cp, sp=sizes.get("sp", False))
+        config = gemma2_transformer_config(model_cfg.decoder, dims)
+        model = build_audiollm(model_cfg, config, pre_process=first, post_process=last, audio_token_id=AUDIO)
         shard = shard_megatron(full, shape, tp, pp)[(ps.get_tensor_model_parallel_rank(),
                                                      ps.get_pipeline_model_parallel_rank())]
         weights = {"language_model." + k: v for k, v in shard.items()}

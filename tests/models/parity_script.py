@@ -73,7 +73,7 @@ def main() -> None:
         if ps.model_parallel_is_initialized():
             ps.destroy_model_parallel()
         init_distributed(ParallelDims(tp=tp, pp=pp), seed=0)
-        cfg = gemma2_transformer_config(dec, tp=tp, pp=pp, sp=sp, **case.get("overrides", {}))
+        cfg = gemma2_transformer_config(dec, ParallelDims(tp=tp, pp=pp, sp=sp), **case.get("overrides", {}))
         model = Gemma2Model(
             cfg, dec.vocab_size, dec.max_position_embeddings,
             pre_process=ps.is_pipeline_first_stage(), post_process=ps.is_pipeline_last_stage(),
@@ -145,7 +145,7 @@ def device_draws_check(shape, dec) -> None:
         if ps.model_parallel_is_initialized():
             ps.destroy_model_parallel()
         init_distributed(ParallelDims(tp=tp), seed=0)
-        cfg = gemma2_transformer_config(dec, tp=tp)
+        cfg = gemma2_transformer_config(dec, ParallelDims(tp=tp))
         if on_device:
             draw_on_device(cfg, torch.device("cpu"))
         model = Gemma2Model(cfg, dec.vocab_size, dec.max_position_embeddings, rope_theta=dec.rope_theta)
@@ -186,7 +186,7 @@ def norm_grad_cases(shape, full, dec, tokens) -> None:
         if ps.model_parallel_is_initialized():
             ps.destroy_model_parallel()
         init_distributed(ParallelDims(tp=tp), seed=0)
-        cfg = gemma2_transformer_config(dec, tp=tp, sp=sp)
+        cfg = gemma2_transformer_config(dec, ParallelDims(tp=tp, sp=sp))
         model = Gemma2Model(cfg, dec.vocab_size, dec.max_position_embeddings, rope_theta=dec.rope_theta)
         model.load_state_dict(shard_megatron(full, shape, tp, 1)[(ps.get_tensor_model_parallel_rank(), 0)], strict=False)
         model = DistributedDataParallel(config=cfg, ddp_config=DistributedDataParallelConfig(), module=model)
@@ -275,7 +275,7 @@ def audiollm_cases(hf, shape, full) -> None:
     from orchestrator.convert.megatron_forward import pipeline_forward
     from orchestrator.models.audiollm import AudioLLM, build_audiollm
     from orchestrator.models.fusion import fuse_audio
-    from orchestrator.plan.schema.parallel import ParallelConfig
+    from orchestrator.models.gemma2_model import gemma2_transformer_config
     from tests.models.tiny_models import random_adapter_weights, randomize, tiny_model_config, whisper_config
 
     class ScaleBeforeFusion(AudioLLM):
@@ -319,7 +319,8 @@ def audiollm_cases(hf, shape, full) -> None:
             ps.destroy_model_parallel()
         init_distributed(ParallelDims(tp=tp, pp=pp), seed=0)
         first, last = ps.is_pipeline_first_stage(), ps.is_pipeline_last_stage()
-        model = build_audiollm(model_cfg, ParallelConfig(tp=tp, pp=pp, sp=sp), pre_process=first,
+        config = gemma2_transformer_config(model_cfg.decoder, ParallelDims(tp=tp, pp=pp, sp=sp))
+        model = build_audiollm(model_cfg, config, pre_process=first,
                                post_process=last, audio_token_id=AUDIO_TOKEN)
         model = cls(model.language_model, model.encoder, model.adapter, AUDIO_TOKEN).eval()
         shard = shard_megatron(full, shape, tp, pp)[(ps.get_tensor_model_parallel_rank(), ps.get_pipeline_model_parallel_rank())]
@@ -366,7 +367,7 @@ def inventory_check(hf) -> None:
     from orchestrator.plan.model_params import parameter_inventory
     from orchestrator.plan.schema.lora import LoraConfig
     from orchestrator.models.audiollm import build_audiollm
-    from orchestrator.plan.schema.parallel import ParallelConfig
+    from orchestrator.models.gemma2_model import gemma2_transformer_config
     from tests.models.tiny_models import tiny_model_config, whisper_config
 
     if ps.model_parallel_is_initialized():
@@ -380,18 +381,21 @@ def inventory_check(hf) -> None:
                        ("frozen_encoder", dataclasses.replace(base, encoder=dataclasses.replace(base.encoder, freeze=True))),
                        ("untied_output", dataclasses.replace(base, decoder=dataclasses.replace(base.decoder, tie_embeddings=False))),
                        ("tiny_cpu_recipe", compose(["+recipe=tiny_cpu"]).model)]:
-        model = build_audiollm(cfg, ParallelConfig(tp=1, pp=1), audio_token_id=AUDIO_TOKEN)
+        model = build_audiollm(cfg, gemma2_transformer_config(cfg.decoder, ParallelDims(tp=1, pp=1)),
+                               audio_token_id=AUDIO_TOKEN)
         real = [(n, list(p.shape), p.requires_grad) for n, p in model.named_parameters()]
         analytic = [(i.name, list(i.shape), i.trainable) for i in parameter_inventory(cfg, LoraConfig(), tp=1)]
         report[label] = {"real": sorted(real), "analytic": sorted(analytic)}
         # Built for a GPU (bf16), here on the CPU: megatron's bf16 optimizer checkpoints only
         # bf16 parameters, so every one that trains must be bf16.
-        gpu = build_audiollm(cfg, ParallelConfig(tp=1, pp=1), audio_token_id=AUDIO_TOKEN, params_dtype=torch.bfloat16,
+        gpu = build_audiollm(cfg, gemma2_transformer_config(cfg.decoder, ParallelDims(tp=1, pp=1), torch.bfloat16),
+                             audio_token_id=AUDIO_TOKEN,
                              on_gpu=True, attention="reference")
         report[label]["gpu_trained_dtypes"] = sorted({str(p.dtype) for p in gpu.parameters() if p.requires_grad})
     forced = dataclasses.replace(base, encoder=dataclasses.replace(base.encoder, precision="fp32"))
     try:
-        build_audiollm(forced, ParallelConfig(tp=1, pp=1), audio_token_id=AUDIO_TOKEN, params_dtype=torch.bfloat16,
+        build_audiollm(forced, gemma2_transformer_config(forced.decoder, ParallelDims(tp=1, pp=1), torch.bfloat16),
+                       audio_token_id=AUDIO_TOKEN,
                        on_gpu=True, attention="reference")
         report["trained_fp32_encoder_on_gpu"] = "built"
     except ValueError as exc:
@@ -417,7 +421,7 @@ def load_checkpoint_check(hf) -> None:
     from orchestrator.convert.gemma2_mapping import Gemma2Shape
     from tests.models.sharding import hf_to_megatron_full
     from orchestrator.models.audiollm import build_audiollm
-    from orchestrator.plan.schema.parallel import ParallelConfig
+    from orchestrator.models.gemma2_model import gemma2_transformer_config
     from orchestrator.train.init_weights import load_init_checkpoint
     from tests.models.sharding import shard_megatron
     from tests.models.tiny_models import randomize, tiny_model_config, whisper_config
@@ -436,7 +440,9 @@ def load_checkpoint_check(hf) -> None:
                         "--whisper", str(root / "whisper"), "--out", str(root / "mg")], check=True,
                        capture_output=True)
     dist.barrier()
-    model = build_audiollm(tiny_model_config(hf.config, whisper_config()), ParallelConfig(tp=2), audio_token_id=AUDIO_TOKEN)
+    model_cfg = tiny_model_config(hf.config, whisper_config())
+    model = build_audiollm(model_cfg, gemma2_transformer_config(model_cfg.decoder, ParallelDims(tp=2)),
+                           audio_token_id=AUDIO_TOKEN)
     loaded = load_init_checkpoint(root / "mg", [model])
     shape = Gemma2Shape.from_hf_config(hf.config)
     expected = shard_megatron(hf_to_megatron_full(hf.state_dict(), shape), shape, 2, 1)[(ps.get_tensor_model_parallel_rank(), 0)]

@@ -63,6 +63,12 @@ class StandInGPT(_megatron_module()):
 
 
 class StandInProvider:
+    @property
+    def config_class(self):
+        from megatron.core.transformer import TransformerConfig
+
+        return TransformerConfig
+
     def __init__(self, vocab_size: int, seq_length: int):
         self.vocab_size, self.seq_length = vocab_size, seq_length
         self._mask = torch.triu(torch.ones(seq_length, seq_length, dtype=torch.bool), diagonal=1)[None, None]

@@ -31,11 +31,12 @@ def test_recipe_plan_builds_transformer_and_optimizer_configs(recipe):
 
 def test_flags_the_job_implements_itself_are_said_so_and_off_in_megatron():
     """--apply-layernorm-1p and --window-size describe the model in the printed argv; the
-    job's megatron config has both off (its own modules implement them), and the Plan
-    and `audiollm plan` say so."""
+    job's one megatron config keeps the zero-centred norm (the project's norms read it) and
+    has megatron's windows off (the project's attention windows the even layers), and the
+    Plan and `audiollm plan` say so."""
     from orchestrator.plan.report import render
     from orchestrator.plan.resolve import ARGV_IMPLEMENTED_BY_AUDIOLLM
-    from orchestrator.train.audiollm_provider import AudioLLMProvider
+    from orchestrator.train.audiollm_provider import AudioLLMProvider, audiollm_config
 
     resolved = resolve(compose(["+recipe=gemma2_whisper_8k_cp2"]))  # context parallel: --cp-comm-type too
     for flags in ARGV_IMPLEMENTED_BY_AUDIOLLM:
@@ -45,8 +46,12 @@ def test_flags_the_job_implements_itself_are_said_so_and_off_in_megatron():
     without_cp = resolve(compose(["+recipe=gemma2_whisper_tp4pp2"])).model_extensions["implemented_by_audiollm"]
     assert "--cp-comm-type all_gather" not in without_cp and "--apply-layernorm-1p" in without_cp
     plan = resolved
-    fields = AudioLLMProvider.transformer_fields(None)
-    config = mcfg.transformer_config(plan, on_gpu=False, model_fields=fields)
+    provider = AudioLLMProvider.with_ids(audiollm_config(plan), audio_token_id=0)
+    config = mcfg.transformer_config(plan, False, provider.transformer_fields(), config_class=provider.config_class)
     assert plan.megatron_args["layernorm_zero_centered_gamma"] and plan.megatron_args["window_size"]
-    assert config.layernorm_zero_centered_gamma is False and config.window_size is None
+    assert config.layernorm_zero_centered_gamma and config.window_size is None and config.window_attn_skip_freq is None
+    assert config.sliding_window == plan.config["model"]["decoder"]["sliding_window"]
+    # The sizes are the Plan's, as megatron's parallel state has them.
+    assert (config.tensor_model_parallel_size, config.context_parallel_size, config.sequence_parallel,
+            config.cp_comm_type) == (plan.dims.tp, plan.dims.cp, plan.dims.sp, "all_gather")
 
