@@ -75,7 +75,7 @@ def plan_at_layout(plan, tp: int, pp: int, cp: int, world_size: int):
                                  context_parallel_size=cp, cp_comm_type="all_gather" if cp > 1 else None,
                                  sequence_parallel=sp, use_distributed_optimizer=False,
                                  num_virtual_stages_per_pipeline_rank=None)
-    # The model is built from the config's parallel section: it must say the same.
+    # The provider shapes its batches by the config's parallel section: it must say the same.
     data["config"]["parallel"].update(tp=tp, pp=pp, cp=cp, vpp=None, sp=sp, distributed_optimizer=False)
     return Plan.from_dict(data, plan.run_dir)
 

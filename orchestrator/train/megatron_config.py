@@ -1,9 +1,11 @@
-"""megatron-core configs built from the Plan's megatron_args (one source of truth).
+"""megatron-core configs built from the Plan (one source of truth).
 
 Megatron-LM copies every argparse value whose name is a TransformerConfig field into
 the config (core_transformer_config_from_args); we do the same with the Plan's
-megatron_args, then set what the job itself decides (dtype, CPU-safe fusions), then the
-model-specific fields the model provider asks for.
+megatron_args, take the parallel sizes from the Plan's dims (as megatron's parallel state
+has them), set what the job itself decides (dtype, CPU-safe fusions), then the
+model-specific fields the model provider asks for. The result is the job's one
+TransformerConfig: DDP, the pipeline schedule and the model's layers all read it.
 """
 
 from __future__ import annotations
