@@ -469,6 +469,7 @@ def check_throughput(table: Table, name: str, backend: str, attention: str, dry_
     from orchestrator.plan.megatron_args import padded_vocab_size
     from orchestrator.models.audiollm import build_audiollm
     from orchestrator.models.gemma2_model import gemma2_transformer_config
+    from orchestrator.plan.parallel_dims import ParallelDims
     from orchestrator.models.compile import compile_layers
     from orchestrator.train import lr_groups as lrg
     from orchestrator.train.lora import apply_lora
@@ -708,6 +709,7 @@ def check_generation(table: Table, dry_run: bool, dtype_name: str = ""):
     from orchestrator.plan.compose import compose
     from orchestrator.models.audiollm import build_audiollm
     from orchestrator.models.gemma2_model import gemma2_transformer_config
+    from orchestrator.plan.parallel_dims import ParallelDims
     from orchestrator.models.generate import greedy_generate
     from orchestrator.plan.model_params import audio_token_count
     from orchestrator.plan.resolve import to_object
