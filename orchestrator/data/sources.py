@@ -31,9 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence
 
-REMOTE_SCHEMES = ("s3://", "gs://", "oci://", "azure://", "azure-dl://", "hf://", "dbfs:", "sftp://", "http://",
-                  "https://")
-_GLOB_CHARS = set("*?[")
+from orchestrator.plan.local_paths import GLOB_CHARS, is_remote
 
 
 @dataclass(frozen=True)
@@ -44,10 +42,6 @@ class ResolvedDataset:
     num_samples: Optional[int] = None  # known for local datasets (from index.json)
     # The config entry it came from: its task, template and columns (orchestrator.plan.tasks).
     entry: Any = field(default=None, compare=False)
-
-
-def is_remote(path: str) -> bool:
-    return path.startswith(REMOTE_SCHEMES)
 
 
 def _local_num_samples(path: str) -> int:
@@ -66,7 +60,7 @@ def resolve_entries(entries: Sequence[Any]) -> List[ResolvedDataset]:
     out: List[ResolvedDataset] = []
     for entry in entries:
         name, path, weight = str(entry.name), str(entry.path), float(getattr(entry, "weight", 1.0))
-        if not any(c in path for c in _GLOB_CHARS):
+        if not any(c in path for c in GLOB_CHARS):
             size = None if is_remote(path) else _local_num_samples(path)
             out.append(ResolvedDataset(name, path, weight, size, entry))
             continue

@@ -30,6 +30,7 @@ from orchestrator.plan.schema import (
     RunConfig,
     TrainConfig,
 )
+from orchestrator.plan.local_paths import missing_inputs
 from orchestrator.plan.model_params import audio_tokens_per_clip
 from orchestrator.plan.parallel_dims import ParallelDims, canonical_nodes_problem, world_size as launcher_world
 from orchestrator.plan.topology import RANK_ORDERS
@@ -571,6 +572,21 @@ def check_tokenizer(data: DataConfig, model: ModelConfig, purpose: str = "plan")
                                         f"embedding would fail; use the model's tokenizer or a larger vocab_size")
 
 
+def check_local_inputs(data: DataConfig, launcher: LauncherConfig) -> Iterator[Finding]:
+    """The tokenizer and the local datasets exist where the job reads them
+    (orchestrator/plan/local_paths.py): refused for a job on this machine, said for a SLURM
+    job, whose nodes may see what this machine does not."""
+    datasets = [(f"data.{split}[{entry.name}].path", str(entry.path))
+                for split in ("train", "validation") for entry in (getattr(data, split) or [])]
+    for _, problem in missing_inputs(data.tokenizer, datasets, data.demo_corpus):
+        if launcher.kind == "local":
+            yield _error("local_paths", f"{problem}; launcher=local runs the job on this machine, where it would "
+                                        f"stop at start: point it at what exists here (or write it first)")
+        else:
+            yield _warning("cluster_paths", f"{problem} (seen from this machine): the job reads it on the compute "
+                                            f"nodes at start, which must see it (launcher={launcher.kind})")
+
+
 def check_packing(data: DataConfig, optim: OptimConfig) -> Iterator[Finding]:
     if data.packing and data.packing_buffer < optim.micro_batch_size:
         yield _error(
@@ -796,6 +812,7 @@ def validate(cfg: AudioLLMConfig, purpose: str = "plan") -> list[Finding]:
         lambda: check_data(cfg.data, m, purpose),
         lambda: check_packing(cfg.data, cfg.optim),
         lambda: check_tokenizer(cfg.data, m, purpose),
+        lambda: check_local_inputs(cfg.data, l),
         lambda: check_optim(cfg.optim, cfg.train),
         lambda: check_train(cfg.train, cfg.run),
         lambda: check_profile(cfg.train, l),

@@ -265,3 +265,32 @@ def test_context_parallel_counts_as_sharding():
     assert not [f for f in findings if f.rule == "distributed_optimizer"]
     alone = validate(to_object(compose(["parallel.distributed_optimizer=true"])), "plan")
     assert [f.rule for f in alone if f.rule == "distributed_optimizer"] == ["distributed_optimizer"]
+
+
+def test_inputs_this_machine_cannot_see_are_refused_for_it_and_said_for_a_cluster(tmp_path, monkeypatch, capsys):
+    """A tokenizer directory or a dataset that does not exist here fails a local job at its
+    start: `plan` and a dry run refuse it, naming the key, the path and the directory a
+    relative path is read from; a SLURM job's nodes may see it, so there it is a warning."""
+    from launchers.train import train
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "seen").mkdir()
+    (tmp_path / "seen" / "index.json").write_text("{}")
+    inputs = ["data.demo_corpus=null", "data.tokenizer=/nonexistent/tokenizer", "data.validation=[]",
+              "data.train=[{name: here, path: seen}, {name: gone, path: /nonexistent/asr_mds}, "
+              "{name: many, path: 'shards/*'}]"]
+    local = [str(f) for f in validate(to_object(compose(["launcher=local", *inputs])), "plan")
+             if f.rule == "local_paths"]
+    assert [f.split(":")[0] for f in local] == ["error"] * 3, local
+    assert "data.tokenizer=/nonexistent/tokenizer: no such directory" in local[0]
+    assert "data.train[gone].path: /nonexistent/asr_mds does not exist" in local[1]
+    assert f"matches shards/* (relative to {tmp_path})" in local[2] and "launcher=local runs the job" in local[2]
+    cluster = [f for f in validate(to_object(compose(["launcher=slurm", *inputs])), "train")
+               if f.rule in ("local_paths", "cluster_paths")]
+    assert {(f.severity, f.rule) for f in cluster} == {("warning", "cluster_paths")} and len(cluster) == 3, cluster
+    assert all("seen from this machine" in f.message and "compute nodes" in f.message for f in cluster)
+    # A dry run of that local job submits nothing and says why.
+    assert train([*inputs, "launcher=local", "launcher.dry_run=true", f"run.output_root={tmp_path / 'out'}"]) != 0
+    assert "data.tokenizer=/nonexistent/tokenizer: no such directory" in capsys.readouterr().err
+    # The demo corpus's own paths are written by `audiollm train` before it submits.
+    assert [f for f in validate(to_object(compose(["+recipe=tiny_cpu"])), "train") if f.rule == "local_paths"] == []
