@@ -157,7 +157,15 @@ def _plan_sweep(args: argparse.Namespace) -> int:
         from orchestrator.plan.probe_report import ProbeFailed, render as render_probe, run_probes
         from orchestrator.plan.resolve import resolve
 
-        best = runnable[:args.probe_best]
+        # The probe steps fake weights on synthetic batches: an error every point shares (a
+        # checkpoint not converted yet, say) does not stop it; a point's own broken rule does.
+        best = [p for p in report["points"] if p["valid"]][:args.probe_best]
+        if not best:
+            print(f"\n--probe-best {args.probe_best}: nothing to probe, no point is valid (each breaks a rule of "
+                  f"its own or does not fit)", file=sys.stderr)
+        elif report["shared_errors"]:
+            print(f"\nprobing the {len(best)} best valid point(s) despite the error(s) every point shares: the "
+                  f"probe runs on fake weights and synthetic batches", flush=True)
         plans = [resolve(compose(point["overrides"]), purpose="plan", keep_errors=True).to_dict() for point in best]
         try:
             results = run_probes([(plan, None) for plan in plans])  # their roles share this machine's cores

@@ -76,6 +76,22 @@ class Traffic:
     def total(self) -> float:
         return sum(self.payload(kind) for kind in KINDS)
 
+    def wire_bytes(self, kind: str, sizes: dict, collectives=None) -> float:
+        """Bytes this rank sends for `kind` (`collectives`: those only) in groups of `sizes`
+        (tp, cp, pp, dp ranks)."""
+        return sum(payload * wire_factor(collective, group_size(kind, collective, sizes))
+                   for collective, payload in self.by_kind[kind].items()
+                   if collectives is None or collective in collectives)
+
+
+def group_size(kind: str, collective: str, sizes: dict) -> int:
+    """The ranks a collective of `kind` runs among: the kind's group, except the tied
+    embedding's gradient all-reduce, which megatron runs in its embedding group, the first
+    and the last pipeline stage only (2 ranks, whatever the pipeline's depth)."""
+    if kind == "pp" and collective == "all_reduce":
+        return min(2, sizes["pp"])
+    return sizes[kind]
+
 
 COLUMN_PARALLEL = ("self_attention.linear_qkv", "mlp.linear_fc1")
 ROW_PARALLEL = ("self_attention.linear_proj", "mlp.linear_fc2")

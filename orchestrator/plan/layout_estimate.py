@@ -25,6 +25,9 @@ class LayoutEstimate:
     wire_gb: dict  # kind -> GB one GPU of the busiest stage sends per step (ring factors applied)
     payload_gb: dict  # kind -> GB handed to collectives (communication.py's count)
     crosses_nodes: dict  # kind -> whether its groups span nodes (then the network's speed applies)
+    # Hardware TFLOPs one GPU of the busiest stage computes per step (recompute included; a
+    # pipeline's first stage also runs the encoder, its last the output layer).
+    busiest_gpu_tflop: float = 0.0
     inputs: list = field(default_factory=list)  # what the estimate rests on, measured or assumed
 
 
@@ -84,18 +87,19 @@ def estimate_layout(cfg, inventory, stages, dp: int, num_microbatches: int,
     sizes = {"tp": parallel.tp, "cp": parallel.cp, "pp": parallel.pp, "dp": dp * parallel.cp}
     device = est.DEVICES[launcher.gpu_type]
     efficiency = step_time.efficiency(launcher.gpu_type)
+    forward, backward = chunk_flops_per_microbatch(cfg, inventory)
     timing = step_time.estimate(
-        *chunk_flops_per_microbatch(cfg, inventory), traffic, num_microbatches=m, vpp=parallel.vpp,
+        forward, backward, traffic, num_microbatches=m, vpp=parallel.vpp,
         group_sizes=sizes, bandwidths=bandwidth, peak_flops=device.peak_tflops * 1e12, mfu=efficiency.mfu,
         world=launcher.nodes * launcher.gpus_per_node, tokens=cfg.optim.global_batch_size * cfg.data.seq_length,
         overlap_grad_reduce=overlap_grad_reduce)
     busiest = max(traffic, key=lambda t: t.total())
-    wire = {kind: sum(p * comm.wire_factor(c, sizes[kind]) for c, p in busiest.by_kind[kind].items()) / 1e9
-            for kind in comm.KINDS}
+    wire = {kind: busiest.wire_bytes(kind, sizes) / 1e9 for kind in comm.KINDS}
     return LayoutEstimate(
         step_s=timing.step_s, tokens_per_s_per_gpu=timing.tokens_per_s_per_gpu, bubble=timing.bubble,
         mfu=efficiency.mfu, mfu_measured_here=efficiency.measured_here,
         wire_gb=wire, payload_gb={kind: busiest.payload(kind) / 1e9 for kind in comm.KINDS}, crosses_nodes=crosses,
+        busiest_gpu_tflop=max(sum(f) + sum(b) for f, b in zip(forward, backward)) * m / 1e12,
         inputs=[f"compute: {efficiency.source}", *link_notes,
                              "bubble: megatron's schedule played with each stage's own times"])
 

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from orchestrator.plan.communication import Traffic, wire_factor
+from orchestrator.plan.communication import Traffic
 from orchestrator.plan.schedule import makespan
 
 
@@ -94,9 +94,6 @@ class StepTime:
     tokens_per_s_per_gpu: float
 
 
-def comm_seconds(traffic: Traffic, kind: str, group_size: int, bandwidth_gb_s: float) -> float:
-    return sum(payload * wire_factor(collective, group_size)
-               for collective, payload in traffic.by_kind[kind].items()) / (bandwidth_gb_s * 1e9)
 
 
 def estimate(forward_flops: list[list[float]], backward_flops: list[list[float]], traffic: list[Traffic], *,
@@ -111,14 +108,14 @@ def estimate(forward_flops: list[list[float]], backward_flops: list[list[float]]
     for stage, t in enumerate(traffic):
         # TP, CP and pipeline traffic on the critical path, shared over the stage's
         # micro-batch chunks in proportion to their compute
-        comm = sum(comm_seconds(t, kind, group_sizes[kind], bandwidths[kind]) for kind in ("tp", "cp", "pp")) / m
+        comm = sum(t.wire_bytes(kind, group_sizes) / (bandwidths[kind] * 1e9) for kind in ("tp", "cp", "pp")) / m
         compute = sum(forward_flops[stage]) + sum(backward_flops[stage])
         scale = (1 + comm * rate / compute) / rate if compute else 0.0
         forward_s.append([f * scale for f in forward_flops[stage]])
         backward_s.append([b * scale for b in backward_flops[stage]])
-        dp, size = t.by_kind["dp"], group_sizes["dp"]
-        reduce_s.append(sum(p * wire_factor(c, size) for c, p in dp.items() if c != "all_gather") / (bandwidths["dp"] * 1e9))
-        gather_s.append(dp.get("all_gather", 0.0) * wire_factor("all_gather", size) / (bandwidths["dp"] * 1e9))
+        dp_link = bandwidths["dp"] * 1e9
+        reduce_s.append(t.wire_bytes("dp", group_sizes, ("all_reduce", "reduce_scatter")) / dp_link)
+        gather_s.append(t.wire_bytes("dp", group_sizes, ("all_gather",)) / dp_link)
     pipeline_s, busy = makespan(forward_s, backward_s, m, vpp)
     # the gradient reduction hides behind the last micro-batch's backward when it overlaps;
     # the distributed optimizer's parameter all-gather does not overlap

@@ -27,17 +27,13 @@ class Row:
     device_gib: float | None = None
     fits: bool | None = None
     trainable_per_gpu: int | None = None
-    model_tflop_per_gpu: float | None = None
+    tflop_per_gpu: float | None = None  # hardware TFLOPs of the busiest GPU per step
     wire_gb: dict | None = None
     crosses_nodes: dict | None = None
     bubble: float | None = None
     step_s: float | None = None
     tokens_per_s_per_gpu: float | None = None
     inputs: list | None = None
-
-    @property
-    def runs(self) -> bool:
-        return not self.errors and bool(self.fits)
 
 
 def rule_of(error: str) -> str:
@@ -73,9 +69,11 @@ def plan_rows(overrides: Sequence[str]) -> list[Row]:
         memory = plan["memory"]
         row.memory_gib, row.device_gib, row.fits = memory["total_gib"], memory["device_gib"], memory["fits"]
         row.trainable_per_gpu = max(s["trainable"] for s in plan["parameters"]["per_rank_by_stage"])
-        row.model_tflop_per_gpu = plan["flops"]["model_flops_per_step"] / plan["world_size"] / 1e12
+        # The hardware FLOPs of a step's average GPU; on GPUs the busiest one's (below).
+        row.tflop_per_gpu = plan["flops"]["hardware_flops_per_step"] / plan["world_size"] / 1e12
         step = plan["step_estimate"]  # None on CPUs
         if step is not None:
+            row.tflop_per_gpu = step["busiest_gpu_tflop"]
             row.wire_gb, row.crosses_nodes, row.inputs = step["wire_gb"], step["crosses_nodes"], step["inputs"]
             row.bubble, row.step_s, row.tokens_per_s_per_gpu = step["bubble"], step["step_s"], step["tokens_per_s_per_gpu"]
     return rows
@@ -122,7 +120,7 @@ def render(rows: list[Row], overrides: Sequence[str]) -> str:
         if not row.fits and valid == "ok":
             valid = "no fit"
         cells = [str(i), *row.point.values(), valid, memory, f"{row.trainable_per_gpu / 1e6:.0f}",
-                 f"{row.model_tflop_per_gpu:.0f}"]
+                 f"{row.tflop_per_gpu:.0f}"]
         if row.wire_gb is not None:
             cells += [_gb(row.wire_gb[k], row.crosses_nodes[k]) for k in ("tp", "cp", "pp", "dp")]
             cells += [f"{row.bubble:.0%}", f"{row.step_s:.2f}", f"{row.tokens_per_s_per_gpu:,.0f}"]
@@ -134,7 +132,8 @@ def render(rows: list[Row], overrides: Sequence[str]) -> str:
     lines.insert(1, "  ".join("-" * w for w in widths))
     out = [f"{len(rows)} points of `audiollm plan -m {' '.join(overrides)}`, best estimate first:", "", *lines, ""]
     out.append("GB: what one GPU of the busiest stage sends per step (ring collectives), * over the network "
-               "between nodes; memory: the most loaded stage (as `audiollm plan`).")
+               "between nodes; TFLOP: what that GPU computes per step (recompute included); memory: the most "
+               "loaded stage (as `audiollm plan`).")
     inputs = next((r.inputs for r in order if r.inputs), None)
     if inputs:
         out.append("the estimate rests on: " + "; ".join(inputs))
@@ -161,7 +160,11 @@ def _gb(value: float, crosses: bool) -> str:
 
 
 def to_json(rows: list[Row]) -> dict:
+    """The table as data: each point's own `valid` (the table's "ok": no rule of its own
+    broken, and it fits) and whether it `runs` (valid, and no error every point shares)."""
     shared = shared_errors(rows)
-    return {"shared_errors": shared,
-            "points": [asdict(r) | {"runs": r.runs and not [e for e in r.errors if e not in shared]}
-                       for r in ranked(rows, shared)]}
+    points = []
+    for row in ranked(rows, shared):
+        valid = bool(row.fits) and not [e for e in row.errors if e not in shared]
+        points.append(asdict(row) | {"valid": valid, "runs": valid and not shared})
+    return {"shared_errors": shared, "points": points}

@@ -49,12 +49,16 @@ def test_table_ranks_runnable_points_first_and_names_broken_rules(capsys):
     by_point = {(p["point"]["parallel.tp"], p["point"]["parallel.pp"]): p for p in points}
     assert any("[sp_needs_tp]" in e for e in by_point[("1", "1")]["errors"])  # the recipe's sp=true
     assert any("[layers_pp]" in e for e in by_point[("2", "4")]["errors"])  # 42 layers over 4 stages
-    # the memory column is `audiollm plan`'s of the same point
+    # the memory column is `audiollm plan`'s of the same point, the TFLOP column its busiest GPU's
     for p in points[::9]:
         if p["memory_gib"] is not None:
             plan = resolve(compose(p["overrides"]), purpose="plan", keep_errors=True).to_dict()
             assert p["memory_gib"] == pytest.approx(plan["memory"]["total_gib"], rel=1e-12)
             assert p["fits"] == plan["memory"]["fits"]
+            assert p["tflop_per_gpu"] == pytest.approx(plan["step_estimate"]["busiest_gpu_tflop"], rel=1e-12)
+    # recomputing and a pipeline's uneven stages change what the busiest GPU computes
+    assert len({round(p["tflop_per_gpu"]) for p in runnable}) > 3, [p["tflop_per_gpu"] for p in runnable]
+    assert all(p["valid"] == p["runs"] for p in points)  # nothing shared: valid is runnable
 
 
 def test_table_says_what_the_estimate_rests_on_and_errors_every_point_shares_once(capsys, tmp_path):
@@ -67,6 +71,22 @@ def test_table_says_what_the_estimate_rests_on_and_errors_every_point_shares_onc
     assert "every point has 1 error(s)" in text and "[init_checkpoint]" in text
     table = text.split("best estimate first:")[1].split("GB: what one GPU")[0]
     assert "init_checkpoint" not in table and table.count(" ok ") == 2
+    main(["plan", "-m", "+recipe=gemma2_whisper_tp4pp2", "parallel.tp=2,4", f"model.init_checkpoint={tmp_path / 'absent'}",
+          "--json"])
+    points = json.loads(capsys.readouterr().out)["points"]
+    # as the table: each point is valid, and none runs until the shared error is fixed
+    assert [(p["valid"], p["runs"]) for p in points] == [(True, False)] * 2
+
+
+def test_the_tied_embeddings_all_reduce_runs_among_the_first_and_last_stage_only():
+    """megatron's embedding group holds 2 ranks whatever the pipeline's depth: its ring
+    sends the payload once (2 x 1/2), not 2 x (pp-1)/pp times."""
+    last = Traffic(stage=2)
+    last.add("pp", "send", 3e9)
+    last.add("pp", "all_reduce", 2e9)
+    sizes = dict(tp=1, cp=1, pp=3, dp=1)
+    assert last.wire_bytes("pp", sizes) == pytest.approx(3e9 + 2e9)
+    assert last.wire_bytes("pp", sizes, ("all_reduce",)) == pytest.approx(2e9)
 
 
 def _uniform(p, m, v):
@@ -100,11 +120,16 @@ def test_a_heavier_first_stage_sets_the_pace():
     assert slow.bubble == pytest.approx((49 - (48 + 24) / 2) / 49)
 
 
-def test_probe_best_probes_the_first_runnable_points(capsys):
-    """`--probe-best 1` probes the best point that can run (here the tiny recipe on a CPU:
-    no step estimate, so the runnable points keep their sweep order)."""
-    rc = main(["plan", "-m", "+recipe=tiny_cpu", "parallel.tp=3,1", "--probe-best", "1"])
-    text = capsys.readouterr().out
-    assert rc == 0
-    assert "probe of +recipe=tiny_cpu parallel.tp=1:" in text  # tp=3 breaks a rule: not probed
-    assert "probe of +recipe=tiny_cpu parallel.tp=3" not in text
+def test_probe_best_probes_the_first_valid_points_or_says_there_is_none(capsys, tmp_path):
+    """`--probe-best 1` probes the best valid point (here the tiny recipe on a CPU: no step
+    estimate, so the valid points keep their sweep order), also where an error every point
+    shares (weights not converted yet) keeps them from running: the probe's weights are fake."""
+    absent = f"model.init_checkpoint={tmp_path / 'absent'}"
+    rc = main(["plan", "-m", "+recipe=tiny_cpu", "parallel.tp=3,1", absent, "--probe-best", "1"])
+    captured = capsys.readouterr()
+    assert rc == 2, captured.err  # the shared error still stops a run
+    assert "probing the 1 best valid point(s) despite the error(s) every point shares" in captured.out
+    assert f"probe of +recipe=tiny_cpu parallel.tp=1 {absent}:" in captured.out  # tp=3 breaks a rule
+    assert "parallel.tp=3 " + absent + ":" not in captured.out
+    assert main(["plan", "-m", "+recipe=tiny_cpu", "parallel.tp=3,5", "--probe-best", "1"]) == 2
+    assert "--probe-best 1: nothing to probe, no point is valid" in capsys.readouterr().err
