@@ -4,10 +4,11 @@ carries them from planning to every rank (orchestrator/plan/resolved.py)."""
 import json
 
 import pytest
+from omegaconf import OmegaConf
 
 from orchestrator.plan.compose import compose
 from orchestrator.plan.parallel_dims import ParallelDims
-from orchestrator.plan.resolve import resolve
+from orchestrator.plan.resolve import resolve, to_object
 from orchestrator.plan.resolved import Plan, PlanError
 from orchestrator.plan.topology import rank_layout
 
@@ -50,6 +51,9 @@ def test_the_plan_round_trips_through_its_run_directory(tmp_path):
     loaded = Plan.load(tmp_path)
     assert loaded.dims == planned.dims and loaded.dims.world_size == 32
     assert loaded.to_dict() == json.loads(written)  # every field back as written (tuples as JSON lists)
+    # the config it carries is the composed one, as OmegaConf writes it out
+    typed = to_object(compose(["+recipe=gemma2_whisper_tp4pp2"]))
+    assert planned.config == OmegaConf.to_container(OmegaConf.structured(typed), resolve=True)
     assert loaded.run_dir == tmp_path and loaded.seed == planned.config["train"]["seed"]
     loaded.check_world(32)
     with pytest.raises(PlanError, match="world size is 8 \\(WORLD_SIZE of the job\\)"):
