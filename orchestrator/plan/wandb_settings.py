@@ -2,7 +2,8 @@
 variables ($WANDB_MODE, $WANDB_PROJECT, $WANDB_ENTITY), as users of W&B set them.
 
 Set in the config, a value wins; unset (null), the environment's is taken; neither, the
-default (offline, project "audiollm", wandb's default entity). The job reads them where
+default (offline, project "audiollm", wandb's default entity). W&B's files go where
+$WANDB_DIR says, else into the run directory. The job reads them where
 it runs (SLURM passes the submitting shell's environment on) and says which it took and
 from where. Plan side (no torch, no wandb): validation and the job share the rule.
 """
@@ -24,6 +25,7 @@ class WandbSettings:
     mode: str
     project: str
     entity: Optional[str]
+    dir: str  # where W&B writes its files (its wandb/ folder): $WANDB_DIR, else the run directory
     lines: tuple  # one per setting: its value and where it came from
 
 
@@ -43,9 +45,14 @@ def _pick(key: str, configured, env: Mapping[str, str]) -> tuple:
     return default, f"{default if default is not None else 'wandb default'} (neither logger.{key} nor ${variable})"
 
 
-def wandb_settings(logger: Mapping, env: Mapping[str, str]) -> WandbSettings:
+def wandb_settings(logger: Mapping, env: Mapping[str, str], run_dir: str = "the run directory") -> WandbSettings:
     """The W&B mode, project and entity of a run whose logger section is `logger`, in the
-    environment `env` (os.environ where the job runs)."""
+    environment `env` (os.environ where the job runs), and where its files go: $WANDB_DIR
+    as W&B's users set it, else `run_dir`."""
     picked = {key: _pick(key, logger.get(key), env) for key in ("mode", "project", "entity")}
-    lines = tuple(f"W&B {key}: {why}" for key, (_, why) in picked.items())
-    return WandbSettings(mode=picked["mode"][0], project=picked["project"][0], entity=picked["entity"][0], lines=lines)
+    lines = [f"W&B {key}: {why}" for key, (_, why) in picked.items()]
+    files = env.get("WANDB_DIR") or None
+    lines.append(f"W&B files: {files}/wandb ($WANDB_DIR, instead of the run directory)" if files
+                 else f"W&B files: {run_dir}/wandb ($WANDB_DIR unset)")
+    return WandbSettings(mode=picked["mode"][0], project=picked["project"][0], entity=picked["entity"][0],
+                         dir=str(files or run_dir), lines=tuple(lines))

@@ -261,7 +261,7 @@ class MetricsWriter:
         self._truncate_after(resumed_step)
         self.wandb = None
         backend = (logger_cfg.get("backend") or "none").lower()
-        settings = wandb_settings(logger_cfg, os.environ) if backend == "wandb" else None
+        settings = wandb_settings(logger_cfg, os.environ, str(self.run_dir)) if backend == "wandb" else None
         if settings is not None:
             log.info("%s", "; ".join(settings.lines))
         if settings is not None and settings.mode != "disabled":
@@ -313,7 +313,7 @@ def log_evaluations_to_wandb(run_dir: Path, logger_cfg: dict, run_cfg: dict, row
     backend = (logger_cfg.get("backend") or "none").lower()
     if backend != "wandb" or not rows:
         return None
-    settings = wandb_settings(logger_cfg, os.environ)
+    settings = wandb_settings(logger_cfg, os.environ, str(run_dir))
     if settings.mode == "disabled" or not _installed("wandb"):
         return "W&B: not logged (mode disabled, or wandb not installed here)"
     from orchestrator.runtime.job_control import wandb_run_id
@@ -351,7 +351,7 @@ def _init_wandb(run_dir: Path, settings: WandbSettings, logger_cfg: dict, run_cf
     mode = settings.mode
     if mode == "online" and not _api_key_configured():
         log.warning("W&B mode is online but no W&B API key is configured: logging offline "
-                    "(sync later with `wandb sync %s/wandb`)", run_dir)
+                    "(sync later with `wandb sync %s/wandb`)", settings.dir)
         mode = "offline"
     # $WANDB_SERVICE, inherited from whatever started this process (a notebook, a test
     # runner, a script that logged to W&B itself), would make this run a stream of that
@@ -359,12 +359,13 @@ def _init_wandb(run_dir: Path, settings: WandbSettings, logger_cfg: dict, run_cf
     # told the run's id "is in use" there. This process starts a service of its own (one
     # that ends with it, so a restart never finds the id held).
     os.environ.pop("WANDB_SERVICE", None)
+    Path(settings.dir).mkdir(parents=True, exist_ok=True)  # (W&B falls back to a temporary folder otherwise)
     # System metrics (GPU utilisation and memory charts) online only: offline they would
     # fill the run directory for a sync that may never come.
     return wandb.init(
         project=settings.project, entity=settings.entity,
         group=run_cfg.get("experiment"), name=run_cfg.get("name") or run_dir.name,
-        tags=list(logger_cfg.get("tags") or []), id=run_id, resume="allow", mode=mode, dir=str(run_dir),
+        tags=list(logger_cfg.get("tags") or []), id=run_id, resume="allow", mode=mode, dir=settings.dir,
         config=config, settings=wandb.Settings(console="off", x_disable_stats=mode != "online", silent=True),
     )
 

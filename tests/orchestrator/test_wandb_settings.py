@@ -46,3 +46,11 @@ def test_the_default_logger_group_leaves_all_three_to_the_environment():
     assert not [f for f in validate(cfg, "plan") if f.rule == "logger"]
     offline = to_object(compose(["logger=wandb_offline"]))
     assert wandb_settings({"mode": offline.logger.mode}, ENV).mode == "offline"
+
+
+def test_wandb_dir_is_where_the_files_go_and_the_line_says_so():
+    settings = wandb_settings({}, {"WANDB_DIR": "/scratch/me"}, "/runs/r1")
+    assert settings.dir == "/scratch/me"
+    assert "W&B files: /scratch/me/wandb ($WANDB_DIR, instead of the run directory)" in settings.lines
+    unset = wandb_settings({}, {}, "/runs/r1")
+    assert unset.dir == "/runs/r1" and "W&B files: /runs/r1/wandb ($WANDB_DIR unset)" in unset.lines

@@ -57,3 +57,18 @@ def test_a_run_starts_its_own_wandb_service_not_one_it_inherited(tmp_path, monke
     writer.log(1, {"loss": 2.0})
     writer.finish()
     assert list((tmp_path / "wandb").glob("offline-run-*-ownservice0001"))
+
+
+def test_a_run_writes_its_wandb_files_where_wandb_dir_says(tmp_path, monkeypatch):
+    """$WANDB_DIR, as W&B's users set it (a scratch file system), is honoured and said."""
+    from orchestrator.train.metrics import MetricsWriter
+
+    monkeypatch.setenv("WANDB_SERVICE", "")
+    monkeypatch.setenv("WANDB_DIR", str(tmp_path / "scratch"))
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    writer = MetricsWriter(run_dir, {"backend": "wandb", "mode": "offline"}, {"name": "r"}, "wandbdir000001", 0)
+    writer.log(1, {"loss": 2.0})
+    writer.finish()
+    assert list((tmp_path / "scratch" / "wandb").glob("offline-run-*-wandbdir000001"))
+    assert not (run_dir / "wandb").exists()
