@@ -3,6 +3,7 @@
 #   bash setup.sh          system packages (espeak-ng) + .venv with the project
 #   bash setup.sh --test   the same, plus what the test suite needs (a local SLURM
 #                          cluster's packages, pytest)
+#   bash setup.sh --hf     the same as the first, plus HF datasets (`audiollm data import hf`)
 #   bash setup.sh --from-wheels DIR [SITE]
 #                          on a GPU machine without internet: the project and its job
 #                          side from the wheels `audiollm wheels [--kit] DIR` wrote on a
@@ -31,6 +32,8 @@ fi
 
 want_test=0
 [ "${1:-}" = "--test" ] && want_test=1
+want_hf=0
+[ "${1:-}" = "--hf" ] && want_hf=1
 
 sudo_if_needed() { if [ "$(id -u)" -eq 0 ]; then "$@"; else sudo "$@"; fi; }
 
@@ -56,6 +59,7 @@ command -v "$python_bin" >/dev/null || python_bin=python3
 [ -x .venv/bin/python ] || "$python_bin" -m venv .venv
 extras=""
 [ "$want_test" = 1 ] && extras="[test]"
+[ "$want_hf" = 1 ] && extras="[hf]"
 echo "setup: installing the project into .venv"
 # uv installs torch and its ~3 GB of CUDA libraries in about 30 s where pip takes about
 # 100 s (2-core machine, cold caches). uv reads no pip configuration: where pip needs its

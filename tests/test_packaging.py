@@ -89,3 +89,20 @@ def test_the_gpu_extra_asks_for_the_transformer_engine_megatron_core_supports():
     # Same bounds: on either side of each bound, one admits a version exactly when the other does.
     for version in ("2.0", "2.8.0", "2.9.0", "2.10.0", "2.11.0", "2.12.0", "2.20.2"):
         assert ours.contains(version) == declared.contains(version, prereleases=False), (version, str(ours), str(declared))
+
+
+def test_the_hf_import_names_the_extra_that_installs_what_it_reads_with(monkeypatch):
+    """`audiollm data import hf` needs HF datasets, which the default install leaves out:
+    the project's `hf` extra installs it (and the test extra, at the same bounds), and the
+    error says how."""
+    import pytest
+
+    from orchestrator.data.importing import hf
+    from orchestrator.data.importing.records import SourceError
+
+    extras = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    assert extras["hf"] == [hf.DATASETS_REQUIREMENT] and hf.DATASETS_REQUIREMENT in extras["test"]
+    assert 'want_hf=1' in (REPO / "setup.sh").read_text() and 'extras="[hf]"' in (REPO / "setup.sh").read_text()
+    monkeypatch.setitem(sys.modules, "datasets", None)  # not installed
+    with pytest.raises(SourceError, match=r"install the project's hf extra \(`bash setup.sh --hf`"):
+        hf.open_split("/any", None)

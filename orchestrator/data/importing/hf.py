@@ -18,6 +18,8 @@ from typing import Any, Dict, Iterator, Optional, Tuple
 
 from orchestrator.data.importing.records import AudioRef, Item, ReaderOptions, Record, SourceError
 
+# The hf extra's requirement (pyproject.toml; tests/test_packaging.py keeps them equal).
+DATASETS_REQUIREMENT = "datasets>=4,<5.1"
 AUDIO_COLUMN = "audio"
 TEXT_COLUMN = "text"
 _BATCH = 1000  # rows per Arrow read of the transcripts
@@ -31,8 +33,9 @@ def _datasets():
     try:
         import datasets
     except ImportError:
-        raise SourceError("the hf format reads with the `datasets` package, which is not installed: "
-                          "pip install 'datasets>=4,<5.1'") from None
+        raise SourceError(f"the hf format reads with the `datasets` package, which is not installed: install the "
+                          f"project's hf extra (`bash setup.sh --hf`, or `pip install -e '.[hf]'` in the checkout), "
+                          f"or `pip install '{DATASETS_REQUIREMENT}'`") from None
     return datasets
 
 
