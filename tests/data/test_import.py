@@ -9,6 +9,7 @@ import math
 import os
 import signal
 import subprocess
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -375,3 +376,25 @@ def test_numpy_resampler_is_the_training_resampler():
     for rate in (8000, 22050, 44100, 48000):
         a, b = torch_resample(x, rate, RATE), resample(x, rate, RATE)
         assert a.shape == b.shape and np.abs(a - b).max() < 1e-5
+
+
+def test_kaldi_relative_paths_not_found_from_here_are_refused_naming_audio_root(tmp_path, audio_dir, monkeypatch,
+                                                                                capsys):
+    """A Kaldi recipe's wav.scp names paths relative to the recipe directory its tools ran
+    in: from elsewhere, without --audio-root, the import says where they are found."""
+    recipe = tmp_path / "recipe"
+    d = recipe / "data" / "train"
+    d.mkdir(parents=True)
+    (recipe / "wav").mkdir()
+    shutil.copy(audio_dir / "d16k.wav", recipe / "wav" / "r1.wav")
+    (d / "wav.scp").write_text("r1 wav/r1.wav\n")
+    (d / "text").write_text("r1 hello\n")
+    monkeypatch.chdir(tmp_path)
+    assert run("kaldi", d, tmp_path / "out", "--workers", 1) == 1
+    err = capsys.readouterr().err
+    assert f"{d}/wav.scp:1: recording r1's path wav/r1.wav is relative and not found from the current directory " \
+           f"{tmp_path}" in err and "pass --audio-root DIR" in err and f"it is found from {recipe}" in err, err
+    assert run("kaldi", d, tmp_path / "out", "--workers", 1, "--audio-root", recipe) == 0
+    assert [r["text"] for r in read_back(tmp_path / "out")] == ["hello"]
+    monkeypatch.chdir(recipe)  # as Kaldi's tools read it
+    assert run("kaldi", d, tmp_path / "out2", "--workers", 1) == 0

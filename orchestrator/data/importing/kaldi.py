@@ -8,7 +8,9 @@
 Without segments every recording is one utterance of the same id. Records come in the
 order of segments (else wav.scp), then one bad record for each transcript in `text`
 whose utterance has no audio. Relative paths are resolved against --audio-root, else the
-current directory (Kaldi tools read them from the recipe directory they run in).
+current directory (Kaldi tools read them from the recipe directory they run in); where
+the first relative path is not found from the current directory and no --audio-root is
+given, the import is refused, naming the directories it is found from.
 wav.scp entries that are commands (`... |`) or archive offsets (`foo.ark:123`) are not
 read here: the import is refused, naming the first such line and the fix.
 """
@@ -42,10 +44,29 @@ def read(src: str, opts: ReaderOptions) -> Iterator[Item]:
         raise SourceError(f"Kaldi data directory {d} has no {' or '.join(missing)}; it needs wav.scp "
                           f"(<recording-id> <path>) and text (<utterance-id> <words>)")
     base = Path(opts.audio_root) if opts.audio_root else Path.cwd()
+    if not opts.audio_root:
+        _check_relative_paths(d)
     recordings = _wav_scp(d / "wav.scp", base)
     texts = _table(d / "text", allow_empty=True)
     speakers = _table(d / "utt2spk") if (d / "utt2spk").is_file() else {}
     return _records(d, recordings, texts, speakers)
+
+
+def _check_relative_paths(d: Path) -> None:
+    """Refuse relative wav.scp paths that the current directory does not resolve: each of
+    the data directory's recordings would be named missing, one by one."""
+    for lineno, line in _lines(d / "wav.scp"):
+        parts = line.strip().split(maxsplit=1)
+        if len(parts) < 2 or Path(parts[1]).is_absolute() or parts[1].endswith("|") or _ARK_OFFSET.search(parts[1]):
+            continue
+        if (Path.cwd() / parts[1]).exists():
+            return
+        found = [str(p) for p in (d, d.parent, d.parent.parent) if (p / parts[1]).exists()]
+        raise SourceError(
+            f"{d / 'wav.scp'}:{lineno}: recording {parts[0]}'s path {parts[1]} is relative and not found from the "
+            f"current directory {Path.cwd()} (Kaldi tools read such paths from the recipe directory they run in): "
+            f"pass --audio-root DIR, the directory they are relative to"
+            + (f"; it is found from {' and '.join(found)}" if found else ""))
 
 
 def _lines(path: Path) -> Iterator[Tuple[int, str]]:
