@@ -16,9 +16,11 @@ Layout of OUT while importing, and when done:
     OUT/index.json, OUT/shard.00000.mds ...   the dataset: every part's shards, renumbered in order
     OUT/bad_records.jsonl              one line per bad record: index, where, key, kind, reason
     OUT/import.json                    params, counts, hours, bad records per kind
+    OUT/import_source.json             what the source held (a rerun after it changed says so)
 
 Running the same command again continues: parts whose records' digest matches what the
-source gives now are kept, the others (not written yet, interrupted, or made from
+source gives now are kept (and a finished import whose source changed since is refused,
+not called done), the others (not written yet, interrupted, or made from
 records that changed since: a restored audio file, an edited manifest) are written.
 The final shards are a pure function of the source and the params, so they are the same
 bytes however often the import was interrupted and however many workers ran.
@@ -47,6 +49,10 @@ from orchestrator.data.importing.records import (BAD_KINDS, BadRecord, Item, Rea
 # Bumped when OUT's layout or the sample schema changes: a resume across versions is refused.
 IMPORT_FORMAT = 1
 STATE = ".import"
+# One digest per chunk of the records the import read (file sizes and modification times,
+# transcripts, fields): a rerun compares the source with it. Beside the dataset, not in
+# import.json: a file rewritten with the same bytes changes it, and not the dataset.
+SOURCE_DIGESTS = "import_source.json"
 BASE_COLUMNS = {"audio": "bytes", "text": "str", "duration": "float32", "key": "str"}
 # data.max_audio_seconds' default (Whisper's window): longer clips are refused by training
 # unless data.long_audio=chunk, so the summary counts them.
@@ -132,9 +138,11 @@ def run_import(params: ImportParams, out: str | Path, workers: Optional[int] = N
     workers = max(1, workers or os.cpu_count() or 1)
     reader = importlib.import_module(f"orchestrator.data.importing.{params.format}")
     done = _completed(out, params)
-    if done is not None:
-        return Report(done, out, dry_run=dry_run, already_done=True, workers=workers)
     items = reader.read(params.source, params.reader_options())  # refuses an unusable source before anything is written
+    text_name = reader.text_source(params.reader_options())
+    if done is not None:
+        _check_unchanged(out, done, _digests(items, params, text_name))
+        return Report(done, out, dry_run=dry_run, already_done=True, workers=workers)
     state = out / STATE
     if not dry_run:
         _open_state(out, params)
@@ -142,14 +150,13 @@ def run_import(params: ImportParams, out: str | Path, workers: Optional[int] = N
             summary = _apply_finalize(out)
             return Report(summary, out, workers=workers, seconds=time.perf_counter() - start)
     parts = _Parts(state / "parts", params, dry_run)
-    text_name = reader.text_source(params.reader_options())
     enc = EncodeOptions(sample_rate=params.sample_rate, audio_format=params.audio_format, probe=dry_run)
     stats = _Totals()
     chunks = kept = 0
+    digests = []
     with _Encoder(workers) as encoder, _progress(progress, params.format) as bar:
-        for chunk_id, chunk in _chunks(items, params.chunk_size):
-            chunk = [checked(it, params.keep_fields, text_name) if isinstance(it, Record) else it for it in chunk]
-            digest = hashlib.sha256("\n".join(fingerprint(it) for it in chunk).encode()).hexdigest()
+        for chunk_id, chunk, digest in _checked_chunks(items, params, text_name):
+            digests.append(digest)
             meta = parts.done(chunk_id, digest)
             if meta is None:
                 try:
@@ -177,12 +184,43 @@ def run_import(params: ImportParams, out: str | Path, workers: Optional[int] = N
             _write_lines(out / "bad_records.jsonl", stats.bad_lines)  # the report, to fix the source by
             raise ImportFailed(_failure(summary, problem, out))
         parts.remove_beyond(chunks)
-        _plan_finalize(out, parts, chunks, summary, stats.bad_lines)
+        _plan_finalize(out, parts, chunks, summary, stats.bad_lines, digests)
         _apply_finalize(out)
     report.seconds = time.perf_counter() - start
     if dry_run:
         report.summary["would_fail"] = problem
     return report
+
+
+def _checked_chunks(items: Iterator[Item], params: ImportParams, text_name: str):
+    """(chunk id, its records after the shared checks, the digest of what they hold)."""
+    for chunk_id, chunk in _chunks(items, params.chunk_size):
+        chunk = [checked(it, params.keep_fields, text_name) if isinstance(it, Record) else it for it in chunk]
+        yield chunk_id, chunk, hashlib.sha256("\n".join(fingerprint(it) for it in chunk).encode()).hexdigest()
+
+
+def _digests(items: Iterator[Item], params: ImportParams, text_name: str) -> List[str]:
+    return [digest for _, _, digest in _checked_chunks(items, params, text_name)]
+
+
+def _check_unchanged(out: Path, done: Dict[str, Any], now: List[str]) -> None:
+    """A finished import whose source changed since (an edited manifest, a replaced audio
+    file, records added or removed) is not "already imported": refused, saying which records
+    changed. Imports finished before digests were recorded cannot tell, and pass."""
+    try:
+        before = json.loads((out / SOURCE_DIGESTS).read_text())
+    except (OSError, ValueError):
+        before = None
+    if before is None or before == now:
+        return
+    size = done["params"]["chunk_size"]
+    changed = [i for i in range(max(len(before), len(now)))
+               if i >= len(before) or i >= len(now) or before[i] != now[i]]
+    ranges = ", ".join(f"{i * size}-{(i + 1) * size - 1}" for i in changed[:5]) + (", ..." if len(changed) > 5 else "")
+    raise ImportFailed(f"{out} holds a finished import of {done['params']['source']} as it was then; the source has "
+                       f"changed since (records {ranges}: {len(changed)} of {max(len(before), len(now))} chunks of "
+                       f"{size}), so {out} is not what it holds now. Import into a new directory, or delete {out} and "
+                       f"run the same command to import it again")
 
 
 def bad_share_problem(summary: Dict[str, Any], max_bad_fraction: float) -> Optional[str]:
@@ -305,7 +343,7 @@ class _Parts:
 
 
 def _plan_finalize(out: Path, parts: _Parts, chunks: int, summary: Dict[str, Any],
-                   bad_lines: List[Dict[str, Any]]) -> None:
+                   bad_lines: List[Dict[str, Any]], digests: List[str]) -> None:
     """Which part shard becomes which dataset shard, and the files written beside them:
     saved before anything moves, so that an interruption here is completed by a rerun."""
     moves, shards = [], []
@@ -317,7 +355,8 @@ def _plan_finalize(out: Path, parts: _Parts, chunks: int, summary: Dict[str, Any
             name = f"shard.{len(shards):05d}.mds"
             moves.append([str((part / shard["raw_data"]["basename"]).relative_to(out)), name])
             shards.append({**shard, "raw_data": {**shard["raw_data"], "basename": name}})
-    plan = {"moves": moves, "index": {"shards": shards, "version": 2}, "summary": summary, "bad": bad_lines}
+    plan = {"moves": moves, "index": {"shards": shards, "version": 2}, "summary": summary, "bad": bad_lines,
+            "source_digests": digests}
     _write_json(out / STATE / "finalize.json", plan)
 
 
@@ -331,6 +370,7 @@ def _apply_finalize(out: Path) -> Dict[str, Any]:
                                f"import again")
     _write_lines(out / "bad_records.jsonl", plan["bad"])
     _write_json(out / "import.json", plan["summary"])
+    _write_json(out / SOURCE_DIGESTS, plan.get("source_digests"))
     _write_json(out / "index.json", plan["index"])  # last: its presence marks the dataset complete
     shutil.rmtree(out / STATE)
     return plan["summary"]
