@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import json
 import os
 import re
@@ -163,6 +164,20 @@ def recipe_files(dirs: Sequence[UserDir]) -> dict[str, RecipeFile]:
             found.setdefault(path.stem, []).append((path, origin))
     return {name: RecipeFile(name, files[0][0], files[0][1], tuple(p for p, _ in files[1:]))
             for name, files in sorted(found.items())}
+
+
+@functools.lru_cache(maxsize=1)
+def shipped_experiments() -> dict[str, list[str]]:
+    """run.experiment -> the shipped recipes that set it (a copy of one keeps it); read once
+    a process (a sweep validates every point)."""
+    import yaml
+
+    out: dict[str, list[str]] = {}
+    for path in sorted(paths.recipes_dir().glob("*.yaml")):
+        experiment = ((yaml.safe_load(path.read_text()) or {}).get("run") or {}).get("experiment")
+        if experiment:
+            out.setdefault(str(experiment), []).append(path.stem)
+    return out
 
 
 def group_names(dirs: Sequence[UserDir]) -> set[str]:

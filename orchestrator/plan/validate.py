@@ -572,6 +572,24 @@ def check_tokenizer(data: DataConfig, model: ModelConfig, purpose: str = "plan")
                                         f"embedding would fail; use the model's tokenizer or a larger vocab_size")
 
 
+def check_own_experiment(recipe: str | None, run: RunConfig) -> Iterator[Finding]:
+    """A recipe of the user's own (a copy of a shipped one, say) that kept a shipped recipe's
+    run.experiment files its runs, and groups its W&B runs, with that recipe's."""
+    from orchestrator.plan import config_path
+
+    if not recipe:
+        return
+    file = config_path.recipe_files(config_path.user_dirs()).get(recipe)
+    if file is None or file.origin == config_path.SHIPPED:
+        return
+    shipped = [name for name in config_path.shipped_experiments().get(run.experiment, []) if name != recipe]
+    if shipped:
+        yield _warning("experiment", f"recipe {recipe} ({file.path}) has run.experiment={run.experiment}, the "
+                                     f"experiment of the shipped recipe(s) {', '.join(shipped)}: its runs go under "
+                                     f"{run.output_root}/{run.experiment}/ and its W&B runs into that group, among "
+                                     f"theirs; set run.experiment to its own (e.g. {recipe}) unless that is meant")
+
+
 def check_local_inputs(data: DataConfig, launcher: LauncherConfig) -> Iterator[Finding]:
     """The tokenizer and the local datasets exist where the job reads them
     (orchestrator/plan/local_paths.py): refused for a job on this machine, said for a SLURM
@@ -813,6 +831,7 @@ def validate(cfg: AudioLLMConfig, purpose: str = "plan") -> list[Finding]:
         lambda: check_packing(cfg.data, cfg.optim),
         lambda: check_tokenizer(cfg.data, m, purpose),
         lambda: check_local_inputs(cfg.data, l),
+        lambda: check_own_experiment(cfg.recipe, cfg.run),
         lambda: check_optim(cfg.optim, cfg.train),
         lambda: check_train(cfg.train, cfg.run),
         lambda: check_profile(cfg.train, l),

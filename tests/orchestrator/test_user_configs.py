@@ -251,3 +251,17 @@ def test_audiollm_plan_with_a_config_dir_as_a_user_types_it(tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert "my_run" in proc.stdout and "megatron argv" in proc.stdout
     assert "--lr 0.0007" in proc.stdout
+
+
+def test_a_copied_recipe_that_kept_a_shipped_experiment_is_warned(tmp_path, capsys):
+    """A copy of tiny_cpu still says run.experiment=tiny_cpu: its runs would go under
+    outputs/tiny_cpu/ and into tiny_cpu's W&B group. The plan says so; its own name does not."""
+    mine = tmp_path / "mine"
+    _recipe(mine)
+    plan = _plan_json(capsys, "--config-dir", str(mine), "+recipe=my_run")
+    (warning,) = [w for w in plan["warnings"] if "[experiment]" in w]
+    assert "recipe my_run" in warning and "run.experiment=tiny_cpu, the experiment of the shipped recipe(s) " \
+        "tiny_cpu" in warning and "set run.experiment to its own (e.g. my_run)" in warning, warning
+    plan = _plan_json(capsys, "--config-dir", str(mine), "+recipe=my_run", "run.experiment=my_run")
+    assert not [w for w in plan["warnings"] if "[experiment]" in w]
+    assert not [w for w in _plan_json(capsys, "+recipe=tiny_cpu")["warnings"] if "[experiment]" in w]
