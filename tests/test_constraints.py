@@ -33,3 +33,17 @@ def test_every_dependency_is_pinned_within_its_range():
              or not r.specifier.contains(pins[canonicalize_name(r.name)], prereleases=True)]
     assert not wrong, ("pyproject.toml's ranges and constraints.txt disagree (docs/project.md, 'Dependency "
                        "choices', says how to move the pins): " + "; ".join(wrong))
+
+
+def test_the_gpu_machines_stack_is_an_installable_pin_set_the_rehearsal_uses():
+    """constraints-gpu-machine.txt states the lent GPU machines' torch, transformers and
+    numpy (docs/gpu-machines.md) as pins pip installs; the rehearsal builds its machine from
+    it; its torch is one the project's range admits (the kit runs the job beside it)."""
+    from tests.rehearsal.lent_machine import MACHINE_PACKAGES
+
+    pins = dict(line.split("==") for line in MACHINE_PACKAGES)
+    assert set(pins) == {"torch", "transformers", "numpy"}, MACHINE_PACKAGES
+    assert Version(pins["transformers"]).major == 5 and Version(pins["numpy"]) >= Version("2.5")
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    torch_range = next(Requirement(r) for r in project["dependencies"] if r.startswith("torch>")).specifier
+    assert torch_range.contains(pins["torch"]), (str(torch_range), pins["torch"])

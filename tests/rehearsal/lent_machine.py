@@ -6,11 +6,12 @@ Run:  .venv/bin/python -m tests.rehearsal.lent_machine [--keep DIR] [--machine D
 
 The lent machine (docs/gpu-machines.md) has its own Python 3.12 whose `python3` is
 itself a virtual environment, torch 2.11 (a CUDA 13 build), transformers 5.17 and
-numpy 2.x, no TransformerEngine, no megatron-core and no internet. This script:
+numpy 2.5 (constraints-gpu-machine.txt), no TransformerEngine, no megatron-core and no
+internet. This script:
 
 1. makes a machine like it: a virtual environment of Python 3.12 (this machine's
    `python3.12`; the running Python where there is none, and the report says so) with
-   torch 2.11.0, transformers 5.17.0 and numpy 2.x from the package index. torch 2.11
+   constraints-gpu-machine.txt's torch, transformers and numpy from the package index. torch 2.11
    for Linux x86-64 on the index is the CUDA build (its CUDA libraries install with it,
    about 2.6 GB, unused on a CPU); `torch.cuda.is_available()` is False here. The machine
    is kept between rehearsals on the same machine (`machine_dir`: one folder per Python
@@ -72,8 +73,9 @@ from pathlib import Path
 from benchmarks.gpu_session import PARTS
 
 REPO = Path(__file__).resolve().parents[2]
-# The lent machine's own stack (docs/gpu-machines.md; numpy there is 2.5).
-MACHINE_PACKAGES = ("torch==2.11.0", "transformers==5.17.0", "numpy>=2,<3")
+# The lent machine's own stack, as the project states it (constraints-gpu-machine.txt).
+MACHINE_PACKAGES = tuple(line.strip() for line in (REPO / "constraints-gpu-machine.txt").read_text().splitlines()
+                         if line.strip() and not line.lstrip().startswith("#"))
 MACHINE_PYTHON = "3.12"
 # The GPU recipes, each shrunk to the tiny model on CPU processes: parallel sizes that the
 # tiny decoder (2 KV heads) and a 2-core machine take, everything else the recipe's own.
@@ -189,7 +191,7 @@ def rehearse(root: Path, machine: Path | None = None) -> dict:
     kit = root / "kit"
     for old in (kit, root / "site", root / "work", root / "outputs", root / "corpus", root / "demo"):
         shutil.rmtree(old, ignore_errors=True)
-    torch_version = MACHINE_PACKAGES[0].split("==")[1]
+    torch_version = next(p.split("==")[1] for p in MACHINE_PACKAGES if p.startswith("torch=="))
     out = _run("kit: audiollm wheels --kit --with-peft",
                [sys.executable, "-m", "orchestrator.cli", "wheels", kit, "--kit", "--with-peft", "--python", version,
                 "--machine-torch", torch_version], cwd=REPO)
