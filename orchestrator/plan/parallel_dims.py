@@ -100,10 +100,10 @@ class ParallelDims:
         return {"world_size": self.world_size, **out}
 
     @classmethod
-    def of(cls, parallel: Any, dp: Optional[int] = None) -> "ParallelDims":
-        """The sizes of a `parallel` config section (orchestrator/plan/schema: tp, pp, cp,
-        vpp, sp, rank_order)."""
-        return cls(tp=parallel.tp, pp=parallel.pp, cp=parallel.cp, dp=dp, vpp=parallel.vpp, sp=parallel.sp,
+    def of(cls, parallel: Any) -> "ParallelDims":
+        """The model-parallel sizes of a `parallel` config section (orchestrator/plan/schema:
+        tp, pp, cp, vpp, sp, rank_order); dp is the launcher's to set (at_world)."""
+        return cls(tp=parallel.tp, pp=parallel.pp, cp=parallel.cp, vpp=parallel.vpp, sp=parallel.sp,
                    order=parallel.rank_order)
 
     @classmethod

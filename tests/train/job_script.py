@@ -26,7 +26,6 @@ def main() -> int:
     entry.setup_logging(int(os.environ["RANK"]))
     from tests.train import stand_in
 
-
     plan = Plan.load(run_dir)
     factory = None  # from the plan's model: the AudioLLM's (entry's default) or the stand-in's
     if plan.section("model").get("name") == stand_in.MODEL_NAME:
@@ -96,8 +95,14 @@ def main() -> int:
         digests = {n: hashlib.sha1(p.detach().float().contiguous().numpy().tobytes()).hexdigest()
                    for n, p in params.items()}
         everyone = [None] * dist.get_world_size()
+        # Every module that holds a megatron config holds the job's one (the loop's, DDP's).
+        from megatron.core.transformer import TransformerConfig
+
+        configs = {id(m.config) for c in trainer.chunks for m in c.modules()
+                   if isinstance(getattr(m, "config", None), TransformerConfig)}
         dist.all_gather_object(everyone, {"members": trainer.group_members, "changes": changes,
-                                          "digests": digests, "frozen": sorted(frozen_before)})
+                                          "digests": digests, "frozen": sorted(frozen_before),
+                                          "one_config": configs == {id(trainer.config)}})
         result["ranks"] = everyone
         result["eval"] = trainer.evaluate()
     if dist.get_rank() == 0:

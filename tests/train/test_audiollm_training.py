@@ -72,6 +72,8 @@ def test_audiollm_trains_at_tp2_and_pp2(corpus, tp2_straight, tmp_path):
     assert [n for n in replicated if rank0[n] != rank1[n]] == []  # the same bits on both TP ranks
     sharded = [n for n in rank0 if "linear_fc1" in n or "linear_qkv" in n]
     assert sharded and all(rank0[n] != rank1[n] for n in sharded)  # (the digests tell different shards apart)
+    # DDP, the schedule and every layer read one TransformerConfig, the Plan's (its TP size included)
+    assert all(r["one_config"] for r in tp_out["ranks"])
 
     # The auxiliary CTC loss needs pp=1 (validate.check_ctc); the TP=2 run trains with it.
     pp_dir = write_audiollm_run_dir(tmp_path / "pp2", corpus, pp=2, iters=ITERS,
@@ -81,6 +83,7 @@ def test_audiollm_trains_at_tp2_and_pp2(corpus, tp2_straight, tmp_path):
     first, last = (r["changes"] for r in pp_out["ranks"])
     assert any(n.startswith("encoder.") for n in first) and not any(n.startswith("encoder.") for n in last)
     assert first["language_model.embedding.word_embeddings.weight"] > 0
+    assert all(r["one_config"] for r in pp_out["ranks"])
     first, last = (r["digests"] for r in pp_out["ranks"])  # the tied weight: the same bits on both stages
     assert first["language_model.embedding.word_embeddings.weight"] == last["language_model.output_layer.weight"]
     print("TP2 losses", tp_out["losses"])
