@@ -34,7 +34,7 @@ alive() { [ -n "${1:-}" ] && [ "$(cat /proc/$1/comm 2>/dev/null)" = "$2" ] &&
 pidof_file() { cat "$1" 2>/dev/null || true; }
 wait_for() { for _ in $(seq 300); do eval "$1" >/dev/null 2>&1 && return 0; sleep 0.1; done; log "timed out: $1"; return 1; }
 record() { echo "$1 $2 ${3:-}" >> "$PIDS"; log "started $1${3:+ $3} (pid $2)"; }
-. "$(dirname "$0")/start_slurmdbd.sh"
+. "$(dirname "$0")/accounting.sh"
 node() { echo "aunode$1"; }
 node_ip() { echo "$NET.$((10 + $1))"; }
 # Node I: network namespace aunodeI plus its own mount + UTS namespaces, with hostname aunodeI and
@@ -225,21 +225,8 @@ StorageLoc=slurm_acct_db
 EOF
 chmod 0600 "$BASE/etc/slurmdbd.conf"
 
-# 4. MariaDB: private datadir, unix socket only (--skip-networking)
-chown mysql:mysql "$BASE/mysql"
-if [ ! -d "$BASE/mysql/data/mysql" ]; then
-  mariadb-install-db --user=mysql --datadir="$BASE/mysql/data" --auth-root-authentication-method=socket >"$BASE/log/mariadb-install.log" 2>&1
-fi
-P=$(pidof_file "$BASE/mysql/mysqld.pid")
-if alive "$P" mariadbd; then log "mariadbd already running (pid $P)"; else
-  rm -f "$BASE/mysql/mysqld.pid"
-  setsid /usr/sbin/mariadbd --no-defaults --user=mysql --datadir="$BASE/mysql/data" \
-    --socket="$MYSQL_UNIX_PORT" --pid-file="$BASE/mysql/mysqld.pid" --skip-networking \
-    --log-error="$BASE/mysql/mariadb.err" --innodb-buffer-pool-size=128M --innodb-lock-wait-timeout=900 \
-    </dev/null >/dev/null 2>&1 &
-  wait_for 'mariadb --socket="$MYSQL_UNIX_PORT" -e "select 1"'
-  record mariadbd "$(pidof_file "$BASE/mysql/mysqld.pid")"
-fi
+# 4. MariaDB (accounting.sh)
+start_mariadb
 
 # 5. slurmdbd (reads slurmdbd.conf next to $SLURM_CONF)
 P=$(pidof_file "$BASE/run/slurmdbd.pid")

@@ -19,7 +19,7 @@ alive() { [ -n "${1:-}" ] && [ "$(cat /proc/$1/comm 2>/dev/null)" = "$2" ]; }   
 pidof_file() { cat "$1" 2>/dev/null || true; }
 wait_for() { for _ in $(seq 300); do eval "$1" >/dev/null 2>&1 && return 0; sleep 0.1; done; log "timed out: $1"; return 1; }
 record() { echo "$1 $2" >> "$PIDS"; log "started $1 (pid $2)"; }
-. "$(dirname "$0")/start_slurmdbd.sh"
+. "$(dirname "$0")/accounting.sh"
 
 # 0. packages (skipped when already installed)
 PKGS="slurmctld slurmd slurm-client munge"; [ "$ACCT" = 1 ] && PKGS="$PKGS slurmdbd mariadb-server"
@@ -122,21 +122,8 @@ fi
 munge -n | unmunge >/dev/null
 
 if [ "$ACCT" = 1 ]; then
-  # 4. MariaDB: private datadir, unix socket only (--skip-networking)
-  mkdir -p "$BASE/mysql"; chown mysql:mysql "$BASE/mysql"
-  if [ ! -d "$BASE/mysql/data/mysql" ]; then
-    mariadb-install-db --user=mysql --datadir="$BASE/mysql/data" --auth-root-authentication-method=socket >"$BASE/log/mariadb-install.log" 2>&1
-  fi
-  P=$(pidof_file "$BASE/mysql/mysqld.pid")
-  if alive "$P" mariadbd; then log "mariadbd already running (pid $P)"; else
-    rm -f "$BASE/mysql/mysqld.pid"
-    setsid /usr/sbin/mariadbd --no-defaults --user=mysql --datadir="$BASE/mysql/data" \
-      --socket="$MYSQL_UNIX_PORT" --pid-file="$BASE/mysql/mysqld.pid" --skip-networking \
-      --log-error="$BASE/mysql/mariadb.err" --innodb-buffer-pool-size=128M --innodb-lock-wait-timeout=900 \
-      </dev/null >/dev/null 2>&1 &
-    wait_for 'mariadb --socket="$MYSQL_UNIX_PORT" -e "select 1"'
-    record mariadbd "$(pidof_file "$BASE/mysql/mysqld.pid")"
-  fi
+  # 4. MariaDB (accounting.sh)
+  start_mariadb
   # 5. slurmdbd (reads slurmdbd.conf next to $SLURM_CONF)
   P=$(pidof_file "$BASE/run/slurmdbd.pid")
   if alive "$P" slurmdbd; then log "slurmdbd already running (pid $P)"; else
