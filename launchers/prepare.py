@@ -8,11 +8,9 @@ from pathlib import Path
 from typing import Sequence
 
 from launchers.checks import DemoCorpusError, ensure_demo_corpus
-from launchers.runs import EXIT_INVALID, EXIT_OK, config_yaml, prepare, print_errors
+from launchers.runs import EXIT_INVALID, EXIT_OK, config_yaml, prepare, print_errors, run_command
 from launchers.submit import RunActive, ensure_not_active
-from orchestrator.plan import config_path
 from orchestrator.plan import rundir as rd
-from orchestrator.plan.compose import group_choice_without_recipe
 
 
 def prepare_only(overrides: Sequence[str]) -> int:
@@ -55,11 +53,4 @@ def prepare_main(argv: Sequence[str]) -> int:
         description="Validate and resolve like `audiollm train`, write the run directory, and print the srun and "
                     "torchrun commands that start it; submits nothing.")
     parser.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. +recipe=gemma2_whisper_tp4pp2")
-    config_path.add_argument(parser)
-    args = parser.parse_intermixed_args(list(argv))
-    with config_path.command_line_dirs(args.config_dir):
-        refused = group_choice_without_recipe(args.overrides)
-        if refused:
-            print_errors([refused], header="not prepared")
-            return EXIT_INVALID
-        return prepare_only(args.overrides)
+    return run_command(parser, argv, "not prepared", lambda args: prepare_only(args.overrides))

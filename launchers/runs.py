@@ -148,3 +148,20 @@ def print_errors(errors: Sequence[str], header: str = "invalid configuration") -
     print(f"{header}:", file=sys.stderr)
     for error in errors:
         print("  - " + error.replace("\n", "\n    "), file=sys.stderr)
+
+
+def run_command(parser, argv: Sequence[str], refused_header: str, run) -> int:
+    """The start the commands that compose a config share (train, prepare, plan): OVERRIDES
+    and --config-dir parsed, the user's config folders searched for the whole command, a
+    config group chosen without a recipe refused; then `run(args)`."""
+    from orchestrator.plan import config_path
+    from orchestrator.plan.compose import group_choice_without_recipe
+
+    config_path.add_argument(parser)
+    args = parser.parse_intermixed_args(list(argv))
+    with config_path.command_line_dirs(args.config_dir):
+        refused = group_choice_without_recipe(args.overrides)
+        if refused:
+            print_errors([refused], header=refused_header)
+            return EXIT_INVALID
+        return run(args)

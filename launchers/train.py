@@ -11,12 +11,10 @@ from typing import Sequence
 
 from launchers.checks import DemoCorpusError, check_local_datasets, dry_run_or_refusal, ensure_demo_corpus
 from launchers.follow import follow_hint, stream_local, wait_slurm
-from launchers.runs import EXIT_INVALID, EXIT_OK, dry_run_text, prepare, print_errors
+from launchers.runs import EXIT_INVALID, EXIT_OK, dry_run_text, prepare, print_errors, run_command
 from launchers.submit import RunActive, submit_run
 from launchers.sweep import train_sweep
-from orchestrator.plan import config_path
 from orchestrator.plan import rundir as rd
-from orchestrator.plan.compose import group_choice_without_recipe
 
 
 def train(overrides: Sequence[str], multirun: bool = False) -> int:
@@ -70,11 +68,4 @@ def train_main(argv: Sequence[str]) -> int:
     )
     parser.add_argument("-m", "--multirun", action="store_true", help="sweep: a=1,2 b=x,y runs every combination")
     parser.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. +recipe=tiny_cpu optim.lr=1e-3")
-    config_path.add_argument(parser)
-    args = parser.parse_intermixed_args(list(argv))
-    with config_path.command_line_dirs(args.config_dir):
-        refused = group_choice_without_recipe(args.overrides)
-        if refused:
-            print_errors([refused], header="not started")
-            return EXIT_INVALID
-        return train(args.overrides, multirun=args.multirun)
+    return run_command(parser, argv, "not started", lambda args: train(args.overrides, multirun=args.multirun))

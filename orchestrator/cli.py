@@ -59,10 +59,7 @@ def _plan_parser() -> argparse.ArgumentParser:
                         help="plan every point of a sweep (Hydra's syntax, as `audiollm train -m`: "
                              "parallel.tp=1,2,4 parallel.pp=1,2) and print one row each, best estimate first")
     parser.add_argument("--probe-best", type=int, default=0, metavar="N",
-                        help="with -m: also probe (as --probe) the N best points that can run")
-    from orchestrator.plan.config_path import add_argument
-
-    add_argument(parser)
+                        help="with -m: also probe (as --probe) the N best valid points")
     return parser
 
 
@@ -70,22 +67,16 @@ def plan_main(argv: Sequence[str]) -> int:
     """Everything the configuration allows to compute, then its errors (exit 2 when there
     are any): a user sees the layout, memory and argv of a recipe before converting its
     weights, and `audiollm train` still refuses it."""
-    args = _plan_parser().parse_intermixed_args(argv)
-    from orchestrator.plan.config_path import command_line_dirs
+    from launchers.runs import run_command
 
-    with command_line_dirs(args.config_dir):
-        return _plan(args)
+    return run_command(_plan_parser(), argv, "not planned", _plan)
 
 
 def _plan(args: argparse.Namespace) -> int:
-    from orchestrator.plan.compose import ComposeError, compose, group_choice_without_recipe
+    from orchestrator.plan.compose import ComposeError, compose
     from orchestrator.plan.resolve import resolve, to_object
     from orchestrator.plan.validate import ConfigInvalid, validate
 
-    refused = group_choice_without_recipe(args.overrides)
-    if refused:
-        print(refused, file=sys.stderr)
-        return 2
     if args.multirun:
         return _plan_sweep(args)
     try:
