@@ -35,6 +35,11 @@ class Row:
     tokens_per_s_per_gpu: float | None = None
     inputs: list | None = None
 
+    @property
+    def runs(self) -> bool:
+        """No error at all (its own or one every point shares), and it fits."""
+        return not self.errors and bool(self.fits)
+
 
 def rule_of(error: str) -> str:
     match = re.search(r"\[([A-Za-z0-9_]+)\]", error)
@@ -166,5 +171,5 @@ def to_json(rows: list[Row]) -> dict:
     points = []
     for row in ranked(rows, shared):
         valid = bool(row.fits) and not [e for e in row.errors if e not in shared]
-        points.append(asdict(row) | {"valid": valid, "runs": valid and not shared})
+        points.append(asdict(row) | {"valid": valid, "runs": row.runs})
     return {"shared_errors": shared, "points": points}
