@@ -62,49 +62,6 @@ def _check_demo_corpus(root: str, manifest: dict, samples: int, accent: Optional
                               f"data.demo_corpus_accent={accent or 'null'}: {again}")
 
 
-def local_dataset_problems(runs: Sequence[PreparedRun]) -> list[str]:
-    """Every local dataset path (data.train, data.validation; globs expanded) that is not an
-    MDS dataset as seen from this machine, one line each; remote ones are checked by the
-    job (orchestrator/data/remote.py). Runs after the demo corpus is written."""
-    from orchestrator.data.sources import is_remote, resolve_entries
-
-    problems: list[str] = []
-    for run in runs:
-        data = run.container["data"]
-        for split in ("train", "validation"):
-            for entry in data.get(split) or []:
-                if is_remote(str(entry["path"])):
-                    continue
-                try:
-                    resolve_entries([_Entry(entry)])
-                except (OSError, ValueError) as exc:
-                    problem = f"data.{split}[{entry['name']}]: {exc}"
-                    if problem not in problems:
-                        problems.append(problem)
-    return problems
-
-
-class _Entry:
-    """A dataset entry of the composed config (a dict) as resolve_entries reads it."""
-
-    def __init__(self, entry: dict):
-        self.name, self.path, self.weight = entry["name"], entry["path"], entry.get("weight", 1.0)
-
-
-def check_local_datasets(runs: Sequence[PreparedRun]) -> bool:
-    """False (after saying why) when a local job could not open its datasets; a SLURM job's
-    nodes may see paths this machine does not, so there it is a warning."""
-    problems = local_dataset_problems(runs)
-    if not problems:
-        return True
-    if runs[0].launcher["kind"] == "slurm":
-        print_errors(problems, header="warning: these datasets are not found from this machine (the job fails "
-                                       "at start unless the compute nodes see them)")
-        return True
-    print_errors(problems, header="not submitted: datasets not found")
-    return False
-
-
 NEVER_STARTS = "not submitted: this cluster could never start the job (it would pend forever)"
 
 

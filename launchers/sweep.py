@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 from typing import Any, Sequence
 
-from launchers.checks import DemoCorpusError, NEVER_STARTS, check_local_datasets, cluster_problems, ensure_demo_corpus
+from launchers.checks import DemoCorpusError, NEVER_STARTS, cluster_problems, ensure_demo_corpus
 from launchers.follow import follow_hint, stream_local, wait_slurm
 from launchers.runs import (
     EXIT_INVALID,
@@ -126,8 +126,6 @@ def train_sweep(overrides: Sequence[str]) -> int:
         ensure_demo_corpus([run for _, run in points])
     except (RunActive, DemoCorpusError) as exc:
         print_errors([str(exc)], header="sweep not submitted")
-        return EXIT_INVALID
-    if not check_local_datasets([run for _, run in points]):
         return EXIT_INVALID
     if launcher["kind"] == "slurm":
         jobs = submit_sweep(sweep_dir, points)

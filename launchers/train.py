@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from launchers.checks import DemoCorpusError, check_local_datasets, dry_run_or_refusal, ensure_demo_corpus
+from launchers.checks import DemoCorpusError, dry_run_or_refusal, ensure_demo_corpus
 from launchers.follow import follow_hint, stream_local, wait_slurm
 from launchers.runs import EXIT_INVALID, EXIT_OK, dry_run_text, prepare, print_errors, run_command
 from launchers.submit import RunActive, submit_run
@@ -31,8 +31,6 @@ def train(overrides: Sequence[str], multirun: bool = False) -> int:
         return verdict
     try:
         ensure_demo_corpus([run])
-        if not check_local_datasets([run]):
-            return EXIT_INVALID
         job = submit_run(run)
     except (RunActive, rd.RunBusy, DemoCorpusError) as exc:
         print_errors([str(exc)], header="not submitted")

@@ -28,6 +28,12 @@ as NCCL's ranks wait in a collective for a peer that is gone (gloo's fail at onc
 closed connection), which only a GPU job would show. AUDIOLLM_MINIMAL_STOP_END_DELAY_S
 (seconds) keeps rank 0 that long past its last collective when the job stops early, as a
 logger's end can, while its peers have exited for the requeue.
+
+Its periodic saves are every rank's, as a distributed checkpoint's are: each reports the
+save phase, rank 0 writes, and all meet in a barrier before the next step.
+AUDIOLLM_MINIMAL_SAVE_DELAY_S (seconds) makes rank 0's writing take that long, and
+AUDIOLLM_MINIMAL_FREEZE_IN_SAVE=RANK:STEP makes that rank stop itself (SIGSTOP, as a
+process stuck in a file system does) inside the save of that step.
 """
 
 from __future__ import annotations
@@ -35,6 +41,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import time
 from pathlib import Path
 
@@ -73,6 +80,19 @@ def latest_checkpoint(run_dir: Path) -> Path | None:
         return None
     path = run_dir / "checkpoints" / pointer.read_text().strip()
     return path if (path / "state.pt").exists() else None
+
+
+def _periodic_save(run_dir: Path, step: int, model, optim, keep_last: int, rank: int) -> None:
+    """Every rank's part of a save, reported as the trainer reports it (job_control.progress)."""
+    job_control.progress(step, "save")
+    freeze_rank, _, freeze_step = os.environ.get("AUDIOLLM_MINIMAL_FREEZE_IN_SAVE", "").partition(":")
+    if freeze_rank and rank == int(freeze_rank) and step == int(freeze_step):
+        os.kill(os.getpid(), signal.SIGSTOP)
+    if rank == 0:
+        time.sleep(float(os.environ.get("AUDIOLLM_MINIMAL_SAVE_DELAY_S", "0")))
+        _save(run_dir, step, model, optim, keep_last)
+    dist.barrier()
+    job_control.progress(step)
 
 
 def _save(run_dir: Path, step: int, model, optim, keep_last: int) -> None:
@@ -180,8 +200,8 @@ def main(run_dir: str) -> dict:
             metrics.flush()
             if step % log_interval == 0 or step == iters:
                 print(f"[minimal_job] step {step}/{iters} loss {loss_value:.6f}", flush=True)
-            if save_interval and step % save_interval == 0 and step < iters:
-                _save(run_path, step, model, optim, keep_last)
+        if save_interval and step % save_interval == 0 and step < iters:
+            _periodic_save(run_path, step, model, optim, keep_last, rank)
     if rank == 0:
         if step > start or ckpt is None:
             _save(run_path, step, model, optim, keep_last)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -33,11 +34,13 @@ def _prepared(root, name: str, *extra: str, iters: int = ITERS):
     return root / "tiny_cpu" / name
 
 
-def _start(run_dir, step_delay: str = "0") -> list:
-    """Both ranks of the run, as torchrun starts them (RANK, WORLD_SIZE, MASTER_ADDR, ...)."""
+def _start(run_dir, step_delay: str = "0", save_delay: str = "0", freeze_in_save: str = "") -> list:
+    """Both ranks of the run, as torchrun starts them (RANK, WORLD_SIZE, MASTER_ADDR, ...);
+    the minimal job's delays and freeze (tests/launchers/minimal_job.py)."""
     port = str(free_port())
     base = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "SUBMITIT_"))}
     base.update(PYTHONPATH=str(REPO), OMP_NUM_THREADS="1", AUDIOLLM_MINIMAL_STEP_DELAY_S=step_delay,
+                AUDIOLLM_MINIMAL_SAVE_DELAY_S=save_delay, AUDIOLLM_MINIMAL_FREEZE_IN_SAVE=freeze_in_save,
                 WORLD_SIZE="2", LOCAL_WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=port)
     return [subprocess.Popen([sys.executable, "-m", "launchers.by_hand", str(run_dir)], cwd=REPO, text=True,
                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
@@ -116,11 +119,13 @@ def test_a_stop_signal_to_every_task_checkpoints_and_the_same_command_resumes_ex
     assert "[by hand" in (stopped / "logs" / "rank1.log").read_text()  # each rank's output in its log too
 
 
-def test_a_frozen_rank_is_named_and_recorded_and_no_rank_is_left_waiting(tmp_path, capsys):
-    run_dir = _prepared(tmp_path, "frozen", "train.hang_timeout=4")
-    procs = _start(run_dir, step_delay="0.25")
-    wait_for_step(run_dir, 2, timeout=120)
-    procs[1].send_signal(signal.SIGSTOP)
+def test_a_rank_frozen_inside_a_save_is_named_and_recorded_and_no_rank_is_left_waiting(tmp_path, capsys):
+    """Rank 1 stops inside the save of step 4 (as a process stuck in a file system): rank 0
+    waits in that save, and the watchdog bounds it by 10 x the slowest save seen (step 2's,
+    about 1 s here), neither by the step bound (train.hang_timeout) nor by the half hour
+    before any save was timed."""
+    run_dir = _prepared(tmp_path, "frozen", "train.hang_timeout=4", "train.save_interval=2")
+    procs = _start(run_dir, step_delay="0.25", save_delay="1.0", freeze_in_save="1:4")
     outputs = _ends(procs, timeout=120)
     # rank 0 found it, recorded it, ended the frozen rank on this host, and ended
     assert procs[0].returncode == 1 and procs[1].returncode == -signal.SIGKILL, outputs
@@ -128,7 +133,10 @@ def test_a_frozen_rank_is_named_and_recorded_and_no_rank_is_left_waiting(tmp_pat
     cause = record["message"]
     assert record["type"] == "RuntimeError" and record["job_id"] == "by-hand", record
     assert cause.startswith("hang: no progress for") and f"rank 1 (pid {procs[1].pid}" in cause, cause
-    assert "frozen or dead" in cause, cause
+    assert "frozen or dead (its last:" in cause, cause  # (its last heartbeat, up to a beat before it froze)
+    bound = float(re.search(r"after step 4 \(bound (\d+) s\)", cause).group(1))
+    assert 10 <= bound < 60, cause  # 10 x step 2's save (1 s and its barrier), a whole-second figure
+    assert "in save after step 4" in (run_dir / "logs" / "rank0.log").read_text()
     log = (run_dir / "logs" / "rank0.log").read_text()
     assert "this rank's threads:" in log and "ending this rank (the same command resumes" in log, log[-3000:]
     said = _status(run_dir, capsys)  # the cause in one line, as for a submitted run

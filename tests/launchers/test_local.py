@@ -283,8 +283,10 @@ def test_a_missing_local_dataset_is_refused_before_submission(tmp_path):
     out = proc.communicate(timeout=120)[0]
     assert proc.returncode == 2, out
     assert out.strip().splitlines()[-2:] == [
-        "not submitted: datasets not found:",
-        f"  - data.train[ghost]: {ghost} is not an MDS dataset: {ghost}/index.json does not exist"], out
+        "invalid configuration:",
+        f"  - error: [local_paths] data.train[ghost].path: {ghost} does not exist; an MDS dataset is a directory "
+        f"with index.json; launcher=local runs the job on this machine, where it would stop at start: point it at "
+        f"what exists here (or write it first)"], out
     assert not (tmp_path / "tiny_cpu" / "ghost" / "launch.json").exists()
 
 
