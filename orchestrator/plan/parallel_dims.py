@@ -77,10 +77,10 @@ class ParallelDims:
     def microbatches(self, global_batch_size: int, micro_batch_size: int) -> int:
         """Micro-batches per step on each data-parallel rank; ValueError where the global
         batch is not a whole number of them."""
-        per_step = micro_batch_size * (self.dp or 1)
-        if micro_batch_size < 1 or global_batch_size < 1 or global_batch_size % per_step:
-            raise ValueError(self.batch_problem(global_batch_size, micro_batch_size))
-        return global_batch_size // per_step
+        problem = self.batch_problem(global_batch_size, micro_batch_size)
+        if problem:
+            raise ValueError(problem)
+        return global_batch_size // (micro_batch_size * (self.dp or 1))
 
     def batch_problem(self, global_batch_size: int, micro_batch_size: int) -> Optional[str]:
         per_step = micro_batch_size * (self.dp or 1)
