@@ -1,11 +1,17 @@
-"""`audiollm convert megatron-to-hf --megatron CKPT --out HF_DIR [--lora merge|peft]`
+"""`audiollm convert megatron-to-hf --megatron CKPT --out HF_DIR [--layout model|parts] [--lora merge|peft]`
 
 Exports model weights to HF: CKPT is a converted checkpoint (hf-to-megatron), a
 training checkpoint (RUN/checkpoints/step_N) or a run directory (its latest step),
 written at any TP/PP. LoRA adapters are merged into their base weights
 (W + alpha/rank * B A); with `--lora peft` the decoder's are written as a PEFT adapter
 beside the un-merged base instead (orchestrator/convert/peft_lora.py; LoRA on the
-encoder or the adapter is merged into them still). HF_DIR gets:
+encoder or the adapter is merged into them still).
+
+`--layout model`, the default for a training checkpoint: one HF model directory that
+`AutoModelForCausalLM` / `AutoProcessor.from_pretrained(HF_DIR, trust_remote_code=True)`
+load as a speech-in, text-out model (orchestrator/convert/audiollm_dir.py; with
+`--lora peft` its decoder's adapter goes to HF_DIR/peft_lora). `--layout parts`, the
+default for a converted checkpoint (which holds no run: no tokenizer, no prompt), gets:
 
     config.json, model.safetensors   a HF Gemma2ForCausalLM (`from_pretrained` loads it)
     peft_lora/                       --lora peft: adapter_config.json, adapter_model.safetensors
@@ -55,12 +61,14 @@ def merge_lora_tensors(state: Dict[str, torch.Tensor], scaling: Optional[float])
 
 PEFT_SUBDIR = "peft_lora"
 LORA_MODES = ("merge", "peft")
+LAYOUTS = ("model", "parts")
 
 
 def export_state(ckpt_dir: Path, lora_mode: str = "merge") -> dict:
     """Everything an export writes, in memory: {checkpoint, decoder (HF Gemma2 names),
     encoder (WhisperEncoder names), adapter, hf_config, whisper_config, adapter_config,
-    tokenizer, lora_merged, peft (tensors, adapter_config) or None}. The model's config
+    tokenizer, lora_merged, peft (tensors, adapter_config) or None, run_config (a training
+    checkpoint's run's config; None for a converted checkpoint)}. The model's config
     comes from a converted checkpoint's source configs, or from a training checkpoint's
     run (its plan.json)."""
     if lora_mode not in LORA_MODES:
@@ -78,7 +86,7 @@ def export_state(ckpt_dir: Path, lora_mode: str = "merge") -> dict:
         whisper_config, adapter_config = (_json_or_none(ckpt / name) for name in ("whisper_config.json",
                                                                                    "adapter_config.json"))
         lora = json.loads((ckpt / CONVERTED_META).read_text()).get("lora") or {}  # an imported PEFT adapter
-        tokenizer = None
+        tokenizer = config = None
     elif plan_path.is_file():
         config = json.loads(plan_path.read_text())["config"]
         model, lora = config["model"], config.get("lora") or {}
@@ -111,18 +119,31 @@ def export_state(ckpt_dir: Path, lora_mode: str = "merge") -> dict:
     return {"checkpoint": str(ckpt), "decoder": megatron_full_to_hf(parts["language_model"], shape),
             "encoder": parts["encoder"], "adapter": parts["adapter"], "hf_config": hf_config,
             "whisper_config": whisper_config, "adapter_config": adapter_config, "tokenizer": tokenizer,
-            "lora_merged": merged, "peft": peft}
+            "lora_merged": merged, "peft": peft, "run_config": config}
 
 
 def _json_or_none(path: Path) -> Optional[dict]:
     return json.loads(path.read_text()) if path.is_file() else None
 
 
-def convert(ckpt_dir: Path, out_dir: Path, lora_mode: str = "merge") -> dict:
+def convert(ckpt_dir: Path, out_dir: Path, lora_mode: str = "merge", layout: Optional[str] = None) -> dict:
+    """`layout` None: `model` for a training checkpoint, `parts` for a converted one."""
     from orchestrator.convert.peft_lora import write_peft_adapter
 
+    if layout not in (None, *LAYOUTS):
+        raise ValueError(f"layout {layout!r} is not one of {LAYOUTS}")
     out = Path(out_dir)
     state = export_state(ckpt_dir, lora_mode)
+    layout = layout or ("parts" if state["run_config"] is None else "model")
+    summary = {"checkpoint": state["checkpoint"], "layout": layout, "lora_merged": state["lora_merged"],
+               "peft_modules": len(state["peft"][0]) // 2 if state["peft"] else 0}
+    if layout == "model":
+        from orchestrator.convert.audiollm_dir import write_model_dir
+
+        summary.update(write_model_dir(out, state))
+        if state["peft"] is not None:
+            write_peft_adapter(out / PEFT_SUBDIR, *state["peft"])
+        return summary
     write_hf_checkpoint(out, state["decoder"], json.dumps(state["hf_config"], indent=2))
     if state["peft"] is not None:
         write_peft_adapter(out / PEFT_SUBDIR, *state["peft"])
@@ -136,9 +157,8 @@ def convert(ckpt_dir: Path, out_dir: Path, lora_mode: str = "merge") -> dict:
         for path in Path(tokenizer).iterdir():
             if path.is_file():
                 shutil.copy2(path, out / path.name)
-    return {"checkpoint": state["checkpoint"], "lora_merged": state["lora_merged"], "encoder": bool(state["encoder"]),
-            "adapter": bool(state["adapter"]), "tokenizer": bool(tokenizer),
-            "peft_modules": len(state["peft"][0]) // 2 if state["peft"] else 0}
+    return {**summary, "encoder": bool(state["encoder"]), "adapter": bool(state["adapter"]),
+            "tokenizer": bool(tokenizer)}
 
 
 def whisper_hf_config(encoder: dict) -> dict:
@@ -161,13 +181,26 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument("--lora", choices=LORA_MODES, default="merge",
                         help=f"merge LoRA into the weights (default), or write the decoder's as a PEFT adapter "
                              f"(HF_DIR/{PEFT_SUBDIR}) beside the un-merged base")
+    parser.add_argument("--layout", choices=LAYOUTS, default=None,
+                        help="model: one HF model directory (AutoModelForCausalLM and AutoProcessor with "
+                             "trust_remote_code=True; the default for a training checkpoint); parts: the decoder as "
+                             "a Gemma2ForCausalLM directory with whisper_encoder/ and audio_adapter/ beside it (the "
+                             "default for a converted checkpoint)")
     args = parser.parse_args(argv)
     try:
         source = checkpoint_at_step(args.megatron, args.step) if args.step is not None else args.megatron
-        result = convert(source, args.out, args.lora)
+        result = convert(source, args.out, args.lora, args.layout)
     except (ValueError, FileNotFoundError) as exc:  # what to fix, named: no traceback
         print(str(exc), file=sys.stderr)
         return 2
+    if result["layout"] == "model":
+        extra = [f"{PEFT_SUBDIR}/ ({result['peft_modules']} LoRA modules)"] if result["peft_modules"] else []
+        print(f"wrote {args.out} from {result['checkpoint']}: one AudioLLM model directory"
+              f"{' with its processor' if result['processor'] else ' (no tokenizer: no processor)'}"
+              f"{', ' + ', '.join(extra) if extra else ''}"
+              f"{'; LoRA merged into %d linears' % result['lora_merged'] if result['lora_merged'] else ''}; load it "
+              f"with AutoModelForCausalLM.from_pretrained({str(args.out)!r}, trust_remote_code=True)")
+        return 0
     parts = ["Gemma2"] + ([f"{PEFT_SUBDIR}/ ({result['peft_modules']} LoRA modules)"] if result["peft_modules"] else []) \
         + (["whisper_encoder/"] if result["encoder"] else []) + \
         (["audio_adapter/"] if result["adapter"] else []) + (["tokenizer"] if result["tokenizer"] else [])

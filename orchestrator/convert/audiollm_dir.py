@@ -1,0 +1,169 @@
+"""The AudioLLM as one Hugging Face model directory (`audiollm convert megatron-to-hf`'s
+default for a training checkpoint):
+
+    config.json                     model_type "audiollm": text_config (the decoder's HF
+                                    config), audio_config (Whisper's), the adapter's sizes,
+                                    the audio placeholder id, and an auto_map
+    configuration_audiollm.py       the code transformers runs for it with
+    modeling_audiollm.py            trust_remote_code=True (orchestrator/hf_model/: torch,
+    processing_audiollm.py          numpy and transformers only)
+    model.safetensors               language_model.* (the decoder's HF names), encoder.*
+                                    (HF WhisperEncoder's), adapter.*; sharded with an index
+                                    above 5 GiB
+    tokenizer files, preprocessor_config.json, processor_config.json
+                                    the processor: the run's tokenizer, Whisper log-mel
+                                    settings of the encoder's window, the run's prompt
+    generation_config.json          greedy, stopping at end of turn or eos, the run's
+                                    eval_generation_max_new_tokens
+    README.md                       a model card: recipe, data, steps, the run's scores
+
+Loaded with `AutoModelForCausalLM.from_pretrained(DIR, trust_remote_code=True)` and
+`AutoProcessor.from_pretrained(DIR, trust_remote_code=True)`; `hf-to-megatron --hf DIR`
+reads it back."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Dict, Optional
+
+import torch
+
+from orchestrator.convert.hf_io import write_hf_checkpoint
+from orchestrator.hf_model import REMOTE_CODE_FILES
+
+MODEL_TYPE = "audiollm"
+AUTO_MAP = {"AutoConfig": "configuration_audiollm.AudioLLMConfig",
+            "AutoModel": "modeling_audiollm.AudioLLMForCausalLM",
+            "AutoModelForCausalLM": "modeling_audiollm.AudioLLMForCausalLM"}
+PROCESSOR_AUTO_MAP = {"AutoProcessor": "processing_audiollm.AudioLLMProcessor"}
+# Prefixes of the tensors in the directory: the project's own part names.
+PARTS = ("language_model", "encoder", "adapter")
+
+
+def model_tensors(state: dict) -> Dict[str, torch.Tensor]:
+    """export_state's parts under one namespace, the decoder's tied output weight left out."""
+    tensors = {f"language_model.{n}": t for n, t in state["decoder"].items() if n != "lm_head.weight"}
+    tensors.update({f"encoder.{n}": t for n, t in state["encoder"].items()})
+    tensors.update({f"adapter.{n}": t for n, t in state["adapter"].items()})
+    return tensors
+
+
+def model_config(state: dict, audio_token_id: Optional[int]) -> dict:
+    config = state["run_config"]
+    model = config["model"]
+    decoder_vocab = int(model["decoder"]["vocab_size"])
+    ctc = float(model["adapter"].get("ctc_weight") or 0.0) > 0
+    return {
+        "architectures": ["AudioLLMForCausalLM"], "model_type": MODEL_TYPE, "auto_map": AUTO_MAP,
+        "text_config": state["hf_config"], "audio_config": state["whisper_config"],
+        "audio_token_id": audio_token_id, "frame_stack": int(model["adapter"]["frame_stack"]),
+        "ctc_vocab_size": decoder_vocab if ctc else 0,
+        "encoder_mask_padding": bool(model["encoder"].get("mask_padding", False)),
+        # What hf-to-megatron writes back as the converted checkpoint's adapter_config.json.
+        "adapter_config": state["adapter_config"],
+        "torch_dtype": state["hf_config"].get("torch_dtype", "float32"),
+        "tie_word_embeddings": bool(state["hf_config"].get("tie_word_embeddings", True)),
+    }
+
+
+def write_processor(out: Path, state: dict) -> Optional[int]:
+    """The run's tokenizer with its prompt and the encoder window's log-mel settings, as
+    AutoProcessor loads them; returns the audio placeholder's id (None without a tokenizer)."""
+    from transformers import GenerationConfig, WhisperFeatureExtractor
+
+    from orchestrator.data.prompts import audio_token_id
+    from orchestrator.data.tokenizer_build import load_tokenizer
+    from orchestrator.eval.asr import default_stop_ids
+    from orchestrator.hf_model.processing_audiollm import AudioLLMProcessor
+
+    tokenizer_dir = state["tokenizer"]
+    if not tokenizer_dir:
+        return None
+    if not Path(tokenizer_dir).is_dir():
+        raise FileNotFoundError(
+            f"the run's tokenizer (data.tokenizer={tokenizer_dir}) is not there"
+            + (f" from {Path.cwd()}: a relative path is read from the directory the run was started in; export "
+               f"from there" if not Path(tokenizer_dir).is_absolute() else "") + "; the model directory needs it")
+    config = state["run_config"]
+    data, model = config["data"], config["model"]
+    tokenizer = load_tokenizer(tokenizer_dir, data["audio_token"])
+    window_frames = 2 * int(model["encoder"]["max_source_positions"])
+    seconds = window_frames / 100
+    features = WhisperFeatureExtractor(feature_size=int(model["encoder"]["num_mel_bins"]),
+                                       chunk_length=int(seconds) if seconds.is_integer() else seconds)
+    processor = AudioLLMProcessor(features, tokenizer, prompt_template=data["prompt_template"],
+                                  audio_token=data["audio_token"], frame_stack=int(model["adapter"]["frame_stack"]),
+                                  add_bos=bool(data.get("add_bos", True)))
+    processor.save_pretrained(str(out))
+    for name in ("processor_config.json", "preprocessor_config.json", "tokenizer_config.json"):
+        path = out / name
+        saved = json.loads(path.read_text()) if path.is_file() else {}
+        saved.update(processor_class="AudioLLMProcessor", auto_map={**saved.get("auto_map", {}), **PROCESSOR_AUTO_MAP})
+        if name == "processor_config.json":  # what AudioLLMProcessor.__init__ takes beyond its parts
+            saved.update(prompt_template=processor.prompt_template, audio_token=processor.audio_token,
+                         frame_stack=processor.frame_stack, add_bos=processor.add_bos)
+        path.write_text(json.dumps(saved, indent=2) + "\n")
+    stops = default_stop_ids(tokenizer, data.get("response_suffix", ""))
+    GenerationConfig(bos_token_id=tokenizer.bos_token_id, eos_token_id=stops,
+                     pad_token_id=tokenizer.pad_token_id if tokenizer.pad_token_id is not None else stops[-1],
+                     do_sample=False,
+                     max_new_tokens=int(config.get("train", {}).get("eval_generation_max_new_tokens", 48))
+                     ).save_pretrained(str(out))
+    return audio_token_id(tokenizer, data["audio_token"])
+
+
+def write_model_dir(out_dir: Path, state: dict) -> dict:
+    """export_state's result (of a training checkpoint) as one HF model directory."""
+    if state.get("run_config") is None:
+        raise ValueError(f"{state['checkpoint']} is a converted checkpoint: it holds no run (tokenizer, prompt, "
+                         f"adapter settings) to make a model directory from; export it with --layout parts")
+    if not state["encoder"] or not state["adapter"]:
+        raise ValueError(f"{state['checkpoint']} holds no encoder or adapter weights: --layout parts writes the "
+                         f"decoder alone")
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    audio_token_id = write_processor(out, state)
+    config = model_config(state, audio_token_id)
+    write_hf_checkpoint(out, model_tensors(state), json.dumps(config, indent=2))
+    source = Path(__file__).resolve().parent.parent / "hf_model"
+    for name in REMOTE_CODE_FILES:
+        shutil.copy2(source / name, out / name)
+    (out / "README.md").write_text(model_card(state, config))
+    return {"processor": audio_token_id is not None}
+
+
+def model_card(state: dict, config: dict) -> str:
+    """The card a user completes: what the run was, what it scored; license and intended
+    use are theirs to state."""
+    run = state["run_config"]
+    ckpt = Path(state["checkpoint"])
+    scores = ckpt.parent.parent / "eval" / f"{ckpt.name}.json"
+    lines = ["---", "library_name: transformers", "pipeline_tag: automatic-speech-recognition",
+             "license: # your model's license (the decoder's and the encoder's terms apply)", "---", "",
+             f"# {run.get('run', {}).get('name') or ckpt.parent.parent.name}", "",
+             "An AudioLLM trained with audiollm: a Whisper encoder, an adapter and a "
+             f"{config['text_config'].get('model_type', 'decoder')} decoder.", "",
+             "## Use", "", "```python",
+             "from transformers import AutoModelForCausalLM, AutoProcessor",
+             "model = AutoModelForCausalLM.from_pretrained(DIR, trust_remote_code=True)",
+             "processor = AutoProcessor.from_pretrained(DIR, trust_remote_code=True)",
+             "inputs = processor(audio=[waveform_16khz_mono])",
+             "ids = model.generate(**inputs)",
+             "print(processor.batch_decode(ids[:, inputs['input_ids'].shape[1]:], skip_special_tokens=True))",
+             "```", "", "## Training", "",
+             f"- recipe: {run.get('recipe') or 'none'}",
+             f"- checkpoint: {ckpt.name} of {ckpt.parent.parent}",
+             f"- training data: {', '.join(str(d.get('name')) for d in run.get('data', {}).get('train') or [])}",
+             f"- validation data: {', '.join(str(d.get('name')) for d in run.get('data', {}).get('validation') or [])}",
+             f"- prompt: {run.get('data', {}).get('prompt_template')!r}", "", "## Evaluation", ""]
+    if scores.is_file():
+        figures = json.loads(scores.read_text())
+        lines += ["| metric | value |", "|---|---|"]
+        lines += [f"| {k} | {v:.4g} |" for k, v in figures.items() if isinstance(v, (int, float))
+                  and not isinstance(v, bool)]
+    else:
+        lines.append(f"Not evaluated yet: `audiollm eval {ckpt.parent.parent} --checkpoint {ckpt}` scores it.")
+    lines += ["", "## Intended use and limits", "", "(to be written by the model's owner)", ""]
+    return "\n".join(lines)
