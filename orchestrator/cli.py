@@ -25,6 +25,8 @@ DELEGATED: dict[str, tuple[str, str, str]] = {
     "cancel": ("launchers.status", "cancel_main", "cancel the jobs of a run or sweep directory"),
     "eval": ("launchers.eval_job", "eval_main", "validation loss and WER / exact match / BLEU of a run's "
              "checkpoint, or of every one (--all); here, or as a job with launcher=slurm|local"),
+    "transcribe": ("orchestrator.eval.transcribe", "main", "answer audio files (wav, flac, ogg, mp3) with a run's "
+                   "checkpoint or an exported model directory"),
     "data": ("orchestrator.data.cli", "main", "data tools: `audiollm data demo` (the speech demo corpus), `import` (NeMo, HF datasets, Kaldi, WebDataset -> MDS), `show`"),
     "compare-weights": ("orchestrator.convert.compare_weights", "main", "list parameters whose statistics differ between two checkpoints"),
     "wheels": ("launchers.offline_wheels", "main", "write the wheels a GPU machine without internet needs (setup.sh --from-wheels)"),

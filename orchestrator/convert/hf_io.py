@@ -69,6 +69,32 @@ class SafetensorsDir:
         return _DTYPES.get(stored, stored.lower())
 
 
+class TensorsUnder:
+    """The tensors of a SafetensorsDir whose names start with `prefix`, named without it
+    (one part of an AudioLLM model directory: `language_model.`, `encoder.`, `adapter.`)."""
+
+    def __init__(self, source: SafetensorsDir, prefix: str):
+        self.source, self.prefix = source, prefix
+        self._names = [n[len(prefix):] for n in source.names() if n.startswith(prefix)]
+
+    def names(self) -> List[str]:
+        return list(self._names)
+
+    def __iter__(self):
+        return iter(self._names)
+
+    def __contains__(self, name: str) -> bool:
+        return self.prefix + name in self.source
+
+    def __getitem__(self, name: str) -> torch.Tensor:
+        return self.source[self.prefix + name]
+
+    def dtype_name(self) -> str:
+        name = self.prefix + self._names[0]
+        stored = self.source._where[name].get_slice(name).get_dtype()
+        return _DTYPES.get(stored, stored.lower())
+
+
 def read_hf_state_dict(hf_dir: Path) -> Dict[str, torch.Tensor]:
     state: Dict[str, torch.Tensor] = {}
     for path in _safetensors_files(Path(hf_dir)):

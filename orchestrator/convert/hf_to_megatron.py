@@ -1,6 +1,7 @@
 """`audiollm convert hf-to-megatron --hf HF_DIR --out OUT_DIR [--whisper DIR] [--adapter DIR] [--peft DIR] [--verify]`
 
-Writes a HF Gemma2 checkpoint (and the encoder of a HF Whisper checkpoint, an adapter
+Writes an AudioLLM model directory (what `megatron-to-hf` writes by default: decoder,
+encoder and adapter in one) or a HF Gemma2 checkpoint (and the encoder of a HF Whisper checkpoint, an adapter
 exported by `megatron-to-hf`, and a PEFT LoRA adapter of the Gemma2) as one megatron
 dist_checkpointing checkpoint that every TP / PP / virtual-PP layout loads
 (`model.init_checkpoint`; a run with LoRA of the same rank and alpha fine-tunes the PEFT
@@ -23,7 +24,8 @@ import torch
 from orchestrator.plan.checkpoint_dirs import (ADAPTER_SUBDIR, CONVERTED_META, ENCODER_SUBDIR, checkpoint_files,
                                                file_record, write_manifest)
 from orchestrator.convert.gemma2_mapping import Gemma2Shape, hf_gemma2_config, hf_to_megatron_tensors
-from orchestrator.convert.hf_io import SafetensorsDir, read_hf_config
+from orchestrator.convert.audiollm_dir import MODEL_TYPE
+from orchestrator.convert.hf_io import SafetensorsDir, TensorsUnder, read_hf_config
 
 # Where encoder tensors sit: WhisperForConditionalGeneration, WhisperModel, a bare
 # WhisperEncoder (what megatron-to-hf writes).
@@ -58,13 +60,19 @@ def convert(hf_dir: Path, out_dir: Path, whisper_dir: Optional[Path] = None, ada
 
     hf_dir, out_dir = Path(hf_dir), Path(out_dir)
     config_dict = read_hf_config(hf_dir)
-    shape = Gemma2Shape.from_hf_config(hf_gemma2_config(config_dict))
+    whole = config_dict.get("model_type") == MODEL_TYPE  # one AudioLLM model directory (megatron-to-hf's)
+    if whole and (whisper_dir is not None or adapter_dir is not None):
+        raise ValueError(f"{hf_dir} is an AudioLLM model directory: its encoder and adapter are in it "
+                         f"(drop --whisper / --adapter)")
+    text_config = config_dict["text_config"] if whole else config_dict
+    shape = Gemma2Shape.from_hf_config(hf_gemma2_config(text_config))
     # An export of this project carries the encoder and adapter beside the decoder.
     if whisper_dir is None and (hf_dir / ENCODER_SUBDIR / "config.json").is_file():
         whisper_dir = hf_dir / ENCODER_SUBDIR
     if adapter_dir is None and (hf_dir / ADAPTER_SUBDIR).is_dir():
         adapter_dir = hf_dir / ADAPTER_SUBDIR
-    source = SafetensorsDir(hf_dir)
+    files = SafetensorsDir(hf_dir)
+    source = TensorsUnder(files, "language_model.") if whole else files
     lora, lora_meta = {}, None
     if peft_dir is not None:
         lora, rank, alpha = peft_to_megatron_lora(*read_peft_adapter(Path(peft_dir)), shape)
@@ -75,20 +83,29 @@ def convert(hf_dir: Path, out_dir: Path, whisper_dir: Optional[Path] = None, ada
             yield "language_model." + name, tensor
         for name, tensor in lora.items():
             yield "language_model." + name, tensor.to(getattr(torch, source.dtype_name()))
+        if whole:
+            for part in ("encoder", "adapter"):
+                under = TensorsUnder(files, part + ".")
+                for name in under:
+                    yield f"{part}.{name}", under[name]
         if whisper_dir is not None:
             yield from whisper_encoder_tensors(Path(whisper_dir))
         if adapter_dir is not None:
             yield from adapter_tensors(Path(adapter_dir))
 
     count = write_model_tensors(out_dir, tensors(), shape.num_layers)
-    parts = ["decoder"] + (["encoder"] if whisper_dir else []) + (["adapter"] if adapter_dir else []) + \
+    parts = ["decoder"] + (["encoder"] if whisper_dir or whole else []) + (["adapter"] if adapter_dir or whole else []) + \
         (["lora"] if lora else [])
     meta = {"format": "audiollm-dist/1", "source": str(hf_dir.resolve()), "parts": parts,
             "vocab_size": shape.vocab_size, "num_layers": shape.num_layers, "tensors": count,
             "dtype": source.dtype_name()}
     if lora_meta is not None:
         meta["lora"] = lora_meta
-    (out_dir / "hf_config.json").write_text((hf_dir / "config.json").read_text())
+    (out_dir / "hf_config.json").write_text(json.dumps(text_config, indent=2) if whole else
+                                            (hf_dir / "config.json").read_text())
+    if whole:
+        (out_dir / "whisper_config.json").write_text(json.dumps(config_dict["audio_config"], indent=2))
+        (out_dir / "adapter_config.json").write_text(json.dumps(config_dict["adapter_config"], indent=2))
     if whisper_dir is not None:
         (out_dir / "whisper_config.json").write_text((Path(whisper_dir) / "config.json").read_text())
     if adapter_dir is not None and (Path(adapter_dir) / "adapter_config.json").is_file():

@@ -1,4 +1,5 @@
-"""Numerical check of a conversion: HF Gemma2 vs the converted megatron checkpoint on
+"""Numerical check of a conversion: HF Gemma2 (alone, or the decoder of an AudioLLM
+model directory) vs the converted megatron checkpoint on
 the same random tokens, run on tp*pp local processes (torchrun; gloo on CPU) that load
 the checkpoint the way a training job does (orchestrator.train.init_weights), at the
 layout asked for.
@@ -50,6 +51,7 @@ def verify(hf_dir: Path, ckpt_dir: Path, tp: int = 1, pp: int = 1, seq_len: Opti
 def _worker(args) -> None:
     from megatron.core import parallel_state as ps
 
+    from orchestrator.convert.audiollm_dir import MODEL_TYPE
     from orchestrator.convert.gemma2_mapping import decoder_config_from_hf, hf_gemma2_config
     from orchestrator.convert.hf_io import read_hf_config
     from orchestrator.convert.megatron_forward import pipeline_forward
@@ -62,7 +64,9 @@ def _worker(args) -> None:
     dtype = getattr(torch, args.dtype)
     # Exact fp32 matmuls: an fp32 comparison with HF must not run on TF32.
     device = init_distributed(ParallelDims(tp=tp, pp=pp), seed=0, allow_tf32=False)
-    hf_cfg = hf_gemma2_config(read_hf_config(args.hf))
+    config_dict = read_hf_config(args.hf)
+    whole = config_dict.get("model_type") == MODEL_TYPE  # an AudioLLM model directory: its decoder is compared
+    hf_cfg = hf_gemma2_config(config_dict["text_config"] if whole else config_dict)
     dec = decoder_config_from_hf(hf_cfg)
     config = gemma2_transformer_config(dec, ParallelDims(tp=tp, pp=pp), params_dtype=dtype)
     model = Gemma2Model(config, dec.vocab_size, dec.max_position_embeddings, pre_process=ps.is_pipeline_first_stage(),
@@ -77,9 +81,12 @@ def _worker(args) -> None:
     token_loss = pipeline_forward(model, lambda m: m(tokens, positions, None, labels=labels), seq, BATCH,
                                   gather_vocab=False)
     if logits is not None and ps.get_tensor_model_parallel_rank() == 0:
-        from transformers import Gemma2ForCausalLM
+        from transformers import AutoModelForCausalLM, Gemma2ForCausalLM
 
-        hf = Gemma2ForCausalLM.from_pretrained(args.hf, torch_dtype=dtype, attn_implementation="eager")
+        if whole:
+            hf = AutoModelForCausalLM.from_pretrained(args.hf, torch_dtype=dtype, trust_remote_code=True).language_model
+        else:
+            hf = Gemma2ForCausalLM.from_pretrained(args.hf, torch_dtype=dtype, attn_implementation="eager")
         hf = hf.to(device).eval()
         with torch.no_grad():
             ref = hf(tokens, labels=tokens)

@@ -27,6 +27,23 @@ def is_remote(path: str) -> bool:
     return path.startswith(REMOTE_SCHEMES)
 
 
+def absolute(path: Optional[str]) -> Optional[str]:
+    """A local path made absolute (against this process's directory); remote URIs and
+    None as they are."""
+    return path if not path or is_remote(path) else os.path.abspath(os.path.expanduser(path))
+
+
+def absolute_data_paths(data) -> None:
+    """The data section's local inputs by absolute path, in place: a run's plan is read
+    from other directories than the one it was started in (its job on another node, `audiollm
+    eval`, `transcribe`, `convert megatron-to-hf`)."""
+    data.tokenizer = absolute(data.tokenizer)
+    data.demo_corpus = absolute(data.demo_corpus)
+    data.cache_dir = absolute(data.cache_dir)
+    for entry in [*data.train, *data.validation]:
+        entry.path = absolute(entry.path)
+
+
 def _shown(path: str) -> str:
     """The path as the reader can find it: relative ones with the directory they are taken from."""
     return path if os.path.isabs(path) else f"{path} (relative to {os.getcwd()})"

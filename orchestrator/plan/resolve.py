@@ -18,6 +18,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from orchestrator.plan import estimate as est
 from orchestrator.plan.layout_estimate import estimate_layout
+from orchestrator.plan.local_paths import absolute_data_paths
 from orchestrator.plan.kernels import attention_kernel, encoder_precision, planned_compile
 from orchestrator.plan.megatron_args import megatron_args, padded_vocab_size, render_argv
 from orchestrator.plan.schema import AudioLLMConfig
@@ -97,6 +98,7 @@ def resolve(cfg: DictConfig | AudioLLMConfig, purpose: str = "plan", keep_errors
         from orchestrator.plan.checkpoint_dirs import resolve_model_checkpoint
 
         obj.model.init_checkpoint = resolve_model_checkpoint(obj.model.init_checkpoint)[0]
+    absolute_data_paths(obj.data)
     p, launcher, optim = obj.parallel, obj.launcher, obj.optim
     dims = parallel_dims(p, launcher)
     if dims.dp is None:  # kept errors: the sizes do not tile the ranks; shown on as many as they fill

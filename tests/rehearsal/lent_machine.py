@@ -59,8 +59,6 @@ Prints one line per step and exits non-zero at the first failure, with its outpu
 from __future__ import annotations
 
 import argparse
-import fcntl
-import hashlib
 import json
 import os
 import shutil
@@ -71,6 +69,7 @@ import time
 from pathlib import Path
 
 from benchmarks.gpu_session import PARTS
+from tests.venvs import cached_venv, made_at, venv_dir
 
 REPO = Path(__file__).resolve().parents[2]
 # The lent machine's own stack, as the project states it (constraints-gpu-machine.txt).
@@ -125,44 +124,20 @@ def machine_python() -> tuple[str, str]:
 def machine_dir(version: str) -> Path:
     """Where the machine of this Python version and MACHINE_PACKAGES is kept between
     rehearsals: another package set or Python gets a folder of its own."""
-    cache = Path(os.environ.get("AUDIOLLM_CACHE") or Path.home() / ".cache" / "audiollm")
-    key = hashlib.sha256(" ".join((version, *MACHINE_PACKAGES)).encode()).hexdigest()[:10]
-    return cache / f"lent-machine-py{version}-{key}"
-
-
-# Written into the machine's folder once its packages are installed: a folder without it
-# is an installation that was interrupted, made again from scratch.
-READY = "ready.json"
+    return venv_dir("lent-machine", version, MACHINE_PACKAGES)
 
 
 def make_machine(venv: Path | None = None) -> tuple[Path, str]:
     """A virtual environment shaped like the lent machine's python3 (made once, then
-    reused: `machine_dir`); returns its python3 and Python version."""
+    reused: tests/venvs.py); returns its python3 and Python version. The lent machine
+    comes with these packages: how they get there is not rehearsed."""
     interpreter, version = machine_python()
     if version != MACHINE_PYTHON:
         print(f"[rehearsal] no python{MACHINE_PYTHON} here: the machine uses Python {version}", flush=True)
-    venv = venv or machine_dir(version)
-    python3 = venv / "bin" / "python3"
-    venv.parent.mkdir(parents=True, exist_ok=True)
-    with open(venv.parent / f"{venv.name}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # a second rehearsal waits for the first's installation
-        if (venv / READY).is_file() and python3.exists():
-            print(f"[rehearsal] machine: reusing {venv} (made {json.loads((venv / READY).read_text())['made']})",
-                  flush=True)
-            return python3, version
-        shutil.rmtree(venv, ignore_errors=True)
-        _run(f"machine: venv of Python {version}", [interpreter, "-m", "venv", venv])
-        # The lent machine comes with these packages: how they get here is not rehearsed.
-        # uv (setup.sh puts it beside this interpreter) installs torch's 2.6 GB of CUDA
-        # libraries in a fraction of pip's time; pip where there is no uv. Compiled to
-        # bytecode as pip does, or every process of the rehearsal compiles torch again where
-        # PYTHONDONTWRITEBYTECODE is set.
-        uv = Path(sys.executable).parent / "uv"
-        install = ([uv, "pip", "install", "-q", "--compile-bytecode", "--python", python3] if uv.exists()
-                   else [python3, "-m", "pip", "install", "-q"])
-        _run("machine: " + " ".join(MACHINE_PACKAGES), [*install, *MACHINE_PACKAGES], timeout=1800)
-        (venv / READY).write_text(json.dumps({"made": time.strftime("%Y-%m-%d %H:%M:%S"),
-                                              "packages": list(MACHINE_PACKAGES)}))
+    started = time.perf_counter()
+    python3 = cached_venv("lent-machine", interpreter, version, MACHINE_PACKAGES, folder=venv)
+    print(f"[rehearsal] machine: {python3.parent.parent} (made {made_at(python3)}; ready in "
+          f"{time.perf_counter() - started:.0f} s)", flush=True)
     return python3, version
 
 

@@ -215,7 +215,8 @@ def test_lora_run_from_the_converted_checkpoint_exports_to_hf_with_lora_merged(p
     log = out + "\n".join(p.read_text() for p in run_dir.glob("**/*.log"))
     assert "starting fresh: LoRA (32 tensors)" in log, log[-3000:]  # A and B of 16 linears, added after the load
     export = pretrained["root"] / "export"
-    out = _cli(["convert", "megatron-to-hf", "--megatron", str(run_dir), "--out", str(export)], cwd=pretrained["root"])
+    out = _cli(["convert", "megatron-to-hf", "--megatron", str(run_dir), "--out", str(export), "--layout", "parts"],
+               cwd=pretrained["root"])
     assert "LoRA merged into 16 linears" in out, out  # 4 layers x qkv, proj, fc1, fc2
     assert (export / "tokenizer.json").is_file() and (export / "audio_adapter" / "model.safetensors").is_file()
     r = _compare_exports(run_dir, export, pretrained)
@@ -233,7 +234,8 @@ def _compare_exports(run_dir: Path, export: Path, pretrained: dict) -> dict:
     from tests.train.jobs import result
 
     peft_export = export.with_name(export.name + "_peft")
-    out = _cli(["convert", "megatron-to-hf", "--megatron", str(run_dir), "--out", str(peft_export), "--lora", "peft"],
+    out = _cli(["convert", "megatron-to-hf", "--megatron", str(run_dir), "--out", str(peft_export), "--lora", "peft",
+                "--layout", "parts"],
                cwd=pretrained["root"])
     assert "peft_lora/ (28 LoRA modules)" in out, out  # 4 layers x q, k, v, o, gate, up, down
     env = {**os.environ, "PYTHONPATH": str(REPO), "PYTHONWARNINGS": "ignore", "OMP_NUM_THREADS": "1"}
@@ -294,7 +296,7 @@ def test_a_peft_adapter_made_elsewhere_is_fine_tuned_on_and_exported_back_as_pef
     # the adapter moves the loss by more than ten times the bound: the bound tells loaded from not loaded
     assert abs(rows[0]["loss"] - reference) <= STEP1_TOLERANCE < abs(reference - without) / 10
     export = root / "export_peft_run"
-    _cli(["convert", "megatron-to-hf", "--megatron", str(run_dir), "--out", str(export)], cwd=root)
+    _cli(["convert", "megatron-to-hf", "--megatron", str(run_dir), "--out", str(export), "--layout", "parts"], cwd=root)
     r = _compare_exports(run_dir, export, pretrained)
     print(f"PEFT round trip: {r}")
     assert r["lora_effect"] > 1e-3 and r["max_abs_logit_diff"] <= 1e-4, r

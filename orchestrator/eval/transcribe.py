@@ -1,0 +1,200 @@
+"""`audiollm transcribe SOURCE AUDIO... [--step N|best] [--prompt P] [--batch N] [--format text|jsonl]`
+
+Answers recordings with a trained AudioLLM. SOURCE is a run directory (its latest
+checkpoint, `--step N` or `--step best`), a training checkpoint (RUN/checkpoints/step_N)
+or a model directory `audiollm convert megatron-to-hf` wrote
+(orchestrator/eval/transcribers.py says how each is run).
+
+Audio: wav, flac, ogg and mp3 (what the installed libsndfile decodes; 16-bit FLAC through
+dr_flac), any sample rate and channel count, made 16-kHz mono (channels averaged, the
+project's band-limited resampler). A recording longer than the encoder's window (30 s for
+Whisper, 5 s for the tiny model) is cut into consecutive windows, each answered alone,
+and the answers are joined by a space; a last piece too short for one audio token is
+left out. An unreadable file is named on stderr and skipped; the others are answered,
+and the exit status is then 1.
+
+Output (stdout): `--format text`, the answer alone for one file, `FILE<TAB>ANSWER` per
+line for several; `--format jsonl`, one {"file", "text", "seconds"} per line. A progress
+bar over the files goes to stderr when it is a terminal."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from pathlib import Path
+from typing import List, Optional, Sequence
+
+FORMATS = ("text", "jsonl")
+# libsndfile names the in-memory file it was given: nothing a user can act on.
+_BUFFER = re.compile(r"Error opening <_io\.BytesIO object at 0x[0-9a-f]+>: ")
+
+
+class _File:
+    def __init__(self, name: str, seconds: float, pieces: int):
+        self.name, self.seconds = name, seconds
+        self.answers: List[Optional[str]] = [None] * pieces
+
+    @property
+    def done(self) -> bool:
+        return all(a is not None for a in self.answers)
+
+    @property
+    def text(self) -> str:
+        return " ".join(a.strip() for a in self.answers if a and a.strip())
+
+
+def read_recording(path: str):
+    """16-kHz mono float32 samples of an audio file; AudioError/OSError when unreadable."""
+    from orchestrator.data.audio import load_audio
+
+    return load_audio(Path(path).read_bytes(), None, 16000)
+
+
+def pieces(samples, window: int, shortest: int) -> list:
+    """Consecutive windows of at most `window` samples; a last one below `shortest` is
+    left out (a recording shorter than that gives none)."""
+    cut = [samples[i:i + window] for i in range(0, len(samples), window)]
+    return [p for p in cut if len(p) >= shortest]
+
+
+def transcribe_files(transcriber, files: Sequence[str], batch: int, emit, warn, progress: bool = False) -> int:
+    """Answer each file (in order: `emit(_File)` as soon as it and those before it are
+    done); `warn(message)` for each unreadable one. Returns how many were skipped."""
+    from tqdm import tqdm
+
+    from orchestrator.data.audio import AudioError
+
+    queue, pending, skipped = [], [], 0
+
+    def run(count: int) -> None:
+        work, queue[:] = queue[:count], queue[count:]
+        for (entry, index, _), answer in zip(work, transcriber.answer([clip for _, _, clip in work])):
+            entry.answers[index] = answer
+        while pending and pending[0].done:
+            emit(pending.pop(0))
+
+    for path in tqdm(files, unit="file", disable=not progress, file=sys.stderr):
+        try:
+            samples = read_recording(path)
+        except (AudioError, OSError) as exc:
+            warn(f"{path}: skipped: {_BUFFER.sub('', str(exc))}")
+            skipped += 1
+            continue
+        cut = pieces(samples, transcriber.window_samples, transcriber.min_samples)
+        if not cut:
+            warn(f"{path}: skipped: {len(samples) / 16000:.3f} s of audio is too short for one audio token "
+                 f"({transcriber.min_samples} samples at 16 kHz)")
+            skipped += 1
+            continue
+        entry = _File(path, len(samples) / 16000, len(cut))
+        pending.append(entry)
+        queue += [(entry, i, piece) for i, piece in enumerate(cut)]
+        while len(queue) >= batch:
+            run(batch)
+    while queue:
+        run(batch)
+    return skipped
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="audiollm transcribe", description=__doc__.split("\n\n")[1])
+    parser.add_argument("source", type=Path, help="a run directory, a training checkpoint or an exported model "
+                        "directory")
+    parser.add_argument("audio", nargs="+", help="audio files (wav, flac, ogg, mp3)")
+    parser.add_argument("--step", default=None, help="with a run directory: the checkpoint at this step, or `best` "
+                        "(RUN/eval/best.json); default: the latest")
+    parser.add_argument("--prompt", default=None, help="the prompt: a template with <SpeechHere> where the audio "
+                        "goes, or an instruction the audio follows (rendered as a user turn by the tokenizer's chat "
+                        "template); default: the run's data.prompt_template")
+    parser.add_argument("--batch", type=int, default=8, help="audio windows answered together (default 8)")
+    parser.add_argument("--format", choices=FORMATS, default="text", help="text (default) or jsonl: one "
+                        '{"file", "text", "seconds"} per line')
+    parser.add_argument("--max-new-tokens", type=int, default=None,
+                        help="answer length bound (default: the run's train.eval_generation_max_new_tokens)")
+    parser.add_argument("--ctc-weight", type=float, default=None,
+                        help="a run's checkpoint: joint CTC/attention decoding at this weight (default: the run's "
+                             "train.eval_generation_ctc_weight, as `audiollm eval`; 0: the decoder alone)")
+    parser.add_argument("--device", default=None, help="an exported model: cpu or cuda (default: cuda when there "
+                        "is one); a run's checkpoint runs where its job would (a GPU when there is one)")
+    return parser
+
+
+def open_transcriber(args):
+    """The transcriber SOURCE asks for; ValueError / FileNotFoundError naming what is wrong."""
+    from orchestrator.eval.transcribers import ExportTranscriber, RunTranscriber, is_exported_model
+    from orchestrator.plan.checkpoint_dirs import checkpoint_at_step, resolve_model_checkpoint
+
+    source = args.source
+    if is_exported_model(source):
+        if args.step is not None:
+            raise ValueError(f"--step {args.step}: {source} is an exported model (one set of weights), not a run")
+        if args.ctc_weight:
+            raise ValueError(f"--ctc-weight {args.ctc_weight}: an exported model decodes with its decoder alone; "
+                             f"transcribe with the run's checkpoint for joint CTC/attention decoding")
+        import torch
+
+        device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+        return ExportTranscriber(source, device, args.max_new_tokens, args.prompt)
+    checkpoint = checkpoint_at_step(source, args.step) if args.step is not None else None
+    if checkpoint is None:
+        resolved, problem = resolve_model_checkpoint(str(source))
+        if problem:
+            raise FileNotFoundError(problem)
+        checkpoint = Path(resolved)
+    run_dir = checkpoint.parent.parent
+    if not (run_dir / "plan.json").is_file():
+        raise ValueError(f"{source} is neither a run (no {run_dir / 'plan.json'}) nor an exported model directory "
+                         f"(config.json of model_type audiollm); a converted checkpoint holds no tokenizer or "
+                         f"prompt: train from it, or transcribe with the run")
+    return RunTranscriber(run_dir, checkpoint, args.ctc_weight, args.max_new_tokens, args.prompt)
+
+
+def _quiet() -> None:
+    """stdout holds the answers and stderr the files skipped: the libraries' notices
+    (megatron's missing TransformerEngine and Apex, torch's missing CUDA runtime,
+    dist_checkpointing's deprecations) are left out."""
+    import logging
+    import warnings
+
+    warnings.filterwarnings("ignore", category=UserWarning, module=r"megatron\.")
+    warnings.filterwarnings("ignore", category=FutureWarning)
+    logging.getLogger("torch.utils.cpp_extension").setLevel(logging.ERROR)
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    args = _parser().parse_args(argv)
+    _quiet()
+    if args.batch < 1:
+        print(f"--batch {args.batch}: answer at least 1 window at a time", file=sys.stderr)
+        return 2
+    from orchestrator.plan.resolved import PlanError
+
+    try:
+        transcriber = open_transcriber(args)
+    except (ValueError, FileNotFoundError, PlanError) as exc:  # what to fix, named: no traceback
+        print(str(exc), file=sys.stderr)
+        return 2
+    several = len(args.audio) > 1
+
+    def emit(entry: _File) -> None:
+        if args.format == "jsonl":
+            line = json.dumps({"file": entry.name, "text": entry.text, "seconds": round(entry.seconds, 3)})
+        else:
+            line = f"{entry.name}\t{entry.text}" if several else entry.text
+        print(line, flush=True)
+
+    try:
+        skipped = transcribe_files(transcriber, args.audio, args.batch, emit,
+                                   lambda message: print(message, file=sys.stderr, flush=True),
+                                   progress=several and sys.stderr.isatty())
+    finally:
+        transcriber.close()
+    if skipped:
+        print(f"{skipped} of {len(args.audio)} files skipped (named above)", file=sys.stderr)
+    return 1 if skipped else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,146 @@
+"""The two models `audiollm transcribe` answers with, behind one interface:
+
+    transcriber.window_samples           16-kHz samples of the encoder's window
+    transcriber.min_samples              the shortest audio that gives one audio token
+    transcriber.answer(clips, template)  greedy answers, one per clip (<= the window)
+    transcriber.close()
+
+- RunTranscriber: a run's checkpoint, in this process at TP = PP = 1 (as `audiollm eval`
+  loads it: dist_checkpointing reshards any layout), decoded by the project's own
+  greedy_generate with the run's joint CTC/attention weight (the one eval uses);
+- ExportTranscriber: an exported model directory (orchestrator/convert/audiollm_dir.py)
+  through transformers' AutoModelForCausalLM / AutoProcessor and `generate`, greedy.
+
+Both build the prompt as the data side does (PromptBuilder: bos, the template's text
+around <SpeechHere>, one placeholder per audio token)."""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+from typing import List, Optional, Sequence
+
+import numpy as np
+
+from orchestrator.plan.tasks import SPEECH_MARKER
+
+
+def prompt_template(tokenizer, prompt: Optional[str], default: str) -> str:
+    """`--prompt` as a template: with <SpeechHere>, the whole template (as
+    data.prompt_template); without, the user's instruction with the audio after it,
+    rendered as a user turn by the tokenizer's chat template; none: `default`."""
+    if prompt is None:
+        return default
+    if SPEECH_MARKER in prompt:
+        return prompt
+    from orchestrator.data.prompts import chat_user_template
+
+    return chat_user_template(tokenizer, f"{prompt.rstrip()} {SPEECH_MARKER}")
+
+
+def is_exported_model(path: Path) -> bool:
+    from orchestrator.convert.audiollm_dir import MODEL_TYPE
+
+    config = Path(path) / "config.json"
+    return config.is_file() and json.loads(config.read_text()).get("model_type") == MODEL_TYPE
+
+
+class _NoData:
+    """The model built as evaluation builds it, with no data to read."""
+
+    dataset_names: List[str] = []
+
+
+class RunTranscriber:
+    def __init__(self, run_dir: Path, checkpoint: Path, ctc_weight: Optional[float] = None,
+                 max_new_tokens: Optional[int] = None, prompt: Optional[str] = None):
+        import torch
+
+        from orchestrator.data.prompts import PromptBuilder
+        from orchestrator.data.tokenizer_build import load_tokenizer
+        from orchestrator.eval.asr import default_stop_ids
+        from orchestrator.plan.model_params import audio_token_count
+        from orchestrator.train import checkpoint as ckpt
+        from orchestrator.train.audiollm_provider import AudioLLMProvider, audiollm_config
+        from orchestrator.train.entry import make_trainer, setup_logging
+        from orchestrator.train.evaluate import _check_frozen_source, _evaluation_plan, _single_process_env, \
+            single_rank_plan
+        from orchestrator.train.loop import Components
+
+        plan = _evaluation_plan(Path(run_dir), ctc_weight)  # refuses a weight the model has no head for
+        head = float(plan.section("model").get("adapter", {}).get("ctc_weight", 0.0)) > 0
+        self.ctc_weight = float(plan.section("train").get("eval_generation_ctc_weight", 0.0)) if head else 0.0
+        _check_frozen_source(Path(checkpoint))
+        _single_process_env()
+        setup_logging(0)
+        logging.getLogger().setLevel(logging.WARNING)  # the answers on stdout, problems on stderr: no notices
+        plan = single_rank_plan(plan)
+        cfg = audiollm_config(plan)
+        self.trainer = make_trainer(run_dir, lambda p, rank, size: Components(
+            provider=AudioLLMProvider.from_config(audiollm_config(p)), train_source=_NoData()), plan=plan,
+            training=False)
+        ckpt.load_model_weights(Path(checkpoint), self.trainer.chunks)
+        self.model = self.trainer.unwrapped[0].eval()
+        self.device = next(self.model.parameters()).device
+        self.tokenizer = load_tokenizer(cfg.data.tokenizer, cfg.data.audio_token)
+        self.stop_ids = default_stop_ids(self.tokenizer, cfg.data.response_suffix)
+        self.max_new_tokens = int(max_new_tokens or cfg.train.eval_generation_max_new_tokens)
+        self.mel_bins = int(cfg.model.encoder.num_mel_bins)
+        self.window_frames = 2 * int(cfg.model.encoder.max_source_positions)
+        self.frame_stack = int(cfg.model.adapter.frame_stack)
+        self.window_samples = self.window_frames * 160
+        self.min_samples = 160 * (2 * self.frame_stack - 2) + 1  # the mel frames of one audio token
+        self._tokens = lambda frames: audio_token_count(int(frames), self.frame_stack)
+        template = prompt_template(self.tokenizer, prompt, cfg.data.prompt_template)
+        self.builder = PromptBuilder(self.tokenizer, template, cfg.data.response_suffix, cfg.data.add_bos,
+                                     audio_token=cfg.data.audio_token)
+        self._no_grad = torch.no_grad
+
+    def answer(self, clips: Sequence[np.ndarray]) -> List[str]:
+        from orchestrator.data import mel
+        from orchestrator.models.generate import greedy_generate
+
+        features, lengths = mel.features(list(clips), self.mel_bins, self.window_frames)
+        prompts = []
+        for n in lengths.tolist():
+            sample = self.builder.build("-", [self._tokens(n)])
+            prompts.append(sample.tokens.tolist()[:sample.answer_start])
+        pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.tokenizer.eos_token_id
+        with self._no_grad():
+            ids = greedy_generate(self.model, prompts, features.to(self.device), lengths.tolist(), self.stop_ids,
+                                  max_new_tokens=self.max_new_tokens, pad_id=pad, ctc_weight=self.ctc_weight,
+                                  ctc_rows=[True] * len(prompts))
+        return [self.tokenizer.decode(x, skip_special_tokens=True) for x in ids]
+
+    def close(self) -> None:
+        from orchestrator.runtime.distributed import shutdown
+
+        shutdown()
+
+
+class ExportTranscriber:
+    def __init__(self, export_dir: Path, device: str, max_new_tokens: Optional[int] = None,
+                 prompt: Optional[str] = None):
+        from transformers import AutoModelForCausalLM, AutoProcessor
+
+        self.model = AutoModelForCausalLM.from_pretrained(str(export_dir), trust_remote_code=True).to(device).eval()
+        self.processor = AutoProcessor.from_pretrained(str(export_dir), trust_remote_code=True)
+        self.device = device
+        self.ctc_weight = 0.0
+        self.max_new_tokens = max_new_tokens
+        self.window_samples = self.processor.window_samples
+        self.min_samples = 160 * (2 * self.processor.frame_stack - 2) + 1
+        self.template = prompt_template(self.processor.tokenizer, prompt, self.processor.prompt_template)
+
+    def answer(self, clips: Sequence[np.ndarray]) -> List[str]:
+        import torch
+
+        inputs = self.processor(audio=list(clips), text=self.template).to(self.device)
+        extra = {"max_new_tokens": self.max_new_tokens} if self.max_new_tokens else {}
+        with torch.no_grad():
+            ids = self.model.generate(**inputs, do_sample=False, **extra)
+        return self.processor.batch_decode(ids[:, inputs["input_ids"].shape[1]:], skip_special_tokens=True)
+
+    def close(self) -> None:
+        pass

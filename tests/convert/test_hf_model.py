@@ -1,0 +1,175 @@
+"""The AudioLLM as one HF model directory (`audiollm convert megatron-to-hf`'s default for
+a run): trained at TP1, TP2 with sequence parallelism and PP2, exported, and loaded with
+AutoModelForCausalLM / AutoProcessor (trust_remote_code) in virtual environments that
+hold torch and transformers but not this project, at transformers 4.x and 5.x: greedy
+answers to the held-out clips equal `audiollm eval`'s. The directory converts back
+(hf-to-megatron, --verify) to the same weights, and its processor builds the data side's
+prompt and features."""
+
+from __future__ import annotations
+
+import ast
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from tests.train.audiollm_runs import VAL_SET, audiollm_cli, make_corpus, write_audiollm_run_dir
+from tests.train.jobs import launch
+
+HERE = Path(__file__).parent
+REPO = HERE.parent.parent
+ITERS = 12
+# name -> (tp, pp, overrides): the CTC loss needs pp 1 (validate.check_ctc).
+LAYOUTS = {"tp1": (1, 1, []), "tp2_sp": (2, 1, ["parallel.sp=true"]),
+           "pp2": (1, 2, ["data.packing=true", "model.adapter.ctc_weight=0"])}
+# transformers 4.x's oldest release the remote code claims (4.46), beside torch and numpy
+# at this project's pins (in the installer's cache already); 5.x: the lent GPU machine's
+# stack (constraints-gpu-machine.txt), the environment tests/rehearsal/lent_machine.py makes.
+OLDEST_4X = "transformers==4.46.3"
+
+
+def _pin(name: str) -> str:
+    line = next(line for line in (REPO / "constraints.txt").read_text().splitlines() if line.startswith(name + "=="))
+    return line.strip()
+
+
+def env_4x() -> Path:
+    from tests.venvs import cached_venv
+
+    interpreter = getattr(sys, "_base_executable", sys.executable)
+    version = f"{sys.version_info[0]}.{sys.version_info[1]}"
+    return cached_venv("hf-only", interpreter, version, [_pin("torch"), OLDEST_4X, _pin("numpy")])
+
+
+def env_5x() -> Path:
+    from tests.rehearsal.lent_machine import make_machine
+
+    return make_machine()[0]
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory):
+    """Each layout's run: trained ITERS steps, scored by `audiollm eval --ctc-weight 0`
+    (greedy, every answer kept) and exported; plus the held-out clips as 16-kHz arrays."""
+    from streaming import LocalDataset
+
+    from orchestrator.data.audio import load_audio
+
+    root = tmp_path_factory.mktemp("hf_model")
+    corpus = make_corpus(root / "corpus")
+    runs = {}
+    for name, (tp, pp, extra) in LAYOUTS.items():
+        run_dir = write_audiollm_run_dir(root / name, corpus, tp=tp, pp=pp, iters=ITERS, extra=extra)
+        launch("job_script.py", tp * pp, "train", str(run_dir), log_dir=root)
+        scored = audiollm_cli(["eval", str(run_dir), "--ctc-weight", "0", "--examples", "100"], cwd=REPO)
+        assert scored.returncode == 0, scored.stdout[-4000:]
+        export = root / f"{name}_hf"
+        out = audiollm_cli(["convert", "megatron-to-hf", "--megatron", str(run_dir), "--out", str(export)], cwd=REPO)
+        assert out.returncode == 0 and "one AudioLLM model directory with its processor" in out.stdout, out.stdout
+        report = json.loads((run_dir / "eval" / f"step_{ITERS:06d}.json").read_text())
+        runs[name] = {"run": run_dir, "export": export, "answers": [hyp for _, hyp in report["examples"][VAL_SET]]}
+    held_out = LocalDataset(local=str(corpus / "val" / VAL_SET))
+    clips = [load_audio(held_out[i]["audio"], None, 16000) for i in range(len(held_out))]
+    np.savez(root / "clips.npz", **{f"clip_{i}": clip for i, clip in enumerate(clips)})
+    return {"root": root, "runs": runs, "clips": root / "clips.npz", "count": len(clips)}
+
+
+@pytest.mark.multiprocess
+@pytest.mark.parametrize("make_env,major", [(env_4x, "4"), (env_5x, "5")], ids=["transformers4", "transformers5"])
+def test_exports_answer_the_held_out_clips_as_audiollm_eval_without_the_project(exported, make_env, major, tmp_path):
+    python3 = make_env()
+    out = tmp_path / "answers.json"
+    exports = [str(r["export"]) for r in exported["runs"].values()]
+    proc = subprocess.run([str(python3), str(HERE / "hf_model_script.py"), str(exported["clips"]), str(out), *exports,
+                           "--batch", "3"], capture_output=True, text=True, timeout=600, cwd=tmp_path,
+                          env={k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")})
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
+    answers = json.loads(out.read_text())
+    assert answers["transformers"].split(".")[0] == major, answers["transformers"]
+    for name, run in exported["runs"].items():
+        got = answers["exports"][str(run["export"])]
+        # answers that differ from clip to clip: the audio reaches the decoder
+        assert len(run["answers"]) == exported["count"] and len(set(run["answers"])) > 2, (name, run["answers"])
+        # Batches of 3 left-padded prompts: the answers do not depend on the batch.
+        assert [t.strip() for t in got["texts"]] == [a.strip() for a in run["answers"]], (name, answers["transformers"])
+        print(f"{name} on transformers {answers['transformers']}: {got['texts'][:2]}")
+
+
+def test_the_export_converts_back_to_the_same_weights_and_verifies(exported, tmp_path):
+    """model directory -> hf-to-megatron --verify -> the decoder, encoder and adapter
+    tensors bit for bit those of the run's own export as parts."""
+    from safetensors.torch import load_file
+
+    run = exported["runs"]["tp2_sp"]
+    back = tmp_path / "back"
+    out = audiollm_cli(["convert", "hf-to-megatron", "--hf", str(run["export"]), "--out", str(back), "--verify",
+                        "--tolerance", "1e-4"], cwd=REPO)
+    assert out.returncode == 0 and '"ok": true' in out.stdout, out.stdout[-3000:]
+    assert json.loads((back / "audiollm_checkpoint.json").read_text())["parts"] == ["decoder", "encoder", "adapter"]
+    for source, target in ((run["run"], tmp_path / "direct"), (back, tmp_path / "again")):
+        done = audiollm_cli(["convert", "megatron-to-hf", "--megatron", str(source), "--out", str(target),
+                             "--layout", "parts"], cwd=REPO)
+        assert done.returncode == 0, done.stdout[-3000:]
+    for part in (".", "whisper_encoder", "audio_adapter"):
+        a, b = (load_file(str(d / part / "model.safetensors")) for d in (tmp_path / "direct", tmp_path / "again"))
+        assert sorted(a) == sorted(b) and all(torch.equal(a[k], b[k]) for k in a), part
+
+
+def test_the_processor_builds_the_data_sides_prompt_and_features(exported):
+    from transformers import AutoProcessor
+
+    from orchestrator.data import mel
+    from orchestrator.data.prompts import PromptBuilder
+    from orchestrator.plan.schema.data import DataConfig
+
+    run = exported["runs"]["tp1"]
+    processor = AutoProcessor.from_pretrained(run["export"], trust_remote_code=True)
+    stored = np.load(exported["clips"])
+    clips = [stored[f"clip_{i}"] for i in range(3)]
+    inputs = processor(audio=clips)
+    features, lengths = mel.features(clips, 80, 500)  # the tiny encoder: 80 bins, a 5-s window
+    assert torch.equal(inputs["feature_lengths"], lengths)
+    # HF's log-mel against the project's: 1e-5, the bound tests/data/test_features.py holds them to
+    assert (inputs["input_features"] - features).abs().max() < 1e-5
+    builder = PromptBuilder(processor.tokenizer, DataConfig().prompt_template)
+    for row, n in zip(inputs["input_ids"].tolist(), lengths.tolist()):
+        sample = builder.build("x", [(((n - 1) // 2 + 1) // 5)])
+        prompt = sample.tokens.tolist()[:sample.answer_start]
+        assert row[len(row) - len(prompt):] == prompt  # left-padded
+    with pytest.raises(ValueError, match="longer than the encoder's window of 5 s: cut it into windows first"):
+        processor(audio=[np.zeros(16000 * 6, np.float32)])
+    with pytest.raises(ValueError, match="must hold <SpeechHere> once"):
+        processor(audio=clips[:1], text="no marker")
+
+
+def test_a_converted_checkpoint_is_refused_as_a_model_directory_naming_the_way_out(exported, tmp_path):
+    run = exported["runs"]["tp1"]
+    back = tmp_path / "back"
+    assert audiollm_cli(["convert", "hf-to-megatron", "--hf", str(run["export"]), "--out", str(back)],
+                        cwd=REPO).returncode == 0
+    out = audiollm_cli(["convert", "megatron-to-hf", "--megatron", str(back), "--out", str(tmp_path / "x"),
+                        "--layout", "model"], cwd=REPO)
+    assert out.returncode == 2 and "is a converted checkpoint" in out.stdout and "--layout parts" in out.stdout
+    assert "Traceback" not in out.stdout
+
+
+def test_the_remote_code_imports_only_torch_numpy_and_transformers():
+    allowed = {"torch", "numpy", "transformers", "typing", "inspect", "math", "json"}
+    from orchestrator.hf_model import REMOTE_CODE_FILES
+
+    for name in REMOTE_CODE_FILES:
+        tree = ast.parse((REPO / "orchestrator" / "hf_model" / name).read_text())
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                roots = {alias.name.split(".")[0] for alias in node.names}
+            elif isinstance(node, ast.ImportFrom):
+                roots = set() if node.level else {node.module.split(".")[0]}
+            else:
+                continue
+            assert roots <= allowed, (name, roots)
