@@ -7,6 +7,7 @@ default for a training checkpoint):
     configuration_audiollm.py       the code transformers runs for it with
     modeling_audiollm.py            trust_remote_code=True (orchestrator/hf_model/: torch,
     processing_audiollm.py          numpy and transformers only)
+    pipeline_audiollm.py            (`pipeline(model=DIR, trust_remote_code=True)`)
     model.safetensors               language_model.* (the decoder's HF names), encoder.*
                                     (HF WhisperEncoder's), adapter.*; sharded with an index
                                     above 5 GiB
@@ -38,6 +39,9 @@ AUTO_MAP = {"AutoConfig": "configuration_audiollm.AudioLLMConfig",
             "AutoModel": "modeling_audiollm.AudioLLMForCausalLM",
             "AutoModelForCausalLM": "modeling_audiollm.AudioLLMForCausalLM"}
 PROCESSOR_AUTO_MAP = {"AutoProcessor": "processing_audiollm.AudioLLMProcessor"}
+# `pipeline(model=DIR, trust_remote_code=True)`: orchestrator/hf_model/pipeline_audiollm.py says why this task.
+CUSTOM_PIPELINES = {"automatic-speech-recognition": {"impl": "pipeline_audiollm.AudioLLMPipeline",
+                                                     "pt": ["AutoModelForCausalLM"], "tf": [], "type": "audio"}}
 # Prefixes of the tensors in the directory: the project's own part names.
 PARTS = ("language_model", "encoder", "adapter")
 
@@ -57,6 +61,7 @@ def model_config(state: dict, audio_token_id: Optional[int]) -> dict:
     ctc = float(model["adapter"].get("ctc_weight") or 0.0) > 0
     return {
         "architectures": ["AudioLLMForCausalLM"], "model_type": MODEL_TYPE, "auto_map": AUTO_MAP,
+        "custom_pipelines": CUSTOM_PIPELINES,
         "text_config": state["hf_config"], "audio_config": state["whisper_config"],
         "audio_token_id": audio_token_id, "frame_stack": int(model["adapter"]["frame_stack"]),
         "ctc_vocab_size": decoder_vocab if ctc else 0,

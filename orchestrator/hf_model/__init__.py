@@ -6,4 +6,5 @@ export loads where the project is not installed; tests/convert/test_hf_model.py 
 them to that."""
 
 # The files an export carries, in the order HF's remote-code loader needs them.
-REMOTE_CODE_FILES = ("configuration_audiollm.py", "modeling_audiollm.py", "processing_audiollm.py")
+REMOTE_CODE_FILES = ("configuration_audiollm.py", "modeling_audiollm.py", "processing_audiollm.py",
+                     "pipeline_audiollm.py")

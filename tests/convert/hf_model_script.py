@@ -5,7 +5,9 @@ exported AudioLLM directory with the Auto classes and transcribe clips.
 
 CLIPS.npz: 16-kHz mono float32 arrays named clip_0, clip_1, ... (and optionally a
 `prompts` array of templates, one per clip). Writes {"transformers", "torch",
-"exports": {EXPORT_DIR: {"texts", "tokens"}}} to OUT.json. `--peft`: the decoder's PEFT
+"exports": {EXPORT_DIR: {"texts", "tokens", "logits", "pipeline"}}} to OUT.json (logits: each
+prompt's next-token logits, before any answer token; pipeline: the task `pipeline(model=
+EXPORT_DIR)` inferred and its answer to the first clip). `--peft`: the decoder's PEFT
 adapter (EXPORT_DIR/peft_lora) is put on the exported base with PeftModel.from_pretrained
 first."""
 
@@ -16,7 +18,7 @@ import sys
 import numpy as np
 import torch
 import transformers
-from transformers import AutoModelForCausalLM, AutoProcessor
+from transformers import AutoModelForCausalLM, AutoProcessor, pipeline
 
 
 def transcribe(export, clips, prompts, batch, peft):
@@ -27,15 +29,19 @@ def transcribe(export, clips, prompts, batch, peft):
         model.language_model = PeftModel.from_pretrained(model.language_model, f"{export}/peft_lora").eval()
     processor = AutoProcessor.from_pretrained(export, trust_remote_code=True)
     stops = set(model.generation_config.eos_token_id)
-    texts, tokens = [], []
+    texts, tokens, logits = [], [], []
     for start in range(0, len(clips), batch):
         inputs = processor(audio=clips[start:start + batch], text=prompts[start:start + batch])
         with torch.no_grad():
+            # the prompts' next-token logits (left-padded: every row's last position is its own)
+            logits += model(**inputs).logits[:, -1].float().tolist()
             new = model.generate(**inputs, do_sample=False)[:, inputs["input_ids"].shape[1]:]
         for row in new.tolist():
             tokens.append(row[:next((i for i, t in enumerate(row) if t in stops), len(row))])
         texts += processor.batch_decode(new, skip_special_tokens=True)
-    return {"texts": texts, "tokens": tokens}
+    asr = pipeline(model=export, trust_remote_code=True)  # the task from config.json's custom_pipelines
+    said = asr({"raw": clips[0], "sampling_rate": 16000}, **({"prompt": prompts[0]} if prompts[0] else {}))
+    return {"texts": texts, "tokens": tokens, "logits": logits, "pipeline": {"task": asr.task, "text": said["text"]}}
 
 
 def main(argv):
