@@ -245,6 +245,7 @@ def run_summary(run_dir: Path, recipe: Optional[str]) -> str:
     if curve.is_file():
         lines.append(f"  loss curve     {curve}")
     lines += [f"  next           audiollm eval {run_dir}",
+              f"                 audiollm transcribe {run_dir} RECORDING.wav ...",
               f"                 audiollm convert megatron-to-hf --megatron {run_dir} --out {run_dir}_hf"]
     if recipe == "tiny_cpu":
         lines.append("                 then fine-tune it on an unheard accent: docs/fine-tuning.md, \"Fine-tuning demo (CPU)\"")

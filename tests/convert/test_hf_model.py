@@ -32,6 +32,7 @@ LAYOUTS = {"tp1": (1, 1, []), "tp2_sp": (2, 1, ["parallel.sp=true"]),
 # at this project's pins (in the installer's cache already); 5.x: the lent GPU machine's
 # stack (constraints-gpu-machine.txt), the environment tests/rehearsal/lent_machine.py makes.
 OLDEST_4X = "transformers==4.46.3"
+PEFT_FOR_4X = "peft==0.13.2"  # the --lora peft export's adapter (tests/train/test_init_checkpoint.py)
 LOGIT_BOUND = 1e-4
 
 
@@ -45,7 +46,7 @@ def env_4x() -> Path:
 
     interpreter = getattr(sys, "_base_executable", sys.executable)
     version = f"{sys.version_info[0]}.{sys.version_info[1]}"
-    return cached_venv("hf-only", interpreter, version, [_pin("torch"), OLDEST_4X, _pin("numpy")])
+    return cached_venv("hf-only", interpreter, version, [_pin("torch"), OLDEST_4X, _pin("numpy"), PEFT_FOR_4X])
 
 
 def env_5x() -> Path:
@@ -54,14 +55,31 @@ def env_5x() -> Path:
     return make_machine()[0]
 
 
-@pytest.fixture(scope="module")
-def exported(tmp_path_factory):
-    """Each layout's run: trained ITERS steps, scored by `audiollm eval --ctc-weight 0`
-    (greedy, every answer kept) and exported; plus the held-out clips as 16-kHz arrays."""
+def write_held_out_clips(dataset: Path, out: Path) -> Path:
+    """An MDS dataset's clips as 16-kHz arrays in one .npz (clip_0, clip_1, ...)."""
     from streaming import LocalDataset
 
     from orchestrator.data.audio import load_audio
 
+    held_out = LocalDataset(local=str(dataset))
+    np.savez(out, **{f"clip_{i}": load_audio(held_out[i]["audio"], None, 16000) for i in range(len(held_out))})
+    return out
+
+
+def answers_without_the_project(python3: Path, clips: Path, exports: list, out: Path, *flags: str) -> dict:
+    """tests/convert/hf_model_script.py's answers and logits, run by `python3` (an
+    environment without this project) from a folder outside the checkout."""
+    proc = subprocess.run([str(python3), str(HERE / "hf_model_script.py"), str(clips), str(out), *map(str, exports),
+                           *flags], capture_output=True, text=True, timeout=600, cwd=out.parent,
+                          env={k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")})
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
+    return json.loads(out.read_text())
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory):
+    """Each layout's run: trained ITERS steps, scored by `audiollm eval --ctc-weight 0`
+    (greedy, every answer kept) and exported; plus the held-out clips as 16-kHz arrays."""
     root = tmp_path_factory.mktemp("hf_model")
     corpus = make_corpus(root / "corpus")
     runs = {}
@@ -75,29 +93,22 @@ def exported(tmp_path_factory):
         assert out.returncode == 0 and "one AudioLLM model directory with its processor" in out.stdout, out.stdout
         report = json.loads((run_dir / "eval" / f"step_{ITERS:06d}.json").read_text())
         runs[name] = {"run": run_dir, "export": export, "answers": [hyp for _, hyp in report["examples"][VAL_SET]]}
-    held_out = LocalDataset(local=str(corpus / "val" / VAL_SET))
-    clips = [load_audio(held_out[i]["audio"], None, 16000) for i in range(len(held_out))]
-    np.savez(root / "clips.npz", **{f"clip_{i}": clip for i, clip in enumerate(clips)})
+    clips = write_held_out_clips(corpus / "val" / VAL_SET, root / "clips.npz")
     for name, run in runs.items():  # the project's own model's logits of each prompt
         run["logits"] = root / f"{name}_logits.npy"
         proc = subprocess.run([sys.executable, str(HERE / "project_logits_script.py"), str(run["run"]),
                                str(root / "clips.npz"), str(run["logits"])], capture_output=True, text=True,
                               timeout=300, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)})
         assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
-    return {"root": root, "runs": runs, "clips": root / "clips.npz", "count": len(clips)}
+    return {"root": root, "runs": runs, "clips": clips, "count": len(np.load(clips).files)}
 
 
 @pytest.mark.multiprocess
 @pytest.mark.parametrize("make_env,major", [(env_4x, "4"), (env_5x, "5")], ids=["transformers4", "transformers5"])
 def test_exports_answer_the_held_out_clips_as_audiollm_eval_without_the_project(exported, make_env, major, tmp_path):
-    python3 = make_env()
-    out = tmp_path / "answers.json"
-    exports = [str(r["export"]) for r in exported["runs"].values()]
-    proc = subprocess.run([str(python3), str(HERE / "hf_model_script.py"), str(exported["clips"]), str(out), *exports,
-                           "--batch", "3"], capture_output=True, text=True, timeout=600, cwd=tmp_path,
-                          env={k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")})
-    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
-    answers = json.loads(out.read_text())
+    answers = answers_without_the_project(make_env(), exported["clips"],
+                                          [r["export"] for r in exported["runs"].values()], tmp_path / "answers.json",
+                                          "--batch", "3")
     assert answers["transformers"].split(".")[0] == major, answers["transformers"]
     for name, run in exported["runs"].items():
         got = answers["exports"][str(run["export"])]
@@ -216,7 +227,7 @@ def test_transcribe_answers_files_as_eval_from_the_run_and_from_its_export(expor
     for name, fmt in (("stereo_44k.wav", "WAV"), ("clip.ogg", "OGG"), ("clip.mp3", "MP3")):
         sf.write(str(tmp_path / name), louder if fmt == "WAV" else clip, 44100 if fmt == "WAV" else 16000, format=fmt)
     window = 5 * 16000  # the tiny encoder's
-    long = np.concatenate([clip] * 3)  # 2 windows: a whole one and the rest
+    long = np.concatenate([clip] * (window // len(clip) + 1))  # 2 windows: a whole one and the rest
     assert window < len(long) < 2 * window
     for name, samples in (("long.wav", long), ("first_window.wav", long[:window]), ("rest.wav", long[window:]),
                           ("too_short.wav", clip[:400])):

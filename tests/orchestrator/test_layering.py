@@ -1,5 +1,5 @@
 """The tree's layers, in one line: imports point down the list cli.py -> launchers/ ->
-the job side (orchestrator/train, models, data, eval, convert, runtime, probe) ->
+the job side (orchestrator/train, models, data, eval, convert, hf_model, runtime, probe) ->
 orchestrator/plan/, and no two modules import each other, however indirectly.
 
 So the planning side (compose, validate, resolve, the estimates) imports nothing from
@@ -11,7 +11,7 @@ import ast
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
-JOB_SIDE = ("train", "models", "data", "eval", "convert", "runtime", "probe")
+JOB_SIDE = ("train", "models", "data", "eval", "convert", "hf_model", "runtime", "probe")
 
 
 def _layer(module: str) -> int:

@@ -43,7 +43,7 @@ internet. This script:
    the job picks on a CPU (reference); the LoRA step, started from the TP2 x PP2 step's
    checkpoint, holds it there (its checkpoints read their frozen weights from it);
 7. `audiollm convert` both ways on transformers 5: the TP2 x PP2 step's checkpoint out to
-   HF and back, verified against the HF model's logits.
+   one HF model directory and back, verified against its decoder's logits.
 8. `audiollm plan --probe` of the tiny model planned for a GPU with its layers compiled:
    the probe compiles them on torch 2.11 as the job would (orchestrator/probe/compiled.py
    needs torch's `ignore_compile_internals`), the GPU machine's torch, where the 9B row's
@@ -237,8 +237,9 @@ def rehearse(root: Path, machine: Path | None = None) -> dict:
     holds = list((run_dirs["gemma2_whisper_tp4pp2"] / "checkpoints" / HOLDS).glob("step_*/*.json"))
     if len(holds) != 1:
         raise StepFailed(f"gemma2_whisper_tp1 did not hold the checkpoint it started from: {holds}")
-    # transformers 5 on both conversion paths: the TP2 x PP2 run out to HF (Gemma2, the
-    # Whisper encoder, the adapter) and back, with the HF model's logits compared.
+    # transformers 5 on both conversion paths: the TP2 x PP2 run out to HF (one AudioLLM
+    # model directory, its remote code run by transformers 5) and back, with the logits of
+    # its decoder compared.
     hf_dir, back = root / "hf_export", root / "hf_import"
     _run("convert megatron-to-hf", [python3, "-m", "orchestrator.cli", "convert", "megatron-to-hf", "--megatron",
                                     run_dirs["gemma2_whisper_tp4pp2"], "--out", hf_dir], env=env, cwd=work)

@@ -13,6 +13,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
@@ -226,6 +227,34 @@ def test_lora_run_from_the_converted_checkpoint_exports_to_hf_with_lora_merged(p
     assert r["max_abs_logit_diff"] <= 1e-4, r
     # the same run as a PEFT adapter beside the un-merged base: PEFT's logits are the merged export's
     assert r["peft_base_vs_base"] == 0.0 and r["peft_vs_merged"] <= 1e-4, r
+    _check_model_directories(run_dir, pretrained)
+
+
+def _check_model_directories(run_dir: Path, pretrained: dict) -> None:
+    """The LoRA run as one HF model directory (LoRA merged), and as one whose decoder gets
+    its PEFT adapter (`--lora peft`), loaded where only torch, transformers 4.46 and peft
+    are: PeftModel.from_pretrained on the model's decoder answers the held-out clips as
+    the merged directory does, next-token logits within the fp32 bound, and the adapter
+    moves them by far more than that."""
+    from tests.convert.test_hf_model import LOGIT_BOUND, answers_without_the_project, env_4x, write_held_out_clips
+    from tests.train.audiollm_runs import VAL_SET
+
+    root = pretrained["root"]
+    merged, adapted = root / "lora_model", root / "lora_model_peft"
+    _cli(["convert", "megatron-to-hf", "--megatron", str(run_dir), "--out", str(merged)], cwd=root)
+    out = _cli(["convert", "megatron-to-hf", "--megatron", str(run_dir), "--out", str(adapted), "--lora", "peft"],
+               cwd=root)
+    assert "one AudioLLM model directory with its processor, peft_lora/ (28 LoRA modules)" in out, out
+    clips = write_held_out_clips(pretrained["corpus"] / "val" / VAL_SET, root / "lora_clips.npz")
+    python3 = env_4x()
+    plain = answers_without_the_project(python3, clips, [merged, adapted], root / "lora_plain.json")
+    with_peft = answers_without_the_project(python3, clips, [adapted], root / "lora_peft.json", "--peft")
+    merged_out, base_out = (plain["exports"][str(d)] for d in (merged, adapted))
+    peft_out = with_peft["exports"][str(adapted)]
+    gap = lambda a, b: float(np.abs(np.asarray(a["logits"]) - np.asarray(b["logits"])).max())  # noqa: E731
+    assert peft_out["texts"] == merged_out["texts"], (peft_out["texts"], merged_out["texts"])
+    assert gap(peft_out, merged_out) <= LOGIT_BOUND < gap(base_out, merged_out) / 10, (gap(peft_out, merged_out),
+                                                                                      gap(base_out, merged_out))
 
 
 def _compare_exports(run_dir: Path, export: Path, pretrained: dict) -> dict:
