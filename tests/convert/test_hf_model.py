@@ -244,7 +244,7 @@ def test_transcribe_answers_files_as_eval_from_the_run_and_from_its_export(expor
                               env={**os.environ, "PYTHONPATH": str(REPO)})
         assert proc.returncode == 1, proc.stdout + proc.stderr[-3000:]
         errors = proc.stderr.strip().splitlines()
-        assert errors[-1] == "2 of 18 files skipped (named above)", proc.stderr[-3000:]
+        assert errors[-1] == f"2 of {len(files) + len(extra)} files skipped (named above)", proc.stderr[-3000:]
         assert any(line.startswith(f"{tmp_path / 'broken.flac'}: skipped: cannot decode") for line in errors)
         assert any(line.startswith(f"{tmp_path / 'too_short.wav'}: skipped: 0.025 s of audio is too short")
                    for line in errors)
