@@ -55,8 +55,6 @@ class _NoData:
 class RunTranscriber:
     def __init__(self, run_dir: Path, checkpoint: Path, ctc_weight: Optional[float] = None,
                  max_new_tokens: Optional[int] = None, prompt: Optional[str] = None):
-        import torch
-
         from orchestrator.data.prompts import PromptBuilder
         from orchestrator.data.tokenizer_build import load_tokenizer
         from orchestrator.eval.asr import default_stop_ids
@@ -95,7 +93,6 @@ class RunTranscriber:
         template = prompt_template(self.tokenizer, prompt, cfg.data.prompt_template)
         self.builder = PromptBuilder(self.tokenizer, template, cfg.data.response_suffix, cfg.data.add_bos,
                                      audio_token=cfg.data.audio_token)
-        self._no_grad = torch.no_grad
 
     def answer(self, clips: Sequence[np.ndarray]) -> List[str]:
         from orchestrator.data import mel
@@ -107,10 +104,9 @@ class RunTranscriber:
             sample = self.builder.build("-", [self._tokens(n)])
             prompts.append(sample.tokens.tolist()[:sample.answer_start])
         pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.tokenizer.eos_token_id
-        with self._no_grad():
-            ids = greedy_generate(self.model, prompts, features.to(self.device), lengths.tolist(), self.stop_ids,
-                                  max_new_tokens=self.max_new_tokens, pad_id=pad, ctc_weight=self.ctc_weight,
-                                  ctc_rows=[True] * len(prompts))
+        ids = greedy_generate(self.model, prompts, features.to(self.device), lengths.tolist(), self.stop_ids,
+                              max_new_tokens=self.max_new_tokens, pad_id=pad, ctc_weight=self.ctc_weight,
+                              ctc_rows=[True] * len(prompts))  # (greedy_generate runs without autograd)
         return [self.tokenizer.decode(x, skip_special_tokens=True) for x in ids]
 
     def close(self) -> None:
