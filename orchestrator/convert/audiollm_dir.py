@@ -9,8 +9,8 @@ default for a training checkpoint):
     processing_audiollm.py          numpy and transformers only)
     pipeline_audiollm.py            (`pipeline(model=DIR, trust_remote_code=True)`)
     model.safetensors               language_model.* (the decoder's HF names), encoder.*
-                                    (HF WhisperEncoder's), adapter.*; sharded with an index
-                                    above 5 GiB
+                                    (HF WhisperEncoder's), adapter.*; shards of 2 GiB with an
+                                    index above that, written as the checkpoint is read
     tokenizer files, preprocessor_config.json, processor_config.json
                                     the processor: the run's tokenizer, Whisper log-mel
                                     settings of the encoder's window, the run's prompt
@@ -27,12 +27,13 @@ from __future__ import annotations
 import json
 import shutil
 from pathlib import Path
-from typing import Dict, Optional
+from typing import TYPE_CHECKING, Optional
 
-import torch
-
-from orchestrator.convert.hf_io import write_hf_checkpoint
+from orchestrator.convert.hf_io import ShardWriter
 from orchestrator.hf_model import REMOTE_CODE_FILES
+
+if TYPE_CHECKING:
+    from orchestrator.convert.megatron_to_hf import Export
 
 MODEL_TYPE = "audiollm"
 AUTO_MAP = {"AutoConfig": "configuration_audiollm.AudioLLMConfig",
@@ -42,38 +43,31 @@ PROCESSOR_AUTO_MAP = {"AutoProcessor": "processing_audiollm.AudioLLMProcessor"}
 # `pipeline(model=DIR, trust_remote_code=True)`: orchestrator/hf_model/pipeline_audiollm.py says why this task.
 CUSTOM_PIPELINES = {"automatic-speech-recognition": {"impl": "pipeline_audiollm.AudioLLMPipeline",
                                                      "pt": ["AutoModelForCausalLM"], "tf": [], "type": "audio"}}
-# Prefixes of the tensors in the directory: the project's own part names.
-PARTS = ("language_model", "encoder", "adapter")
+# Shards of 2 GiB, below HF's 5 GB default: the export holds the shard it is writing, so
+# this bounds its memory (with one layer's tensors) at any model size.
+EXPORT_SHARD_BYTES = 2 * 1024**3
 
 
-def model_tensors(state: dict) -> Dict[str, torch.Tensor]:
-    """export_state's parts under one namespace, the decoder's tied output weight left out."""
-    tensors = {f"language_model.{n}": t for n, t in state["decoder"].items() if n != "lm_head.weight"}
-    tensors.update({f"encoder.{n}": t for n, t in state["encoder"].items()})
-    tensors.update({f"adapter.{n}": t for n, t in state["adapter"].items()})
-    return tensors
-
-
-def model_config(state: dict, audio_token_id: Optional[int]) -> dict:
-    config = state["run_config"]
+def model_config(export: "Export", audio_token_id: Optional[int]) -> dict:
+    config = export.run_config
     model = config["model"]
     decoder_vocab = int(model["decoder"]["vocab_size"])
     ctc = float(model["adapter"].get("ctc_weight") or 0.0) > 0
     return {
         "architectures": ["AudioLLMForCausalLM"], "model_type": MODEL_TYPE, "auto_map": AUTO_MAP,
         "custom_pipelines": CUSTOM_PIPELINES,
-        "text_config": state["hf_config"], "audio_config": state["whisper_config"],
+        "text_config": export.hf_config, "audio_config": export.whisper_config,
         "audio_token_id": audio_token_id, "frame_stack": int(model["adapter"]["frame_stack"]),
         "ctc_vocab_size": decoder_vocab if ctc else 0,
         "encoder_mask_padding": bool(model["encoder"].get("mask_padding", False)),
         # What hf-to-megatron writes back as the converted checkpoint's adapter_config.json.
-        "adapter_config": state["adapter_config"],
-        "torch_dtype": state["hf_config"].get("torch_dtype", "float32"),
-        "tie_word_embeddings": bool(state["hf_config"].get("tie_word_embeddings", True)),
+        "adapter_config": export.adapter_config,
+        "torch_dtype": export.hf_config.get("torch_dtype", "float32"),
+        "tie_word_embeddings": bool(export.hf_config.get("tie_word_embeddings", True)),
     }
 
 
-def write_processor(out: Path, state: dict) -> Optional[int]:
+def write_processor(out: Path, export: "Export") -> Optional[int]:
     """The run's tokenizer with its prompt and the encoder window's log-mel settings, as
     AutoProcessor loads them; returns the audio placeholder's id (None without a tokenizer)."""
     from transformers import GenerationConfig, WhisperFeatureExtractor
@@ -83,7 +77,7 @@ def write_processor(out: Path, state: dict) -> Optional[int]:
     from orchestrator.eval.asr import default_stop_ids
     from orchestrator.hf_model.processing_audiollm import AudioLLMProcessor
 
-    tokenizer_dir = state["tokenizer"]
+    tokenizer_dir = export.tokenizer
     if not tokenizer_dir:
         return None
     if not Path(tokenizer_dir).is_dir():
@@ -91,7 +85,7 @@ def write_processor(out: Path, state: dict) -> Optional[int]:
             f"the run's tokenizer (data.tokenizer={tokenizer_dir}) is not there"
             + (f" from {Path.cwd()}: a relative path is read from the directory the run was started in; export "
                f"from there" if not Path(tokenizer_dir).is_absolute() else "") + "; the model directory needs it")
-    config = state["run_config"]
+    config = export.run_config
     data, model = config["data"], config["model"]
     tokenizer = load_tokenizer(tokenizer_dir, data["audio_token"])
     window_frames = 2 * int(model["encoder"]["max_source_positions"])
@@ -119,31 +113,36 @@ def write_processor(out: Path, state: dict) -> Optional[int]:
     return audio_token_id(tokenizer, data["audio_token"])
 
 
-def write_model_dir(out_dir: Path, state: dict) -> dict:
-    """export_state's result (of a training checkpoint) as one HF model directory."""
-    if state.get("run_config") is None:
-        raise ValueError(f"{state['checkpoint']} is a converted checkpoint: it holds no run (tokenizer, prompt, "
+def write_model_dir(out_dir: Path, export: "Export") -> dict:
+    """A training checkpoint's Export as one HF model directory, its tensors streamed
+    into shards of EXPORT_SHARD_BYTES."""
+    if export.run_config is None:
+        raise ValueError(f"{export.checkpoint} is a converted checkpoint: it holds no run (tokenizer, prompt, "
                          f"adapter settings) to make a model directory from; export it with --layout parts")
-    if not state["encoder"] or not state["adapter"]:
-        raise ValueError(f"{state['checkpoint']} holds no encoder or adapter weights: --layout parts writes the "
+    if not export.has("encoder") or not export.has("adapter"):
+        raise ValueError(f"{export.checkpoint} holds no encoder or adapter weights: --layout parts writes the "
                          f"decoder alone")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    audio_token_id = write_processor(out, state)
-    config = model_config(state, audio_token_id)
-    write_hf_checkpoint(out, model_tensors(state), json.dumps(config, indent=2))
+    audio_token_id = write_processor(out, export)
+    config = model_config(export, audio_token_id)
+    (out / "config.json").write_text(json.dumps(config, indent=2))
+    writer = ShardWriter(out, EXPORT_SHARD_BYTES)
+    for name, tensor in export.tensors():
+        writer.add(name, tensor)
+    total = writer.close()
     source = Path(__file__).resolve().parent.parent / "hf_model"
     for name in REMOTE_CODE_FILES:
         shutil.copy2(source / name, out / name)
-    (out / "README.md").write_text(model_card(state, config))
-    return {"processor": audio_token_id is not None}
+    (out / "README.md").write_text(model_card(export, config))
+    return {"processor": audio_token_id is not None, "bytes": total}
 
 
-def model_card(state: dict, config: dict) -> str:
+def model_card(export: "Export", config: dict) -> str:
     """The card a user completes: what the run was, what it scored; license and intended
     use are theirs to state."""
-    run = state["run_config"]
-    ckpt = Path(state["checkpoint"])
+    run = export.run_config
+    ckpt = export.checkpoint
     scores = ckpt.parent.parent / "eval" / f"{ckpt.name}.json"
     lines = ["---", "library_name: transformers", "pipeline_tag: automatic-speech-recognition",
              "license: # your model's license (the decoder's and the encoder's terms apply)", "---", "",

@@ -21,10 +21,10 @@ STATS = ("mean", "std", "min", "max", "norm")
 def load_any(path: Path) -> Dict[str, torch.Tensor]:
     path = Path(path)
     if not (path / "config.json").is_file():
-        from orchestrator.convert.megatron_to_hf import export_state
+        from orchestrator.convert.megatron_to_hf import DECODER, Export
 
-        state = export_state(path)
-        return {**state["decoder"], **{"encoder." + k: v for k, v in state["encoder"].items()}}
+        return {name[len(DECODER):] if name.startswith(DECODER) else name: tensor
+                for name, tensor in Export(path).tensors() if not name.startswith("adapter.")}
     from orchestrator.convert.hf_io import read_hf_state_dict
 
     state = read_hf_state_dict(path)

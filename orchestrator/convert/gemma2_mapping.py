@@ -25,9 +25,10 @@ fc1 as [gate_r; up_r], linear_proj and fc2 along dim 1, embedding rows along dim
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Dict, Iterator, Mapping, Optional, Tuple
+from typing import Iterator, List, Mapping, Optional, Tuple
 
 import torch
 
@@ -92,26 +93,37 @@ def hf_to_megatron_tensors(hf: Mapping[str, torch.Tensor], shape: Gemma2Shape) -
                          f"{' ...' if len(unused) > 10 else ''}")
 
 
-def megatron_full_to_hf(mg: Dict[str, torch.Tensor], shape: Gemma2Shape) -> Dict[str, torch.Tensor]:
-    """Inverse of `hf_to_megatron_tensors` (vocabulary padding rows are dropped)."""
-    out = {"model.embed_tokens.weight": mg["embedding.word_embeddings.weight"][: shape.vocab_size],
-           "model.norm.weight": mg["decoder.final_layernorm.weight"]}
-    g, rep, d = shape.num_kv_heads, shape.num_heads // shape.num_kv_heads, shape.head_dim
-    for i in range(shape.num_layers):
-        src, dst = f"decoder.layers.{i}.", f"model.layers.{i}."
-        for hf_name, mg_name in LAYER_NORMS.items():
-            out[dst + hf_name + ".weight"] = mg[src + mg_name + ".weight"]
-        qkv = mg[src + "self_attention.linear_qkv.weight"].reshape(g, (rep + 2) * d, -1)
-        q, k, v = torch.split(qkv, [rep * d, d, d], dim=1)
-        out[dst + "self_attn.q_proj.weight"] = q.reshape(-1, shape.hidden_size).contiguous()
-        out[dst + "self_attn.k_proj.weight"] = k.reshape(-1, shape.hidden_size).contiguous()
-        out[dst + "self_attn.v_proj.weight"] = v.reshape(-1, shape.hidden_size).contiguous()
-        out[dst + "self_attn.o_proj.weight"] = mg[src + "self_attention.linear_proj.weight"]
-        gate, up = torch.chunk(mg[src + "mlp.linear_fc1.weight"], 2, dim=0)
-        out[dst + "mlp.gate_proj.weight"] = gate.contiguous()
-        out[dst + "mlp.up_proj.weight"] = up.contiguous()
-        out[dst + "mlp.down_proj.weight"] = mg[src + "mlp.linear_fc2.weight"]
-    return out
+_MEGATRON_LAYER = re.compile(r"^decoder\.layers\.(\d+)\.(.+)\.weight$")
+_MEGATRON_NORMS = {mg: hf for hf, mg in LAYER_NORMS.items()}
+
+
+def megatron_tensor_to_hf(name: str, tensor: torch.Tensor, shape: Gemma2Shape) -> List[Tuple[str, torch.Tensor]]:
+    """The HF Gemma2 (name, tensor) pairs of one megatron tensor at TP=1 (inverse of
+    `hf_to_megatron_tensors`; vocabulary padding rows are dropped), so an export converts
+    each tensor as it is read. An unknown name is an error."""
+    if name == "embedding.word_embeddings.weight":
+        return [("model.embed_tokens.weight", tensor[: shape.vocab_size])]
+    if name == "decoder.final_layernorm.weight":
+        return [("model.norm.weight", tensor)]
+    match = _MEGATRON_LAYER.match(name)
+    if match is None:
+        raise ValueError(f"{name!r} is not a tensor of megatron's Gemma2 decoder (config: {shape})")
+    dst, part = f"model.layers.{match.group(1)}.", match.group(2)
+    if part in _MEGATRON_NORMS:
+        return [(dst + _MEGATRON_NORMS[part] + ".weight", tensor)]
+    if part == "self_attention.linear_qkv":
+        g, rep, d = shape.num_kv_heads, shape.num_heads // shape.num_kv_heads, shape.head_dim
+        q, k, v = torch.split(tensor.reshape(g, (rep + 2) * d, -1), [rep * d, d, d], dim=1)
+        return [(dst + f"self_attn.{x}_proj.weight", t.reshape(-1, shape.hidden_size).contiguous())
+                for x, t in zip("qkv", (q, k, v))]
+    if part == "self_attention.linear_proj":
+        return [(dst + "self_attn.o_proj.weight", tensor)]
+    if part == "mlp.linear_fc1":
+        gate, up = torch.chunk(tensor, 2, dim=0)
+        return [(dst + "mlp.gate_proj.weight", gate.contiguous()), (dst + "mlp.up_proj.weight", up.contiguous())]
+    if part == "mlp.linear_fc2":
+        return [(dst + "mlp.down_proj.weight", tensor)]
+    raise ValueError(f"{name!r} is not a tensor of megatron's Gemma2 decoder (config: {shape})")
 
 
 def hf_gemma2_config(config_dict: dict):

@@ -102,30 +102,62 @@ def read_hf_state_dict(hf_dir: Path) -> Dict[str, torch.Tensor]:
     return state
 
 
+class ShardWriter:
+    """Safetensors written as the tensors come: each shard is saved once it would pass
+    `shard_bytes`, so a writer holds at most one shard's tensors (an export streams a
+    checkpoint through it). close() names the shards as HF does: model.safetensors when
+    there is one, else model-0000i-of-0000N.safetensors with model.safetensors.index.json."""
+
+    def __init__(self, out_dir: Path, shard_bytes: int = SHARD_BYTES):
+        self.dir, self.shard_bytes = Path(out_dir), shard_bytes
+        self.dir.mkdir(parents=True, exist_ok=True)
+        # A model written here before may have had another number of shards: its files
+        # would be read with these (an index naming old shards, or model.safetensors beside one).
+        for old in [*self.dir.glob("model*.safetensors"), self.dir / "model.safetensors.index.json"]:
+            old.unlink(missing_ok=True)
+        self._current: Dict[str, torch.Tensor] = {}
+        self._size = self.total = 0
+        self._shards: List[List[str]] = []  # the names in each shard saved so far
+
+    def add(self, name: str, tensor: torch.Tensor) -> None:
+        nbytes = tensor.numel() * tensor.element_size()
+        if self._current and self._size + nbytes > self.shard_bytes:
+            self._save()
+        self._current[name] = tensor.contiguous()
+        self._size += nbytes
+        self.total += nbytes
+
+    def _save(self) -> None:
+        save_file(self._current, str(self._part(len(self._shards))), metadata={"format": "pt"})
+        self._shards.append(list(self._current))
+        self._current, self._size = {}, 0
+
+    def _part(self, index: int) -> Path:
+        return self.dir / f"model-part-{index + 1:05d}.safetensors"
+
+    def close(self) -> int:
+        """Saves what is left and names the shards; returns the bytes written."""
+        if not self._shards:
+            save_file(self._current, str(self.dir / "model.safetensors"), metadata={"format": "pt"})
+            self._current = {}
+            return self.total
+        if self._current:
+            self._save()
+        count, weight_map = len(self._shards), {}
+        for i, names in enumerate(self._shards):
+            fname = f"model-{i + 1:05d}-of-{count:05d}.safetensors"
+            self._part(i).rename(self.dir / fname)
+            weight_map.update({name: fname for name in names})
+        (self.dir / "model.safetensors.index.json").write_text(
+            json.dumps({"metadata": {"total_size": self.total}, "weight_map": weight_map}, indent=2))
+        return self.total
+
+
 def write_hf_checkpoint(out_dir: Path, state: Dict[str, torch.Tensor], config_text: Optional[str]) -> None:
     """config.json verbatim (unless None) and the tensors as safetensors (sharded above 5 GiB)."""
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
+    writer = ShardWriter(out_dir)
     if config_text is not None:
-        (out_dir / "config.json").write_text(config_text)
-    state = {k: v.contiguous() for k, v in state.items()}
-    total = sum(t.numel() * t.element_size() for t in state.values())
-    if total <= SHARD_BYTES:
-        save_file(state, str(out_dir / "model.safetensors"), metadata={"format": "pt"})
-        return
-    shards, current, size = [], {}, 0
+        (writer.dir / "config.json").write_text(config_text)
     for name, tensor in state.items():
-        nbytes = tensor.numel() * tensor.element_size()
-        if current and size + nbytes > SHARD_BYTES:
-            shards.append(current)
-            current, size = {}, 0
-        current[name] = tensor
-        size += nbytes
-    shards.append(current)
-    weight_map = {}
-    for i, shard in enumerate(shards):
-        fname = f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors"
-        save_file(shard, str(out_dir / fname), metadata={"format": "pt"})
-        weight_map.update({k: fname for k in shard})
-    (out_dir / "model.safetensors.index.json").write_text(
-        json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}, indent=2))
+        writer.add(name, tensor)
+    writer.close()

@@ -30,16 +30,18 @@ import re
 import shutil
 import sys
 from pathlib import Path
-from typing import Dict, List, Optional
+from typing import Dict, Iterator, List, Optional, Tuple
 
 import torch
 
 from orchestrator.plan.checkpoint_dirs import (ADAPTER_SUBDIR, CONVERTED_META, ENCODER_SUBDIR, checkpoint_at_step,
                                                resolve_model_checkpoint)
-from orchestrator.convert.gemma2_mapping import Gemma2Shape, gemma2_hf_config, hf_gemma2_config, megatron_full_to_hf
-from orchestrator.convert.hf_io import write_hf_checkpoint
+from orchestrator.convert.gemma2_mapping import Gemma2Shape, gemma2_hf_config, hf_gemma2_config, megatron_tensor_to_hf
+from orchestrator.convert.hf_io import ShardWriter
 
 _LORA = re.compile(r"^(.*)\.lora_([ab])\.weight$")
+_ENCODER_LAYER = re.compile(r"^(encoder\.layers\.\d+)\.")
+DECODER = "language_model."
 
 
 def merge_lora_tensors(state: Dict[str, torch.Tensor], scaling: Optional[float]) -> int:
@@ -64,62 +66,104 @@ LORA_MODES = ("merge", "peft")
 LAYOUTS = ("model", "parts")
 
 
-def export_state(ckpt_dir: Path, lora_mode: str = "merge") -> dict:
-    """Everything an export writes, in memory: {checkpoint, decoder (HF Gemma2 names),
-    encoder (WhisperEncoder names), adapter, hf_config, whisper_config, adapter_config,
-    tokenizer, lora_merged, peft (tensors, adapter_config) or None, run_config (a training
-    checkpoint's run's config; None for a converted checkpoint)}. The model's config
-    comes from a converted checkpoint's source configs, or from a training checkpoint's
-    run (its plan.json)."""
-    if lora_mode not in LORA_MODES:
-        raise ValueError(f"lora mode {lora_mode!r} is not one of {LORA_MODES}")
-    from orchestrator.train.dist_format import read_model_tensors
+class Export:
+    """What an export of a megatron checkpoint writes: its configs, read at once, and its
+    tensors, read one group at a time by `tensors()` (a decoder layer's rows, the
+    decoder's embedding and final norm, an encoder layer, the adapter) so that a
+    full-size export holds one group and the shard being written, never the model.
 
-    resolved, problem = resolve_model_checkpoint(str(ckpt_dir))
-    if problem:
-        raise FileNotFoundError(problem)
-    ckpt = Path(resolved)
-    plan_path = ckpt.parent.parent / "plan.json"
-    converted = (ckpt / CONVERTED_META).is_file()
-    if converted:
-        hf_config = json.loads((ckpt / "hf_config.json").read_text())
-        whisper_config, adapter_config = (_json_or_none(ckpt / name) for name in ("whisper_config.json",
-                                                                                   "adapter_config.json"))
-        lora = json.loads((ckpt / CONVERTED_META).read_text()).get("lora") or {}  # an imported PEFT adapter
-        tokenizer = config = None
-    elif plan_path.is_file():
-        config = json.loads(plan_path.read_text())["config"]
-        model, lora = config["model"], config.get("lora") or {}
-        tokenizer = (config.get("data") or {}).get("tokenizer")
-        hf_config = gemma2_hf_config(model["decoder"], tokenizer)
-        whisper_config = whisper_hf_config(model["encoder"])
-        adapter_config = {k: model["adapter"][k] for k in ("frame_stack", "dropout", "ctc_weight")}
-    else:
-        raise FileNotFoundError(f"{ckpt}: neither {CONVERTED_META} (a converted checkpoint) nor {plan_path} "
-                                f"(a training checkpoint's run) is there, so the model's config is unknown")
-    state = read_model_tensors(ckpt)
-    if not converted:  # a config made here: the dtype is what the run stored
-        embedding = state["language_model.embedding.word_embeddings.weight"]
-        hf_config["torch_dtype"] = str(embedding.dtype).replace("torch.", "")
-    rank = int(lora.get("rank") or 0)
-    scaling = float(lora["alpha"]) / rank if rank > 0 else None
-    shape = Gemma2Shape.from_hf_config(hf_gemma2_config(hf_config))
-    peft = None
-    if lora_mode == "peft":
+    Attributes: checkpoint (the resolved directory), hf_config (the decoder's HF config),
+    whisper_config, adapter_config, tokenizer (the run's data.tokenizer), run_config (a
+    training checkpoint's run's config; None for a converted checkpoint), lora_mode,
+    lora_merged (linears merged so far). The model's config comes from a converted
+    checkpoint's source configs, or from a training checkpoint's run (its plan.json)."""
+
+    def __init__(self, ckpt_dir: Path, lora_mode: str = "merge"):
+        from orchestrator.train.dist_format import process_group, stored_model_tensors
+
+        if lora_mode not in LORA_MODES:
+            raise ValueError(f"lora mode {lora_mode!r} is not one of {LORA_MODES}")
+        resolved, problem = resolve_model_checkpoint(str(ckpt_dir))
+        if problem:
+            raise FileNotFoundError(problem)
+        ckpt = self.checkpoint = Path(resolved)
+        plan_path = ckpt.parent.parent / "plan.json"
+        if (ckpt / CONVERTED_META).is_file():
+            self.hf_config = json.loads((ckpt / "hf_config.json").read_text())
+            self.whisper_config, self.adapter_config = (_json_or_none(ckpt / name) for name in
+                                                        ("whisper_config.json", "adapter_config.json"))
+            lora = json.loads((ckpt / CONVERTED_META).read_text()).get("lora") or {}  # an imported PEFT adapter
+            self.tokenizer = self.run_config = None
+        elif plan_path.is_file():
+            config = self.run_config = json.loads(plan_path.read_text())["config"]
+            model, lora = config["model"], config.get("lora") or {}
+            self.tokenizer = (config.get("data") or {}).get("tokenizer")
+            self.hf_config = gemma2_hf_config(model["decoder"], self.tokenizer)
+            self.whisper_config = whisper_hf_config(model["encoder"])
+            self.adapter_config = {k: model["adapter"][k] for k in ("frame_stack", "dropout", "ctc_weight")}
+        else:
+            raise FileNotFoundError(f"{ckpt}: neither {CONVERTED_META} (a converted checkpoint) nor {plan_path} "
+                                    f"(a training checkpoint's run) is there, so the model's config is unknown")
+        with process_group():
+            self.stored = stored_model_tensors(ckpt)
+        if self.run_config is not None:  # a config made here: the dtype is what the run stored
+            embedding = self.stored[DECODER + "embedding.word_embeddings.weight"]
+            self.hf_config["torch_dtype"] = str(embedding.dtype).replace("torch.", "")
+        self.lora = lora
+        rank = int(lora.get("rank") or 0)
+        self.scaling = float(lora["alpha"]) / rank if rank > 0 else None
+        self.shape = Gemma2Shape.from_hf_config(hf_gemma2_config(self.hf_config))
+        self.lora_mode, self.lora_merged = lora_mode, 0
+        self._peft_factors: Dict[str, torch.Tensor] = {}
+        if lora_mode == "peft" and self.scaling is None:
+            raise ValueError(f"{ckpt}: no LoRA rank and alpha are recorded for it: nothing to write as PEFT")
+
+    def has(self, part: str) -> bool:
+        """Whether the checkpoint holds tensors of `part` (language_model, encoder, adapter)."""
+        return any(key.startswith(part + ".") for key in self.stored)
+
+    def _groups(self) -> Iterator[Dict[str, torch.Tensor]]:
+        from orchestrator.train.dist_format import LAYERS, process_group, read_stored_tensors
+
+        stacked = [key for key in self.stored if key.startswith(LAYERS)]
+        groups: Dict[str, List[str]] = {}
+        for key in self.stored:
+            if not key.startswith(LAYERS):
+                match = _ENCODER_LAYER.match(key)
+                groups.setdefault(match.group(1) if match else key.split(".")[0], []).append(key)
+        with process_group():
+            yield read_stored_tensors(self.checkpoint, self.stored, groups.pop("language_model", []))
+            for layer in range(self.stored[stacked[0]].global_shape[0] if stacked else 0):
+                yield read_stored_tensors(self.checkpoint, self.stored, stacked, layer)
+            for keys in groups.values():
+                yield read_stored_tensors(self.checkpoint, self.stored, keys)
+
+    def tensors(self) -> Iterator[Tuple[str, torch.Tensor]]:
+        """(name, tensor) of the exported model, group by group: `language_model.<HF
+        Gemma2 name>` (no tied lm_head), `encoder.<WhisperEncoder name>`, `adapter.<name>`;
+        LoRA merged, or with lora_mode "peft" the decoder's kept for peft_adapter()."""
+        for group in self._groups():
+            if self.lora_mode == "peft":
+                self._peft_factors.update({name: group.pop(name) for name in list(group)
+                                           if name.startswith(DECODER) and _LORA.match(name)})
+            self.lora_merged += merge_lora_tensors(group, self.scaling)
+            for name, tensor in group.items():
+                if name.startswith(DECODER):
+                    for hf_name, hf_tensor in megatron_tensor_to_hf(name[len(DECODER):], tensor, self.shape):
+                        yield DECODER + hf_name, hf_tensor
+                else:
+                    yield name, tensor
+
+    def peft_adapter(self) -> Optional[Tuple[Dict[str, torch.Tensor], dict]]:
+        """(PEFT tensors, adapter_config) of the decoder's LoRA, once tensors() has run
+        (lora_mode "peft"); None otherwise."""
+        if self.lora_mode != "peft":
+            return None
         from orchestrator.convert.peft_lora import megatron_lora_to_peft
 
-        decoder_lora = {n: state.pop(n) for n in [n for n in state if n.startswith("language_model.") and _LORA.match(n)]}
-        if scaling is None:
-            raise ValueError(f"{ckpt}: no LoRA rank and alpha are recorded for it: nothing to write as PEFT")
-        peft = megatron_lora_to_peft({n[len("language_model."):]: t for n, t in decoder_lora.items()}, shape, rank,
-                                     float(lora["alpha"]), float(lora.get("dropout") or 0.0))
-    merged = merge_lora_tensors(state, scaling)
-    parts = {part: {n[len(part) + 1:]: t for n, t in state.items() if n.startswith(part + ".")}
-             for part in ("language_model", "encoder", "adapter")}
-    return {"checkpoint": str(ckpt), "decoder": megatron_full_to_hf(parts["language_model"], shape),
-            "encoder": parts["encoder"], "adapter": parts["adapter"], "hf_config": hf_config,
-            "whisper_config": whisper_config, "adapter_config": adapter_config, "tokenizer": tokenizer,
-            "lora_merged": merged, "peft": peft, "run_config": config}
+        return megatron_lora_to_peft({n[len(DECODER):]: t for n, t in self._peft_factors.items()}, self.shape,
+                                     int(self.lora["rank"]), float(self.lora["alpha"]),
+                                     float(self.lora.get("dropout") or 0.0))
 
 
 def _json_or_none(path: Path) -> Optional[dict]:
@@ -133,32 +177,44 @@ def convert(ckpt_dir: Path, out_dir: Path, lora_mode: str = "merge", layout: Opt
     if layout not in (None, *LAYOUTS):
         raise ValueError(f"layout {layout!r} is not one of {LAYOUTS}")
     out = Path(out_dir)
-    state = export_state(ckpt_dir, lora_mode)
-    layout = layout or ("parts" if state["run_config"] is None else "model")
-    summary = {"checkpoint": state["checkpoint"], "layout": layout, "lora_merged": state["lora_merged"],
-               "peft_modules": len(state["peft"][0]) // 2 if state["peft"] else 0}
+    export = Export(ckpt_dir, lora_mode)
+    layout = layout or ("parts" if export.run_config is None else "model")
     if layout == "model":
         from orchestrator.convert.audiollm_dir import write_model_dir
 
-        summary.update(write_model_dir(out, state))
-        if state["peft"] is not None:
-            write_peft_adapter(out / PEFT_SUBDIR, *state["peft"])
-        return summary
-    write_hf_checkpoint(out, state["decoder"], json.dumps(state["hf_config"], indent=2))
-    if state["peft"] is not None:
-        write_peft_adapter(out / PEFT_SUBDIR, *state["peft"])
-    if state["encoder"]:
-        write_hf_checkpoint(out / ENCODER_SUBDIR, state["encoder"], json.dumps(state["whisper_config"] or {}, indent=2))
-    if state["adapter"]:
-        write_hf_checkpoint(out / ADAPTER_SUBDIR, state["adapter"], None)
-        (out / ADAPTER_SUBDIR / "adapter_config.json").write_text(json.dumps(state["adapter_config"] or {}, indent=2))
-    tokenizer = state["tokenizer"]
+        summary = write_model_dir(out, export)
+    else:
+        summary = _write_parts(out, export)
+    peft = export.peft_adapter()
+    if peft is not None:
+        write_peft_adapter(out / PEFT_SUBDIR, *peft)
+    return {**summary, "checkpoint": str(export.checkpoint), "layout": layout, "lora_merged": export.lora_merged,
+            "peft_modules": len(peft[0]) // 2 if peft else 0}
+
+
+def _write_parts(out: Path, export: Export) -> dict:
+    """The decoder as a HF Gemma2 directory, whisper_encoder/ and audio_adapter/ beside it."""
+    places = {DECODER: out, "encoder.": out / ENCODER_SUBDIR, "adapter.": out / ADAPTER_SUBDIR}
+    writers: Dict[str, ShardWriter] = {}
+    for name, tensor in export.tensors():
+        prefix = next(p for p in places if name.startswith(p))
+        if prefix not in writers:
+            writers[prefix] = ShardWriter(places[prefix])
+        writers[prefix].add(name[len(prefix):], tensor)
+    for writer in writers.values():
+        writer.close()
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "config.json").write_text(json.dumps(export.hf_config, indent=2))
+    if "encoder." in writers:
+        (out / ENCODER_SUBDIR / "config.json").write_text(json.dumps(export.whisper_config or {}, indent=2))
+    if "adapter." in writers:
+        (out / ADAPTER_SUBDIR / "adapter_config.json").write_text(json.dumps(export.adapter_config or {}, indent=2))
+    tokenizer = export.tokenizer
     if tokenizer and Path(tokenizer).is_dir():
         for path in Path(tokenizer).iterdir():
             if path.is_file():
                 shutil.copy2(path, out / path.name)
-    return {**summary, "encoder": bool(state["encoder"]), "adapter": bool(state["adapter"]),
-            "tokenizer": bool(tokenizer)}
+    return {"encoder": "encoder." in writers, "adapter": "adapter." in writers, "tokenizer": bool(tokenizer)}
 
 
 def whisper_hf_config(encoder: dict) -> dict:

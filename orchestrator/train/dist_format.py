@@ -12,7 +12,8 @@ is stored unpadded; megatron pads it to each layout's vocabulary multiple on loa
 
 `write_model_tensors` writes (name, tensor) pairs one layer at a time as they come;
 `read_model_tensors` reads the model tensors of any such checkpoint (a converted one
-or a training step) back as full TP=1 tensors, under their state-dict names.
+or a training step) back as full TP=1 tensors, under their state-dict names, and
+`read_stored_tensors` some of them (one decoder layer's rows, for a streamed export).
 """
 
 from __future__ import annotations
@@ -118,26 +119,27 @@ def stored_model_tensors(ckpt_dir: Path) -> dict:
     return {**{k: frozen[k] for k in record["tensors"]}, **own}
 
 
-def load_model_state(request: dict, ckpt_dir: Path) -> dict:
+def load_model_state(request: dict, ckpt_dir: Path, whole: bool = True) -> dict:
     """dist_checkpointing.load of `request` from `ckpt_dir`, where the model tensors the
     checkpoint leaves in the one it froze them from (FROZEN_SOURCE) are read from there
-    (and so on down the chain)."""
+    (and so on down the chain). `whole` False: the request may cover part of a tensor
+    (one layer's row), which dist_checkpointing's access check would refuse."""
     from megatron.core import dist_checkpointing
     from megatron.core.dist_checkpointing.dict_utils import extract_matching_values, merge, nested_values
     from megatron.core.dist_checkpointing.mapping import ShardedObject
 
     record = _checked_frozen_source(ckpt_dir)
     if record is None:
-        return dist_checkpointing.load(request, str(ckpt_dir))
+        return dist_checkpointing.load(request, str(ckpt_dir), validate_access_integrity=whole)
     left_out = set(record["tensors"])
     elsewhere, here = extract_matching_values(
         request, lambda v: not isinstance(v, ShardedObject) and getattr(v, "key", None) in left_out)
-    loaded = dist_checkpointing.load(here, str(ckpt_dir))
+    loaded = dist_checkpointing.load(here, str(ckpt_dir), validate_access_integrity=whole)
     if any(True for _ in nested_values(elsewhere)):
         # Only the tensors asked of the source: a load also returns its checkpoint's common
         # state, which for a training run's checkpoint (its optimizer's step, its scheduler)
         # differs from this one's, and merge refuses two values for one entry.
-        merge(loaded, _requested(elsewhere, load_model_state(elsewhere, Path(record["source"]))))
+        merge(loaded, _requested(elsewhere, load_model_state(elsewhere, Path(record["source"]), whole)))
     return loaded
 
 
@@ -167,18 +169,40 @@ class FrozenSourceError(FileNotFoundError):
     """A checkpoint's frozen weights, left in another checkpoint, are gone or changed."""
 
 
+def read_stored_tensors(ckpt_dir: Path, stored: dict, keys: Iterable[str],
+                        layer: Optional[int] = None) -> Dict[str, torch.Tensor]:
+    """Full (TP=1) tensors of checkpoint `keys` (`stored`: stored_model_tensors' metadata),
+    in their stored dtype; with `layer`, only row `layer` of stacked decoder-layer keys,
+    named `language_model.decoder.layers.{layer}.<rest>` -- dist_checkpointing reads just
+    that slice, so an export holds one layer at a time. Call inside process_group()."""
+    from megatron.core.dist_checkpointing.mapping import ShardedTensor
+
+    keys, request = list(keys), {}
+    for key in keys:
+        meta = stored[key]
+        if layer is None:
+            request[key] = ShardedTensor.from_rank_offsets(key, torch.empty(meta.global_shape, dtype=meta.dtype),
+                                                           replica_id=0)
+        else:
+            # Row `layer` as a [1, ...] block of the stacked tensor (prepend_axis_num would
+            # take dist_checkpointing's older path, which wants every row on some rank).
+            request[key] = ShardedTensor.from_rank_offsets(
+                key, torch.empty((1, *meta.global_shape[1:]), dtype=meta.dtype), (0, layer, meta.global_shape[0]),
+                replica_id=0)
+    # The load also returns the checkpoint's common state: only the keys asked are taken.
+    loaded = load_model_state(request, ckpt_dir, whole=layer is None)
+    if layer is None:
+        return {key: loaded[key] for key in keys}
+    return {f"{LAYERS}{layer}.{key[len(LAYERS):]}": loaded[key][0] for key in keys}
+
+
 def read_model_tensors(ckpt_dir: Path) -> Dict[str, torch.Tensor]:
     """Every model tensor of a dist_checkpointing directory as a full (TP=1) tensor,
     keyed by AudioLLM state-dict name (decoder layers unstacked), in its stored dtype.
     The embedding keeps the rows it was stored with (padded in a training checkpoint)."""
-    from megatron.core.dist_checkpointing.mapping import ShardedTensor
-
     with process_group():  # one group for both reads
         stored = stored_model_tensors(ckpt_dir)
-        request = {key: ShardedTensor.from_rank_offsets(key, torch.empty(meta.global_shape, dtype=meta.dtype),
-                                                        replica_id=0)
-                   for key, meta in stored.items()}
-        loaded = load_model_state(request, ckpt_dir)
+        loaded = read_stored_tensors(ckpt_dir, stored, stored)
     out: Dict[str, torch.Tensor] = {}
     for key, tensor in loaded.items():
         if key.startswith(LAYERS):

@@ -148,6 +148,41 @@ def test_the_export_converts_back_to_the_same_weights_and_verifies(exported, tmp
         assert sorted(a) == sorted(b) and all(torch.equal(a[k], b[k]) for k in a), part
 
 
+def test_a_sharded_export_streams_the_same_tensors_and_loads(exported, tmp_path, monkeypatch):
+    """The export at a shard size of 64 KiB (the tiny model's scale of the 2 GiB one): many
+    shards with an index, written into a directory that held the one-file export (none of
+    its files left to be read beside them); the same tensors bit for bit, and
+    AutoModelForCausalLM loads the shards into the model the one file gives."""
+    import shutil
+
+    from transformers import AutoModelForCausalLM
+
+    from orchestrator.convert import audiollm_dir
+    from orchestrator.convert.hf_io import SafetensorsDir
+    from orchestrator.convert.megatron_to_hf import convert
+
+    run = exported["runs"]["pp2"]
+    target = tmp_path / "sharded"
+    shutil.copytree(run["export"], target)
+    monkeypatch.setattr(audiollm_dir, "EXPORT_SHARD_BYTES", 64 * 1024)
+    summary = convert(run["run"], target)
+    index = json.loads((target / "model.safetensors.index.json").read_text())
+    shards = sorted(set(index["weight_map"].values()))
+    assert len(shards) > 3 and shards[-1] == f"model-{len(shards):05d}-of-{len(shards):05d}.safetensors"
+    assert sorted(p.name for p in target.glob("model*.safetensors")) == shards  # no model.safetensors left
+    assert index["metadata"]["total_size"] == summary["bytes"]
+    one, many = SafetensorsDir(run["export"]), SafetensorsDir(target)
+    assert sorted(one) == sorted(many) == sorted(index["weight_map"])
+    assert all(torch.equal(one[name], many[name]) for name in one)
+    # A shard passes the limit only when a single tensor is larger than it.
+    for shard in shards:
+        names = [n for n, f in index["weight_map"].items() if f == shard]
+        assert len(names) == 1 or sum(many[n].numel() * many[n].element_size() for n in names) <= 64 * 1024, shard
+    models = [AutoModelForCausalLM.from_pretrained(d, trust_remote_code=True) for d in (run["export"], target)]
+    a, b = (m.state_dict() for m in models)
+    assert sorted(a) == sorted(b) and all(torch.equal(a[k], b[k]) for k in a)
+
+
 def test_the_processor_builds_the_data_sides_prompt_and_features(exported):
     from transformers import AutoProcessor
 
