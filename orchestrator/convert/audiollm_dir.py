@@ -43,9 +43,6 @@ PROCESSOR_AUTO_MAP = {"AutoProcessor": "processing_audiollm.AudioLLMProcessor"}
 # `pipeline(model=DIR, trust_remote_code=True)`: orchestrator/hf_model/pipeline_audiollm.py says why this task.
 CUSTOM_PIPELINES = {"automatic-speech-recognition": {"impl": "pipeline_audiollm.AudioLLMPipeline",
                                                      "pt": ["AutoModelForCausalLM"], "tf": [], "type": "audio"}}
-# Shards of 2 GiB, below HF's 5 GB default: the export holds the shard it is writing, so
-# this bounds its memory (with one layer's tensors) at any model size.
-EXPORT_SHARD_BYTES = 2 * 1024**3
 
 
 def model_config(export: "Export", audio_token_id: Optional[int]) -> dict:
@@ -115,7 +112,7 @@ def write_processor(out: Path, export: "Export") -> Optional[int]:
 
 def write_model_dir(out_dir: Path, export: "Export") -> dict:
     """A training checkpoint's Export as one HF model directory, its tensors streamed
-    into shards of EXPORT_SHARD_BYTES."""
+    into shards (hf_io.ShardWriter)."""
     if export.run_config is None:
         raise ValueError(f"{export.checkpoint} is a converted checkpoint: it holds no run (tokenizer, prompt, "
                          f"adapter settings) to make a model directory from; export it with --layout parts")
@@ -127,7 +124,7 @@ def write_model_dir(out_dir: Path, export: "Export") -> dict:
     audio_token_id = write_processor(out, export)
     config = model_config(export, audio_token_id)
     (out / "config.json").write_text(json.dumps(config, indent=2))
-    writer = ShardWriter(out, EXPORT_SHARD_BYTES)
+    writer = ShardWriter(out)
     for name, tensor in export.tensors():
         writer.add(name, tensor)
     total = writer.close()

@@ -3,14 +3,18 @@
 from __future__ import annotations
 
 import json
+import struct
+import sys
 from pathlib import Path
 from typing import Dict, List, Optional
 
 import torch
 from safetensors import safe_open
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 
-SHARD_BYTES = 5 * 1024**3
+# Shards of 2 GiB (HF's save_pretrained makes 5 GB ones): an export holds the shard it is
+# writing, so this bounds its memory, with one layer's tensors, at any model size.
+SHARD_BYTES = 2 * 1024**3
 
 
 def read_hf_config(hf_dir: Path) -> dict:
@@ -102,14 +106,42 @@ def read_hf_state_dict(hf_dir: Path) -> Dict[str, torch.Tensor]:
     return state
 
 
+_SAFETENSORS_DTYPES = {torch.float64: "F64", torch.float32: "F32", torch.bfloat16: "BF16", torch.float16: "F16",
+                      torch.int64: "I64", torch.int32: "I32", torch.int16: "I16", torch.int8: "I8", torch.uint8: "U8",
+                      torch.bool: "BOOL"}
+
+
+def save_safetensors(tensors: Dict[str, torch.Tensor], path: Path) -> None:
+    """The safetensors format (an 8-byte header length, the JSON header, the tensors' bytes
+    back to back), written from each tensor's own memory: safetensors' save_file first
+    copies every tensor into a bytes object, twice a shard's memory at its peak."""
+    if sys.byteorder != "little":
+        raise RuntimeError("safetensors stores little-endian data; this machine is big-endian")
+    header, offset = {}, 0
+    for name, tensor in tensors.items():
+        nbytes = tensor.numel() * tensor.element_size()
+        header[name] = {"dtype": _SAFETENSORS_DTYPES[tensor.dtype], "shape": list(tensor.shape),
+                        "data_offsets": [offset, offset + nbytes]}
+        offset += nbytes
+    header["__metadata__"] = {"format": "pt"}
+    text = json.dumps(header, separators=(",", ":")).encode()
+    text += b" " * (-len(text) % 8)  # the data starts 8-byte aligned, as safetensors writes it
+    with open(path, "wb") as out:
+        out.write(struct.pack("<Q", len(text)))
+        out.write(text)
+        for tensor in tensors.values():
+            out.write(tensor.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().data)
+
+
 class ShardWriter:
     """Safetensors written as the tensors come: each shard is saved once it would pass
-    `shard_bytes`, so a writer holds at most one shard's tensors (an export streams a
-    checkpoint through it). close() names the shards as HF does: model.safetensors when
-    there is one, else model-0000i-of-0000N.safetensors with model.safetensors.index.json."""
+    `shard_bytes` (default SHARD_BYTES), so a writer holds at most one shard's tensors (an
+    export streams a checkpoint through it). close() names the shards as HF does:
+    model.safetensors when there is one, else model-0000i-of-0000N.safetensors with
+    model.safetensors.index.json."""
 
-    def __init__(self, out_dir: Path, shard_bytes: int = SHARD_BYTES):
-        self.dir, self.shard_bytes = Path(out_dir), shard_bytes
+    def __init__(self, out_dir: Path, shard_bytes: Optional[int] = None):
+        self.dir, self.shard_bytes = Path(out_dir), shard_bytes or SHARD_BYTES
         self.dir.mkdir(parents=True, exist_ok=True)
         # A model written here before may have had another number of shards: its files
         # would be read with these (an index naming old shards, or model.safetensors beside one).
@@ -118,17 +150,18 @@ class ShardWriter:
         self._current: Dict[str, torch.Tensor] = {}
         self._size = self.total = 0
         self._shards: List[List[str]] = []  # the names in each shard saved so far
+        self._closed = False
 
     def add(self, name: str, tensor: torch.Tensor) -> None:
         nbytes = tensor.numel() * tensor.element_size()
         if self._current and self._size + nbytes > self.shard_bytes:
             self._save()
-        self._current[name] = tensor.contiguous()
+        self._current[name] = tensor
         self._size += nbytes
         self.total += nbytes
 
     def _save(self) -> None:
-        save_file(self._current, str(self._part(len(self._shards))), metadata={"format": "pt"})
+        save_safetensors(self._current, self._part(len(self._shards)))
         self._shards.append(list(self._current))
         self._current, self._size = {}, 0
 
@@ -136,9 +169,13 @@ class ShardWriter:
         return self.dir / f"model-part-{index + 1:05d}.safetensors"
 
     def close(self) -> int:
-        """Saves what is left and names the shards; returns the bytes written."""
+        """Saves what is left and names the shards; returns the bytes written. Closing
+        again does nothing."""
+        if self._closed:
+            return self.total
+        self._closed = True
         if not self._shards:
-            save_file(self._current, str(self.dir / "model.safetensors"), metadata={"format": "pt"})
+            save_safetensors(self._current, self.dir / "model.safetensors")
             self._current = {}
             return self.total
         if self._current:
@@ -151,13 +188,3 @@ class ShardWriter:
         (self.dir / "model.safetensors.index.json").write_text(
             json.dumps({"metadata": {"total_size": self.total}, "weight_map": weight_map}, indent=2))
         return self.total
-
-
-def write_hf_checkpoint(out_dir: Path, state: Dict[str, torch.Tensor], config_text: Optional[str]) -> None:
-    """config.json verbatim (unless None) and the tensors as safetensors (sharded above 5 GiB)."""
-    writer = ShardWriter(out_dir)
-    if config_text is not None:
-        (writer.dir / "config.json").write_text(config_text)
-    for name, tensor in state.items():
-        writer.add(name, tensor)
-    writer.close()

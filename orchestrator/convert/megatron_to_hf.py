@@ -135,7 +135,8 @@ class Export:
             yield read_stored_tensors(self.checkpoint, self.stored, groups.pop("language_model", []))
             for layer in range(self.stored[stacked[0]].global_shape[0] if stacked else 0):
                 yield read_stored_tensors(self.checkpoint, self.stored, stacked, layer)
-            for keys in groups.values():
+            # The encoder's groups, then the adapter's: each part's tensors come together.
+            for _, keys in sorted(groups.items(), key=lambda item: item[0].startswith("adapter")):
                 yield read_stored_tensors(self.checkpoint, self.stored, keys)
 
     def tensors(self) -> Iterator[Tuple[str, torch.Tensor]]:
@@ -198,7 +199,9 @@ def _write_parts(out: Path, export: Export) -> dict:
     writers: Dict[str, ShardWriter] = {}
     for name, tensor in export.tensors():
         prefix = next(p for p in places if name.startswith(p))
-        if prefix not in writers:
+        if prefix not in writers:  # the parts come one after the other: one shard held at a time
+            for writer in writers.values():
+                writer.close()
             writers[prefix] = ShardWriter(places[prefix])
         writers[prefix].add(name[len(prefix):], tensor)
     for writer in writers.values():

@@ -157,14 +157,14 @@ def test_a_sharded_export_streams_the_same_tensors_and_loads(exported, tmp_path,
 
     from transformers import AutoModelForCausalLM
 
-    from orchestrator.convert import audiollm_dir
+    from orchestrator.convert import hf_io
     from orchestrator.convert.hf_io import SafetensorsDir
     from orchestrator.convert.megatron_to_hf import convert
 
     run = exported["runs"]["pp2"]
     target = tmp_path / "sharded"
     shutil.copytree(run["export"], target)
-    monkeypatch.setattr(audiollm_dir, "EXPORT_SHARD_BYTES", 64 * 1024)
+    monkeypatch.setattr(hf_io, "SHARD_BYTES", 64 * 1024)
     summary = convert(run["run"], target)
     index = json.loads((target / "model.safetensors.index.json").read_text())
     shards = sorted(set(index["weight_map"].values()))
