@@ -20,7 +20,12 @@ default for a converted checkpoint (which holds no run: no tokenizer, no prompt)
     audio_adapter/                   the adapter's weights and adapter_config.json
     tokenizer files                  the run's data.tokenizer (training checkpoints)
 
-`hf-to-megatron --hf HF_DIR` reads the encoder and adapter back from there."""
+`hf-to-megatron --hf HF_DIR` reads the encoder and adapter back from there.
+
+Either layout streams (`Export`): the checkpoint is read a decoder layer's rows (or an
+encoder layer, the embedding, the adapter) at a time and written into 2-GiB shards as
+they fill, so the peak memory is one shard and the largest tensor twice, not the model
+(benchmarks/export_full_size.py)."""
 
 from __future__ import annotations
 
