@@ -27,13 +27,10 @@ from __future__ import annotations
 import json
 import shutil
 from pathlib import Path
-from typing import TYPE_CHECKING, Optional
+from typing import Optional
 
 from orchestrator.convert.hf_io import ShardWriter
 from orchestrator.hf_model import REMOTE_CODE_FILES
-
-if TYPE_CHECKING:
-    from orchestrator.convert.megatron_to_hf import Export
 
 MODEL_TYPE = "audiollm"
 AUTO_MAP = {"AutoConfig": "configuration_audiollm.AudioLLMConfig",
@@ -45,7 +42,7 @@ CUSTOM_PIPELINES = {"automatic-speech-recognition": {"impl": "pipeline_audiollm.
                                                      "pt": ["AutoModelForCausalLM"], "tf": [], "type": "audio"}}
 
 
-def model_config(export: "Export", audio_token_id: Optional[int]) -> dict:
+def model_config(export, audio_token_id: Optional[int]) -> dict:
     config = export.run_config
     model = config["model"]
     decoder_vocab = int(model["decoder"]["vocab_size"])
@@ -64,7 +61,7 @@ def model_config(export: "Export", audio_token_id: Optional[int]) -> dict:
     }
 
 
-def write_processor(out: Path, export: "Export") -> Optional[int]:
+def write_processor(out: Path, export) -> Optional[int]:
     """The run's tokenizer with its prompt and the encoder window's log-mel settings, as
     AutoProcessor loads them; returns the audio placeholder's id (None without a tokenizer)."""
     from transformers import GenerationConfig, WhisperFeatureExtractor
@@ -110,8 +107,8 @@ def write_processor(out: Path, export: "Export") -> Optional[int]:
     return audio_token_id(tokenizer, data["audio_token"])
 
 
-def write_model_dir(out_dir: Path, export: "Export") -> dict:
-    """A training checkpoint's Export as one HF model directory, its tensors streamed
+def write_model_dir(out_dir: Path, export) -> dict:
+    """A training checkpoint's export (megatron_to_hf.Export) as one HF model directory, its tensors streamed
     into shards (hf_io.ShardWriter)."""
     if export.run_config is None:
         raise ValueError(f"{export.checkpoint} is a converted checkpoint: it holds no run (tokenizer, prompt, "
@@ -135,7 +132,7 @@ def write_model_dir(out_dir: Path, export: "Export") -> dict:
     return {"processor": audio_token_id is not None, "bytes": total}
 
 
-def model_card(export: "Export", config: dict) -> str:
+def model_card(export, config: dict) -> str:
     """The card a user completes: what the run was, what it scored; license and intended
     use are theirs to state."""
     run = export.run_config
