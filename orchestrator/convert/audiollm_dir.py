@@ -108,8 +108,8 @@ def write_processor(out: Path, export) -> Optional[int]:
 
 
 def write_model_dir(out_dir: Path, export) -> dict:
-    """A training checkpoint's export (megatron_to_hf.Export) as one HF model directory, its tensors streamed
-    into shards (hf_io.ShardWriter)."""
+    """A training checkpoint's export (megatron_to_hf.Export) as one HF model directory,
+    its tensors streamed into shards (hf_io.ShardWriter)."""
     if export.run_config is None:
         raise ValueError(f"{export.checkpoint} is a converted checkpoint: it holds no run (tokenizer, prompt, "
                          f"adapter settings) to make a model directory from; export it with --layout parts")
