@@ -616,7 +616,7 @@ def check_hf_peft(table: Table, dry_run: bool, ours: dict):
     from peft import LoraConfig, get_peft_model
     from transformers import Gemma2ForCausalLM
 
-    from orchestrator.convert.gemma2_mapping import gemma2_hf_config, hf_gemma2_config
+    from orchestrator.convert.gemma2_mapping import decoder_hf_config, hf_decoder_config
     from orchestrator.models.speech import AudioAdapter, build_whisper_encoder, run_encoder
     from orchestrator.plan.kernels import encoder_precision
     from orchestrator.plan.step_flops import StepFlops
@@ -626,7 +626,7 @@ def check_hf_peft(table: Table, dry_run: bool, ours: dict):
     dtype, device = (torch.bfloat16, "cuda") if on_gpu else (torch.float32, "cpu")
     cfg, plan, obj, _ = _compose(dry_run, "local", "reference")
     audio_token_id = 3
-    hf_cfg = hf_gemma2_config(gemma2_hf_config(OmegaConf.to_container(cfg.model.decoder, resolve=True)))
+    hf_cfg = hf_decoder_config(decoder_hf_config(OmegaConf.to_container(cfg.model.decoder, resolve=True)))
     for attention in (["flex_attention", "eager"] if on_gpu else ["eager"]):
         try:
             torch.manual_seed(0)

@@ -1,4 +1,4 @@
-"""Gemma2 weights: HF names <-> megatron-core names, and TP/PP sharding.
+"""Gemma2 and Llama weights: HF names <-> megatron-core names, and TP/PP sharding.
 
 Pure tensor code (no model is built). Layouts, per layer i:
 
@@ -32,6 +32,8 @@ from typing import Iterator, List, Mapping, Optional, Tuple
 
 import torch
 
+from orchestrator.plan.decoder_families import family_for_hf, family_of
+
 
 LAYER_NORMS = {
     "input_layernorm": "input_layernorm",
@@ -39,6 +41,14 @@ LAYER_NORMS = {
     "pre_feedforward_layernorm": "pre_mlp_layernorm",
     "post_feedforward_layernorm": "post_mlp_layernorm",
 }
+# Llama's two pre-norms: HF calls the MLP's `post_attention_layernorm` (it comes after the
+# attention's residual), megatron `pre_mlp_layernorm` -- the same name as Gemma2's other norm.
+LLAMA_LAYER_NORMS = {"input_layernorm": "input_layernorm", "post_attention_layernorm": "pre_mlp_layernorm"}
+
+
+def layer_norms(shape: "Gemma2Shape") -> dict:
+    """HF norm name -> megatron norm name within a layer of `shape`'s family."""
+    return LAYER_NORMS if shape.family == "gemma2" else LLAMA_LAYER_NORMS
 
 
 @dataclass(frozen=True)
@@ -50,34 +60,43 @@ class Gemma2Shape:
     head_dim: int
     ffn_hidden_size: int
     vocab_size: int
+    family: str = "gemma2"  # orchestrator/plan/decoder_families.py
+    tied: bool = True  # the output layer is the embedding (no lm_head / output_layer tensor)
 
     @classmethod
     def from_hf_config(cls, cfg) -> "Gemma2Shape":
-        get = cfg.get if isinstance(cfg, dict) else lambda k: getattr(cfg, k)
-        return cls(get("num_hidden_layers"), get("hidden_size"), get("num_attention_heads"),
-                   get("num_key_value_heads"), get("head_dim"), get("intermediate_size"), get("vocab_size"))
+        get = cfg.get if isinstance(cfg, dict) else lambda k: getattr(cfg, k, None)
+        heads = get("num_attention_heads")
+        family = family_for_hf(get("model_type") or "gemma2").name
+        tied = get("tie_word_embeddings")
+        return cls(get("num_hidden_layers"), get("hidden_size"), heads, get("num_key_value_heads") or heads,
+                   get("head_dim") or get("hidden_size") // heads, get("intermediate_size"), get("vocab_size"),
+                   family, True if tied is None else bool(tied))
 
 
 def hf_to_megatron_tensors(hf: Mapping[str, torch.Tensor], shape: Gemma2Shape) -> Iterator[Tuple[str, torch.Tensor]]:
-    """(megatron name at TP=1, PP=1, tensor) for each tensor of a HF Gemma2 state dict,
-    read from `hf` one layer at a time (vocab unpadded). Every HF tensor must be used:
-    an unknown one (another architecture, a renamed tensor) is an error."""
+    """(megatron name at TP=1, PP=1, tensor) for each tensor of a HF Gemma2 or Llama state
+    dict, read from `hf` one layer at a time (vocab unpadded). Every HF tensor must be
+    used: an unknown one (another architecture, a renamed tensor) is an error."""
     names = set(hf)
-    names.discard("lm_head.weight")  # the tied copy of the embedding
+    if shape.tied:
+        names.discard("lm_head.weight")  # the tied copy of the embedding
     used = set()
 
     def take(name):
         if name not in names:
-            raise KeyError(f"the HF Gemma2 checkpoint has no tensor {name!r} (config: {shape})")
+            raise KeyError(f"the HF {shape.family} checkpoint has no tensor {name!r} (config: {shape})")
         used.add(name)
         return hf[name]
 
     yield "embedding.word_embeddings.weight", take("model.embed_tokens.weight")
     yield "decoder.final_layernorm.weight", take("model.norm.weight")
+    if not shape.tied:
+        yield "output_layer.weight", take("lm_head.weight")
     g, rep, d = shape.num_kv_heads, shape.num_heads // shape.num_kv_heads, shape.head_dim
     for i in range(shape.num_layers):
         src, dst = f"model.layers.{i}.", f"decoder.layers.{i}."
-        for hf_name, mg_name in LAYER_NORMS.items():
+        for hf_name, mg_name in layer_norms(shape).items():
             yield dst + mg_name + ".weight", take(src + hf_name + ".weight")
         q = take(src + "self_attn.q_proj.weight").reshape(g, rep * d, -1)
         k = take(src + "self_attn.k_proj.weight").reshape(g, d, -1)
@@ -89,12 +108,11 @@ def hf_to_megatron_tensors(hf: Mapping[str, torch.Tensor], shape: Gemma2Shape) -
         yield dst + "mlp.linear_fc2.weight", take(src + "mlp.down_proj.weight")
     unused = sorted(names - used)
     if unused:
-        raise ValueError(f"the HF checkpoint holds tensors a Gemma2 of this config does not have: {unused[:10]}"
+        raise ValueError(f"the HF checkpoint holds tensors a {shape.family} of this config does not have: {unused[:10]}"
                          f"{' ...' if len(unused) > 10 else ''}")
 
 
 _MEGATRON_LAYER = re.compile(r"^decoder\.layers\.(\d+)\.(.+)\.weight$")
-_MEGATRON_NORMS = {mg: hf for hf, mg in LAYER_NORMS.items()}
 
 
 def megatron_tensor_to_hf(name: str, tensor: torch.Tensor, shape: Gemma2Shape) -> List[Tuple[str, torch.Tensor]]:
@@ -105,12 +123,15 @@ def megatron_tensor_to_hf(name: str, tensor: torch.Tensor, shape: Gemma2Shape) -
         return [("model.embed_tokens.weight", tensor[: shape.vocab_size])]
     if name == "decoder.final_layernorm.weight":
         return [("model.norm.weight", tensor)]
+    if name == "output_layer.weight" and not shape.tied:
+        return [("lm_head.weight", tensor[: shape.vocab_size])]
     match = _MEGATRON_LAYER.match(name)
     if match is None:
-        raise ValueError(f"{name!r} is not a tensor of megatron's Gemma2 decoder (config: {shape})")
+        raise ValueError(f"{name!r} is not a tensor of megatron's {shape.family} decoder (config: {shape})")
     dst, part = f"model.layers.{match.group(1)}.", match.group(2)
-    if part in _MEGATRON_NORMS:
-        return [(dst + _MEGATRON_NORMS[part] + ".weight", tensor)]
+    norms = {mg: hf for hf, mg in layer_norms(shape).items()}
+    if part in norms:
+        return [(dst + norms[part] + ".weight", tensor)]
     if part == "self_attention.linear_qkv":
         g, rep, d = shape.num_kv_heads, shape.num_heads // shape.num_kv_heads, shape.head_dim
         q, k, v = torch.split(tensor.reshape(g, (rep + 2) * d, -1), [rep * d, d, d], dim=1)
@@ -123,20 +144,51 @@ def megatron_tensor_to_hf(name: str, tensor: torch.Tensor, shape: Gemma2Shape) -
         return [(dst + "mlp.gate_proj.weight", gate.contiguous()), (dst + "mlp.up_proj.weight", up.contiguous())]
     if part == "mlp.linear_fc2":
         return [(dst + "mlp.down_proj.weight", tensor)]
-    raise ValueError(f"{name!r} is not a tensor of megatron's Gemma2 decoder (config: {shape})")
+    raise ValueError(f"{name!r} is not a tensor of megatron's {shape.family} decoder (config: {shape})")
 
 
-def hf_gemma2_config(config_dict: dict):
-    """transformers Gemma2Config of a config.json dict (defaults filled in)."""
-    from transformers import Gemma2Config
+def hf_decoder_config(config_dict: dict):
+    """transformers config of a decoder's config.json dict (defaults filled in): a
+    Gemma2Config or a LlamaConfig, refused where the decoder family computes otherwise."""
+    model_type = config_dict.get("model_type")
+    family = family_for_hf(model_type)
+    if family.name == "gemma2":
+        from transformers import Gemma2Config
 
-    if config_dict.get("model_type") != "gemma2":
-        raise ValueError(f"config.json has model_type {config_dict.get('model_type')!r}; only 'gemma2' converts")
-    cfg = Gemma2Config.from_dict(dict(config_dict))  # from_dict adds keys to the dict it is given
-    if cfg.hidden_activation != "gelu_pytorch_tanh":
-        raise ValueError(f"config.json hidden_activation {cfg.hidden_activation!r}: the decoder implements "
-                         "Gemma2's 'gelu_pytorch_tanh' only")
+        cfg = Gemma2Config.from_dict(dict(config_dict))  # from_dict adds keys to the dict it is given
+        if cfg.hidden_activation != "gelu_pytorch_tanh":
+            raise ValueError(f"config.json hidden_activation {cfg.hidden_activation!r}: the decoder implements "
+                             "Gemma2's 'gelu_pytorch_tanh' only")
+        return cfg
+    from transformers import LlamaConfig
+
+    cfg = LlamaConfig.from_dict(dict(config_dict))
+    refused = [f"{key}={value!r}" for key, value, wanted in (
+        ("hidden_act", cfg.hidden_act, "silu"), ("attention_bias", cfg.attention_bias, False),
+        ("mlp_bias", getattr(cfg, "mlp_bias", False), False)) if value != wanted]
+    if refused:
+        raise ValueError(f"config.json {', '.join(refused)}: the llama decoder family computes SwiGLU (silu) "
+                         f"without biases")
+    hf_rope_scaling_factor(cfg)  # refuses scalings the family does not compute
     return cfg
+
+
+# Llama 3's RoPE scaling ("llama3") as megatron computes it: only the factor may differ.
+LLAMA3_ROPE = {"low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
+
+
+def hf_rope_scaling_factor(hf_cfg) -> Optional[float]:
+    """Llama 3's RoPE scaling factor of a HF config, None without scaling; any other
+    scaling is refused. transformers 4 keeps `rope_scaling`, 5 `rope_parameters`."""
+    scaling = getattr(hf_cfg, "rope_scaling", None) or getattr(hf_cfg, "rope_parameters", None) or {}
+    rope_type = scaling.get("rope_type", scaling.get("type", "default"))
+    if rope_type == "default":
+        return None
+    odd = {k: scaling.get(k) for k, v in LLAMA3_ROPE.items() if float(scaling.get(k, v)) != v}
+    if rope_type != "llama3" or odd:
+        raise ValueError(f"config.json rope scaling {scaling}: the decoder computes Llama 3's ('llama3', "
+                         f"{LLAMA3_ROPE}, any factor) or none")
+    return float(scaling["factor"])
 
 
 def hf_rope_theta(hf_cfg) -> float:
@@ -150,36 +202,51 @@ def hf_rope_theta(hf_cfg) -> float:
 
 
 def decoder_config_from_hf(hf_cfg):
-    """The project's `model.decoder` section for a HF Gemma2Config."""
+    """The project's `model.decoder` section for a HF Gemma2Config or LlamaConfig."""
     from orchestrator.plan.schema.model import DecoderConfig
 
-    return DecoderConfig(
-        hidden_size=hf_cfg.hidden_size, num_layers=hf_cfg.num_hidden_layers,
-        num_attention_heads=hf_cfg.num_attention_heads, num_query_groups=hf_cfg.num_key_value_heads,
-        kv_channels=hf_cfg.head_dim, ffn_hidden_size=hf_cfg.intermediate_size, vocab_size=hf_cfg.vocab_size,
+    shape = Gemma2Shape.from_hf_config(hf_cfg)
+    common = dict(
+        family=shape.family, hidden_size=shape.hidden_size, num_layers=shape.num_layers,
+        num_attention_heads=shape.num_heads, num_query_groups=shape.num_kv_heads, kv_channels=shape.head_dim,
+        ffn_hidden_size=shape.ffn_hidden_size, vocab_size=shape.vocab_size,
         max_position_embeddings=hf_cfg.max_position_embeddings, rope_theta=hf_rope_theta(hf_cfg),
-        norm_eps=hf_cfg.rms_norm_eps, sliding_window=hf_cfg.sliding_window,
-        query_pre_attn_scalar=hf_cfg.query_pre_attn_scalar, attn_logit_softcap=hf_cfg.attn_logit_softcapping,
-        final_logit_softcap=hf_cfg.final_logit_softcapping, tie_embeddings=True,
-    )
+        norm_eps=hf_cfg.rms_norm_eps, tie_embeddings=shape.tied)
+    if shape.family == "gemma2":
+        return DecoderConfig(**common, sliding_window=hf_cfg.sliding_window,
+                             query_pre_attn_scalar=hf_cfg.query_pre_attn_scalar,
+                             attn_logit_softcap=hf_cfg.attn_logit_softcapping,
+                             final_logit_softcap=hf_cfg.final_logit_softcapping)
+    return DecoderConfig(**common, sliding_window=None, query_pre_attn_scalar=None, attn_logit_softcap=None,
+                         final_logit_softcap=None, rope_scaling_factor=hf_rope_scaling_factor(hf_cfg))
 
 
-def gemma2_hf_config(decoder: dict, tokenizer_dir: Optional[str] = None) -> dict:
-    """HF Gemma2Config (as config.json) of the project's `model.decoder` section;
-    special-token ids from the tokenizer when there is one."""
+def decoder_hf_config(decoder: dict, tokenizer_dir: Optional[str] = None) -> dict:
+    """HF config (as config.json) of the project's `model.decoder` section: a Gemma2Config
+    or a LlamaConfig; special-token ids from the tokenizer when there is one."""
+    family = family_of(decoder)
     config = {
-        "architectures": ["Gemma2ForCausalLM"], "model_type": "gemma2", "hidden_activation": "gelu_pytorch_tanh",
         "hidden_size": decoder["hidden_size"], "num_hidden_layers": decoder["num_layers"],
         "num_attention_heads": decoder["num_attention_heads"], "num_key_value_heads": decoder["num_query_groups"],
         "head_dim": decoder["kv_channels"], "intermediate_size": decoder["ffn_hidden_size"],
         "vocab_size": decoder["vocab_size"], "max_position_embeddings": decoder["max_position_embeddings"],
         "rope_theta": decoder["rope_theta"], "rms_norm_eps": decoder["norm_eps"],
-        "sliding_window": decoder["sliding_window"],
-        # An int where it is one: transformers 5's Gemma2Config refuses a float (HF's own are ints).
-        "query_pre_attn_scalar": _int_if_whole(decoder["query_pre_attn_scalar"]),
-        "attn_logit_softcapping": decoder["attn_logit_softcap"],
-        "final_logit_softcapping": decoder["final_logit_softcap"], "tie_word_embeddings": True,
+        "tie_word_embeddings": bool(decoder.get("tie_embeddings", True)),
     }
+    if family.name == "gemma2":
+        config.update({
+            "architectures": ["Gemma2ForCausalLM"], "model_type": "gemma2", "hidden_activation": "gelu_pytorch_tanh",
+            "sliding_window": decoder["sliding_window"],
+            # An int where it is one: transformers 5's Gemma2Config refuses a float (HF's own are ints).
+            "query_pre_attn_scalar": _int_if_whole(decoder["query_pre_attn_scalar"]),
+            "attn_logit_softcapping": decoder["attn_logit_softcap"],
+            "final_logit_softcapping": decoder["final_logit_softcap"]})
+    else:
+        factor = decoder.get("rope_scaling_factor")
+        config.update({"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_act": "silu",
+                       "attention_bias": False, "mlp_bias": False,
+                       "rope_scaling": {"rope_type": "llama3", "factor": float(factor), **LLAMA3_ROPE}
+                       if factor is not None else None})
     if tokenizer_dir and (Path(tokenizer_dir) / "tokenizer.json").is_file():
         from orchestrator.data.tokenizer_build import load_tokenizer
 

@@ -23,7 +23,7 @@ import torch
 
 from orchestrator.plan.checkpoint_dirs import (ADAPTER_SUBDIR, CONVERTED_META, ENCODER_SUBDIR, checkpoint_files,
                                                file_record, write_manifest)
-from orchestrator.convert.gemma2_mapping import Gemma2Shape, hf_gemma2_config, hf_to_megatron_tensors
+from orchestrator.convert.gemma2_mapping import Gemma2Shape, hf_decoder_config, hf_to_megatron_tensors
 from orchestrator.convert.audiollm_dir import MODEL_TYPE
 from orchestrator.convert.hf_io import SafetensorsDir, TensorsUnder, read_hf_config
 
@@ -65,7 +65,7 @@ def convert(hf_dir: Path, out_dir: Path, whisper_dir: Optional[Path] = None, ada
         raise ValueError(f"{hf_dir} is an AudioLLM model directory: its encoder and adapter are in it "
                          f"(drop --whisper / --adapter)")
     text_config = config_dict["text_config"] if whole else config_dict
-    shape = Gemma2Shape.from_hf_config(hf_gemma2_config(text_config))
+    shape = Gemma2Shape.from_hf_config(hf_decoder_config(text_config))
     # An export of this project carries the encoder and adapter beside the decoder.
     if whisper_dir is None and (hf_dir / ENCODER_SUBDIR / "config.json").is_file():
         whisper_dir = hf_dir / ENCODER_SUBDIR

@@ -13,9 +13,9 @@ load as a speech-in, text-out model (orchestrator/convert/audiollm_dir.py; with
 `--lora peft` its decoder's adapter goes to HF_DIR/peft_lora). `--layout parts`, the
 default for a converted checkpoint (which holds no run: no tokenizer, no prompt), gets:
 
-    config.json, model.safetensors   a HF Gemma2ForCausalLM (`from_pretrained` loads it)
+    config.json, model.safetensors   the decoder's HF model (Gemma2ForCausalLM, LlamaForCausalLM)
     peft_lora/                       --lora peft: adapter_config.json, adapter_model.safetensors
-                                     (`PeftModel.from_pretrained(gemma2, HF_DIR/peft_lora)`)
+                                     (`PeftModel.from_pretrained(decoder, HF_DIR/peft_lora)`)
     whisper_encoder/                 the encoder as a HF WhisperEncoder (config + weights)
     audio_adapter/                   the adapter's weights and adapter_config.json
     tokenizer files                  the run's data.tokenizer (training checkpoints)
@@ -41,7 +41,7 @@ import torch
 
 from orchestrator.plan.checkpoint_dirs import (ADAPTER_SUBDIR, CONVERTED_META, ENCODER_SUBDIR, checkpoint_at_step,
                                                resolve_model_checkpoint)
-from orchestrator.convert.gemma2_mapping import Gemma2Shape, gemma2_hf_config, hf_gemma2_config, megatron_tensor_to_hf
+from orchestrator.convert.gemma2_mapping import Gemma2Shape, decoder_hf_config, hf_decoder_config, megatron_tensor_to_hf
 from orchestrator.convert.hf_io import ShardWriter
 
 _LORA = re.compile(r"^(.*)\.lora_([ab])\.weight$")
@@ -103,7 +103,7 @@ class Export:
             config = self.run_config = json.loads(plan_path.read_text())["config"]
             model, lora = config["model"], config.get("lora") or {}
             self.tokenizer = (config.get("data") or {}).get("tokenizer")
-            self.hf_config = gemma2_hf_config(model["decoder"], self.tokenizer)
+            self.hf_config = decoder_hf_config(model["decoder"], self.tokenizer)
             self.whisper_config = whisper_hf_config(model["encoder"])
             self.adapter_config = {k: model["adapter"][k] for k in ("frame_stack", "dropout", "ctc_weight")}
         else:
@@ -117,7 +117,7 @@ class Export:
         self.lora = lora
         rank = int(lora.get("rank") or 0)
         self.scaling = float(lora["alpha"]) / rank if rank > 0 else None
-        self.shape = Gemma2Shape.from_hf_config(hf_gemma2_config(self.hf_config))
+        self.shape = Gemma2Shape.from_hf_config(hf_decoder_config(self.hf_config))
         self.lora_mode, self.lora_merged = lora_mode, 0
         self._peft_factors: Dict[str, torch.Tensor] = {}
         if lora_mode == "peft" and self.scaling is None:
@@ -222,7 +222,8 @@ def _write_parts(out: Path, export: Export) -> dict:
         for path in Path(tokenizer).iterdir():
             if path.is_file():
                 shutil.copy2(path, out / path.name)
-    return {"encoder": "encoder." in writers, "adapter": "adapter." in writers, "tokenizer": bool(tokenizer)}
+    return {"encoder": "encoder." in writers, "adapter": "adapter." in writers, "tokenizer": bool(tokenizer),
+            "decoder_class": export.hf_config.get("architectures", ["Gemma2ForCausalLM"])[0]}
 
 
 def whisper_hf_config(encoder: dict) -> dict:
@@ -265,7 +266,7 @@ def main(argv: Optional[List[str]] = None) -> int:
               f"{'; LoRA merged into %d linears' % result['lora_merged'] if result['lora_merged'] else ''}; load it "
               f"with AutoModelForCausalLM.from_pretrained({str(args.out)!r}, trust_remote_code=True)")
         return 0
-    parts = ["Gemma2"] + ([f"{PEFT_SUBDIR}/ ({result['peft_modules']} LoRA modules)"] if result["peft_modules"] else []) \
+    parts = [result["decoder_class"]] + ([f"{PEFT_SUBDIR}/ ({result['peft_modules']} LoRA modules)"] if result["peft_modules"] else []) \
         + (["whisper_encoder/"] if result["encoder"] else []) + \
         (["audio_adapter/"] if result["adapter"] else []) + (["tokenizer"] if result["tokenizer"] else [])
     print(f"wrote {args.out} from {result['checkpoint']}: {', '.join(parts)}"

@@ -52,7 +52,7 @@ def _worker(args) -> None:
     from megatron.core import parallel_state as ps
 
     from orchestrator.convert.audiollm_dir import MODEL_TYPE
-    from orchestrator.convert.gemma2_mapping import decoder_config_from_hf, hf_gemma2_config
+    from orchestrator.convert.gemma2_mapping import decoder_config_from_hf, hf_decoder_config
     from orchestrator.convert.hf_io import read_hf_config
     from orchestrator.convert.megatron_forward import pipeline_forward
     from orchestrator.models.gemma2_model import Gemma2Model, gemma2_transformer_config
@@ -66,11 +66,12 @@ def _worker(args) -> None:
     device = init_distributed(ParallelDims(tp=tp, pp=pp), seed=0, allow_tf32=False)
     config_dict = read_hf_config(args.hf)
     whole = config_dict.get("model_type") == MODEL_TYPE  # an AudioLLM model directory: its decoder is compared
-    hf_cfg = hf_gemma2_config(config_dict["text_config"] if whole else config_dict)
+    hf_cfg = hf_decoder_config(config_dict["text_config"] if whole else config_dict)
     dec = decoder_config_from_hf(hf_cfg)
     config = gemma2_transformer_config(dec, ParallelDims(tp=tp, pp=pp), params_dtype=dtype)
     model = Gemma2Model(config, dec.vocab_size, dec.max_position_embeddings, pre_process=ps.is_pipeline_first_stage(),
-                        post_process=ps.is_pipeline_last_stage(), rope_theta=dec.rope_theta).eval()
+                        post_process=ps.is_pipeline_last_stage(), rope_theta=dec.rope_theta,
+                        tie_embeddings=dec.tie_embeddings).eval()
     # The base model is compared: LoRA factors it holds (an imported PEFT adapter) are left out.
     load_init_checkpoint(args.megatron, [model], prefix="language_model.", lora=True)
     seq = args.seq_len or min(2 * (dec.sliding_window or 64), dec.max_position_embeddings)
@@ -81,12 +82,12 @@ def _worker(args) -> None:
     token_loss = pipeline_forward(model, lambda m: m(tokens, positions, None, labels=labels), seq, BATCH,
                                   gather_vocab=False)
     if logits is not None and ps.get_tensor_model_parallel_rank() == 0:
-        from transformers import AutoModelForCausalLM, Gemma2ForCausalLM
+        from transformers import AutoModelForCausalLM
 
         if whole:
             hf = AutoModelForCausalLM.from_pretrained(args.hf, torch_dtype=dtype, trust_remote_code=True).language_model
-        else:
-            hf = Gemma2ForCausalLM.from_pretrained(args.hf, torch_dtype=dtype, attn_implementation="eager")
+        else:  # the decoder's own class (Gemma2ForCausalLM, LlamaForCausalLM); eager: Gemma2's softcap
+            hf = AutoModelForCausalLM.from_pretrained(args.hf, torch_dtype=dtype, attn_implementation="eager")
         hf = hf.to(device).eval()
         with torch.no_grad():
             ref = hf(tokens, labels=tokens)

@@ -24,6 +24,7 @@ from megatron.core.models.gpt import GPTModel
 from megatron.core.transformer import TransformerConfig
 
 from orchestrator.models.gemma2_spec import gemma2_block_spec
+from orchestrator.plan.decoder_families import FAMILIES, family_of
 from orchestrator.plan.kernels import LOSS_CHUNK_ELEMENTS
 from orchestrator.plan.megatron_args import padded_vocab_size
 from orchestrator.plan.parallel_dims import ParallelDims
@@ -38,6 +39,10 @@ def _rounded(value: float, dtype: torch.dtype) -> float:
 def gelu_tanh(x: torch.Tensor) -> torch.Tensor:
     """HF `gelu_pytorch_tanh` (Gemma2's hidden_activation)."""
     return F.gelu(x, approximate="tanh")
+
+
+# decoder_families.DecoderFamily.activation -> the function on the gate half of fc1
+ACTIVATIONS = {"gelu_tanh": gelu_tanh, "silu": F.silu}
 
 
 class _LogitsGradAsOneMatrix(torch.autograd.Function):
@@ -94,14 +99,21 @@ class Gemma2TransformerConfig(TransformerConfig):
     final_logit_softcapping: Optional[float] = None  # cap*tanh(logit/cap) before the loss
     # Sliding window (tokens, current one included) on layers with even 0-based index.
     sliding_window: Optional[int] = None
+    # model.decoder.family (orchestrator/plan/decoder_families.py): the layer spec reads it.
+    decoder_family: str = "gemma2"
+    # Llama 3's RoPE frequency scaling factor (megatron's rope_scaling), None for none.
+    rope_scaling_factor: Optional[float] = None
 
 
 def gemma2_fields(decoder) -> dict:
     """The TransformerConfig fields of the decoder section
-    (`orchestrator.plan.schema.model.DecoderConfig`): its shape and Gemma2's own, over those
-    the job takes from the Plan (orchestrator/train/megatron_config.py). The Plan's argv
-    describes windows (--window-size) that megatron's attention would apply; this project's
-    attention applies them (orchestrator/models/attention.py), so megatron's are off here."""
+    (`orchestrator.plan.schema.model.DecoderConfig`): its shape and its family's own
+    (orchestrator/plan/decoder_families.py), over those the job takes from the Plan
+    (orchestrator/train/megatron_config.py). The Plan's argv describes windows
+    (--window-size) that megatron's attention would apply; this project's attention
+    applies them (orchestrator/models/attention.py), so megatron's are off here."""
+    family = family_of(decoder)
+    scalar = decoder.query_pre_attn_scalar if family.query_pre_attn_scalar else None
     return dict(
         num_layers=decoder.num_layers,
         hidden_size=decoder.hidden_size,
@@ -110,18 +122,20 @@ def gemma2_fields(decoder) -> dict:
         kv_channels=decoder.kv_channels,
         ffn_hidden_size=decoder.ffn_hidden_size,
         gated_linear_unit=True,  # fc1 = [gate; up], act on the gate half
-        activation_func=gelu_tanh,
+        activation_func=ACTIVATIONS[family.activation],
         add_bias_linear=False,
         add_qkv_bias=False,
         layernorm_epsilon=decoder.norm_eps,
-        # Gemma's norm, as megatron names it (TENorm builds it from these on the te
-        # backend; the local backend's ZeroCenteredRMSNorm is that norm by construction).
+        # The family's norm, as megatron names it (TENorm builds it from these on the te
+        # backend; the local backend's norms are those norms by construction: gemma2_spec).
         normalization="RMSNorm",
-        layernorm_zero_centered_gamma=True,
-        softmax_scale=float(decoder.query_pre_attn_scalar) ** -0.5,
-        attn_logit_softcapping=decoder.attn_logit_softcap,
-        final_logit_softcapping=decoder.final_logit_softcap,
-        sliding_window=decoder.sliding_window,
+        layernorm_zero_centered_gamma=family.zero_centered_norm,
+        softmax_scale=float(scalar) ** -0.5 if scalar else None,  # None: head_dim**-0.5
+        attn_logit_softcapping=decoder.attn_logit_softcap if family.softcaps else None,
+        final_logit_softcapping=decoder.final_logit_softcap if family.softcaps else None,
+        sliding_window=decoder.sliding_window if family.sliding_window else None,
+        decoder_family=family.name,
+        rope_scaling_factor=getattr(decoder, "rope_scaling_factor", None) if family.rope_scaling else None,
         window_size=None,
         window_attn_skip_freq=None,
         hidden_dropout=0.0,
@@ -174,17 +188,23 @@ class Gemma2Model(GPTModel):
             pre_process=pre_process,
             post_process=post_process,
             parallel_output=True,
-            share_embeddings_and_output_weights=tie_embeddings,  # Gemma2 ties them
+            share_embeddings_and_output_weights=tie_embeddings,  # Gemma2 ties them; Llama 3 8B does not
             position_embedding_type="rope",
             rotary_base=rope_theta,
+            # Llama 3's frequency scaling: megatron's has its low/high frequency factors (1, 4)
+            # and original length (8192) fixed, as every Llama 3.x has them.
+            rope_scaling=config.rope_scaling_factor is not None,
+            rope_scaling_factor=config.rope_scaling_factor or 8.0,
             # Our embedding code scatters after fusion and scaling (see scale_embeddings).
             scatter_embedding_sequence_parallel=False,
             vp_stage=vp_stage,
         )
         self.real_vocab_size = vocab_size
         # sqrt(hidden) rounded to the embeddings' dtype (HF Gemma2), as a Python number made
-        # once: no tensor made and copied to the device per call (a host sync on GPUs).
-        self.embedding_scale = _rounded(config.hidden_size**0.5, config.params_dtype)
+        # once: no tensor made and copied to the device per call (a host sync on GPUs);
+        # 1 for a family without the scale (its multiply changes no value).
+        scaled = FAMILIES[config.decoder_family].scaled_embeddings
+        self.embedding_scale = _rounded(config.hidden_size**0.5, config.params_dtype) if scaled else 1.0
         # Logits per chunk of the loss (softcapped_loss): 2^27 fp32 values = 512 MiB.
         self.loss_chunk_elements = LOSS_CHUNK_ELEMENTS
         # The compiled softcapped_cross_entropy (model.compile=layers, TP = 1): set by

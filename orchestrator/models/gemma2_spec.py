@@ -17,6 +17,7 @@ flex:      `FlexSoftcapAttention` (torch's flex_attention). TransformerEngine's 
 from __future__ import annotations
 
 from megatron.core.transformer.enums import AttnMaskType
+from megatron.core.transformer.identity_op import IdentityOp
 from megatron.core.transformer.mlp import MLP, MLPSubmodules
 from megatron.core.transformer.spec_utils import ModuleSpec
 from megatron.core.transformer.attention import SelfAttention, SelfAttentionSubmodules
@@ -24,7 +25,8 @@ from megatron.core.transformer.transformer_block import TransformerBlockSubmodul
 
 from orchestrator.models.attention import FlexSoftcapAttention, SoftcapDotProductAttention
 from orchestrator.models.gemma2_layer import Gemma2LayerSubmodules, Gemma2TransformerLayer
-from orchestrator.models.norms import ZeroCenteredRMSNorm
+from orchestrator.models.norms import RMSNorm, ZeroCenteredRMSNorm
+from orchestrator.plan.decoder_families import FAMILIES
 
 BACKENDS = ("local", "te")
 ATTENTION_CLASSES = {"reference": SoftcapDotProductAttention, "flex": FlexSoftcapAttention}
@@ -53,10 +55,17 @@ def _modules(backend: str):
     raise ValueError(f"model.backend={backend!r} is not one of {BACKENDS}")
 
 
-def gemma2_layer_spec(backend: str = "local", attention: str = "reference", core_attention=None) -> ModuleSpec:
-    """One Gemma2 layer. `core_attention` (a class) replaces the `attention` kernel's: the
-    tests' known-mistake controls use it; no configuration can."""
+def gemma2_layer_spec(backend: str = "local", attention: str = "reference", core_attention=None,
+                      family: str = "gemma2") -> ModuleSpec:
+    """One layer of the decoder `family` (orchestrator/plan/decoder_families.py): Gemma2's
+    sandwich-normed layer, or with the post-norms left out (IdentityOp) and Llama's plain
+    RMSNorm, a pre-norm Llama layer. `core_attention` (a class) replaces the `attention`
+    kernel's: the tests' known-mistake controls use it; no configuration can."""
     column, row, norm = _modules(backend)
+    traits = FAMILIES[family]
+    if norm is ZeroCenteredRMSNorm and not traits.zero_centered_norm:
+        norm = RMSNorm  # TENorm reads which norm from the config (layernorm_zero_centered_gamma)
+    post_norm = norm if traits.sandwich_norms else IdentityOp
     if attention not in ATTENTION_CLASSES:
         raise ValueError(f"attention={attention!r} is not one of {tuple(ATTENTION_CLASSES)}")
     return ModuleSpec(
@@ -70,10 +79,10 @@ def gemma2_layer_spec(backend: str = "local", attention: str = "reference", core
                     linear_qkv=column, core_attention=core_attention or ATTENTION_CLASSES[attention], linear_proj=row,
                 ),
             ),
-            post_attention_layernorm=norm,
+            post_attention_layernorm=post_norm,
             pre_mlp_layernorm=norm,
             mlp=ModuleSpec(module=MLP, submodules=MLPSubmodules(linear_fc1=column, linear_fc2=row)),
-            post_mlp_layernorm=norm,
+            post_mlp_layernorm=post_norm,
         ),
     )
 
@@ -81,6 +90,6 @@ def gemma2_layer_spec(backend: str = "local", attention: str = "reference", core
 def gemma2_block_spec(config, backend: str = "local", vp_stage=None, pp_rank=None, attention: str = "reference",
                       core_attention=None) -> TransformerBlockSubmodules:
     """The layers of this pipeline stage plus the final zero-centred RMSNorm."""
-    layer = gemma2_layer_spec(backend, attention, core_attention)
+    layer = gemma2_layer_spec(backend, attention, core_attention, getattr(config, "decoder_family", "gemma2"))
     count = get_num_layers_to_build(config, vp_stage=vp_stage, pp_rank=pp_rank)
     return TransformerBlockSubmodules(layer_specs=[layer] * count, layer_norm=layer.submodules.input_layernorm)

@@ -18,6 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from orchestrator.plan.decoder_families import family_of
 from orchestrator.plan.schema import DataConfig, ModelConfig, OptimConfig, ParallelConfig, TrainConfig
 
 # megatron's padding of the vocabulary: a multiple of this times TP.
@@ -73,6 +74,7 @@ def parallel_args(parallel: ParallelConfig) -> list[MegatronArg]:
 
 def decoder_args(model: ModelConfig, seq_length: int) -> list[MegatronArg]:
     dec = model.decoder
+    family = family_of(dec)
     return [
         _arg("num_layers", dec.num_layers),
         _arg("hidden_size", dec.hidden_size),
@@ -85,15 +87,19 @@ def decoder_args(model: ModelConfig, seq_length: int) -> list[MegatronArg]:
         _arg("max_position_embeddings", dec.max_position_embeddings),
         _arg("position_embedding_type", "rope"),
         _arg("rotary_base", int(dec.rope_theta)),
+        *([_arg("use_rope_scaling", True), _arg("rope_scaling_factor", float(dec.rope_scaling_factor))]
+          if dec.rope_scaling_factor is not None else []),  # Llama 3's frequency scaling
         _arg("normalization", "RMSNorm"),
         _arg("norm_epsilon", dec.norm_eps),
         # RMSNorm weight w is applied as (1 + w): Gemma's zero-centred gamma.
-        _arg("layernorm_zero_centered_gamma", True, flag="--apply-layernorm-1p"),
+        *([_arg("layernorm_zero_centered_gamma", True, flag="--apply-layernorm-1p")]
+          if family.zero_centered_norm else []),
         _arg("add_bias_linear", False, flag="--disable-bias-linear", negated=True),
+        *([_arg("swiglu", True)] if family.activation == "silu" else []),  # fc1 = [gate; up], silu on the gate
         # Sliding window of W tokens including the current one = (W-1, 0) in Megatron;
         # skip frequency 2 puts windows on layers 0, 2, 4, ... (HF layer_types).
-        _arg("window_size", (dec.sliding_window - 1, 0)),
-        _arg("window_attn_skip_freq", 2),
+        *([_arg("window_size", (dec.sliding_window - 1, 0)), _arg("window_attn_skip_freq", 2)]
+          if family.sliding_window and dec.sliding_window else []),
         _arg("hidden_dropout", 0.0),
         _arg("attention_dropout", 0.0),
         _arg("vocab_size", dec.vocab_size),

@@ -14,6 +14,7 @@ import math
 from dataclasses import asdict, dataclass, is_dataclass
 from typing import Optional
 
+from orchestrator.plan.decoder_families import family_of
 from orchestrator.plan.megatron_args import padded_vocab_size
 from orchestrator.plan.schema import LoraConfig, ModelConfig
 
@@ -135,7 +136,7 @@ def decoder_params(model: ModelConfig, lora: LoraConfig, tp: int = 1) -> list[Pa
     linears = {
         "self_attention.linear_qkv": (qkv_out, h, 0),
         "self_attention.linear_proj": (h, dec.num_attention_heads * kv, 1),
-        "mlp.linear_fc1": (2 * dec.ffn_hidden_size, h, 0),  # [gate; up] of the GeGLU
+        "mlp.linear_fc1": (2 * dec.ffn_hidden_size, h, 0),  # [gate; up] of the gated MLP
         "mlp.linear_fc2": (h, dec.ffn_hidden_size, 1),
     }
     order = [
@@ -148,6 +149,8 @@ def decoder_params(model: ModelConfig, lora: LoraConfig, tp: int = 1) -> list[Pa
         ("mlp.linear_fc2", "linear_fc2"),
         ("post_mlp_layernorm", None),
     ]
+    if not family_of(dec).sandwich_norms:
+        order = [(name, target) for name, target in order if not name.startswith("post_")]
     for i in range(dec.num_layers):
         p = f"language_model.decoder.layers.{i}"
         for name, target in order:

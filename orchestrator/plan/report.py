@@ -86,8 +86,10 @@ def render(plan: Plan, with_params: bool = False) -> str:
         lines.append("  rests on: " + "; ".join(step["inputs"]))
     lines.append("megatron argv")
     lines.append("  " + " ".join(plan.argv))
-    lines.append("  implemented by audiollm's own modules, not by megatron-core: " + "; ".join(
-        f"{flags} ({where})" for flags, where in plan.model_extensions["implemented_by_audiollm"].items()))
+    own = plan.model_extensions["implemented_by_audiollm"]
+    if own:
+        lines.append("  implemented by audiollm's own modules, not by megatron-core: " + "; ".join(
+            f"{flags} ({where})" for flags, where in own.items()))
     for name, rule in plan.model_extensions["decided_at_start"].items():
         lines.append(f"  decided by the job at start: {name} ({rule})")
     for warning in plan.warnings:

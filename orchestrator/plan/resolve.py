@@ -17,6 +17,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from orchestrator.plan import estimate as est
+from orchestrator.plan.decoder_families import family_of
 from orchestrator.plan.layout_estimate import estimate_layout
 from orchestrator.plan.local_paths import absolute_data_paths
 from orchestrator.plan.kernels import attention_kernel, encoder_precision, planned_compile
@@ -49,25 +50,43 @@ def encoder_precision_of(cfg: AudioLLMConfig) -> str:
     return encoder_precision(cfg.model.encoder.precision, cfg.launcher.accelerator == "gpu")
 
 
+def _in_argv(flags: str, cfg: AudioLLMConfig) -> bool:
+    """Whether the argv holds `flags` (an ARGV_IMPLEMENTED_BY_AUDIOLLM key) for this config."""
+    family = family_of(cfg.model.decoder)
+    if flags.startswith("--cp-"):
+        return cfg.parallel.cp > 1
+    if flags == "--apply-layernorm-1p":
+        return family.zero_centered_norm
+    if flags.startswith("--window-size"):
+        return family.sliding_window and bool(cfg.model.decoder.sliding_window)
+    return True
+
+
 def model_extensions(cfg: AudioLLMConfig) -> dict[str, Any]:
     dec, enc, adapter = cfg.model.decoder, cfg.model.encoder, cfg.model.adapter
+    family = family_of(dec)
     on_gpu = cfg.launcher.accelerator == "gpu"
+    scalar = dec.query_pre_attn_scalar if family.query_pre_attn_scalar else dec.kv_channels
     return {
-        "architecture": "gemma2",
-        "activation": "geglu_tanh",  # fc1 = [gate; up], gelu(tanh) on the gate
-        "sandwich_norms": True,  # post-attention and post-MLP RMSNorms
-        "embedding_multiplier": math.sqrt(dec.hidden_size),  # applied after audio fusion
-        "query_pre_attn_scalar": dec.query_pre_attn_scalar,
-        "softmax_scale": dec.query_pre_attn_scalar**-0.5,
+        "architecture": family.name,
+        # fc1 = [gate; up], the activation on the gate
+        "activation": {"gelu_tanh": "geglu_tanh", "silu": "swiglu"}[family.activation],
+        "sandwich_norms": family.sandwich_norms,  # post-attention and post-MLP RMSNorms
+        "zero_centered_norms": family.zero_centered_norm,  # RMSNorm scales by (1 + w)
+        # applied after audio fusion
+        "embedding_multiplier": math.sqrt(dec.hidden_size) if family.scaled_embeddings else 1.0,
+        "query_pre_attn_scalar": dec.query_pre_attn_scalar if family.query_pre_attn_scalar else None,
+        "softmax_scale": scalar**-0.5,
         "attn_logit_softcap": dec.attn_logit_softcap,
         "final_logit_softcap": dec.final_logit_softcap,
-        "sliding_window": dec.sliding_window,
-        "sliding_window_layers": "even",
+        "sliding_window": dec.sliding_window if family.sliding_window else None,
+        "sliding_window_layers": "even" if family.sliding_window and dec.sliding_window else "none",
+        "rope_scaling_factor": dec.rope_scaling_factor,
         # Flags of the argv that describe the model but that the job does not hand to
         # megatron-core: it switches them off there and implements them in its own
         # modules. Megatron-LM's own layer specs fed this argv build a different model.
         "implemented_by_audiollm": {flags: where for flags, where in ARGV_IMPLEMENTED_BY_AUDIOLLM.items()
-                                    if cfg.parallel.cp > 1 or not flags.startswith("--cp-")},
+                                    if _in_argv(flags, cfg)},
         # model.attention on the planned accelerator (orchestrator/plan/kernels.py); the memory
         # estimate counts this kernel's activations.
         "attention_kernel": attention_kernel(cfg.model.attention, on_gpu),

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterable, Iterator
 
+from orchestrator.plan.decoder_families import FAMILIES
 from orchestrator.plan.checkpoint_dirs import frozen_source_problem, layout_text, resolve_model_checkpoint
 from orchestrator.plan.kernels import ATTENTION_CHOICES, COMPILE_CHOICES, ENCODER_PRECISIONS, compile_blockers
 from orchestrator.plan.schema import (
@@ -350,15 +351,28 @@ def check_decoder(model: ModelConfig) -> Iterator[Finding]:
             "model.decoder.kv_channels": dec.kv_channels,
             "model.decoder.ffn_hidden_size": dec.ffn_hidden_size,
             "model.decoder.vocab_size": dec.vocab_size,
-            "model.decoder.sliding_window": dec.sliding_window,
         },
     )
-    if dec.query_pre_attn_scalar <= 0:
-        yield _error("decoder", f"model.decoder.query_pre_attn_scalar={dec.query_pre_attn_scalar} must be positive")
-    for key in ("attn_logit_softcap", "final_logit_softcap"):
+    if dec.family not in FAMILIES:
+        yield _error("decoder", f"model.decoder.family={dec.family!r} is not one of {sorted(FAMILIES)}")
+        return
+    family = FAMILIES[dec.family]
+    # What another family's layer has and this one's has not: refused, not ignored.
+    unused = {"sliding_window": family.sliding_window, "query_pre_attn_scalar": family.query_pre_attn_scalar,
+              "attn_logit_softcap": family.softcaps, "final_logit_softcap": family.softcaps,
+              "rope_scaling_factor": family.rope_scaling}
+    for key, applies in unused.items():
+        if not applies and getattr(dec, key) is not None:
+            yield _error("decoder", f"model.decoder.{key}={getattr(dec, key)} does not apply to the "
+                                    f"{dec.family} decoder family: set it to null (model.decoder.{key}=null)")
+    for key in ("sliding_window", "query_pre_attn_scalar", "attn_logit_softcap", "final_logit_softcap",
+                "rope_scaling_factor"):
         value = getattr(dec, key)
-        if value is not None and value <= 0:
-            yield _error("decoder", f"model.decoder.{key}={value} must be positive or null (no softcap)")
+        if unused[key] and value is not None and value <= 0:
+            yield _error("decoder", f"model.decoder.{key}={value} must be positive or null (none)")
+    if family.query_pre_attn_scalar and dec.query_pre_attn_scalar is None:
+        yield _error("decoder", f"model.decoder.query_pre_attn_scalar is null: the {dec.family} family scales "
+                                f"queries by it (Gemma2: 256 at 2b and 9b, HF query_pre_attn_scalar)")
 
 
 def check_encoder(model: ModelConfig) -> Iterator[Finding]:

@@ -16,7 +16,7 @@ from orchestrator.convert import compare_weights, hf_to_megatron, megatron_to_hf
 from orchestrator.train.dist_format import write_model_tensors
 from orchestrator.convert.gemma2_mapping import Gemma2Shape, hf_to_megatron_tensors
 from orchestrator.convert.hf_io import SafetensorsDir
-from tests.models.tiny_models import hf_gemma2, randomize, whisper_config
+from tests.models.tiny_models import hf_gemma2, hf_llama, randomize, whisper_config
 
 
 @pytest.fixture(scope="module")
@@ -44,10 +44,11 @@ def _write_converted(hf_dir: Path, out: Path, edit) -> None:
     write_model_tensors(out, tensors, shape.num_layers)
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_hf_megatron_hf_round_trip_is_bit_identical(tmp_path, dtype):
+@pytest.mark.parametrize("make,dtype", [(hf_gemma2, torch.float32), (hf_gemma2, torch.bfloat16),
+                                        (hf_llama, torch.float32)], ids=["gemma2-fp32", "gemma2-bf16", "llama-fp32"])
+def test_hf_megatron_hf_round_trip_is_bit_identical(tmp_path, make, dtype):
     src = tmp_path / "hf"
-    hf_gemma2(seed=1).to(dtype).save_pretrained(src, safe_serialization=True)
+    make(seed=1).to(dtype).save_pretrained(src, safe_serialization=True)
     assert hf_to_megatron.main(["--hf", str(src), "--out", str(tmp_path / "mg")]) == 0
     assert (tmp_path / "mg" / "metadata.json").is_file()  # a dist_checkpointing directory
     assert megatron_to_hf.main(["--megatron", str(tmp_path / "mg"), "--out", str(tmp_path / "back")]) == 0
@@ -86,6 +87,21 @@ def test_one_conversion_verifies_at_every_layout(capsys, tmp_path, hf_dir, tp, p
     assert (result["tp"], result["pp"]) == (tp, pp) and result["seq_len"] > 8  # longer than the sliding window
     assert result["max_abs_logit_diff"] <= 1e-4 and result["loss_diff"] <= 1e-5, result
     print(f"verify tp={tp} pp={pp}: {result}")
+
+
+@pytest.mark.multiprocess
+def test_a_llama_with_its_own_output_layer_converts_and_verifies_at_tp2_pp2(capsys, tmp_path):
+    """Llama 3's shape in small (untied output layer, RoPE scaling): the output layer
+    travels as its own tensor and loads at another layout."""
+    src = tmp_path / "hf"
+    hf_llama(seed=2).save_pretrained(src, safe_serialization=True)
+    code, result = _verify(capsys, src, tmp_path / "mg", "--tp", "2", "--pp", "2")
+    assert code == 0, result
+    assert result["max_abs_logit_diff"] <= 1e-4 and result["loss_diff"] <= 1e-5, result
+    from orchestrator.train.dist_format import stored_model_tensors
+
+    stored = stored_model_tensors(tmp_path / "mg")
+    assert tuple(stored["language_model.output_layer.weight"].global_shape) == (250, 64)
 
 
 @pytest.mark.multiprocess

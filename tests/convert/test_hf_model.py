@@ -1,5 +1,5 @@
 """The AudioLLM as one HF model directory (`audiollm convert megatron-to-hf`'s default for
-a run): trained at TP1, TP2 with sequence parallelism and PP2, exported, and loaded with
+a run): trained at TP1, TP2 with sequence parallelism and PP2 (a Llama decoder), exported, and loaded with
 AutoModelForCausalLM / AutoProcessor (trust_remote_code) in virtual environments that
 hold torch and transformers but not this project, at transformers 4.x and 5.x: greedy
 answers to the held-out clips equal `audiollm eval`'s. The directory converts back
@@ -19,15 +19,16 @@ import numpy as np
 import pytest
 import torch
 
-from tests.train.audiollm_runs import VAL_SET, audiollm_cli, make_corpus, write_audiollm_run_dir
+from tests.train.audiollm_runs import LLAMA_DECODER, VAL_SET, audiollm_cli, make_corpus, write_audiollm_run_dir
 from tests.train.jobs import launch
 
 HERE = Path(__file__).parent
 REPO = HERE.parent.parent
 ITERS = 12
-# name -> (tp, pp, overrides): the CTC loss needs pp 1 (validate.check_ctc).
+# name -> (tp, pp, overrides): the CTC loss needs pp 1 (validate.check_ctc). The PP2 run's
+# decoder is a Llama (untied output layer, Llama 3's RoPE scaling): the export of each family.
 LAYOUTS = {"tp1": (1, 1, []), "tp2_sp": (2, 1, ["parallel.sp=true"]),
-           "pp2": (1, 2, ["data.packing=true", "model.adapter.ctc_weight=0"])}
+           "pp2_llama": (1, 2, ["data.packing=true", "model.adapter.ctc_weight=0", *LLAMA_DECODER])}
 # transformers 4.x's oldest release the remote code claims (4.46), beside torch and numpy
 # at this project's pins (in the installer's cache already); 5.x: the lent GPU machine's
 # stack (constraints-gpu-machine.txt), the environment tests/rehearsal/lent_machine.py makes.
@@ -161,7 +162,7 @@ def test_a_sharded_export_streams_the_same_tensors_and_loads(exported, tmp_path,
     from orchestrator.convert.hf_io import SafetensorsDir
     from orchestrator.convert.megatron_to_hf import convert
 
-    run = exported["runs"]["pp2"]
+    run = exported["runs"]["pp2_llama"]
     target = tmp_path / "sharded"
     shutil.copytree(run["export"], target)
     monkeypatch.setattr(hf_io, "SHARD_BYTES", 64 * 1024)

@@ -5,8 +5,8 @@ which reshards by itself: orchestrator/train/init_weights.py).
 TP split (rank r of T): linear_qkv by KV groups (dim 0), fc1 as [gate_r; up_r],
 linear_proj and fc2 along dim 1, embedding rows along dim 0; norms replicated. PP
 split: stage p holds layers [p*L/P, (p+1)*L/P) renumbered from 0; the first stage holds
-the embedding, the last the final norm and (when P > 1) `output_layer.weight`, the
-tied copy of the embedding.
+the embedding, the last the final norm and `output_layer.weight`: the untied output
+layer, or (when P > 1) the tied copy of the embedding.
 """
 
 from __future__ import annotations
@@ -39,13 +39,18 @@ def _tp_split(name: str, tensor: torch.Tensor, tp: int):
 
 
 
+def _padded(rows: torch.Tensor, padded: int) -> torch.Tensor:
+    """Vocabulary rows padded with zeros to `padded`."""
+    if padded > rows.shape[0]:
+        rows = torch.cat([rows, rows.new_zeros(padded - rows.shape[0], rows.shape[1])], dim=0)
+    return rows
+
+
 def shard_megatron(full: Dict[str, torch.Tensor], shape: Gemma2Shape, tp: int, pp: int
                    ) -> Dict[Tuple[int, int], Dict[str, torch.Tensor]]:
     """TP=1 megatron state dict (unpadded) -> {(tp_rank, pp_rank): state dict of that rank}."""
     padded = padded_vocab_size(shape.vocab_size, tp)
-    emb = full["embedding.word_embeddings.weight"]
-    if padded > emb.shape[0]:
-        emb = torch.cat([emb, emb.new_zeros(padded - emb.shape[0], emb.shape[1])], dim=0)
+    emb = _padded(full["embedding.word_embeddings.weight"], padded)
     per_stage = shape.num_layers // pp
     shards: Dict[Tuple[int, int], Dict[str, torch.Tensor]] = {(t, p): {} for t in range(tp) for p in range(pp)}
     for p in range(pp):
@@ -54,7 +59,9 @@ def shard_megatron(full: Dict[str, torch.Tensor], shape: Gemma2Shape, tp: int, p
             stage["embedding.word_embeddings.weight"] = emb
         if p == pp - 1:
             stage["decoder.final_layernorm.weight"] = full["decoder.final_layernorm.weight"]
-            if pp > 1:
+            if not shape.tied:
+                stage["output_layer.weight"] = _padded(full["output_layer.weight"], padded)
+            elif pp > 1:
                 stage["output_layer.weight"] = emb
         for local in range(per_stage):
             prefix = f"decoder.layers.{p * per_stage + local}."

@@ -29,6 +29,16 @@ def test_gemma2_9b_whisper_large_v3_counts_match_the_published_models():
     assert audio_token_count(2 * cfg.model.encoder.max_source_positions, cfg.model.adapter.frame_stack) == 300
 
 
+def test_llama_3_1_8b_whisper_large_v3_counts_match_the_published_model():
+    cfg = compose(["+recipe=gemma2_whisper_tp1", "model=llama3_1_8b_whisper_large_v3", "lora=none"])
+    inv = parameter_inventory(cfg.model, cfg.lora, tp=cfg.parallel.tp)
+    count = {c: sum(p.numel for p in inv if p.component == c) for c in ("decoder", "embedding")}
+    # HF Llama-3.1-8B: embedding and output layer of 128256 x 4096 (no padding at tp=1), two
+    # norms and no biases per layer
+    assert count["decoder"] + count["embedding"] == 8_030_261_248
+    assert "language_model.output_layer.weight" in {p.name for p in inv}
+
+
 def test_lora_names_follow_the_contract():
     cfg = compose(["+recipe=tiny_cpu", "lora=decoder_r16"])
     inv = {p.name: p for p in parameter_inventory(cfg.model, cfg.lora)}

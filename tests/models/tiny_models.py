@@ -1,4 +1,4 @@
-"""Tiny random HF models (Gemma2, Whisper) and the matching project config sections.
+"""Tiny random HF models (Gemma2, Llama, Whisper) and the matching project config sections.
 
 Weights are redrawn with larger spreads than HF's init (and non-zero norm weights), so
 that every Gemma2 detail (norm offset, softcaps, window, activation) moves the logits
@@ -7,7 +7,7 @@ far beyond the parity tolerance."""
 from __future__ import annotations
 
 import torch
-from transformers import Gemma2Config, Gemma2ForCausalLM, WhisperConfig
+from transformers import Gemma2Config, Gemma2ForCausalLM, LlamaConfig, LlamaForCausalLM, WhisperConfig
 
 from orchestrator.convert.gemma2_mapping import decoder_config_from_hf
 from orchestrator.plan.schema.model import AdapterConfig, DecoderConfig, EncoderConfig, ModelConfig
@@ -35,7 +35,31 @@ def hf_gemma2(seed: int = 0, **overrides) -> Gemma2ForCausalLM:
     return randomize(Gemma2ForCausalLM(hf_gemma2_config(**overrides)), seed).eval()
 
 
-def decoder_config(hf_cfg: Gemma2Config) -> DecoderConfig:
+# Llama 3's shape in small: grouped-query attention, untied output layer (as the 8B), RoPE
+# base 500000 with its frequency scaling (factor 8, as 3.1). The scaling moves frequencies
+# whose wavelength passes 8192 / 4 tokens: at head_dim 16 and base 500000, 6 of the 8.
+LLAMA = dict(vocab_size=250, hidden_size=64, intermediate_size=96, num_hidden_layers=4, num_attention_heads=4,
+             num_key_value_heads=2, head_dim=16, max_position_embeddings=16384, rms_norm_eps=1e-5, rope_theta=500000.0,
+             rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                           "original_max_position_embeddings": 8192},
+             tie_word_embeddings=False, hidden_act="silu", attention_bias=False, mlp_bias=False)
+
+
+def hf_llama_config(**overrides) -> LlamaConfig:
+    return LlamaConfig(**{**LLAMA, **overrides}, attn_implementation="eager")
+
+
+def hf_llama(seed: int = 0, **overrides) -> LlamaForCausalLM:
+    """A tiny random Llama: its norm weights drawn around one (Llama's x*w norm)."""
+    model = randomize(LlamaForCausalLM(hf_llama_config(**overrides)), seed)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if "norm" in name:
+                param.add_(1.0)
+    return model.eval()
+
+
+def decoder_config(hf_cfg) -> DecoderConfig:
     return decoder_config_from_hf(hf_cfg)
 
 

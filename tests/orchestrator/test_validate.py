@@ -106,6 +106,14 @@ INVALID = [
                  id="profile_one_number"),
     pytest.param(["train.profile_steps=[5,5]", "train.profile_ranks=[0,1]"], "profile",
                  ["train.profile_ranks=[0, 1]", "0 to 0", "launcher.gpus_per_node 1"], id="profile_rank_the_job_lacks"),
+    pytest.param(["model.decoder.family=qwen9"], "decoder", ["model.decoder.family='qwen9'", "'gemma2', 'llama'"],
+                 id="unknown_decoder_family"),
+    pytest.param(["model.decoder.family=llama", "model.decoder.query_pre_attn_scalar=null",
+                  "model.decoder.attn_logit_softcap=null", "model.decoder.final_logit_softcap=null"], "decoder",
+                 ["model.decoder.sliding_window=", "does not apply to the llama decoder family",
+                  "model.decoder.sliding_window=null"], id="gemma2_window_on_a_llama"),
+    pytest.param(["model.decoder.rope_scaling_factor=8"], "decoder",
+                 ["model.decoder.rope_scaling_factor=8.0", "gemma2"], id="llama_rope_scaling_on_a_gemma2"),
     pytest.param(["model.adapter.ctc_weight=-1"], "adapter", ["model.adapter.ctc_weight=-1"], id="negative_ctc_weight"),
     pytest.param(["model.adapter.ctc_weight=0.3", "parallel.pp=2", "launcher.gpus_per_node=2"], "ctc",
                  ["model.adapter.ctc_weight=0.3", "parallel.pp=1 (got 2)"], id="ctc_with_pipeline_parallel"),
@@ -294,3 +302,31 @@ def test_inputs_this_machine_cannot_see_are_refused_for_it_and_said_for_a_cluste
     assert "data.tokenizer=/nonexistent/tokenizer: no such directory" in capsys.readouterr().err
     # The demo corpus's own paths are written by `audiollm train` before it submits.
     assert [f for f in validate(to_object(compose(["+recipe=tiny_cpu"])), "train") if f.rule == "local_paths"] == []
+
+
+LLAMA = ["model.decoder.family=llama", "model.decoder.sliding_window=null", "model.decoder.query_pre_attn_scalar=null",
+         "model.decoder.attn_logit_softcap=null", "model.decoder.final_logit_softcap=null",
+         "model.decoder.rope_scaling_factor=8", "model.decoder.tie_embeddings=false"]
+
+
+def test_a_llama_decoder_plans_megatron_llama_flags_and_its_parameters():
+    """The argv says what a Llama is to Megatron-LM (SwiGLU, Llama 3's RoPE scaling, plain
+    RMSNorm, no windows, its own output layer); the inventory has no post-norms."""
+    plan = resolve(compose(LLAMA), purpose="plan")
+    argv = " ".join(plan.argv)
+    for flag in ("--swiglu", "--use-rope-scaling", "--rope-scaling-factor 8.0", "--untie-embeddings-and-output-weights"):
+        assert flag in argv, flag
+    for flag in ("--apply-layernorm-1p", "--window-size", "--window-attn-skip-freq"):
+        assert flag not in argv, flag
+    extensions = plan.model_extensions
+    assert (extensions["architecture"], extensions["activation"], extensions["embedding_multiplier"]) == \
+        ("llama", "swiglu", 1.0)
+    assert extensions["softmax_scale"] == plan.config["model"]["decoder"]["kv_channels"] ** -0.5
+    assert not any(k.startswith(("--apply", "--window")) for k in extensions["implemented_by_audiollm"])
+    gemma2 = resolve(compose([]), purpose="plan")
+    layers = plan.config["model"]["decoder"]["num_layers"]
+    # Two norms of a layer fewer; the output layer's vocabulary x hidden more.
+    hidden = plan.config["model"]["decoder"]["hidden_size"]
+    llama, base = plan.parameters["total"], gemma2.parameters["total"]
+    assert llama["decoder"]["trainable"] == base["decoder"]["trainable"] - 2 * layers * hidden
+    assert llama["embedding"]["trainable"] == base["embedding"]["trainable"] + plan.padded_vocab_size * hidden

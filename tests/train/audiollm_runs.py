@@ -64,6 +64,14 @@ def data_overrides(corpus: Path) -> list[str]:
 NO_WANDB = "logger=none"
 
 
+# The tiny AudioLLM with a Llama decoder of the same shape (orchestrator/plan/decoder_families.py):
+# Llama 3's RoPE base and scaling, its own output layer.
+LLAMA_DECODER = ["model.decoder.family=llama", "model.decoder.sliding_window=null",
+                 "model.decoder.query_pre_attn_scalar=null", "model.decoder.attn_logit_softcap=null",
+                 "model.decoder.final_logit_softcap=null", "model.decoder.rope_theta=500000",
+                 "model.decoder.rope_scaling_factor=8", "model.decoder.tie_embeddings=false"]
+
+
 def train_overrides(corpus: Path, wandb: bool = False) -> list[str]:
     """`audiollm train` overrides for the tiny AudioLLM on make_corpus's datasets (not the
     demo corpus), with the small batch and sequence sizes of write_audiollm_run_dir: the

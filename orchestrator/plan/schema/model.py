@@ -8,8 +8,11 @@ from omegaconf import MISSING
 
 @dataclass
 class DecoderConfig:
-    """Gemma2 decoder. HF `Gemma2Config` names are given where ours differ."""
+    """The decoder: a Gemma2 or Llama (orchestrator/plan/decoder_families.py). HF config
+    names are given where ours differ."""
 
+    # gemma2 | llama: what the layer computes (norms, activation, embedding scale, windows)
+    family: str = "gemma2"
     hidden_size: int = MISSING
     num_layers: int = MISSING  # HF num_hidden_layers
     num_attention_heads: int = MISSING
@@ -22,10 +25,15 @@ class DecoderConfig:
     norm_eps: float = 1e-6  # RMSNorm computes x*rsqrt(mean(x^2)+eps)*(1+w) in fp32
     # Sliding-window attention on layers whose 0-based index is even (HF layer_types);
     # the window includes the current token: 4096 means Megatron window_size=(4095, 0).
-    sliding_window: int = 4096
-    query_pre_attn_scalar: float = 256.0  # queries scaled by query_pre_attn_scalar**-0.5
+    # Gemma2 only (null for llama).
+    sliding_window: Optional[int] = 4096
+    query_pre_attn_scalar: Optional[float] = 256.0  # queries scaled by query_pre_attn_scalar**-0.5
     attn_logit_softcap: Optional[float] = 50.0  # cap*tanh(score/cap) before the mask
     final_logit_softcap: Optional[float] = 30.0  # cap*tanh(logit/cap) before the loss
+    # Llama 3's RoPE frequency scaling (HF rope_type "llama3" with low/high frequency
+    # factors 1 and 4 over 8192 original positions, as every Llama 3.x has): the factor
+    # (8 for 3.1, 32 for 3.2), or null for none. Llama only.
+    rope_scaling_factor: Optional[float] = None
     tie_embeddings: bool = True
     freeze: bool = False  # freeze every base decoder weight (LoRA adapters stay trainable)
     # Std of the random initial weights (megatron init_method_std); matters only without

@@ -1,0 +1,58 @@
+"""Decoder families: what each one's layer computes, in one table the plan side (parameter
+inventory, Megatron argv, validation) and the model (orchestrator/models) both read.
+Torch-free: the submit side imports it.
+
+    gemma2  sandwich norms (post-attention and post-MLP RMSNorms beside the pre-norms),
+            zero-centred RMSNorm x*(1 + w), GeGLU with tanh GELU, embeddings times
+            sqrt(hidden), sliding windows on even layers, attention and final softcaps,
+            queries scaled by query_pre_attn_scalar**-0.5
+    llama   pre-norms only, RMSNorm x*w (HF Llama's order: normalised in fp32, cast,
+            then times w), SwiGLU, unscaled embeddings, full attention, queries scaled by
+            head_dim**-0.5, RoPE with Llama 3's frequency scaling (rope_scaling_factor)
+
+`model.decoder.family` selects one; the default is gemma2."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class DecoderFamily:
+    name: str
+    hf_model_type: str  # config.json's model_type of the family's HF model
+    sandwich_norms: bool  # post_attention_layernorm and post_mlp_layernorm after each block
+    zero_centered_norm: bool  # RMSNorm scales by (1 + w) (weights stored as offsets from one)
+    activation: str  # of the gated MLP: fc1 = [gate; up], act(gate) * up
+    scaled_embeddings: bool  # embeddings times sqrt(hidden) (after audio fusion)
+    sliding_window: bool  # windows on even layers (model.decoder.sliding_window)
+    softcaps: bool  # attention and final logit softcaps may be set
+    query_pre_attn_scalar: bool  # queries scaled by query_pre_attn_scalar**-0.5, not head_dim**-0.5
+    rope_scaling: bool  # Llama 3's RoPE frequency scaling may be set
+
+
+FAMILIES = {
+    "gemma2": DecoderFamily("gemma2", "gemma2", sandwich_norms=True, zero_centered_norm=True,
+                            activation="gelu_tanh", scaled_embeddings=True, sliding_window=True, softcaps=True,
+                            query_pre_attn_scalar=True, rope_scaling=False),
+    "llama": DecoderFamily("llama", "llama", sandwich_norms=False, zero_centered_norm=False, activation="silu",
+                           scaled_embeddings=False, sliding_window=False, softcaps=False,
+                           query_pre_attn_scalar=False, rope_scaling=True),
+}
+
+
+def family_of(decoder) -> DecoderFamily:
+    """The family of a decoder section (`model.decoder`: a DecoderConfig or a dict)."""
+    name = decoder.get("family", "gemma2") if isinstance(decoder, dict) else getattr(decoder, "family", "gemma2")
+    if name not in FAMILIES:
+        raise ValueError(f"model.decoder.family={name!r} is not one of {sorted(FAMILIES)}")
+    return FAMILIES[name]
+
+
+def family_for_hf(model_type: str) -> DecoderFamily:
+    """The family whose HF model has config.json's `model_type`."""
+    for family in FAMILIES.values():
+        if family.hf_model_type == model_type:
+            return family
+    raise ValueError(f"a HF decoder of model_type {model_type!r} is not supported: the decoder families are "
+                     f"{', '.join(f.hf_model_type for f in FAMILIES.values())}")

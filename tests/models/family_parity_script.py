@@ -1,0 +1,139 @@
+"""Parity of the project's decoder of each family beside Gemma2 with its HF model (CPU,
+fp32), several layouts and the known porting mistakes, in one process launch:
+
+- llama: megatron (the project's layer with no post-norms, Llama's RMSNorm, SwiGLU, an
+  untied output layer, RoPE with Llama 3's scaling) vs HF LlamaForCausalLM (eager);
+- the AudioLLM with that decoder: the plan's parameter inventory equals the built model's.
+
+Prints one `RESULT <json>` line per case from the rank holding the full logits.
+Run: torchrun --nproc_per_node=2 tests/models/family_parity_script.py"""
+
+from __future__ import annotations
+
+import json
+
+import torch
+
+from orchestrator.plan.parallel_dims import ParallelDims
+from orchestrator.runtime.distributed import init_distributed, shutdown
+from tests.models.tiny_models import decoder_config, hf_llama
+
+# 64 positions: Llama 3's scaling moves the frequencies whose wavelength passes 2048
+# tokens, which turn a visible angle only over some dozens of positions.
+SEQ, BATCH, DOCS = 64, 2, (29, 35)
+
+
+def cases():
+    from orchestrator.models.gemma2_model import gelu_tanh
+
+    good = [dict(name="llama_tp1"), dict(name="llama_tp2_sp", tp=2, sp=True), dict(name="llama_pp2", pp=2),
+            dict(name="llama_packed_tp2_sp", tp=2, sp=True, packed=True),
+            dict(name="llama_flex_tp1", attention="flex")]
+    bad = [dict(name="llama_bad_zero_centered_norm", weights="norm_offset"),
+           dict(name="llama_bad_geglu", overrides={"activation_func": gelu_tanh}),
+           dict(name="llama_bad_no_rope_scaling", overrides={"rope_scaling_factor": None})]
+    return good + bad
+
+
+def main() -> None:
+    from megatron.core import parallel_state as ps
+    from megatron.core.packed_seq_params import PackedSeqParams
+
+    from orchestrator.convert.gemma2_mapping import Gemma2Shape
+    from orchestrator.convert.megatron_forward import pipeline_forward
+    from orchestrator.models.gemma2_model import Gemma2Model, gemma2_transformer_config
+    from orchestrator.models.norms import RMSNorm
+    from tests.models.sharding import hf_to_megatron_full, shard_megatron
+
+    hf = hf_llama(seed=0)
+    shape = Gemma2Shape.from_hf_config(hf.config)
+    dec = decoder_config(hf.config)
+    full = hf_to_megatron_full(hf.state_dict(), shape)
+    gen = torch.Generator().manual_seed(1)
+    tokens = torch.randint(0, shape.vocab_size, (BATCH, SEQ), generator=gen)
+    packed_tokens = torch.randint(0, shape.vocab_size, (1, sum(DOCS)), generator=gen)
+    with torch.no_grad():
+        ref = hf(tokens, labels=tokens)
+        docs = torch.split(packed_tokens, DOCS, dim=1)
+        doc_out = [hf(d, labels=d) for d in docs]
+        packed_ref_logits = torch.cat([o.logits for o in doc_out], dim=1)
+        packed_ref_loss = sum(o.loss * (d.shape[1] - 1) for o, d in zip(doc_out, docs)) / (sum(DOCS) - len(DOCS))
+
+    for case in cases():
+        tp, pp, sp, packed = case.get("tp", 1), case.get("pp", 1), case.get("sp", False), case.get("packed", False)
+        if ps.model_parallel_is_initialized():
+            ps.destroy_model_parallel()
+        init_distributed(ParallelDims(tp=tp, pp=pp), seed=0)
+        cfg = gemma2_transformer_config(dec, ParallelDims(tp=tp, pp=pp, sp=sp), **case.get("overrides", {}))
+        model = Gemma2Model(cfg, dec.vocab_size, dec.max_position_embeddings,
+                            pre_process=ps.is_pipeline_first_stage(), post_process=ps.is_pipeline_last_stage(),
+                            rope_theta=dec.rope_theta, tie_embeddings=dec.tie_embeddings,
+                            attention=case.get("attention", "reference")).eval()
+        layer = model.decoder.layers[0]
+        assert isinstance(layer.input_layernorm, RMSNorm) and isinstance(layer.pre_mlp_layernorm, RMSNorm)
+        weights = dict(full)
+        if case.get("weights") == "norm_offset":  # Gemma's (1 + w) norm on Llama's weights
+            weights = {k: (v - 1.0 if "norm" in k else v) for k, v in weights.items()}
+        shard = shard_megatron(weights, shape, tp, pp)[(ps.get_tensor_model_parallel_rank(),
+                                                        ps.get_pipeline_model_parallel_rank())]
+        missing, unexpected = model.load_state_dict(shard, strict=False)
+        missing = [k for k in missing if not k.endswith("_extra_state")]
+        assert not missing and not unexpected, (missing, unexpected)
+        if packed:
+            toks = packed_tokens
+            cu = torch.tensor([0, DOCS[0], sum(DOCS)], dtype=torch.int32)
+            psp = PackedSeqParams(qkv_format="thd", cu_seqlens_q=cu, cu_seqlens_kv=cu,
+                                  max_seqlen_q=max(DOCS), max_seqlen_kv=max(DOCS))
+            positions = torch.cat([torch.arange(n) for n in DOCS])[None]
+            labels = torch.cat([torch.cat([d[:, 1:], d[:, :1]], dim=1) for d in docs], dim=1)
+            loss_mask = torch.ones_like(labels, dtype=torch.float)
+            loss_mask[0, DOCS[0] - 1] = 0.0
+            loss_mask[0, -1] = 0.0
+            ref_logits, ref_loss = packed_ref_logits, packed_ref_loss
+        else:
+            toks, psp = tokens, None
+            positions = torch.arange(SEQ)[None].expand(BATCH, -1)
+            labels = torch.cat([tokens[:, 1:], tokens[:, :1]], dim=1)
+            loss_mask = torch.ones_like(labels, dtype=torch.float)
+            loss_mask[:, -1] = 0.0
+            ref_logits, ref_loss = ref.logits, ref.loss
+        logits = pipeline_forward(model, lambda m: m(toks, positions, None, packed_seq_params=psp),
+                                  toks.shape[1], toks.shape[0])
+        token_loss = pipeline_forward(model, lambda m: m(toks, positions, None, labels=labels, packed_seq_params=psp),
+                                      toks.shape[1], toks.shape[0], gather_vocab=False)
+        if logits is not None and ps.get_tensor_model_parallel_rank() == 0 and ps.get_data_parallel_rank() == 0:
+            logits = logits[..., : shape.vocab_size]
+            loss = (token_loss * loss_mask).sum() / loss_mask.sum()
+            print("RESULT " + json.dumps({
+                "case": case["name"], "max_abs_logit_diff": (logits - ref_logits).abs().max().item(),
+                "loss_diff": abs(loss.item() - ref_loss.item()), "loss": loss.item(),
+                "logit_scale": ref_logits.abs().max().item()}), flush=True)
+    inventory_check(hf)
+    shutdown()
+
+
+def inventory_check(hf) -> None:
+    """The AudioLLM with this decoder builds, and orchestrator.plan.model_params' analytic
+    inventory equals its parameters (names, full shapes, requires_grad) at TP=1, PP=1."""
+    import torch.distributed as dist
+    from megatron.core import parallel_state as ps
+
+    from orchestrator.models.audiollm import build_audiollm
+    from orchestrator.models.gemma2_model import gemma2_transformer_config
+    from orchestrator.plan.model_params import parameter_inventory
+    from orchestrator.plan.schema.lora import LoraConfig
+    from tests.models.tiny_models import tiny_model_config, whisper_config
+
+    if ps.model_parallel_is_initialized():
+        ps.destroy_model_parallel()
+    init_distributed(ParallelDims(tp=1, pp=1), seed=0)
+    cfg = tiny_model_config(hf.config, whisper_config())
+    model = build_audiollm(cfg, gemma2_transformer_config(cfg.decoder, ParallelDims(tp=1, pp=1)), audio_token_id=5)
+    real = [(n, list(p.shape), p.requires_grad) for n, p in model.named_parameters()]
+    analytic = [(i.name, list(i.shape), i.trainable) for i in parameter_inventory(cfg, LoraConfig(), tp=1)]
+    if dist.get_rank() == 0:
+        print("INVENTORY " + json.dumps({"real": sorted(real), "analytic": sorted(analytic)}), flush=True)
+
+
+if __name__ == "__main__":
+    main()
