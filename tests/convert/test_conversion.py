@@ -148,9 +148,9 @@ def test_compare_weights_flags_the_norm_offset_mistake(tmp_path, hf_dir, capsys)
 def test_bad_sources_get_clear_errors(tmp_path, capsys):
     with pytest.raises(FileNotFoundError, match="config.json not found: --hf must be a HF checkpoint directory"):
         hf_to_megatron.main(["--hf", str(tmp_path), "--out", str(tmp_path / "out")])
-    (tmp_path / "config.json").write_text(json.dumps({"model_type": "llama"}))
-    with pytest.raises(ValueError, match="model_type 'llama'; only 'gemma2' converts"):
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "qwen2"}))
+    with pytest.raises(ValueError, match="model_type 'qwen2' is not supported: the decoder families are gemma2, llama"):
         hf_to_megatron.main(["--hf", str(tmp_path), "--out", str(tmp_path / "out")])
     # megatron-to-hf says what to fix in one line, without a traceback
     assert megatron_to_hf.main(["--megatron", str(tmp_path), "--out", str(tmp_path / "back")]) == 2
-    assert "is a HF checkpoint (model_type 'llama'); convert it first" in capsys.readouterr().err
+    assert "is a HF checkpoint (model_type 'qwen2'); convert it first" in capsys.readouterr().err
