@@ -358,17 +358,16 @@ def check_decoder(model: ModelConfig) -> Iterator[Finding]:
         return
     family = FAMILIES[dec.family]
     # What another family's layer has and this one's has not: refused, not ignored.
-    unused = {"sliding_window": family.sliding_window, "query_pre_attn_scalar": family.query_pre_attn_scalar,
+    applies = {"sliding_window": family.sliding_window, "query_pre_attn_scalar": family.query_pre_attn_scalar,
               "attn_logit_softcap": family.softcaps, "final_logit_softcap": family.softcaps,
               "rope_scaling_factor": family.rope_scaling}
-    for key, applies in unused.items():
-        if not applies and getattr(dec, key) is not None:
+    for key, used in applies.items():
+        if not used and getattr(dec, key) is not None:
             yield _error("decoder", f"model.decoder.{key}={getattr(dec, key)} does not apply to the "
                                     f"{dec.family} decoder family: set it to null (model.decoder.{key}=null)")
-    for key in ("sliding_window", "query_pre_attn_scalar", "attn_logit_softcap", "final_logit_softcap",
-                "rope_scaling_factor"):
+    for key, used in applies.items():
         value = getattr(dec, key)
-        if unused[key] and value is not None and value <= 0:
+        if used and value is not None and value <= 0:
             yield _error("decoder", f"model.decoder.{key}={value} must be positive or null (none)")
     if family.query_pre_attn_scalar and dec.query_pre_attn_scalar is None:
         yield _error("decoder", f"model.decoder.query_pre_attn_scalar is null: the {dec.family} family scales "

@@ -22,7 +22,7 @@ class DecoderConfig:
     vocab_size: int = MISSING  # before padding; padded to a multiple of 128*TP
     max_position_embeddings: int = 8192
     rope_theta: float = 10000.0
-    norm_eps: float = 1e-6  # RMSNorm computes x*rsqrt(mean(x^2)+eps)*(1+w) in fp32
+    norm_eps: float = 1e-6  # RMSNorm: x*rsqrt(mean(x^2)+eps) times (1+w) (gemma2) or w (llama)
     # Sliding-window attention on layers whose 0-based index is even (HF layer_types);
     # the window includes the current token: 4096 means Megatron window_size=(4095, 0).
     # Gemma2 only (null for llama).
