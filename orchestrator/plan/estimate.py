@@ -393,7 +393,9 @@ def memory_by_stage(cfg: AudioLLMConfig, stages: list[StageParams], dp: int,
         if stage.stage == 0:
             peaks.append(adapter_transient)
         if stage.stage == pp - 1:
-            vocab_shard = stages[0].by_component.get("embedding", 0) / max(model.decoder.hidden_size, 1)
+            # The output layer's rows on one TP rank (not stage 0's "embedding" parameters,
+            # which an untied output layer at PP 1 doubles).
+            vocab_shard = padded_vocab_size(model.decoder.vocab_size, parallel.tp) / parallel.tp
             logits = cfg.data.seq_length / parallel.cp * optim.micro_batch_size * vocab_shard
             peaks.append(loss_peak_bytes(logits, weight_bytes, compiled and loss_compiles(parallel.tp)))
         activations += max(peaks)

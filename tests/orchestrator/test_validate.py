@@ -330,3 +330,13 @@ def test_a_llama_decoder_plans_megatron_llama_flags_and_its_parameters():
     llama, base = plan.parameters["total"], gemma2.parameters["total"]
     assert llama["decoder"]["trainable"] == base["decoder"]["trainable"] - 2 * layers * hidden
     assert llama["embedding"]["trainable"] == base["embedding"]["trainable"] + plan.padded_vocab_size * hidden
+
+
+def test_an_untied_output_layer_adds_its_weights_to_the_plan_but_not_its_logits_twice():
+    """The loss's logits are the output layer's rows on a rank, whether or not the layer is
+    the embedding; with its own output layer a PP 1 stage holds twice the vocabulary's
+    parameters, which once counted the logits twice (the full-size probe showed it)."""
+    untied = resolve(compose(LLAMA), purpose="plan").memory
+    tied = resolve(compose([*LLAMA[:-1], "model.decoder.tie_embeddings=true"]), purpose="plan").memory
+    assert untied["activations_gib"] == tied["activations_gib"]
+    assert untied["weights_gib"] > tied["weights_gib"]
