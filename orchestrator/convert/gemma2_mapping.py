@@ -1,4 +1,5 @@
-"""Gemma2 and Llama weights: HF names <-> megatron-core names, and TP/PP sharding.
+"""Decoder weights of every family (Gemma2, Llama, Qwen2, Qwen3): HF names <->
+megatron-core names, and TP/PP sharding.
 
 Pure tensor code (no model is built). Layouts, per layer i:
 
@@ -6,6 +7,8 @@ Pure tensor code (no model is built). Layouts, per layer i:
   input_layernorm                         input_layernorm
   self_attn.{q,k,v}_proj                  self_attention.linear_qkv   rows grouped per KV group:
                                                                       [q heads of group g; k_g; v_g] for g = 0..G-1
+  self_attn.{q,k,v}_proj.bias (qwen2)     self_attention.linear_qkv.bias, grouped as its weight's rows
+  self_attn.{q,k}_norm (qwen3)            self_attention.{q,k}_layernorm
   self_attn.o_proj                        self_attention.linear_proj
   post_attention_layernorm                post_attention_layernorm
   pre_feedforward_layernorm               pre_mlp_layernorm
@@ -32,7 +35,7 @@ from typing import Iterator, List, Mapping, Optional, Tuple
 
 import torch
 
-from orchestrator.plan.decoder_families import family_for_hf, family_of
+from orchestrator.plan.decoder_families import FAMILIES, family_for_hf, family_of
 
 
 LAYER_NORMS = {
@@ -44,11 +47,15 @@ LAYER_NORMS = {
 # Llama's two pre-norms: HF calls the MLP's `post_attention_layernorm` (it comes after the
 # attention's residual), megatron `pre_mlp_layernorm` -- the same name as Gemma2's other norm.
 LLAMA_LAYER_NORMS = {"input_layernorm": "input_layernorm", "post_attention_layernorm": "pre_mlp_layernorm"}
+# QK-norm (qwen3): one norm over head_dim for all query heads, one for all key heads.
+QK_NORMS = {"self_attn.q_norm": "self_attention.q_layernorm", "self_attn.k_norm": "self_attention.k_layernorm"}
 
 
 def layer_norms(shape: "Gemma2Shape") -> dict:
     """HF norm name -> megatron norm name within a layer of `shape`'s family."""
-    return LAYER_NORMS if shape.family == "gemma2" else LLAMA_LAYER_NORMS
+    family = FAMILIES[shape.family]
+    norms = LAYER_NORMS if family.sandwich_norms else LLAMA_LAYER_NORMS
+    return {**norms, **QK_NORMS} if family.qk_norm else norms
 
 
 @dataclass(frozen=True)
@@ -75,8 +82,7 @@ class Gemma2Shape:
 
 
 def hf_to_megatron_tensors(hf: Mapping[str, torch.Tensor], shape: Gemma2Shape) -> Iterator[Tuple[str, torch.Tensor]]:
-    """(megatron name at TP=1, PP=1, tensor) for each tensor of a HF Gemma2 or Llama state
-    dict, read from `hf` one layer at a time (vocab unpadded). Every HF tensor must be
+    """(megatron name at TP=1, PP=1, tensor) for each tensor of a HF decoder's state dict, read from `hf` one layer at a time (vocab unpadded). Every HF tensor must be
     used: an unknown one (another architecture, a renamed tensor) is an error."""
     names = set(hf)
     if shape.tied:
@@ -102,6 +108,9 @@ def hf_to_megatron_tensors(hf: Mapping[str, torch.Tensor], shape: Gemma2Shape) -
         k = take(src + "self_attn.k_proj.weight").reshape(g, d, -1)
         v = take(src + "self_attn.v_proj.weight").reshape(g, d, -1)
         yield dst + "self_attention.linear_qkv.weight", torch.cat([q, k, v], dim=1).reshape(-1, shape.hidden_size)
+        if FAMILIES[shape.family].qkv_bias:
+            q, k, v = (take(src + f"self_attn.{x}_proj.bias").reshape(g, -1) for x in "qkv")
+            yield dst + "self_attention.linear_qkv.bias", torch.cat([q, k, v], dim=1).reshape(-1)
         yield dst + "self_attention.linear_proj.weight", take(src + "self_attn.o_proj.weight")
         yield dst + "mlp.linear_fc1.weight", torch.cat([take(src + "mlp.gate_proj.weight"),
                                                         take(src + "mlp.up_proj.weight")], dim=0)
@@ -112,11 +121,11 @@ def hf_to_megatron_tensors(hf: Mapping[str, torch.Tensor], shape: Gemma2Shape) -
                          f"{' ...' if len(unused) > 10 else ''}")
 
 
-_MEGATRON_LAYER = re.compile(r"^decoder\.layers\.(\d+)\.(.+)\.weight$")
+_MEGATRON_LAYER = re.compile(r"^decoder\.layers\.(\d+)\.(.+)\.(weight|bias)$")
 
 
 def megatron_tensor_to_hf(name: str, tensor: torch.Tensor, shape: Gemma2Shape) -> List[Tuple[str, torch.Tensor]]:
-    """The HF Gemma2 (name, tensor) pairs of one megatron tensor at TP=1 (inverse of
+    """The HF (name, tensor) pairs of one megatron tensor at TP=1 (inverse of
     `hf_to_megatron_tensors`; vocabulary padding rows are dropped), so an export converts
     each tensor as it is read. An unknown name is an error."""
     if name == "embedding.word_embeddings.weight":
@@ -128,15 +137,18 @@ def megatron_tensor_to_hf(name: str, tensor: torch.Tensor, shape: Gemma2Shape) -
     match = _MEGATRON_LAYER.match(name)
     if match is None:
         raise ValueError(f"{name!r} is not a tensor of megatron's {shape.family} decoder (config: {shape})")
-    dst, part = f"model.layers.{match.group(1)}.", match.group(2)
+    dst, part, kind = f"model.layers.{match.group(1)}.", match.group(2), match.group(3)
     norms = {mg: hf for hf, mg in layer_norms(shape).items()}
-    if part in norms:
+    if kind == "bias":
+        if part != "self_attention.linear_qkv" or not FAMILIES[shape.family].qkv_bias:
+            raise ValueError(f"{name!r} is not a tensor of megatron's {shape.family} decoder (config: {shape})")
+    elif part in norms:
         return [(dst + norms[part] + ".weight", tensor)]
     if part == "self_attention.linear_qkv":
         g, rep, d = shape.num_kv_heads, shape.num_heads // shape.num_kv_heads, shape.head_dim
         q, k, v = torch.split(tensor.reshape(g, (rep + 2) * d, -1), [rep * d, d, d], dim=1)
-        return [(dst + f"self_attn.{x}_proj.weight", t.reshape(-1, shape.hidden_size).contiguous())
-                for x, t in zip("qkv", (q, k, v))]
+        rows = (-1,) if kind == "bias" else (-1, shape.hidden_size)
+        return [(dst + f"self_attn.{x}_proj.{kind}", t.reshape(*rows).contiguous()) for x, t in zip("qkv", (q, k, v))]
     if part == "self_attention.linear_proj":
         return [(dst + "self_attn.o_proj.weight", tensor)]
     if part == "mlp.linear_fc1":
@@ -149,27 +161,32 @@ def megatron_tensor_to_hf(name: str, tensor: torch.Tensor, shape: Gemma2Shape) -
 
 def hf_decoder_config(config_dict: dict):
     """transformers config of a decoder's config.json dict (defaults filled in): a
-    Gemma2Config or a LlamaConfig, refused where the decoder family computes otherwise."""
+    Gemma2Config, LlamaConfig, Qwen2Config or Qwen3Config, refused where the decoder
+    family computes otherwise."""
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
     model_type = config_dict.get("model_type")
     family = family_for_hf(model_type)
+    cfg = CONFIG_MAPPING[model_type].from_dict(dict(config_dict))  # from_dict adds keys to the dict it is given
     if family.name == "gemma2":
-        from transformers import Gemma2Config
-
-        cfg = Gemma2Config.from_dict(dict(config_dict))  # from_dict adds keys to the dict it is given
         if cfg.hidden_activation != "gelu_pytorch_tanh":
             raise ValueError(f"config.json hidden_activation {cfg.hidden_activation!r}: the decoder implements "
                              "Gemma2's 'gelu_pytorch_tanh' only")
         return cfg
-    from transformers import LlamaConfig
-
-    cfg = LlamaConfig.from_dict(dict(config_dict))
-    refused = [f"{key}={value!r}" for key, value, wanted in (
-        ("hidden_act", cfg.hidden_act, "silu"), ("attention_bias", cfg.attention_bias, False),
-        ("mlp_bias", getattr(cfg, "mlp_bias", False), False)) if value != wanted]
+    # What HF's class can be set to do and the family's layer does not do.
+    wanted = {"hidden_act": "silu", "mlp_bias": False, "use_sliding_window": False}
+    if family.name != "qwen2":  # Qwen2's q/k/v biases are always there, no setting
+        wanted["attention_bias"] = False
+    refused = [f"{key}={getattr(cfg, key)!r}" for key, value in wanted.items()
+               if getattr(cfg, key, value) != value]
+    factor = hf_rope_scaling_factor(cfg)  # refuses scalings no family computes
+    if factor is not None and not family.rope_scaling:
+        refused.append(f"rope scaling 'llama3' factor {factor}")
     if refused:
-        raise ValueError(f"config.json {', '.join(refused)}: the llama decoder family computes SwiGLU (silu) "
-                         f"without biases")
-    hf_rope_scaling_factor(cfg)  # refuses scalings the family does not compute
+        raise ValueError(f"config.json {', '.join(refused)}: the {family.name} decoder family computes SwiGLU (silu) "
+                         f"{'with biases on q, k and v only' if family.qkv_bias else 'without biases'}, full "
+                         f"attention on every layer"
+                         f"{', RoPE without scaling' if not family.rope_scaling else ''}")
     return cfg
 
 
@@ -202,7 +219,7 @@ def hf_rope_theta(hf_cfg) -> float:
 
 
 def decoder_config_from_hf(hf_cfg):
-    """The project's `model.decoder` section for a HF Gemma2Config or LlamaConfig."""
+    """The project's `model.decoder` section for a HF decoder config (hf_decoder_config's)."""
     from orchestrator.plan.schema.model import DecoderConfig
 
     shape = Gemma2Shape.from_hf_config(hf_cfg)
@@ -218,12 +235,13 @@ def decoder_config_from_hf(hf_cfg):
                              attn_logit_softcap=hf_cfg.attn_logit_softcapping,
                              final_logit_softcap=hf_cfg.final_logit_softcapping)
     return DecoderConfig(**common, sliding_window=None, query_pre_attn_scalar=None, attn_logit_softcap=None,
-                         final_logit_softcap=None, rope_scaling_factor=hf_rope_scaling_factor(hf_cfg))
+                         final_logit_softcap=None,
+                         rope_scaling_factor=hf_rope_scaling_factor(hf_cfg) if FAMILIES[shape.family].rope_scaling else None)
 
 
 def decoder_hf_config(decoder: dict, tokenizer_dir: Optional[str] = None) -> dict:
-    """HF config (as config.json) of the project's `model.decoder` section: a Gemma2Config
-    or a LlamaConfig; special-token ids from the tokenizer when there is one."""
+    """HF config (as config.json) of the project's `model.decoder` section, of its family's
+    HF class; special-token ids from the tokenizer when there is one."""
     family = family_of(decoder)
     config = {
         "hidden_size": decoder["hidden_size"], "num_hidden_layers": decoder["num_layers"],
@@ -243,8 +261,9 @@ def decoder_hf_config(decoder: dict, tokenizer_dir: Optional[str] = None) -> dic
             "final_logit_softcapping": decoder["final_logit_softcap"]})
     else:
         factor = decoder.get("rope_scaling_factor")
-        config.update({"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_act": "silu",
-                       "attention_bias": False, "mlp_bias": False,
+        config.update({"architectures": [family.hf_architecture], "model_type": family.hf_model_type,
+                       "hidden_act": "silu", "attention_bias": family.qkv_bias, "mlp_bias": False,
+                       "use_sliding_window": False,
                        "rope_scaling": {"rope_type": "llama3", "factor": float(factor), **LLAMA3_ROPE}
                        if factor is not None else None})
     if tokenizer_dir and (Path(tokenizer_dir) / "tokenizer.json").is_file():

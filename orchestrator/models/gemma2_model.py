@@ -124,7 +124,8 @@ def gemma2_fields(decoder) -> dict:
         gated_linear_unit=True,  # fc1 = [gate; up], act on the gate half
         activation_func=ACTIVATIONS[family.activation],
         add_bias_linear=False,
-        add_qkv_bias=False,
+        add_qkv_bias=family.qkv_bias,
+        qk_layernorm=family.qk_norm,
         layernorm_epsilon=decoder.norm_eps,
         # The family's norm, as megatron names it (TENorm builds it from these on the te
         # backend; the local backend's norms are those norms by construction: gemma2_spec).

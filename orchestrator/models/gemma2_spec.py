@@ -59,13 +59,18 @@ def gemma2_layer_spec(backend: str = "local", attention: str = "reference", core
                       family: str = "gemma2") -> ModuleSpec:
     """One layer of the decoder `family` (orchestrator/plan/decoder_families.py): Gemma2's
     sandwich-normed layer, or with the post-norms left out (IdentityOp) and Llama's plain
-    RMSNorm, a pre-norm Llama layer. `core_attention` (a class) replaces the `attention`
+    RMSNorm, a pre-norm Llama layer (Qwen's: with QKV biases, set by the config's
+    add_qkv_bias, or with QK-norm). `core_attention` (a class) replaces the `attention`
     kernel's: the tests' known-mistake controls use it; no configuration can."""
     column, row, norm = _modules(backend)
     traits = FAMILIES[family]
     if norm is ZeroCenteredRMSNorm and not traits.zero_centered_norm:
         norm = RMSNorm  # TENorm reads which norm from the config (layernorm_zero_centered_gamma)
     post_norm = norm if traits.sandwich_norms else IdentityOp
+    # QK-norm (Qwen3): megatron's attention normalises each head's queries and keys after
+    # the QKV split and before RoPE, as HF does; megatron's finalize_model_grads sums these
+    # norms' gradients over TP (each rank holds other heads) when the config's qk_layernorm is set.
+    head_norm = norm if traits.qk_norm else None
     if attention not in ATTENTION_CLASSES:
         raise ValueError(f"attention={attention!r} is not one of {tuple(ATTENTION_CLASSES)}")
     return ModuleSpec(
@@ -77,6 +82,7 @@ def gemma2_layer_spec(backend: str = "local", attention: str = "reference", core
                 params={"attn_mask_type": AttnMaskType.causal},
                 submodules=SelfAttentionSubmodules(
                     linear_qkv=column, core_attention=core_attention or ATTENTION_CLASSES[attention], linear_proj=row,
+                    q_layernorm=head_norm, k_layernorm=head_norm,
                 ),
             ),
             post_attention_layernorm=post_norm,

@@ -9,6 +9,9 @@ Torch-free: the submit side imports it.
     llama   pre-norms only, RMSNorm x*w (HF Llama's order: normalised in fp32, cast,
             then times w), SwiGLU, unscaled embeddings, full attention, queries scaled by
             head_dim**-0.5, RoPE with Llama 3's frequency scaling (rope_scaling_factor)
+    qwen2   Llama's layer with biases on the query, key and value projections (Qwen2, 2.5)
+    qwen3   Llama's layer with QK-norm: an RMSNorm x*w over each head's head_dim on the
+            queries and keys, before RoPE (Qwen3 dense)
 
 `model.decoder.family` selects one; the default is gemma2."""
 
@@ -29,15 +32,26 @@ class DecoderFamily:
     softcaps: bool  # attention and final logit softcaps may be set
     query_pre_attn_scalar: bool  # queries scaled by query_pre_attn_scalar**-0.5, not head_dim**-0.5
     rope_scaling: bool  # Llama 3's RoPE frequency scaling may be set
+    hf_architecture: str  # config.json's architectures[0]: the family's HF causal LM class
+    qkv_bias: bool = False  # the query, key and value projections have biases
+    qk_norm: bool = False  # RMSNorms over head_dim on queries and keys before RoPE
 
 
 FAMILIES = {
     "gemma2": DecoderFamily("gemma2", "gemma2", sandwich_norms=True, zero_centered_norm=True,
                             activation="gelu_tanh", scaled_embeddings=True, sliding_window=True, softcaps=True,
-                            query_pre_attn_scalar=True, rope_scaling=False),
+                            query_pre_attn_scalar=True, rope_scaling=False, hf_architecture="Gemma2ForCausalLM"),
     "llama": DecoderFamily("llama", "llama", sandwich_norms=False, zero_centered_norm=False, activation="silu",
                            scaled_embeddings=False, sliding_window=False, softcaps=False,
-                           query_pre_attn_scalar=False, rope_scaling=True),
+                           query_pre_attn_scalar=False, rope_scaling=True, hf_architecture="LlamaForCausalLM"),
+    "qwen2": DecoderFamily("qwen2", "qwen2", sandwich_norms=False, zero_centered_norm=False, activation="silu",
+                           scaled_embeddings=False, sliding_window=False, softcaps=False,
+                           query_pre_attn_scalar=False, rope_scaling=False, hf_architecture="Qwen2ForCausalLM",
+                           qkv_bias=True),
+    "qwen3": DecoderFamily("qwen3", "qwen3", sandwich_norms=False, zero_centered_norm=False, activation="silu",
+                           scaled_embeddings=False, sliding_window=False, softcaps=False,
+                           query_pre_attn_scalar=False, rope_scaling=False, hf_architecture="Qwen3ForCausalLM",
+                           qk_norm=True),
 }
 
 

@@ -96,6 +96,8 @@ def decoder_args(model: ModelConfig, seq_length: int) -> list[MegatronArg]:
           if family.zero_centered_norm else []),
         _arg("add_bias_linear", False, flag="--disable-bias-linear", negated=True),
         *([_arg("swiglu", True)] if family.activation == "silu" else []),  # fc1 = [gate; up], silu on the gate
+        *([_arg("add_qkv_bias", True)] if family.qkv_bias else []),  # Qwen2's q, k, v biases
+        *([_arg("qk_layernorm", True)] if family.qk_norm else []),  # Qwen3's RMSNorm of each head's q and k
         # Sliding window of W tokens including the current one = (W-1, 0) in Megatron;
         # skip frequency 2 puts windows on layers 0, 2, 4, ... (HF layer_types).
         *([_arg("window_size", (dec.sliding_window - 1, 0)), _arg("window_attn_skip_freq", 2)]

@@ -149,17 +149,23 @@ def decoder_params(model: ModelConfig, lora: LoraConfig, tp: int = 1) -> list[Pa
         ("mlp.linear_fc2", "linear_fc2"),
         ("post_mlp_layernorm", None),
     ]
-    if not family_of(dec).sandwich_norms:
+    family = family_of(dec)
+    if not family.sandwich_norms:
         order = [(name, target) for name, target in order if not name.startswith("post_")]
+    if family.qk_norm:  # over head_dim, replicated over TP (megatron sums their gradients there)
+        at = order.index(("self_attention.linear_proj", "linear_proj"))
+        order[at:at] = [("self_attention.q_layernorm", None), ("self_attention.k_layernorm", None)]
     for i in range(dec.num_layers):
         p = f"language_model.decoder.layers.{i}"
         for name, target in order:
             if target is None:
-                specs += _norm(f"{p}.{name}", h, "decoder", base_trainable, bias=False, layer=i)
+                width = kv if name.endswith(("q_layernorm", "k_layernorm")) else h
+                specs += _norm(f"{p}.{name}", width, "decoder", base_trainable, bias=False, layer=i)
                 continue
             out_dim, in_dim, split = linears[name]
             adapted = lora.rank > 0 and target in lora.targets
-            specs += _linear(f"{p}.{name}", out_dim, in_dim, "decoder", base_trainable and not adapted, bias=False,
+            bias = family.qkv_bias and target == "linear_qkv"
+            specs += _linear(f"{p}.{name}", out_dim, in_dim, "decoder", base_trainable and not adapted, bias=bias,
                              split=split, layer=i)
             if adapted:
                 specs += _lora(f"{p}.{name}", out_dim, in_dim, lora.rank, "decoder", split, layer=i)

@@ -82,6 +82,8 @@ def model_extensions(cfg: AudioLLMConfig) -> dict[str, Any]:
         "sliding_window": dec.sliding_window if family.sliding_window else None,
         "sliding_window_layers": "even" if family.sliding_window and dec.sliding_window else "none",
         "rope_scaling_factor": dec.rope_scaling_factor,
+        "qkv_bias": family.qkv_bias,  # biases on the query, key and value projections (qwen2)
+        "qk_norm": family.qk_norm,  # RMSNorm over head_dim on queries and keys before RoPE (qwen3)
         # Flags of the argv that describe the model but that the job does not hand to
         # megatron-core: it switches them off there and implements them in its own
         # modules. Megatron-LM's own layer specs fed this argv build a different model.

@@ -3,7 +3,12 @@ fp32), several layouts and the known porting mistakes, in one process launch:
 
 - llama: megatron (the project's layer with no post-norms, Llama's RMSNorm, SwiGLU, an
   untied output layer, RoPE with Llama 3's scaling) vs HF LlamaForCausalLM (eager);
-- the AudioLLM with that decoder: the plan's parameter inventory equals the built model's.
+- qwen2: that layer with q/k/v biases, tied embeddings, vs HF Qwen2ForCausalLM;
+- qwen3: that layer with QK-norm and head_dim wider than hidden / heads, vs Qwen3ForCausalLM;
+- context parallelism (CP=2): each rank runs its two load-balanced chunks of the rows
+  (megatron's layout, which RoPE and the attention's K/V gather follow), the outputs are
+  put back in row order and compared with HF's;
+- the AudioLLM with each decoder: the plan's parameter inventory equals the built model's.
 
 Prints one `RESULT <json>` line per case from the rank holding the full logits.
 Run: torchrun --nproc_per_node=2 tests/models/family_parity_script.py"""
@@ -16,7 +21,7 @@ import torch
 
 from orchestrator.plan.parallel_dims import ParallelDims
 from orchestrator.runtime.distributed import init_distributed, shutdown
-from tests.models.tiny_models import decoder_config, hf_llama
+from tests.models.tiny_models import HF_DECODERS, decoder_config
 
 # 64 positions: Llama 3's scaling moves the frequencies whose wavelength passes 2048
 # tokens, which turn a visible angle only over some dozens of positions.
@@ -28,11 +33,41 @@ def cases():
 
     good = [dict(name="llama_tp1"), dict(name="llama_tp2_sp", tp=2, sp=True), dict(name="llama_pp2", pp=2),
             dict(name="llama_packed_tp2_sp", tp=2, sp=True, packed=True),
-            dict(name="llama_flex_tp1", attention="flex")]
+            dict(name="llama_flex_tp1", attention="flex"), dict(name="llama_cp2", cp=2),
+            dict(name="qwen2_tp1"), dict(name="qwen2_tp2_sp", tp=2, sp=True), dict(name="qwen2_pp2", pp=2),
+            dict(name="qwen2_cp2", cp=2),
+            dict(name="qwen3_tp1"), dict(name="qwen3_tp2_sp", tp=2, sp=True), dict(name="qwen3_pp2", pp=2),
+            dict(name="qwen3_packed_tp2_sp", tp=2, sp=True, packed=True), dict(name="qwen3_cp2", cp=2)]
+    # Each family's porting mistakes: Gemma's norm, activation, no RoPE scaling; a Llama layer
+    # (the q/k/v biases or the QK-norm left out); q_norm and k_norm loaded into each other.
     bad = [dict(name="llama_bad_zero_centered_norm", weights="norm_offset"),
            dict(name="llama_bad_geglu", overrides={"activation_func": gelu_tanh}),
-           dict(name="llama_bad_no_rope_scaling", overrides={"rope_scaling_factor": None})]
+           dict(name="llama_bad_no_rope_scaling", overrides={"rope_scaling_factor": None}),
+           dict(name="qwen2_bad_no_qkv_bias", weights="drop_bias",
+                overrides={"decoder_family": "llama", "add_qkv_bias": False}),
+           dict(name="qwen3_bad_no_qk_norm", weights="drop_qk_norm",
+                overrides={"decoder_family": "llama", "qk_layernorm": False}),
+           dict(name="qwen3_bad_q_and_k_norms_swapped", weights="swap_qk_norm"),
+           # CP ranks given contiguous halves of the rows: RoPE and the attention's K/V
+           # gather place them in the load-balanced chunks they do not hold.
+           dict(name="qwen3_bad_cp2_contiguous_halves", cp=2, slots="contiguous")]
     return good + bad
+
+
+def altered(weights: dict, how) -> dict:
+    """The megatron weights with a case's porting mistake."""
+    if how is None:
+        return dict(weights)
+    if how == "norm_offset":  # Gemma's (1 + w) norm on plain-norm weights
+        return {k: (v - 1.0 if "norm" in k else v) for k, v in weights.items()}
+    if how == "drop_bias":
+        return {k: v for k, v in weights.items() if not k.endswith(".bias")}
+    if how == "drop_qk_norm":
+        return {k: v for k, v in weights.items() if "q_layernorm" not in k and "k_layernorm" not in k}
+    if how == "swap_qk_norm":
+        swap = {"q_layernorm": "k_layernorm", "k_layernorm": "q_layernorm"}
+        return {next((k.replace(a, b) for a, b in swap.items() if a in k), k): v for k, v in weights.items()}
+    raise ValueError(how)
 
 
 def main() -> None:
@@ -40,47 +75,52 @@ def main() -> None:
     from megatron.core.packed_seq_params import PackedSeqParams
 
     from orchestrator.convert.gemma2_mapping import Gemma2Shape
-    from orchestrator.convert.megatron_forward import pipeline_forward
     from orchestrator.models.gemma2_model import Gemma2Model, gemma2_transformer_config
     from orchestrator.models.norms import RMSNorm
     from tests.models.sharding import hf_to_megatron_full, shard_megatron
 
-    hf = hf_llama(seed=0)
-    shape = Gemma2Shape.from_hf_config(hf.config)
-    dec = decoder_config(hf.config)
-    full = hf_to_megatron_full(hf.state_dict(), shape)
-    gen = torch.Generator().manual_seed(1)
-    tokens = torch.randint(0, shape.vocab_size, (BATCH, SEQ), generator=gen)
-    packed_tokens = torch.randint(0, shape.vocab_size, (1, sum(DOCS)), generator=gen)
-    with torch.no_grad():
-        ref = hf(tokens, labels=tokens)
-        docs = torch.split(packed_tokens, DOCS, dim=1)
-        doc_out = [hf(d, labels=d) for d in docs]
-        packed_ref_logits = torch.cat([o.logits for o in doc_out], dim=1)
-        packed_ref_loss = sum(o.loss * (d.shape[1] - 1) for o, d in zip(doc_out, docs)) / (sum(DOCS) - len(DOCS))
+    references = {}
+    for family, make in HF_DECODERS.items():
+        hf = make(seed=0)
+        shape = Gemma2Shape.from_hf_config(hf.config)
+        full = hf_to_megatron_full(hf.state_dict(), shape)
+        gen = torch.Generator().manual_seed(1)
+        tokens = torch.randint(0, shape.vocab_size, (BATCH, SEQ), generator=gen)
+        packed_tokens = torch.randint(0, shape.vocab_size, (1, sum(DOCS)), generator=gen)
+        with torch.no_grad():
+            ref = hf(tokens, labels=tokens)
+            docs = torch.split(packed_tokens, DOCS, dim=1)
+            doc_out = [hf(d, labels=d) for d in docs]
+            packed_ref = (torch.cat([o.logits for o in doc_out], dim=1),
+                          sum(o.loss * (d.shape[1] - 1) for o, d in zip(doc_out, docs)) / (sum(DOCS) - len(DOCS)))
+        references[family] = dict(hf=hf, shape=shape, dec=decoder_config(hf.config), full=full, tokens=tokens,
+                                  packed_tokens=packed_tokens, docs=docs, ref=(ref.logits, ref.loss),
+                                  packed_ref=packed_ref)
 
     for case in cases():
-        tp, pp, sp, packed = case.get("tp", 1), case.get("pp", 1), case.get("sp", False), case.get("packed", False)
+        family = case["name"].split("_")[0]
+        r = references[family]
+        shape, dec = r["shape"], r["dec"]
+        tp, pp, cp = case.get("tp", 1), case.get("pp", 1), case.get("cp", 1)
+        sp, packed = case.get("sp", False), case.get("packed", False)
         if ps.model_parallel_is_initialized():
             ps.destroy_model_parallel()
-        init_distributed(ParallelDims(tp=tp, pp=pp), seed=0)
-        cfg = gemma2_transformer_config(dec, ParallelDims(tp=tp, pp=pp, sp=sp), **case.get("overrides", {}))
+        init_distributed(ParallelDims(tp=tp, pp=pp, cp=cp), seed=0)
+        cfg = gemma2_transformer_config(dec, ParallelDims(tp=tp, pp=pp, cp=cp, sp=sp), **case.get("overrides", {}))
         model = Gemma2Model(cfg, dec.vocab_size, dec.max_position_embeddings,
                             pre_process=ps.is_pipeline_first_stage(), post_process=ps.is_pipeline_last_stage(),
                             rope_theta=dec.rope_theta, tie_embeddings=dec.tie_embeddings,
                             attention=case.get("attention", "reference")).eval()
         layer = model.decoder.layers[0]
         assert isinstance(layer.input_layernorm, RMSNorm) and isinstance(layer.pre_mlp_layernorm, RMSNorm)
-        weights = dict(full)
-        if case.get("weights") == "norm_offset":  # Gemma's (1 + w) norm on Llama's weights
-            weights = {k: (v - 1.0 if "norm" in k else v) for k, v in weights.items()}
+        weights = altered(r["full"], case.get("weights"))
         shard = shard_megatron(weights, shape, tp, pp)[(ps.get_tensor_model_parallel_rank(),
                                                         ps.get_pipeline_model_parallel_rank())]
         missing, unexpected = model.load_state_dict(shard, strict=False)
         missing = [k for k in missing if not k.endswith("_extra_state")]
         assert not missing and not unexpected, (missing, unexpected)
         if packed:
-            toks = packed_tokens
+            toks, docs = r["packed_tokens"], r["docs"]
             cu = torch.tensor([0, DOCS[0], sum(DOCS)], dtype=torch.int32)
             psp = PackedSeqParams(qkv_format="thd", cu_seqlens_q=cu, cu_seqlens_kv=cu,
                                   max_seqlen_q=max(DOCS), max_seqlen_kv=max(DOCS))
@@ -89,30 +129,69 @@ def main() -> None:
             loss_mask = torch.ones_like(labels, dtype=torch.float)
             loss_mask[0, DOCS[0] - 1] = 0.0
             loss_mask[0, -1] = 0.0
-            ref_logits, ref_loss = packed_ref_logits, packed_ref_loss
+            ref_logits, ref_loss = r["packed_ref"]
         else:
-            toks, psp = tokens, None
+            toks, psp = r["tokens"], None
             positions = torch.arange(SEQ)[None].expand(BATCH, -1)
-            labels = torch.cat([tokens[:, 1:], tokens[:, :1]], dim=1)
+            labels = torch.cat([toks[:, 1:], toks[:, :1]], dim=1)
             loss_mask = torch.ones_like(labels, dtype=torch.float)
             loss_mask[:, -1] = 0.0
-            ref_logits, ref_loss = ref.logits, ref.loss
-        logits = pipeline_forward(model, lambda m: m(toks, positions, None, packed_seq_params=psp),
-                                  toks.shape[1], toks.shape[0])
-        token_loss = pipeline_forward(model, lambda m: m(toks, positions, None, labels=labels, packed_seq_params=psp),
-                                      toks.shape[1], toks.shape[0], gather_vocab=False)
-        if logits is not None and ps.get_tensor_model_parallel_rank() == 0 and ps.get_data_parallel_rank() == 0:
+            ref_logits, ref_loss = r["ref"]
+        logits, token_loss = run(model, toks, positions, labels, psp, case.get("slots", "load_balanced"))
+        if logits is not None and ps.get_tensor_model_parallel_rank() == 0 and ps.get_data_parallel_rank() == 0 \
+                and ps.get_context_parallel_rank() == 0:
             logits = logits[..., : shape.vocab_size]
             loss = (token_loss * loss_mask).sum() / loss_mask.sum()
             print("RESULT " + json.dumps({
                 "case": case["name"], "max_abs_logit_diff": (logits - ref_logits).abs().max().item(),
                 "loss_diff": abs(loss.item() - ref_loss.item()), "loss": loss.item(),
                 "logit_scale": ref_logits.abs().max().item()}), flush=True)
-    inventory_check(hf)
+    for family, r in references.items():
+        inventory_check(family, r["hf"])
     shutdown()
 
 
-def inventory_check(hf) -> None:
+def run(model, tokens, positions, labels, packed_seq_params, slot_layout: str):
+    """(logits [b, s, v], per-token loss [b, s]) of the whole rows on the last stage, else
+    (None, None). Under context parallelism this rank runs its chunks of the rows (slots
+    `rank_slots`, or with `slot_layout` "contiguous" the mistaken contiguous share) and the
+    CP group's outputs are all-gathered into row order."""
+    import torch.distributed as dist
+    from megatron.core import parallel_state as ps
+
+    from orchestrator.convert.megatron_forward import pipeline_forward
+    from orchestrator.data.context_parallel import rank_slots
+
+    cp = ps.get_context_parallel_world_size()
+    local = tokens.shape[1] // cp
+
+    def slots_of(rank):
+        return torch.arange(rank * local, (rank + 1) * local) if slot_layout == "contiguous" else \
+            rank_slots(local, cp, rank)
+
+    slots = slots_of(ps.get_context_parallel_rank()) if cp > 1 else None
+    if slots is not None:
+        tokens, positions, labels = tokens[:, slots], positions[:, slots], labels[:, slots]
+    logits = pipeline_forward(model, lambda m: m(tokens, positions, None, packed_seq_params=packed_seq_params),
+                              tokens.shape[1], tokens.shape[0])
+    token_loss = pipeline_forward(model, lambda m: m(tokens, positions, None, labels=labels,
+                                                     packed_seq_params=packed_seq_params),
+                                  tokens.shape[1], tokens.shape[0], gather_vocab=False)
+    if logits is None or slots is None:
+        return logits, token_loss
+    group = ps.get_context_parallel_group()
+    all_slots = torch.cat([slots_of(rank) for rank in range(cp)])
+    out = []
+    for local in (logits, token_loss):
+        parts = [torch.empty_like(local) for _ in range(cp)]
+        dist.all_gather(parts, local.contiguous(), group=group)
+        whole = torch.empty(local.shape[0], all_slots.numel(), *local.shape[2:], dtype=local.dtype)
+        whole[:, all_slots] = torch.cat(parts, dim=1)
+        out.append(whole)
+    return tuple(out)
+
+
+def inventory_check(family: str, hf) -> None:
     """The AudioLLM with this decoder builds, and orchestrator.plan.model_params' analytic
     inventory equals its parameters (names, full shapes, requires_grad) at TP=1, PP=1."""
     import torch.distributed as dist
@@ -132,7 +211,8 @@ def inventory_check(hf) -> None:
     real = [(n, list(p.shape), p.requires_grad) for n, p in model.named_parameters()]
     analytic = [(i.name, list(i.shape), i.trainable) for i in parameter_inventory(cfg, LoraConfig(), tp=1)]
     if dist.get_rank() == 0:
-        print("INVENTORY " + json.dumps({"real": sorted(real), "analytic": sorted(analytic)}), flush=True)
+        print("INVENTORY " + json.dumps({"family": family, "real": sorted(real), "analytic": sorted(analytic)}),
+              flush=True)
 
 
 if __name__ == "__main__":

@@ -2,8 +2,8 @@
 a model directly at a given layout (the product loads through dist_checkpointing,
 which reshards by itself: orchestrator/train/init_weights.py).
 
-TP split (rank r of T): linear_qkv by KV groups (dim 0), fc1 as [gate_r; up_r],
-linear_proj and fc2 along dim 1, embedding rows along dim 0; norms replicated. PP
+TP split (rank r of T): linear_qkv (weight and bias) by KV groups (dim 0), fc1 as [gate_r; up_r],
+linear_proj and fc2 along dim 1, embedding rows along dim 0; norms (QK-norms too) replicated. PP
 split: stage p holds layers [p*L/P, (p+1)*L/P) renumbered from 0; the first stage holds
 the embedding, the last the final norm and `output_layer.weight`: the untied output
 layer, or (when P > 1) the tied copy of the embedding.
@@ -28,7 +28,7 @@ def _tp_split(name: str, tensor: torch.Tensor, tp: int):
     """Per-rank pieces of one full megatron tensor (list of length tp)."""
     if tp == 1:
         return [tensor]
-    if name.endswith("linear_qkv.weight") or name.endswith("word_embeddings.weight") or name == "output_layer.weight":
+    if name.endswith(("linear_qkv.weight", "linear_qkv.bias", "word_embeddings.weight")) or name == "output_layer.weight":
         return [t.contiguous() for t in torch.chunk(tensor, tp, dim=0)]
     if name.endswith("linear_fc1.weight"):
         gate, up = torch.chunk(tensor, 2, dim=0)

@@ -1,7 +1,7 @@
-"""The decoder families beside Gemma2 equal their HF models (CPU, fp32) at TP=1, TP=2
-with sequence parallelism, PP=2, packed sequences and the flex kernel; each known
-porting mistake breaks parity; the plan's parameter inventory is the built AudioLLM's
-(tests/models/family_parity_script.py, one launch)."""
+"""The decoder families beside Gemma2 (llama, qwen2, qwen3) equal their HF models (CPU,
+fp32) at TP=1, TP=2 with sequence parallelism, PP=2, CP=2, packed sequences and the flex
+kernel; each known porting mistake breaks parity; the plan's parameter inventory is the
+built AudioLLM's (tests/models/family_parity_script.py, one launch)."""
 
 import json
 import re
@@ -12,8 +12,12 @@ import pytest
 from tests.distributed_run import torchrun
 
 SCRIPT = Path(__file__).with_name("family_parity_script.py")
-GOOD = ["llama_tp1", "llama_tp2_sp", "llama_pp2", "llama_packed_tp2_sp", "llama_flex_tp1"]
-BAD = ["llama_bad_zero_centered_norm", "llama_bad_geglu", "llama_bad_no_rope_scaling"]
+GOOD = ["llama_tp1", "llama_tp2_sp", "llama_pp2", "llama_packed_tp2_sp", "llama_flex_tp1", "llama_cp2",
+        "qwen2_tp1", "qwen2_tp2_sp", "qwen2_pp2", "qwen2_cp2",
+        "qwen3_tp1", "qwen3_tp2_sp", "qwen3_pp2", "qwen3_packed_tp2_sp", "qwen3_cp2"]
+BAD = ["llama_bad_zero_centered_norm", "llama_bad_geglu", "llama_bad_no_rope_scaling", "qwen2_bad_no_qkv_bias",
+       "qwen3_bad_no_qk_norm", "qwen3_bad_q_and_k_norms_swapped", "qwen3_bad_cp2_contiguous_halves"]
+FAMILIES = ["llama", "qwen2", "qwen3"]
 
 
 @pytest.fixture(scope="module")
@@ -22,7 +26,8 @@ def family_results():
     found = [json.loads(m) for m in re.findall(r"^RESULT (.*)$", output, re.M)]
     by_case = {r["case"]: r for r in found}
     assert sorted(by_case) == sorted(GOOD + BAD) and len(found) == len(by_case), sorted(by_case)
-    by_case["inventory"] = json.loads(re.search(r"^INVENTORY (.*)$", output, re.M).group(1))
+    inventories = [json.loads(m) for m in re.findall(r"^INVENTORY (.*)$", output, re.M)]
+    by_case["inventory"] = {r["family"]: r for r in inventories}
     return by_case
 
 
@@ -44,9 +49,16 @@ def test_known_mistake_breaks_parity(family_results, case):
 
 
 @pytest.mark.multiprocess
-def test_the_plans_parameter_inventory_is_the_built_audiollms(family_results):
-    r = family_results["inventory"]
+@pytest.mark.parametrize("family", FAMILIES)
+def test_the_plans_parameter_inventory_is_the_built_audiollms(family_results, family):
+    r = family_results["inventory"][family]
     assert r["real"] == r["analytic"]
-    names = {name for name, _, _ in r["real"]}
-    assert "language_model.output_layer.weight" in names  # Llama 3's own output layer
-    assert not any("post_attention_layernorm" in n or "post_mlp_layernorm" in n for n in names)
+    shapes = {name: shape for name, shape, _ in r["real"]}
+    layer = "language_model.decoder.layers.0.self_attention."
+    assert not any("post_attention_layernorm" in n or "post_mlp_layernorm" in n for n in shapes)
+    # Llama 3 8B and Qwen3 8B have their own output layer; small Qwen2.5 ties it.
+    assert ("language_model.output_layer.weight" in shapes) == (family != "qwen2")
+    assert (layer + "linear_qkv.bias" in shapes) == (family == "qwen2")
+    # QK-norm over head_dim (32 in the tiny Qwen3, twice hidden / heads)
+    assert shapes.get(layer + "q_layernorm.weight") == ([32] if family == "qwen3" else None)
+    assert shapes.get(layer + "k_layernorm.weight") == ([32] if family == "qwen3" else None)

@@ -1,4 +1,4 @@
-"""Tiny random HF models (Gemma2, Llama, Whisper) and the matching project config sections.
+"""Tiny random HF models (Gemma2, Llama, Qwen2, Qwen3, Whisper) and the matching project config sections.
 
 Weights are redrawn with larger spreads than HF's init (and non-zero norm weights), so
 that every Gemma2 detail (norm offset, softcaps, window, activation) moves the logits
@@ -7,7 +7,8 @@ far beyond the parity tolerance."""
 from __future__ import annotations
 
 import torch
-from transformers import Gemma2Config, Gemma2ForCausalLM, LlamaConfig, LlamaForCausalLM, WhisperConfig
+from transformers import (Gemma2Config, Gemma2ForCausalLM, LlamaConfig, LlamaForCausalLM, Qwen2Config,
+                          Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM, WhisperConfig)
 
 from orchestrator.convert.gemma2_mapping import decoder_config_from_hf
 from orchestrator.plan.schema.model import AdapterConfig, DecoderConfig, EncoderConfig, ModelConfig
@@ -50,13 +51,45 @@ def hf_llama_config(**overrides) -> LlamaConfig:
 
 
 def hf_llama(seed: int = 0, **overrides) -> LlamaForCausalLM:
-    """A tiny random Llama: its norm weights drawn around one (Llama's x*w norm)."""
-    model = randomize(LlamaForCausalLM(hf_llama_config(**overrides)), seed)
+    return _with_plain_norms(LlamaForCausalLM(hf_llama_config(**overrides)), seed)
+
+
+def _with_plain_norms(model: torch.nn.Module, seed: int) -> torch.nn.Module:
+    """`model` randomized, its norm weights drawn around one (the x*w norm of Llama and Qwen)."""
+    model = randomize(model, seed)
     with torch.no_grad():
         for name, param in model.named_parameters():
             if "norm" in name:
                 param.add_(1.0)
     return model.eval()
+
+
+# Qwen2.5's shape in small: the q/k/v biases, RoPE base 1e6 without scaling, tied embeddings
+# (as 0.5b to 3b; 7b unties them). Its head_dim is hidden / heads (Qwen2Config has no key).
+QWEN2 = dict(vocab_size=250, hidden_size=64, intermediate_size=96, num_hidden_layers=4, num_attention_heads=4,
+             num_key_value_heads=2, max_position_embeddings=128, rms_norm_eps=1e-6, rope_theta=1000000.0,
+             tie_word_embeddings=True, hidden_act="silu", use_sliding_window=False)
+
+
+def hf_qwen2(seed: int = 0, **overrides) -> Qwen2ForCausalLM:
+    return _with_plain_norms(Qwen2ForCausalLM(Qwen2Config(**{**QWEN2, **overrides}, attn_implementation="eager")),
+                             seed)
+
+
+# Qwen3's shape in small: QK-norm, head_dim wider than hidden / heads (as 0.6b: 128 against
+# 1024 / 16), untied output layer (as 8b), no biases.
+QWEN3 = dict(vocab_size=250, hidden_size=64, intermediate_size=96, num_hidden_layers=4, num_attention_heads=4,
+             num_key_value_heads=2, head_dim=32, max_position_embeddings=128, rms_norm_eps=1e-6,
+             rope_theta=1000000.0, tie_word_embeddings=False, hidden_act="silu", attention_bias=False,
+             use_sliding_window=False)
+
+
+def hf_qwen3(seed: int = 0, **overrides) -> Qwen3ForCausalLM:
+    return _with_plain_norms(Qwen3ForCausalLM(Qwen3Config(**{**QWEN3, **overrides}, attn_implementation="eager")),
+                             seed)
+
+
+HF_DECODERS = {"llama": hf_llama, "qwen2": hf_qwen2, "qwen3": hf_qwen3}
 
 
 def decoder_config(hf_cfg) -> DecoderConfig:

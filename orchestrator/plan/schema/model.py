@@ -8,10 +8,11 @@ from omegaconf import MISSING
 
 @dataclass
 class DecoderConfig:
-    """The decoder: a Gemma2 or Llama (orchestrator/plan/decoder_families.py). HF config
-    names are given where ours differ."""
+    """The decoder: a Gemma2, Llama, Qwen2 or Qwen3 (orchestrator/plan/decoder_families.py).
+    HF config names are given where ours differ."""
 
-    # gemma2 | llama: what the layer computes (norms, activation, embedding scale, windows)
+    # gemma2 | llama | qwen2 | qwen3: what the layer computes (norms, activation, embedding
+    # scale, windows, QKV biases, QK-norm)
     family: str = "gemma2"
     hidden_size: int = MISSING
     num_layers: int = MISSING  # HF num_hidden_layers
@@ -22,7 +23,7 @@ class DecoderConfig:
     vocab_size: int = MISSING  # before padding; padded to a multiple of 128*TP
     max_position_embeddings: int = 8192
     rope_theta: float = 10000.0
-    norm_eps: float = 1e-6  # RMSNorm: x*rsqrt(mean(x^2)+eps) times (1+w) (gemma2) or w (llama)
+    norm_eps: float = 1e-6  # RMSNorm: x*rsqrt(mean(x^2)+eps) times (1+w) (gemma2) or w (the others)
     # Sliding-window attention on layers whose 0-based index is even (HF layer_types);
     # the window includes the current token: 4096 means Megatron window_size=(4095, 0).
     # Gemma2 only (null for llama).
