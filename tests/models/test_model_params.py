@@ -39,6 +39,22 @@ def test_llama_3_1_8b_whisper_large_v3_counts_match_the_published_model():
     assert "language_model.output_layer.weight" in {p.name for p in inv}
 
 
+def test_qwen2_5_7b_and_qwen3_8b_counts_match_the_published_models():
+    counts = {}
+    for model in ("qwen2_5_7b_whisper_large_v3", "qwen3_8b_whisper_large_v3"):
+        cfg = compose(["+recipe=gemma2_whisper_tp1", f"model={model}", "lora=none"])
+        inv = parameter_inventory(cfg.model, cfg.lora, tp=cfg.parallel.tp)
+        counts[model] = {p.name: p for p in inv if p.component in ("decoder", "embedding")}
+    qwen2, qwen3 = counts.values()
+    # HF Qwen2.5-7B: q/k/v biases, untied 152064 x 3584 output layer
+    assert sum(p.numel for p in qwen2.values()) == 7_615_616_512
+    assert qwen2["language_model.decoder.layers.0.self_attention.linear_qkv.bias"].shape == ((28 + 2 * 4) * 128,)
+    # HF Qwen3-8B: QK-norms of head_dim 128, no biases, untied 151936 x 4096 output layer
+    assert sum(p.numel for p in qwen3.values()) == 8_190_735_360
+    assert qwen3["language_model.decoder.layers.0.self_attention.q_layernorm.weight"].shape == (128,)
+    assert not any(name.endswith(".bias") for name in qwen3)
+
+
 def test_lora_names_follow_the_contract():
     cfg = compose(["+recipe=tiny_cpu", "lora=decoder_r16"])
     inv = {p.name: p for p in parameter_inventory(cfg.model, cfg.lora)}

@@ -106,7 +106,7 @@ INVALID = [
                  id="profile_one_number"),
     pytest.param(["train.profile_steps=[5,5]", "train.profile_ranks=[0,1]"], "profile",
                  ["train.profile_ranks=[0, 1]", "0 to 0", "launcher.gpus_per_node 1"], id="profile_rank_the_job_lacks"),
-    pytest.param(["model.decoder.family=qwen9"], "decoder", ["model.decoder.family='qwen9'", "'gemma2', 'llama'"],
+    pytest.param(["model.decoder.family=qwen9"], "decoder", ["model.decoder.family='qwen9'", "'gemma2', 'llama', 'qwen2', 'qwen3'"],
                  id="unknown_decoder_family"),
     pytest.param(["model.decoder.family=llama", "model.decoder.query_pre_attn_scalar=null",
                   "model.decoder.attn_logit_softcap=null", "model.decoder.final_logit_softcap=null"], "decoder",
@@ -330,6 +330,21 @@ def test_a_llama_decoder_plans_megatron_llama_flags_and_its_parameters():
     llama, base = plan.parameters["total"], gemma2.parameters["total"]
     assert llama["decoder"]["trainable"] == base["decoder"]["trainable"] - 2 * layers * hidden
     assert llama["embedding"]["trainable"] == base["embedding"]["trainable"] + plan.padded_vocab_size * hidden
+
+
+@pytest.mark.parametrize("model,flag", [("qwen2_5_7b_whisper_large_v3", "--add-qkv-bias"),
+                                        ("qwen3_8b_whisper_large_v3", "--qk-layernorm")])
+def test_a_qwen_decoder_plans_its_megatron_flag(model, flag):
+    """Qwen2's q/k/v biases and Qwen3's QK-norm are what Megatron-LM's argv says; neither
+    is Llama 3's RoPE scaling nor Gemma's norm."""
+    plan = resolve(compose(["+recipe=gemma2_whisper_tp1", f"model={model}", "data.add_bos=false"]), purpose="plan")
+    argv = " ".join(plan.argv)
+    for present in (flag, "--swiglu", "--untie-embeddings-and-output-weights"):
+        assert present in argv, present
+    for absent in ({"--add-qkv-bias", "--qk-layernorm"} - {flag}) | {"--use-rope-scaling", "--apply-layernorm-1p"}:
+        assert absent not in argv, absent
+    assert plan.model_extensions["qkv_bias"] == (flag == "--add-qkv-bias")
+    assert plan.model_extensions["qk_norm"] == (flag == "--qk-layernorm")
 
 
 def test_an_untied_output_layer_adds_its_weights_to_the_plan_but_not_its_logits_twice():
