@@ -70,3 +70,28 @@ def family_for_hf(model_type: str) -> DecoderFamily:
             return family
     raise ValueError(f"a HF decoder of model_type {model_type!r} is not supported: the decoder families are "
                      f"{', '.join(f.hf_model_type for f in FAMILIES.values())}")
+
+
+# Each family's own chat format as the data.* prompt keys (the ASR prompt of its instruct
+# models' chat template) and the audio placeholder: a token its tokenizer has and never
+# produces in text. Validation names them where a prompt or placeholder does not fit the
+# tokenizer; the family's recipes set them.
+PROMPTS = {
+    "gemma2": dict(prompt_template="<start_of_turn>user\nTranscribe: <SpeechHere><end_of_turn>\n<start_of_turn>model\n",
+                   response_suffix="<end_of_turn>", audio_token="<unused0>", add_bos=True),
+    "llama": dict(prompt_template="<|start_header_id|>user<|end_header_id|>\n\nTranscribe: <SpeechHere><|eot_id|>"
+                                  "<|start_header_id|>assistant<|end_header_id|>\n\n",
+                  response_suffix="<|eot_id|>", audio_token="<|reserved_special_token_0|>", add_bos=True),
+    # Qwen's tokenizers have no BOS token; <|vision_pad|> is a placeholder of the
+    # vision models, never written in text.
+    "qwen2": dict(prompt_template="<|im_start|>user\nTranscribe: <SpeechHere><|im_end|>\n<|im_start|>assistant\n",
+                  response_suffix="<|im_end|>", audio_token="<|vision_pad|>", add_bos=False),
+}
+PROMPTS["qwen3"] = PROMPTS["qwen2"]
+
+
+def prompt_settings(family: str) -> str:
+    """The family's prompt keys as overrides, for messages."""
+    return " ".join(f"data.{key}={str(value).lower() if isinstance(value, bool) else repr(value)}"
+                    for key, value in PROMPTS[family].items())
+

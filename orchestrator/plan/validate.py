@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterable, Iterator
 
-from orchestrator.plan.decoder_families import FAMILIES
+from orchestrator.plan.decoder_families import FAMILIES, PROMPTS, prompt_settings
 from orchestrator.plan.checkpoint_dirs import frozen_source_problem, layout_text, resolve_model_checkpoint
 from orchestrator.plan.kernels import ATTENTION_CHOICES, COMPILE_CHOICES, ENCODER_PRECISIONS, compile_blockers
 from orchestrator.plan.schema import (
@@ -551,13 +551,17 @@ def check_data(data: DataConfig, model: ModelConfig, purpose: str) -> Iterator[F
 
 
 # --------------------------------------------------------------------------- optimizer and loop
+# What a chat format's turn markers look like: <start_of_turn>, <|im_start|>, </s>.
+_TURN_MARKER = re.compile(r"</?\|?[A-Za-z_][A-Za-z0-9_]*\|?>")
+
+
 def check_tokenizer(data: DataConfig, model: ModelConfig, purpose: str = "plan") -> Iterator[Finding]:
     """There is a tokenizer (every job tokenizes its text: without one it would stop at
     start, on the cluster); a local HF tokenizer (its tokenizer.json, read as JSON: no
     transformers here) knows data.audio_token as one token and fits the model's
     vocabulary. A tokenizer not written yet (the demo corpus is made by `audiollm train`)
     is checked by the job."""
-    from orchestrator.plan.tokenizer_file import TokenizerFileError, read_vocabulary
+    from orchestrator.plan.tokenizer_file import TokenizerFileError, read_special_tokens, read_vocabulary
 
     if not data.tokenizer:
         finding = _error if purpose == "train" else _warning
@@ -569,15 +573,35 @@ def check_tokenizer(data: DataConfig, model: ModelConfig, purpose: str = "plan")
         return
     try:
         vocab = read_vocabulary(data.tokenizer)
+        specials = read_special_tokens(data.tokenizer)
     except FileNotFoundError:
         return
     except TokenizerFileError as exc:
         yield _error("tokenizer", f"data.tokenizer={data.tokenizer}: {exc}")
         return
+    family = model.decoder.family if model.decoder.family in PROMPTS else "gemma2"
+    own = PROMPTS[family]
     if data.audio_token not in vocab:
         yield _error("audio_token", f"data.audio_token={data.audio_token!r} is not one token of data.tokenizer="
-                                    f"{data.tokenizer}; choose a token the tokenizer already has (for Gemma2 "
-                                    f"'<unused0>'): a new token would need an embedding row the checkpoint lacks")
+                                    f"{data.tokenizer}; choose a token the tokenizer already has (for {family} "
+                                    f"{own['audio_token']!r}): a new token would need an embedding row the "
+                                    f"checkpoint lacks")
+    for key, setting in (("bos_token", "add_bos"), ("eos_token", "add_eos")):
+        if getattr(data, setting) and key in specials and specials[key] is None:
+            yield _error("tokenizer_specials", f"data.{setting}=true but data.tokenizer={data.tokenizer} has no "
+                                               f"{key[:3]} token ({key} is null in its tokenizer_config.json, as "
+                                               f"in Qwen's): set data.{setting}=false")
+    # A turn marker of another family's chat format is no token of this tokenizer: it would
+    # be trained as the text pieces it splits into, a prompt the model never saw.
+    templates = [("data.prompt_template", data.prompt_template), ("data.response_suffix", data.response_suffix)]
+    templates += [(f"data.{split}[{entry.name}].prompt_template", entry.prompt_template)
+                  for split in ("train", "validation") for entry in getattr(data, split) if entry.prompt_template]
+    strangers = [f"{where} holds {', '.join(found)}" for where, text in templates
+                 if (found := sorted({m for m in _TURN_MARKER.findall(text) if m != "<SpeechHere>" and m not in vocab}))]
+    if strangers:
+        yield _error("prompt_tokens", f"{'; '.join(strangers)}: markers data.tokenizer={data.tokenizer} does not "
+                                      f"have as one token, so the prompt is another chat format's. The {family} "
+                                      f"decoder's: {prompt_settings(family)}")
     size = max(vocab.values()) + 1
     if size > model.decoder.vocab_size:
         yield _error("tokenizer_vocab", f"data.tokenizer={data.tokenizer} has {size} token ids but "

@@ -61,3 +61,73 @@ def test_samples_carry_the_chosen_placeholder_once_per_audio_token(tmp_path, gem
     batch = next(build_train_loader(cfg.data, cfg.model.encoder, cfg.model.adapter, 2, 0, 1, 0))
     assert int(batch["audio_token_id"]) == 6
     assert int((batch["tokens"] == 6).sum()) == int(batch["audio_num_tokens"].sum()) > 0
+
+
+# --- the other families' layouts: plan says where a prompt, placeholder or BOS does not fit
+
+
+@pytest.fixture(scope="module")
+def family_tokenizers(tmp_path_factory):
+    from tests.data.family_tokenizers import build_family_tokenizer
+
+    texts = [" ".join(WORDS[i:] + WORDS[:i]) for i in range(len(WORDS))] * 5 + ["user assistant Transcribe:"] * 5
+    return {family: build_family_tokenizer(family, texts, tmp_path_factory.mktemp(family) / "tokenizer")
+            for family in ("llama", "qwen2")}
+
+
+# The demo corpus's datasets carry Gemma2's prompt: left out here.
+FAMILY_DECODER = {"llama": ["data.train=[]", "data.validation=[]", "model.decoder.family=llama", "model.decoder.sliding_window=null",
+                            "model.decoder.query_pre_attn_scalar=null", "model.decoder.attn_logit_softcap=null",
+                            "model.decoder.final_logit_softcap=null"]}
+FAMILY_DECODER["qwen2"] = [*FAMILY_DECODER["llama"][:2], *FAMILY_DECODER["llama"][3:], "model.decoder.family=qwen2"]
+
+
+def _family_prompt(family):
+    from orchestrator.plan.decoder_families import PROMPTS
+
+    return [f"data.{key}={str(value).lower() if isinstance(value, bool) else repr(value)}"
+            for key, value in PROMPTS[family].items()]
+
+
+TOKENIZER_RULES = {"tokenizer", "audio_token", "tokenizer_vocab", "tokenizer_specials", "prompt_tokens"}
+
+
+def _tokenizer_errors(overrides):
+    return {rule: message for rule, message in _errors(overrides).items() if rule in TOKENIZER_RULES}
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2"])
+def test_the_familys_own_prompt_and_placeholder_fit_its_tokenizer(family_tokenizers, family):
+    assert _tokenizer_errors([*FAMILY_DECODER[family], f"data.tokenizer={family_tokenizers[family]}",
+                    *_family_prompt(family)]) == {}
+
+
+def test_gemma2s_prompt_on_a_qwen_tokenizer_is_refused_naming_the_markers_and_the_qwen_prompt(family_tokenizers):
+    tokenizer = family_tokenizers["qwen2"]
+    errors = _tokenizer_errors([*FAMILY_DECODER["qwen2"], f"data.tokenizer={tokenizer}"])
+    assert sorted(errors) == ["audio_token", "prompt_tokens", "tokenizer_specials"]
+    # the default (Gemma2's) prompt would be trained as the pieces of '<start_of_turn>'
+    assert "data.prompt_template holds <end_of_turn>, <start_of_turn>; data.response_suffix holds <end_of_turn>" \
+        in errors["prompt_tokens"]
+    assert "data.prompt_template='<|im_start|>user\\nTranscribe: <SpeechHere><|im_end|>" in errors["prompt_tokens"]
+    assert f"data.add_bos=true but data.tokenizer={tokenizer} has no bos token" in errors["tokenizer_specials"]
+    assert "data.add_bos=false" in errors["tokenizer_specials"]
+    assert "for qwen2 '<|vision_pad|>'" in errors["audio_token"]
+
+
+def test_a_qwen_sample_has_no_bos_and_one_placeholder_per_audio_token(tmp_path, family_tokenizers):
+    from orchestrator.data.loader import build_train_loader
+    from orchestrator.data.tokenizer_build import load_tokenizer
+    from orchestrator.plan.schema.data import DatasetEntry
+
+    tokenizer = family_tokenizers["qwen2"]
+    write_mds(tmp_path / "ds", tone_samples(4, seed=3))
+    cfg = to_object(compose([*FAMILY_DECODER["qwen2"], f"data.tokenizer={tokenizer}", *_family_prompt("qwen2"),
+                             "data.demo_corpus=null", "data.packing=false", "data.seq_length=128"]))
+    cfg.data.train = [DatasetEntry(name="tones", path=str(tmp_path / "ds"))]
+    batch = next(build_train_loader(cfg.data, cfg.model.encoder, cfg.model.adapter, 2, 0, 1, 0))
+    tok = load_tokenizer(tokenizer)
+    placeholder, im_start = tok.convert_tokens_to_ids("<|vision_pad|>"), tok.convert_tokens_to_ids("<|im_start|>")
+    assert int(batch["audio_token_id"]) == placeholder
+    assert int((batch["tokens"] == placeholder).sum()) == int(batch["audio_num_tokens"].sum()) > 0
+    assert batch["tokens"][:, 0].tolist() == [im_start, im_start]  # the turn first: no BOS

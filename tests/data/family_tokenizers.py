@@ -1,0 +1,47 @@
+"""Small byte-level BPE tokenizers with the special-token layout of each decoder family
+beside Gemma2 (the real ones cannot be fetched here): the family's special tokens after
+the learned vocabulary, as in the released tokenizers (Llama 3 from id 128000, Qwen from
+151643), its BOS and EOS (Qwen has no BOS: bos_token null) and its chat template."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Iterable
+
+LAYOUTS = {
+    "llama": dict(
+        specials=["<|begin_of_text|>", "<|end_of_text|>", "<|reserved_special_token_0|>",
+                  "<|reserved_special_token_1|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"],
+        bos="<|begin_of_text|>", eos="<|end_of_text|>", pad=None,
+        chat_template=("{{ bos_token }}{% for message in messages %}<|start_header_id|>{{ message['role'] }}"
+                       "<|end_header_id|>\n\n{{ message['content'] }}<|eot_id|>{% endfor %}"
+                       "{% if add_generation_prompt %}<|start_header_id|>assistant<|end_header_id|>\n\n{% endif %}")),
+    "qwen2": dict(
+        specials=["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|vision_start|>", "<|vision_end|>",
+                  "<|vision_pad|>", "<|image_pad|>", "<|video_pad|>"],
+        bos=None, eos="<|endoftext|>", pad="<|endoftext|>",
+        chat_template=("{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}"
+                       "<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")),
+}
+LAYOUTS["qwen3"] = LAYOUTS["qwen2"]
+
+
+def build_family_tokenizer(family: str, texts: Iterable[str], out_dir: str | Path, vocab_size: int = 300) -> Path:
+    """Byte-level BPE of `vocab_size` learned tokens on `texts`, then `family`'s special
+    tokens; saved as a HF tokenizer directory."""
+    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    layout = LAYOUTS[family]
+    tok = Tokenizer(models.BPE(unk_token=None))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.train_from_iterator(list(texts), trainer=trainers.BpeTrainer(
+        vocab_size=vocab_size, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False))
+    tok.add_special_tokens([AddedToken(t, special=True) for t in layout["specials"]])
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token=layout["bos"], eos_token=layout["eos"],
+                                   pad_token=layout["pad"], chat_template=layout["chat_template"])
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    fast.save_pretrained(str(out))
+    return out
