@@ -228,7 +228,7 @@ def resolve_model_checkpoint(path: str) -> Tuple[Optional[str], Optional[str]]:
     p = Path(path).expanduser()
     if not p.exists():
         return None, (f"{path} does not exist; write it from HF weights with `audiollm convert hf-to-megatron --hf "
-                      f"GEMMA2_DIR --whisper WHISPER_DIR --out {path}`, or point at a run directory or checkpoint")
+                      f"HF_DECODER_DIR --whisper WHISPER_DIR --out {path}`, or point at a run directory or checkpoint")
     if is_dist_checkpoint(p):
         return str(p.resolve()), None
     latest = p / "checkpoints" / "latest"

@@ -36,6 +36,7 @@ from dataclasses import dataclass, field, replace
 from fnmatch import fnmatchcase
 from typing import Optional
 
+from orchestrator.plan.decoder_families import family_of
 from orchestrator.plan.kernels import (LOSS_CHUNK_ELEMENTS, LOSS_CHUNK_FP32_COPIES, attention_kernel, encoder_precision,
                                        loss_compiles, planned_compile)
 from orchestrator.plan import schedule
@@ -155,9 +156,12 @@ def decoder_layer_activation_bytes(model: ModelConfig, parallel: ParallelConfig,
     dec = model.decoder
     t, s, b, h = parallel.tp, seq / parallel.cp, mbs, dec.hidden_size
     sp_div = t if parallel.sp else 1
-    # The residual stream [s, b, h]: the inputs of the 4 norms and the normed inputs of QKV
-    # and fc1; an eager norm also keeps its normalised input before the (1 + w) scale.
-    stream = (6 if fused_norms else 8) * s * b * h * dtype_bytes / sp_div
+    family = family_of(dec)
+    # The residual stream [s, b, h]: the inputs of the norms (4 with Gemma2's sandwich, else
+    # the 2 pre-norms) and the normed inputs of QKV and fc1; eager norms also keep their
+    # normalised inputs before the scale.
+    norms = 4 if family.sandwich_norms else 2
+    stream = (norms + 2 + (0 if fused_norms else 2)) * s * b * h * dtype_bytes / sp_div
     q = dec.num_attention_heads * dec.kv_channels
     kv = 2 * dec.num_query_groups * dec.kv_channels
     # K and V of the whole row (gathered over the CP group), as the kernel keeps them
@@ -172,6 +176,9 @@ def decoder_layer_activation_bytes(model: ModelConfig, parallel: ParallelConfig,
         # log-sum-exp [b, heads, s]
         attention_bytes = (3 * q + 1.5 * kv) * s * b * dtype_bytes / t + row_kv
         attention_bytes += dec.num_attention_heads * s * b * 4 / t
+    if family.qk_norm:
+        # QK-norm (qwen3): the contiguous queries and keys its norms keep as their inputs
+        attention_bytes += (q + kv / 2) * s * b * dtype_bytes / t
     # fc1's output [gate; up] (2 f), GeGLU's activation, its tanh-GELU work and its product
     mlp = 5 * dec.ffn_hidden_size * s * b * dtype_bytes / t
     return stream + attention_bytes + mlp
@@ -261,15 +268,19 @@ def adapter_activation_bytes(model: ModelConfig, clips: int, frames: int, encode
     return mix + 5 * elements * adapter_bytes + ctc, transient
 
 
-def loss_peak_bytes(logits: float, dtype_bytes: int, compiled: bool = False) -> float:
+def loss_peak_bytes(logits: float, dtype_bytes: int, compiled: bool = False, softcap: bool = True) -> float:
     """Bytes of the final softcap and cross entropy (Gemma2Model.softcapped_loss) at their
-    peak, for `logits` logits of the rank. Unchunked (at most LOSS_CHUNK_ELEMENTS): the
-    capped fp32 logits and the softmax kept, then the fp32 gradient. Chunked: the output
-    layer's logits (in the compute dtype) kept whole for the checkpointed chunks; in the
-    backward either one chunk's recomputed fp32 work (three copies) beside the logits'
-    gradient, or the gradient's accumulation over chunks, whose slices autograd widens to
-    the whole logits (three copies of them), whichever is larger. As measured by the
-    full-size probe (orchestrator/probe/). Compiled (model.compile=layers: one call over the
+    peak, for `logits` logits of the rank. The work per logit: with the `softcap` three
+    fp32 copies (the capped logits, the softmax kept, then the gradient); without it (every
+    family but gemma2) one fp32 copy (megatron's softmax, computed and differentiated in
+    place) beside the logits' transposed copy in the compute dtype. Unchunked (at most
+    LOSS_CHUNK_ELEMENTS): that work over all logits. Chunked: the output layer's logits
+    (in the compute dtype) kept whole for the checkpointed chunks; in the backward either
+    one chunk's recomputed work beside the logits' gradient, or the gradient's accumulation
+    over the chunks, whose slices autograd widens to the whole logits (one copy a chunk, at
+    most three), whichever is larger. As measured by the full-size probe
+    (orchestrator/probe/; without the softcap at 1024, 2048 and 3072 tokens of a 128256
+    vocabulary: one, two and three chunks). Compiled (model.compile=layers: one call over the
     whole micro-batch, its fp32 work fused): two copies of the logits in the compute dtype at
     any moment (the output layer's and megatron's transposed copy at the end of the forward;
     the gradient and, at micro-batches above 1, its copy laid out again for the output
@@ -277,10 +288,12 @@ def loss_peak_bytes(logits: float, dtype_bytes: int, compiled: bool = False) -> 
     compiled loss at gemma2-2b and 9b size."""
     if compiled:
         return logits * dtype_bytes * 2
+    work = LOSS_CHUNK_FP32_COPIES * 4 if softcap else 4 + dtype_bytes  # bytes per logit
     if logits <= LOSS_CHUNK_ELEMENTS:
-        return 3 * logits * 4
+        return work * logits
     whole = logits * dtype_bytes
-    return whole + max(whole + LOSS_CHUNK_FP32_COPIES * LOSS_CHUNK_ELEMENTS * 4, 3 * whole)
+    chunks = math.ceil(logits / LOSS_CHUNK_ELEMENTS)
+    return whole + max(whole + work * LOSS_CHUNK_ELEMENTS, min(3, chunks) * whole)
 
 
 def clips_in_a_row(cfg: AudioLLMConfig) -> int:
@@ -397,7 +410,8 @@ def memory_by_stage(cfg: AudioLLMConfig, stages: list[StageParams], dp: int,
             # which an untied output layer at PP 1 doubles).
             vocab_shard = padded_vocab_size(model.decoder.vocab_size, parallel.tp) / parallel.tp
             logits = cfg.data.seq_length / parallel.cp * optim.micro_batch_size * vocab_shard
-            peaks.append(loss_peak_bytes(logits, weight_bytes, compiled and loss_compiles(parallel.tp)))
+            peaks.append(loss_peak_bytes(logits, weight_bytes, compiled and loss_compiles(parallel.tp),
+                                         softcap=model.decoder.final_logit_softcap is not None))
         activations += max(peaks)
         subtotal = (weights + grads + optimizer + activations) / GIB
         total = subtotal * (1 + MEMORY_MARGIN) + (FIXED_OVERHEAD_GIB if low_precision else 0.0)

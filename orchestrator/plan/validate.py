@@ -426,7 +426,7 @@ def check_init_checkpoint(model: ModelConfig, lora: LoraConfig) -> Iterator[Find
     elif frozen:
         yield _error("frozen_random", f"{', '.join(frozen)} but model.init_checkpoint is null: frozen weights would "
                                       f"stay at their random initial values; set model.init_checkpoint to pretrained "
-                                      f"weights (`audiollm convert hf-to-megatron --hf GEMMA2_DIR --whisper "
+                                      f"weights (`audiollm convert hf-to-megatron --hf HF_DECODER_DIR --whisper "
                                       f"WHISPER_DIR --out DIR`), or unfreeze to train from scratch "
                                       f"(model.encoder.freeze=false, lora=none), or to measure speed and memory only "
                                       f"set model.allow_frozen_random=true")
@@ -567,8 +567,8 @@ def check_tokenizer(data: DataConfig, model: ModelConfig, purpose: str = "plan")
         finding = _error if purpose == "train" else _warning
         yield finding("tokenizer", f"data.tokenizer is unset, and every job tokenizes its prompts and answers with "
                                    f"it: set data.tokenizer to the model's own tokenizer, a local HF directory with "
-                                   f"tokenizer.json (for model {model.name}: its HF model directory, e.g. "
-                                   f"data.tokenizer=gemma-2-9b, or the directory `audiollm convert megatron-to-hf` "
+                                   f"tokenizer.json (for model {model.name}: its HF decoder's directory, the "
+                                   f"one `audiollm convert hf-to-megatron --hf` read, or the directory `audiollm convert megatron-to-hf` "
                                    f"wrote)")
         return
     try:

@@ -12,7 +12,7 @@ import contextlib
 
 import torch
 
-from orchestrator.models.norms import zero_centered_rms_norm  # before install() replaces it
+from orchestrator.models.norms import rms_norm, zero_centered_rms_norm  # before install() replaces them
 
 
 # The two kernels are custom operators, each with its backward operator, rather than
@@ -39,9 +39,9 @@ def _flex_grads(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, out
 
 
 def _norm_outputs(x: torch.Tensor, weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """A fused zero-centred RMSNorm (TransformerEngine's, or the local backend's compiled
-    one): x's dtype and the fp32 reciprocal RMS [.., 1]; its backward reads x, the weight
-    and that."""
+    """A fused RMSNorm, zero-centred or not (TransformerEngine's, or the local backend's
+    compiled one): x's dtype and the fp32 reciprocal RMS [.., 1]; its backward reads x, the
+    weight and that."""
     return torch.empty_like(x), torch.empty(x.shape[:-1] + (1,), dtype=torch.float32, device=x.device)
 
 
@@ -72,10 +72,15 @@ def flex_attention_stand_in(query, key, value, score_mod=None, block_mask=None, 
     return _flex_attention(query, key, value)[0]
 
 
-def fused_rms_norm_stand_in(x, weight, eps):
-    if torch.compiler.is_compiling():  # inside a compiled layer: the norm's own arithmetic, as the job compiles it
-        return zero_centered_rms_norm(x, weight, eps)
-    return _fused_rms_norm(x, weight)[0]
+def fused_rms_norm_stand_in(arithmetic):
+    """The stand-in for one of orchestrator.models.norms' functions, `arithmetic`."""
+
+    def stand_in(x, weight, eps):
+        if torch.compiler.is_compiling():  # inside a compiled layer: the norm's own arithmetic, as the job compiles it
+            return arithmetic(x, weight, eps)
+        return _fused_rms_norm(x, weight)[0]
+
+    return stand_in
 
 
 def install(backend: str) -> list[str]:
@@ -88,7 +93,9 @@ def install(backend: str) -> list[str]:
     attention.FlexSoftcapAttention._block_mask = lambda self, *args, **kwargs: None
     lines.append("attention flex: a stand-in saving q, k, v, output and fp32 log-sum-exp (the compiled kernel's "
                  "profile; its block mask, about s^2/128^2 int32, is not counted)")
-    norms.zero_centered_rms_norm = fused_rms_norm_stand_in
+    # Both norms (Gemma's zero-centred one, the other families' x*w): on a GPU each runs fused.
+    norms.zero_centered_rms_norm = fused_rms_norm_stand_in(zero_centered_rms_norm)
+    norms.rms_norm = fused_rms_norm_stand_in(rms_norm)
     lines.append("RMSNorm: a fused stand-in saving its input and the fp32 reciprocal RMS (compiled or "
                  "TransformerEngine's kernel; inside a compiled layer, the norm's own arithmetic)")
     if backend == "te":

@@ -215,7 +215,8 @@ def test_a_run_without_a_tokenizer_is_refused_before_submission():
     data = "data.train=[{name: asr, path: /data/asr_mds}]"
     cfg = to_object(compose([TP4PP2, data]))
     (error,) = [f for f in validate(cfg, "train") if f.rule == "tokenizer"]
-    assert error.severity == "error" and "data.tokenizer is unset" in error.message and "gemma-2-9b" in error.message
+    assert error.severity == "error" and "data.tokenizer is unset" in error.message \
+        and "its HF decoder's directory, the one `audiollm convert hf-to-megatron --hf` read" in error.message
     assert [f.severity for f in validate(cfg, "plan") if f.rule == "tokenizer"] == ["warning"]
     assert [f for f in validate(to_object(compose(["+recipe=tiny_cpu"])), "train") if f.rule == "tokenizer"] == []
 
