@@ -8,6 +8,9 @@ fp32), several layouts and the known porting mistakes, in one process launch:
 - context parallelism (CP=2): each rank runs its two load-balanced chunks of the rows
   (megatron's layout, which RoPE and the attention's K/V gather follow), the outputs are
   put back in row order and compared with HF's;
+- qwen3's QK-norm gradients at TP=2, with and without sequence parallelism, equal TP=1's
+  after megatron's finalize_model_grads (each rank's norms see only its heads: the
+  config's qk_layernorm has them summed over TP); without qk_layernorm they stay partial;
 - the AudioLLM with each decoder: the plan's parameter inventory equals the built model's.
 
 Prints one `RESULT <json>` line per case from the rank holding the full logits.
@@ -146,9 +149,60 @@ def main() -> None:
                 "case": case["name"], "max_abs_logit_diff": (logits - ref_logits).abs().max().item(),
                 "loss_diff": abs(loss.item() - ref_loss.item()), "loss": loss.item(),
                 "logit_scale": ref_logits.abs().max().item()}), flush=True)
+    qk_norm_grad_cases(references["qwen3"])
     for family, r in references.items():
         inventory_check(family, r["hf"])
     shutdown()
+
+
+def qk_norm_grad_cases(r) -> None:
+    """The norms' weight gradients of a training step through megatron DDP and
+    finalize_model_grads at TP=2 (+SP) against TP=1 (every norm, the QK-norms included)."""
+    import torch.distributed as dist
+    from megatron.core import parallel_state as ps
+    from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig, finalize_model_grads
+    from megatron.core.pipeline_parallel import get_forward_backward_func
+
+    from orchestrator.models.gemma2_model import Gemma2Model, gemma2_transformer_config
+    from tests.models.sharding import shard_megatron
+
+    shape, dec, tokens = r["shape"], r["dec"], r["tokens"]
+    positions = torch.arange(SEQ)[None].expand(BATCH, -1)
+    labels = torch.cat([tokens[:, 1:], tokens[:, :1]], dim=1)
+    reference = {}
+    for name, tp, sp, overrides in [("qwen3_grad_tp1", 1, False, {}), ("qwen3_grad_tp2", 2, False, {}),
+                                    ("qwen3_grad_tp2_sp", 2, True, {}),
+                                    ("qwen3_bad_grad_tp2_without_qk_layernorm", 2, False, {"qk_layernorm": False})]:
+        if ps.model_parallel_is_initialized():
+            ps.destroy_model_parallel()
+        init_distributed(ParallelDims(tp=tp), seed=0)
+        cfg = gemma2_transformer_config(dec, ParallelDims(tp=tp, sp=sp), **overrides)
+        model = Gemma2Model(cfg, dec.vocab_size, dec.max_position_embeddings, rope_theta=dec.rope_theta,
+                            tie_embeddings=dec.tie_embeddings)
+        model.load_state_dict(shard_megatron(r["full"], shape, tp, 1)[(ps.get_tensor_model_parallel_rank(), 0)],
+                              strict=False)
+        model = DistributedDataParallel(config=cfg, ddp_config=DistributedDataParallelConfig(), module=model)
+        cfg.finalize_model_grads_func = finalize_model_grads
+
+        def forward_step(data_iterator, module):
+            next(data_iterator)
+            out = module(tokens, positions, None, labels=labels)
+            return out, lambda o: (o[:, :-1].mean(), {})
+
+        model.zero_grad_buffer()
+        get_forward_backward_func()(forward_step_func=forward_step, data_iterator=iter([None]), model=[model],
+                                    num_microbatches=1, seq_length=SEQ, micro_batch_size=BATCH, forward_only=False)
+        grads = {n: p.main_grad.clone() for n, p in model.module.named_parameters() if "layernorm" in n}
+        if tp == 1:
+            reference = grads
+            continue
+        assert sorted(grads) == sorted(reference) and any("q_layernorm" in n for n in grads)
+        if dist.get_rank() == 0:
+            qk = [n for n in grads if "q_layernorm" in n or "k_layernorm" in n]
+            print("RESULT " + json.dumps({
+                "case": name, "max_abs_grad_diff": max((grads[n] - reference[n]).abs().max().item() for n in grads),
+                "max_abs_qk_grad_diff": max((grads[n] - reference[n]).abs().max().item() for n in qk),
+                "max_abs_grad": max(g.abs().max().item() for g in reference.values())}), flush=True)
 
 
 def run(model, tokens, positions, labels, packed_seq_params, slot_layout: str):

@@ -18,6 +18,7 @@ GOOD = ["llama_tp1", "llama_tp2_sp", "llama_pp2", "llama_packed_tp2_sp", "llama_
 BAD = ["llama_bad_zero_centered_norm", "llama_bad_geglu", "llama_bad_no_rope_scaling", "qwen2_bad_no_qkv_bias",
        "qwen3_bad_no_qk_norm", "qwen3_bad_q_and_k_norms_swapped", "qwen3_bad_cp2_contiguous_halves"]
 FAMILIES = ["llama", "qwen2", "qwen3"]
+GRADS = ["qwen3_grad_tp2", "qwen3_grad_tp2_sp", "qwen3_bad_grad_tp2_without_qk_layernorm"]
 
 
 @pytest.fixture(scope="module")
@@ -25,7 +26,7 @@ def family_results():
     output = torchrun(SCRIPT, 2)
     found = [json.loads(m) for m in re.findall(r"^RESULT (.*)$", output, re.M)]
     by_case = {r["case"]: r for r in found}
-    assert sorted(by_case) == sorted(GOOD + BAD) and len(found) == len(by_case), sorted(by_case)
+    assert sorted(by_case) == sorted(GOOD + BAD + GRADS) and len(found) == len(by_case), sorted(by_case)
     inventories = [json.loads(m) for m in re.findall(r"^INVENTORY (.*)$", output, re.M)]
     by_case["inventory"] = {r["family"]: r for r in inventories}
     return by_case
@@ -62,3 +63,18 @@ def test_the_plans_parameter_inventory_is_the_built_audiollms(family_results, fa
     # QK-norm over head_dim (32 in the tiny Qwen3, twice hidden / heads)
     assert shapes.get(layer + "q_layernorm.weight") == ([32] if family == "qwen3" else None)
     assert shapes.get(layer + "k_layernorm.weight") == ([32] if family == "qwen3" else None)
+
+
+@pytest.mark.multiprocess
+@pytest.mark.parametrize("case", GRADS[:2])
+def test_qk_norm_gradients_at_tp2_equal_tp1s(family_results, case):
+    # fp32 sums of a few terms in another order over gradients of order one
+    r = family_results[case]
+    assert r["max_abs_grad_diff"] <= 1e-6 * max(1.0, r["max_abs_grad"]), r
+
+
+@pytest.mark.multiprocess
+def test_qk_norm_gradients_stay_partial_unless_the_config_says_qk_layernorm(family_results):
+    r = family_results["qwen3_bad_grad_tp2_without_qk_layernorm"]
+    assert r["max_abs_qk_grad_diff"] > 1e-3, r
+
