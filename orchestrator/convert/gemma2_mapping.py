@@ -161,51 +161,69 @@ def megatron_tensor_to_hf(name: str, tensor: torch.Tensor, shape: Gemma2Shape) -
 
 def hf_decoder_config(config_dict: dict):
     """transformers config of a decoder's config.json dict (defaults filled in): a
-    Gemma2Config, LlamaConfig, Qwen2Config or Qwen3Config, refused where the decoder
-    family computes otherwise."""
+    Gemma2Config, LlamaConfig, Qwen2Config, Qwen3Config or Gemma3TextConfig, refused where
+    the decoder family computes otherwise."""
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
     model_type = config_dict.get("model_type")
     family = family_for_hf(model_type)
     cfg = CONFIG_MAPPING[model_type].from_dict(dict(config_dict))  # from_dict adds keys to the dict it is given
-    if family.name == "gemma2":
-        if cfg.hidden_activation != "gelu_pytorch_tanh":
-            raise ValueError(f"config.json hidden_activation {cfg.hidden_activation!r}: the decoder implements "
-                             "Gemma2's 'gelu_pytorch_tanh' only")
-        return cfg
     # What HF's class can be set to do and the family's layer does not do.
-    wanted = {"hidden_act": "silu", "mlp_bias": False, "use_sliding_window": False}
-    if family.name != "qwen2":  # Qwen2's q/k/v biases are always there, no setting
-        wanted["attention_bias"] = False
+    if family.activation == "gelu_tanh":
+        wanted = {"hidden_activation": "gelu_pytorch_tanh", "attention_bias": False}
+    else:
+        wanted = {"hidden_act": "silu", "mlp_bias": False, "use_sliding_window": False}
+        if not family.qkv_bias:  # Qwen2's q/k/v biases are always there, no setting
+            wanted["attention_bias"] = False
+    if not family.softcaps:
+        wanted.update(attn_logit_softcapping=None, final_logit_softcapping=None)
+    if family.name == "gemma3":
+        wanted["use_bidirectional_attention"] = False
     refused = [f"{key}={getattr(cfg, key)!r}" for key, value in wanted.items()
                if getattr(cfg, key, value) != value]
-    factor = hf_rope_scaling_factor(cfg)  # refuses scalings no family computes
-    if factor is not None and not family.rope_scaling:
-        refused.append(f"rope scaling 'llama3' factor {factor}")
+    if family.sliding_window:
+        pattern = [i for i, kind in enumerate(getattr(cfg, "layer_types", None) or []) if kind == "full_attention"]
+        if getattr(cfg, "layer_types", None) and pattern != list(range(family.window_pattern - 1, cfg.num_hidden_layers,
+                                                                       family.window_pattern)):
+            refused.append(f"layer_types with full attention on layers {pattern}")
+    scaling = hf_rope_scaling(cfg)  # refuses scalings no family computes
+    if scaling is not None and scaling[0] != family.rope_scaling:
+        refused.append(f"rope scaling {scaling[0]!r} factor {scaling[1]}")
     if refused:
-        raise ValueError(f"config.json {', '.join(refused)}: the {family.name} decoder family computes SwiGLU (silu) "
-                         f"{'with biases on q, k and v only' if family.qkv_bias else 'without biases'}, full "
-                         f"attention on every layer"
-                         f"{', RoPE without scaling' if not family.rope_scaling else ''}")
+        raise ValueError(f"config.json {', '.join(refused)}: the {family.name} decoder family computes "
+                         f"{_family_summary(family)}")
     return cfg
+
+
+def _family_summary(family) -> str:
+    """What a family's layer computes, for refusals."""
+    parts = ["GeGLU (gelu_pytorch_tanh)" if family.activation == "gelu_tanh" else "SwiGLU (silu)",
+             "with biases on q, k and v only" if family.qkv_bias else "without biases",
+             f"global attention on every {family.window_pattern}th layer" if family.sliding_window
+             else "full attention on every layer",
+             f"RoPE scaling {family.rope_scaling!r} or none" if family.rope_scaling else "RoPE without scaling"]
+    if not family.softcaps:
+        parts.append("no softcaps")
+    return ", ".join(parts)
 
 
 # Llama 3's RoPE scaling ("llama3") as megatron computes it: only the factor may differ.
 LLAMA3_ROPE = {"low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
 
 
-def hf_rope_scaling_factor(hf_cfg) -> Optional[float]:
-    """Llama 3's RoPE scaling factor of a HF config, None without scaling; any other
-    scaling is refused. transformers 4 keeps `rope_scaling`, 5 `rope_parameters`."""
+def hf_rope_scaling(hf_cfg) -> Optional[Tuple[str, float]]:
+    """(type, factor) of a HF config's RoPE scaling: Llama 3's ("llama3") or linear
+    ("linear", Gemma 3's); None without scaling; any other is refused. transformers 4 keeps
+    `rope_scaling`, 5 `rope_parameters`."""
     scaling = getattr(hf_cfg, "rope_scaling", None) or getattr(hf_cfg, "rope_parameters", None) or {}
     rope_type = scaling.get("rope_type", scaling.get("type", "default"))
     if rope_type == "default":
         return None
     odd = {k: scaling.get(k) for k, v in LLAMA3_ROPE.items() if float(scaling.get(k, v)) != v}
-    if rope_type != "llama3" or odd:
+    if rope_type not in ("llama3", "linear") or (rope_type == "llama3" and odd):
         raise ValueError(f"config.json rope scaling {scaling}: the decoder computes Llama 3's ('llama3', "
-                         f"{LLAMA3_ROPE}, any factor) or none")
-    return float(scaling["factor"])
+                         f"{LLAMA3_ROPE}, any factor), linear scaling or none")
+    return rope_type, float(scaling["factor"])
 
 
 def hf_rope_theta(hf_cfg) -> float:
@@ -229,14 +247,18 @@ def decoder_config_from_hf(hf_cfg):
         ffn_hidden_size=shape.ffn_hidden_size, vocab_size=shape.vocab_size,
         max_position_embeddings=hf_cfg.max_position_embeddings, rope_theta=hf_rope_theta(hf_cfg),
         norm_eps=hf_cfg.rms_norm_eps, tie_embeddings=shape.tied)
-    if shape.family == "gemma2":
+    family = FAMILIES[shape.family]
+    scaling = hf_rope_scaling(hf_cfg)
+    common["rope_scaling_factor"] = scaling[1] if scaling is not None else None
+    if family.local_rope:
+        common["rope_local_theta"] = float(hf_cfg.rope_local_base_freq)
+    if family.sliding_window:
         return DecoderConfig(**common, sliding_window=hf_cfg.sliding_window,
                              query_pre_attn_scalar=hf_cfg.query_pre_attn_scalar,
                              attn_logit_softcap=hf_cfg.attn_logit_softcapping,
                              final_logit_softcap=hf_cfg.final_logit_softcapping)
     return DecoderConfig(**common, sliding_window=None, query_pre_attn_scalar=None, attn_logit_softcap=None,
-                         final_logit_softcap=None,
-                         rope_scaling_factor=hf_rope_scaling_factor(hf_cfg) if FAMILIES[shape.family].rope_scaling else None)
+                         final_logit_softcap=None)
 
 
 def decoder_hf_config(decoder: dict, tokenizer_dir: Optional[str] = None) -> dict:
@@ -251,18 +273,23 @@ def decoder_hf_config(decoder: dict, tokenizer_dir: Optional[str] = None) -> dic
         "rope_theta": decoder["rope_theta"], "rms_norm_eps": decoder["norm_eps"],
         "tie_word_embeddings": bool(decoder.get("tie_embeddings", True)),
     }
-    if family.name == "gemma2":
+    config.update({"architectures": [family.hf_architecture], "model_type": family.hf_model_type})
+    factor = decoder.get("rope_scaling_factor")
+    if family.sliding_window:  # the Gemmas
         config.update({
-            "architectures": ["Gemma2ForCausalLM"], "model_type": "gemma2", "hidden_activation": "gelu_pytorch_tanh",
-            "sliding_window": decoder["sliding_window"],
+            "hidden_activation": "gelu_pytorch_tanh", "sliding_window": decoder["sliding_window"],
             # An int where it is one: transformers 5's Gemma2Config refuses a float (HF's own are ints).
             "query_pre_attn_scalar": _int_if_whole(decoder["query_pre_attn_scalar"]),
             "attn_logit_softcapping": decoder["attn_logit_softcap"],
             "final_logit_softcapping": decoder["final_logit_softcap"]})
+        if family.local_rope:
+            config.update({"rope_local_base_freq": decoder["rope_local_theta"],
+                           "rope_scaling": {"rope_type": "linear", "factor": float(factor)}
+                           if factor is not None else None,
+                           "layer_types": ["full_attention" if (i + 1) % family.window_pattern == 0
+                                           else "sliding_attention" for i in range(decoder["num_layers"])]})
     else:
-        factor = decoder.get("rope_scaling_factor")
-        config.update({"architectures": [family.hf_architecture], "model_type": family.hf_model_type,
-                       "hidden_act": "silu", "attention_bias": family.qkv_bias, "mlp_bias": False,
+        config.update({"hidden_act": "silu", "attention_bias": family.qkv_bias, "mlp_bias": False,
                        "use_sliding_window": False,
                        "rope_scaling": {"rope_type": "llama3", "factor": float(factor), **LLAMA3_ROPE}
                        if factor is not None else None})

@@ -73,10 +73,11 @@ from megatron.core.transformer.module import MegatronModule
 from megatron.core.utils import divide
 
 
-def is_sliding_window_layer(layer_number: int) -> bool:
-    """`layer_number` is megatron's global 1-based number; Gemma2 windows the layers
-    whose 0-based index is even (0, 2, 4, ...)."""
-    return (layer_number - 1) % 2 == 0
+def is_sliding_window_layer(layer_number: int, pattern: int = 2) -> bool:
+    """`layer_number` is megatron's global 1-based number; every `pattern`-th layer attends
+    globally, the others in the window (HF layer_types): Gemma2 (pattern 2) windows the
+    layers whose 0-based index is even (0, 2, 4, ...), Gemma 3 (6) all but 5, 11, ..."""
+    return layer_number % pattern != 0
 
 
 def document_ids(cu_seqlens: Tensor, total: int) -> Tensor:
@@ -147,7 +148,11 @@ class _Gemma2CoreAttentionBase(MegatronModule):
         self.softmax_scale = softmax_scale if softmax_scale is not None else config.kv_channels**-0.5
         self.softcap = getattr(config, "attn_logit_softcapping", None)
         sliding_window = getattr(config, "sliding_window", None)
-        self.window = sliding_window if sliding_window and is_sliding_window_layer(layer_number) else None
+        sliding = is_sliding_window_layer(layer_number, getattr(config, "window_pattern", 2))
+        self.window = sliding_window if sliding_window and sliding else None
+        # Gemma 3: a sliding layer rotates with the local RoPE base (what the KV cache's
+        # decoding applies here; in training the layer picks its rotary table).
+        self.local_rope = sliding and getattr(config, "rope_local_theta", None) is not None
         self.dropout_p = config.attention_dropout if attention_dropout is None else attention_dropout
         # Set while decoding (orchestrator.models.kv_cache.decoding): attend through the cache.
         self.kv_cache = None
@@ -201,7 +206,7 @@ class _Gemma2CoreAttentionBase(MegatronModule):
         per row after the prefill, and the mask is per row. No context-parallel gather:
         a context-parallel rank decodes whole rows with its full copy of the weights."""
         step = self.kv_cache.step
-        query, key = step.rotate(query), step.rotate(key)
+        query, key = step.rotate(query, self.local_rope), step.rotate(key, self.local_rope)
         cache = self.kv_cache.layer(self.layer_number, self.window, key)
         keys, values, key_positions = cache.with_new(key, value, step)  # [b, n, g, d], [b, n]
         cache.store(key, value, step)

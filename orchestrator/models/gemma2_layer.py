@@ -43,6 +43,10 @@ class Gemma2TransformerLayer(TransformerLayer):
         if inference_context is not None:
             raise NotImplementedError("the Gemma2 layer has no KV-cache inference path")
         core_attention = self.self_attention.core_attention
+        if rotary_pos_emb is not None and getattr(self.config, "rope_local_theta", None) is not None:
+            # Gemma 3: [global | local] tables (LocalGlobalRotaryEmbedding); this layer's half
+            half = rotary_pos_emb.shape[-1] // 2
+            rotary_pos_emb = rotary_pos_emb[..., half:] if core_attention.local_rope else rotary_pos_emb[..., :half]
         sandwich = self.sandwich
         if self.compiled_sandwich is not None and core_attention.kv_cache is None:
             # What cannot be traced happens here, eagerly (the flex block mask's lookup);

@@ -20,6 +20,7 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 from megatron.core import parallel_state, tensor_parallel
+from megatron.core.models.common.embeddings.rotary_pos_embedding import RotaryEmbedding
 from megatron.core.models.gpt import GPTModel
 from megatron.core.transformer import TransformerConfig
 
@@ -91,6 +92,26 @@ def softcapped_cross_entropy(logits: torch.Tensor, labels: torch.Tensor, cap: Op
     return torch.logsumexp(z, dim=-1) - torch.where((labels >= 0) & (labels < v), picked, 0.0)
 
 
+class LocalGlobalRotaryEmbedding(torch.nn.Module):
+    """Gemma 3's two RoPEs as GPTModel's one `rotary_pos_emb`: the global layers' table
+    (base rope_theta, linear scaling) and the sliding layers' (base rope_local_theta)
+    side by side on the last dimension, [s, 1, 1, 2 * dim], each made by megatron's
+    RotaryEmbedding (its context-parallel chunks and packed sequences included). Each
+    layer takes its half (Gemma2TransformerLayer). One tensor, so that it travels through
+    megatron's block and activation recomputation as the single table does."""
+
+    def __init__(self, global_rope, local_rope):
+        super().__init__()
+        self.global_rope, self.local_rope = global_rope, local_rope
+
+    def forward(self, max_seq_len: int, offset: int = 0, packed_seq: bool = False, cp_group=None):
+        return torch.cat([rope(max_seq_len, offset, packed_seq, cp_group)
+                          for rope in (self.global_rope, self.local_rope)], dim=-1)
+
+    def get_rotary_seq_len(self, *args, **kwargs) -> int:
+        return self.global_rope.get_rotary_seq_len(*args, **kwargs)
+
+
 @dataclass
 class Gemma2TransformerConfig(TransformerConfig):
     """TransformerConfig plus the Gemma2 fields megatron-core has no place for."""
@@ -101,8 +122,14 @@ class Gemma2TransformerConfig(TransformerConfig):
     sliding_window: Optional[int] = None
     # model.decoder.family (orchestrator/plan/decoder_families.py): the layer spec reads it.
     decoder_family: str = "gemma2"
-    # Llama 3's RoPE frequency scaling factor (megatron's rope_scaling), None for none.
+    # RoPE scaling factor (decoder_families.DecoderFamily.rope_scaling says which: Llama 3's
+    # frequency scaling, megatron's rope_scaling, or Gemma 3's linear one, megatron's
+    # seq_len_interpolation_factor), None for none.
     rope_scaling_factor: Optional[float] = None
+    # Every window_pattern-th layer attends globally (decoder_families; 2: Gemma2's even layers).
+    window_pattern: int = 2
+    # Gemma 3: the sliding layers' RoPE base (unscaled); None: one RoPE for every layer.
+    rope_local_theta: Optional[float] = None
 
 
 def gemma2_fields(decoder) -> dict:
@@ -137,6 +164,8 @@ def gemma2_fields(decoder) -> dict:
         sliding_window=decoder.sliding_window if family.sliding_window else None,
         decoder_family=family.name,
         rope_scaling_factor=getattr(decoder, "rope_scaling_factor", None) if family.rope_scaling else None,
+        window_pattern=family.window_pattern,
+        rope_local_theta=getattr(decoder, "rope_local_theta", None) if family.local_rope else None,
         window_size=None,
         window_attn_skip_freq=None,
         hidden_dropout=0.0,
@@ -180,6 +209,7 @@ class Gemma2Model(GPTModel):
                  tie_embeddings: bool = True):
         tp = config.tensor_model_parallel_size
         pp_rank = parallel_state.get_pipeline_model_parallel_rank() if config.pipeline_model_parallel_size > 1 else 0
+        scaling = FAMILIES[config.decoder_family].rope_scaling
         super().__init__(
             config=config,
             transformer_layer_spec=gemma2_block_spec(config, backend, vp_stage=vp_stage, pp_rank=pp_rank,
@@ -194,13 +224,19 @@ class Gemma2Model(GPTModel):
             rotary_base=rope_theta,
             # Llama 3's frequency scaling: megatron's has its low/high frequency factors (1, 4)
             # and original length (8192) fixed, as every Llama 3.x has them.
-            rope_scaling=config.rope_scaling_factor is not None,
+            rope_scaling=config.rope_scaling_factor is not None and scaling == "llama3",
             rope_scaling_factor=config.rope_scaling_factor or 8.0,
+            # Gemma 3's linear scaling: positions divided by the factor
+            seq_len_interpolation_factor=config.rope_scaling_factor if scaling == "linear" else None,
             # Our embedding code scatters after fusion and scaling (see scale_embeddings).
             scatter_embedding_sequence_parallel=False,
             vp_stage=vp_stage,
         )
         self.real_vocab_size = vocab_size
+        if config.rope_local_theta is not None:
+            self.rotary_pos_emb = LocalGlobalRotaryEmbedding(self.rotary_pos_emb, RotaryEmbedding(
+                kv_channels=config.kv_channels, rotary_percent=1.0, rotary_base=config.rope_local_theta,
+                use_cpu_initialization=config.use_cpu_initialization, cp_group=self.pg_collection.cp))
         # sqrt(hidden) rounded to the embeddings' dtype (HF Gemma2), as a Python number made
         # once: no tensor made and copied to the device per call (a host sync on GPUs);
         # 1 for a family without the scale (its multiply changes no value).
@@ -213,6 +249,17 @@ class Gemma2Model(GPTModel):
         self.compiled_loss = None
         if post_process:
             self.output_layer.register_forward_hook(_logits_grad_as_one_matrix)
+
+    def rotary_inv_freqs(self) -> tuple:
+        """(frequencies of every layer's RoPE, of the sliding layers' own or None) as
+        decoding rotates with them (orchestrator.models.kv_cache): the positions' linear
+        scaling folded into the frequencies."""
+        rope = self.rotary_pos_emb
+        local = None
+        if isinstance(rope, LocalGlobalRotaryEmbedding):
+            rope, local = rope.global_rope, rope.local_rope.inv_freq
+        factor = rope.seq_len_interpolation_factor
+        return (rope.inv_freq / factor if factor else rope.inv_freq), local
 
     # -- input side (first pipeline stage) ---------------------------------------
     def embed_tokens(self, input_ids: torch.Tensor) -> torch.Tensor:

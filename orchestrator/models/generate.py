@@ -268,13 +268,13 @@ def _decode_cached(model, prompts, audio_features, audio_lengths, stops, max_new
     ids, real, positions, last = (t.to(device) for t in (ids, real, positions, last))
     stops = stops.to(device)
     chooser = _chooser(model, audio, audio_lengths, audio_clip_rows, b, joint, stops)
-    inv_freq = lm.rotary_pos_emb.inv_freq.to(device)
+    inv_freqs = tuple(None if f is None else f.to(device) for f in lm.rotary_inv_freqs())
     rows = torch.arange(b, device=device)
     cache = KVCache(capacity=ids.shape[1] + max_new_tokens)
 
     def forward(step_ids, step_positions, step_real, step_last, step_audio=None):
         """One decoder forward of this stage over the new columns; the new tokens on every stage."""
-        cache.begin(step_positions, step_real, inv_freq)
+        cache.begin(step_positions, step_real, inv_freqs)
         columns = step_positions.shape[1]
         if lm.pre_process:
             embeddings = lm.embed_tokens(step_ids)

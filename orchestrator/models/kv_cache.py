@@ -2,7 +2,7 @@
 
     cache = KVCache(capacity=prompt_width + max_new_tokens)
     with decoding(language_model, cache):
-        cache.begin(positions, real, inv_freq)   # before each decoder forward
+        cache.begin(positions, real, inv_freqs)  # before each decoder forward
         language_model.decoder(hidden_states=..., attention_mask=None)
 
 While `decoding` is active, every Gemma2 core attention of the language model
@@ -41,21 +41,29 @@ from torch import Tensor
 class DecodeStep:
     """One decoder forward while decoding: the new columns' positions [b, s] and whether
     each is a real token [b, s] (False: padding, neither attended nor stored), plus
-    RoPE's cos and sin at those positions [s, b, 1, dim], made once for all layers."""
+    RoPE's cos and sin at those positions [s, b, 1, dim], made once for all layers: of the
+    model's rotary frequencies and, for Gemma 3's sliding layers, of its local ones
+    (`inv_freqs`: Gemma2Model.rotary_inv_freqs)."""
 
-    def __init__(self, positions: Tensor, real: Tensor, inv_freq: Tensor):
+    def __init__(self, positions: Tensor, real: Tensor, inv_freqs: tuple):
         self.positions = positions
         self.real = real
+        self.cos_sin = [None if f is None else self._cos_sin(positions, f) for f in inv_freqs]
+
+    @staticmethod
+    def _cos_sin(positions: Tensor, inv_freq: Tensor) -> tuple:
         # As megatron's RotaryEmbedding (non-interleaved): angles in fp32, halves repeated.
         freqs = positions.t().to(inv_freq.dtype)[..., None] * inv_freq  # [s, b, dim/2]
         emb = torch.cat((freqs, freqs), dim=-1).unsqueeze(2)  # [s, b, 1, dim]
-        self.cos, self.sin = torch.cos(emb), torch.sin(emb)
+        return torch.cos(emb), torch.sin(emb)
 
-    def rotate(self, t: Tensor) -> Tensor:
+    def rotate(self, t: Tensor, local: bool = False) -> Tensor:
         """RoPE on [s, b, heads, dim] (megatron's `_apply_rotary_pos_emb_bshd`, HF's
-        `apply_rotary_pos_emb`: cos and sin cast to t's dtype, rotate-half)."""
+        `apply_rotary_pos_emb`: cos and sin cast to t's dtype, rotate-half), with the local
+        frequencies where `local`."""
+        cos, sin = self.cos_sin[1 if local else 0]
         x1, x2 = torch.chunk(t, 2, dim=-1)
-        return t * self.cos.to(t.dtype) + torch.cat((-x2, x1), dim=-1) * self.sin.to(t.dtype)
+        return t * cos.to(t.dtype) + torch.cat((-x2, x1), dim=-1) * sin.to(t.dtype)
 
 
 class LayerCache:
@@ -107,9 +115,9 @@ class KVCache:
         self.layers: Dict[int, LayerCache] = {}
         self.step: Optional[DecodeStep] = None
 
-    def begin(self, positions: Tensor, real: Tensor, inv_freq: Tensor) -> None:
+    def begin(self, positions: Tensor, real: Tensor, inv_freqs: tuple) -> None:
         """The next forward's new columns (see DecodeStep)."""
-        self.step = DecodeStep(positions, real, inv_freq)
+        self.step = DecodeStep(positions, real, inv_freqs)
 
     def layer(self, number: int, window: Optional[int], like: Tensor) -> LayerCache:
         cache = self.layers.get(number)

@@ -12,12 +12,17 @@ Torch-free: the submit side imports it.
     qwen2   Llama's layer with biases on the query, key and value projections (Qwen2, 2.5)
     qwen3   Llama's layer with QK-norm: an RMSNorm x*w over each head's head_dim on the
             queries and keys, before RoPE (Qwen3 dense)
+    gemma3  Gemma2's layer (sandwich and zero-centred norms, GeGLU, scaled embeddings,
+            query_pre_attn_scalar) with zero-centred QK-norm, no softcaps, five sliding-window
+            layers to one global layer, RoPE base rope_local_theta on the sliding layers and
+            rope_theta (with linear scaling rope_scaling_factor) on the global ones
 
 `model.decoder.family` selects one; the default is gemma2."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Optional
 
 
 @dataclass(frozen=True)
@@ -28,30 +33,40 @@ class DecoderFamily:
     zero_centered_norm: bool  # RMSNorm scales by (1 + w) (weights stored as offsets from one)
     activation: str  # of the gated MLP: fc1 = [gate; up], act(gate) * up
     scaled_embeddings: bool  # embeddings times sqrt(hidden) (after audio fusion)
-    sliding_window: bool  # windows on even layers (model.decoder.sliding_window)
+    sliding_window: bool  # windows on all layers but every window_pattern-th (model.decoder.sliding_window)
     softcaps: bool  # attention and final logit softcaps may be set
     query_pre_attn_scalar: bool  # queries scaled by query_pre_attn_scalar**-0.5, not head_dim**-0.5
-    rope_scaling: bool  # Llama 3's RoPE frequency scaling may be set
+    # RoPE scaling model.decoder.rope_scaling_factor may set: "llama3" (Llama 3's frequency
+    # scaling), "linear" (positions divided by the factor: Gemma 3), or None
+    rope_scaling: Optional[str]
     hf_architecture: str  # config.json's architectures[0]: the family's HF causal LM class
     qkv_bias: bool = False  # the query, key and value projections have biases
     qk_norm: bool = False  # RMSNorms over head_dim on queries and keys before RoPE
+    # Every window_pattern-th layer (1-based) attends globally, the others in the window:
+    # HF layer_types "sliding_attention" where (i + 1) % pattern != 0 (Gemma2 2, Gemma 3 6)
+    window_pattern: int = 2
+    local_rope: bool = False  # sliding layers rotate with model.decoder.rope_local_theta, unscaled
 
 
 FAMILIES = {
     "gemma2": DecoderFamily("gemma2", "gemma2", sandwich_norms=True, zero_centered_norm=True,
                             activation="gelu_tanh", scaled_embeddings=True, sliding_window=True, softcaps=True,
-                            query_pre_attn_scalar=True, rope_scaling=False, hf_architecture="Gemma2ForCausalLM"),
+                            query_pre_attn_scalar=True, rope_scaling=None, hf_architecture="Gemma2ForCausalLM"),
     "llama": DecoderFamily("llama", "llama", sandwich_norms=False, zero_centered_norm=False, activation="silu",
                            scaled_embeddings=False, sliding_window=False, softcaps=False,
-                           query_pre_attn_scalar=False, rope_scaling=True, hf_architecture="LlamaForCausalLM"),
+                           query_pre_attn_scalar=False, rope_scaling="llama3", hf_architecture="LlamaForCausalLM"),
     "qwen2": DecoderFamily("qwen2", "qwen2", sandwich_norms=False, zero_centered_norm=False, activation="silu",
                            scaled_embeddings=False, sliding_window=False, softcaps=False,
-                           query_pre_attn_scalar=False, rope_scaling=False, hf_architecture="Qwen2ForCausalLM",
+                           query_pre_attn_scalar=False, rope_scaling=None, hf_architecture="Qwen2ForCausalLM",
                            qkv_bias=True),
     "qwen3": DecoderFamily("qwen3", "qwen3", sandwich_norms=False, zero_centered_norm=False, activation="silu",
                            scaled_embeddings=False, sliding_window=False, softcaps=False,
-                           query_pre_attn_scalar=False, rope_scaling=False, hf_architecture="Qwen3ForCausalLM",
+                           query_pre_attn_scalar=False, rope_scaling=None, hf_architecture="Qwen3ForCausalLM",
                            qk_norm=True),
+    "gemma3": DecoderFamily("gemma3", "gemma3_text", sandwich_norms=True, zero_centered_norm=True,
+                            activation="gelu_tanh", scaled_embeddings=True, sliding_window=True, softcaps=False,
+                            query_pre_attn_scalar=True, rope_scaling="linear", hf_architecture="Gemma3ForCausalLM",
+                            qk_norm=True, window_pattern=6, local_rope=True),
 }
 
 
@@ -88,6 +103,7 @@ PROMPTS = {
                   response_suffix="<|im_end|>", audio_token="<|vision_pad|>", add_bos=False),
 }
 PROMPTS["qwen3"] = PROMPTS["qwen2"]
+PROMPTS["gemma3"] = PROMPTS["gemma2"]
 
 
 def prompt_settings(family: str) -> str:

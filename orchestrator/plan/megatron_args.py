@@ -88,7 +88,10 @@ def decoder_args(model: ModelConfig, seq_length: int) -> list[MegatronArg]:
         _arg("position_embedding_type", "rope"),
         _arg("rotary_base", int(dec.rope_theta)),
         *([_arg("use_rope_scaling", True), _arg("rope_scaling_factor", float(dec.rope_scaling_factor))]
-          if dec.rope_scaling_factor is not None else []),  # Llama 3's frequency scaling
+          if dec.rope_scaling_factor is not None and family.rope_scaling == "llama3" else []),
+        # Gemma 3's linear scaling (Megatron-LM takes an integer factor; Gemma 3's is 8)
+        *([_arg("rotary_seq_len_interpolation_factor", int(dec.rope_scaling_factor))]
+          if dec.rope_scaling_factor is not None and family.rope_scaling == "linear" else []),
         _arg("normalization", "RMSNorm"),
         _arg("norm_epsilon", dec.norm_eps),
         # RMSNorm weight w is applied as (1 + w): Gemma's zero-centred gamma.
@@ -98,9 +101,9 @@ def decoder_args(model: ModelConfig, seq_length: int) -> list[MegatronArg]:
         *([_arg("swiglu", True)] if family.activation == "silu" else []),  # fc1 = [gate; up], silu on the gate
         *([_arg("add_qkv_bias", True)] if family.qkv_bias else []),  # Qwen2's q, k, v biases
         *([_arg("qk_layernorm", True)] if family.qk_norm else []),  # Qwen3's RMSNorm of each head's q and k
-        # Sliding window of W tokens including the current one = (W-1, 0) in Megatron;
-        # skip frequency 2 puts windows on layers 0, 2, 4, ... (HF layer_types).
-        *([_arg("window_size", (dec.sliding_window - 1, 0)), _arg("window_attn_skip_freq", 2)]
+        # Sliding window of W tokens including the current one = (W-1, 0) in Megatron; skip
+        # frequency 2 puts windows on layers 0, 2, 4, ... (HF layer_types), 6 on all but 5, 11, ...
+        *([_arg("window_size", (dec.sliding_window - 1, 0)), _arg("window_attn_skip_freq", family.window_pattern)]
           if family.sliding_window and dec.sliding_window else []),
         _arg("hidden_dropout", 0.0),
         _arg("attention_dropout", 0.0),

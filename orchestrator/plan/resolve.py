@@ -34,7 +34,8 @@ def to_object(cfg: DictConfig | AudioLLMConfig) -> AudioLLMConfig:
 ARGV_IMPLEMENTED_BY_AUDIOLLM = {
     "--apply-layernorm-1p": ("orchestrator/models/norms.py ZeroCenteredRMSNorm (local backend); "
                              "TransformerEngine's RMSNorm with zero_centered_gamma (te backend)"),
-    "--window-size --window-attn-skip-freq": "orchestrator/models/attention.py (window on even layers, softcap)",
+    "--window-size --window-attn-skip-freq": ("orchestrator/models/attention.py (windows by the family's layer "
+                                              "pattern, softcap)"),
     "--cp-comm-type all_gather": ("orchestrator/models/attention.py (K/V gathered over the CP group, masks on "
                                   "global positions)"),
 }
@@ -80,8 +81,13 @@ def model_extensions(cfg: AudioLLMConfig) -> dict[str, Any]:
         "attn_logit_softcap": dec.attn_logit_softcap,
         "final_logit_softcap": dec.final_logit_softcap,
         "sliding_window": dec.sliding_window if family.sliding_window else None,
-        "sliding_window_layers": "even" if family.sliding_window and dec.sliding_window else "none",
+        "sliding_window_layers": ("none" if not (family.sliding_window and dec.sliding_window) else "even"
+                                  if family.window_pattern == 2 else f"all but every {family.window_pattern}th"),
+        "rope_scaling": family.rope_scaling if dec.rope_scaling_factor is not None else None,
         "rope_scaling_factor": dec.rope_scaling_factor,
+        # RoPE base of the sliding-window layers (gemma3): no Megatron-LM flag says it; the
+        # project's model rotates them with it (orchestrator/models/gemma2_model.py).
+        "rope_local_theta": dec.rope_local_theta if family.local_rope else None,
         "qkv_bias": family.qkv_bias,  # biases on the query, key and value projections (qwen2)
         "qk_norm": family.qk_norm,  # RMSNorm over head_dim on queries and keys before RoPE (qwen3)
         # Flags of the argv that describe the model but that the job does not hand to

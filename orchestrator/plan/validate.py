@@ -360,7 +360,7 @@ def check_decoder(model: ModelConfig) -> Iterator[Finding]:
     # What another family's layer has and this one's has not: refused, not ignored.
     applies = {"sliding_window": family.sliding_window, "query_pre_attn_scalar": family.query_pre_attn_scalar,
               "attn_logit_softcap": family.softcaps, "final_logit_softcap": family.softcaps,
-              "rope_scaling_factor": family.rope_scaling}
+              "rope_scaling_factor": family.rope_scaling is not None, "rope_local_theta": family.local_rope}
     for key, used in applies.items():
         if not used and getattr(dec, key) is not None:
             yield _error("decoder", f"model.decoder.{key}={getattr(dec, key)} does not apply to the "
@@ -369,6 +369,9 @@ def check_decoder(model: ModelConfig) -> Iterator[Finding]:
         value = getattr(dec, key)
         if used and value is not None and value <= 0:
             yield _error("decoder", f"model.decoder.{key}={value} must be positive or null (none)")
+    if family.local_rope and dec.rope_local_theta is None:
+        yield _error("decoder", f"model.decoder.rope_local_theta is null: the {dec.family} family's sliding-window "
+                                f"layers rotate with their own RoPE base (Gemma 3: 10000, HF rope_local_base_freq)")
     if family.query_pre_attn_scalar and dec.query_pre_attn_scalar is None:
         yield _error("decoder", f"model.decoder.query_pre_attn_scalar is null: the {dec.family} family scales "
                                 f"queries by it (Gemma2: 256 at 2b and 9b, HF query_pre_attn_scalar)")

@@ -16,7 +16,7 @@ from orchestrator.convert import compare_weights, hf_to_megatron, megatron_to_hf
 from orchestrator.train.dist_format import write_model_tensors
 from orchestrator.convert.gemma2_mapping import Gemma2Shape, hf_to_megatron_tensors
 from orchestrator.convert.hf_io import SafetensorsDir
-from tests.models.tiny_models import hf_gemma2, hf_llama, hf_qwen2, hf_qwen3, randomize, whisper_config
+from tests.models.tiny_models import hf_gemma2, hf_gemma3, hf_llama, hf_qwen2, hf_qwen3, randomize, whisper_config
 
 
 @pytest.fixture(scope="module")
@@ -46,8 +46,8 @@ def _write_converted(hf_dir: Path, out: Path, edit) -> None:
 
 @pytest.mark.parametrize("make,dtype", [(hf_gemma2, torch.float32), (hf_gemma2, torch.bfloat16),
                                         (hf_llama, torch.float32), (hf_qwen2, torch.float32),
-                                        (hf_qwen3, torch.bfloat16)],
-                         ids=["gemma2-fp32", "gemma2-bf16", "llama-fp32", "qwen2-fp32", "qwen3-bf16"])
+                                        (hf_qwen3, torch.bfloat16), (hf_gemma3, torch.float32)],
+                         ids=["gemma2-fp32", "gemma2-bf16", "llama-fp32", "qwen2-fp32", "qwen3-bf16", "gemma3-fp32"])
 def test_hf_megatron_hf_round_trip_is_bit_identical(tmp_path, make, dtype):
     src = tmp_path / "hf"
     make(seed=1).to(dtype).save_pretrained(src, safe_serialization=True)
@@ -92,12 +92,12 @@ def test_one_conversion_verifies_at_every_layout(capsys, tmp_path, hf_dir, tp, p
 
 
 @pytest.mark.multiprocess
-@pytest.mark.parametrize("make", [hf_llama, hf_qwen2, hf_qwen3], ids=["llama", "qwen2", "qwen3"])
+@pytest.mark.parametrize("make", [hf_llama, hf_qwen2, hf_qwen3, hf_gemma3], ids=["llama", "qwen2", "qwen3", "gemma3"])
 def test_each_family_converts_and_verifies_at_tp2_pp2(capsys, tmp_path, make):
     """Llama 3's shape in small (untied output layer, RoPE scaling), Qwen2.5's (q/k/v
-    biases, tied) and Qwen3's (QK-norm, untied): each tensor travels (the output layer as
-    its own where it is untied, the biases split by KV groups, the QK-norms replicated)
-    and loads at another layout."""
+    biases, tied), Qwen3's (QK-norm, untied) and Gemma 3's (sandwich and QK-norms, two
+    RoPE bases): each tensor travels (the output layer as its own where it is untied, the
+    biases split by KV groups, the QK-norms replicated) and loads at another layout."""
     src = tmp_path / "hf"
     make(seed=2).save_pretrained(src, safe_serialization=True)
     code, result = _verify(capsys, src, tmp_path / "mg", "--tp", "2", "--pp", "2")
@@ -107,10 +107,10 @@ def test_each_family_converts_and_verifies_at_tp2_pp2(capsys, tmp_path, make):
 
     stored = {name: tuple(t.global_shape) for name, t in stored_model_tensors(tmp_path / "mg").items()}
     family = make.__name__[len("hf_"):]
-    assert stored.get("language_model.output_layer.weight") == (None if family == "qwen2" else (250, 64))
+    assert stored.get("language_model.output_layer.weight") == (None if family in ("qwen2", "gemma3") else (250, 64))
     layer = "language_model.decoder.layers.self_attention."
     assert (layer + "linear_qkv.bias" in stored) == (family == "qwen2")
-    assert stored.get(layer + "q_layernorm.weight") == ((4, 32) if family == "qwen3" else None)
+    assert stored.get(layer + "q_layernorm.weight") == {"qwen3": (4, 32), "gemma3": (6, 16)}.get(family)
 
 
 @pytest.mark.multiprocess
@@ -159,7 +159,7 @@ def test_bad_sources_get_clear_errors(tmp_path, capsys):
         hf_to_megatron.main(["--hf", str(tmp_path), "--out", str(tmp_path / "out")])
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "phi3"}))
     with pytest.raises(ValueError, match="model_type 'phi3' is not supported: the decoder families are gemma2, llama, "
-                                         "qwen2, qwen3"):
+                                         "qwen2, qwen3, gemma3_text"):
         hf_to_megatron.main(["--hf", str(tmp_path), "--out", str(tmp_path / "out")])
     # megatron-to-hf says what to fix in one line, without a traceback
     assert megatron_to_hf.main(["--megatron", str(tmp_path), "--out", str(tmp_path / "back")]) == 2

@@ -5,12 +5,16 @@ fp32), several layouts and the known porting mistakes, in one process launch:
   untied output layer, RoPE with Llama 3's scaling) vs HF LlamaForCausalLM (eager);
 - qwen2: that layer with q/k/v biases, tied embeddings, vs HF Qwen2ForCausalLM;
 - qwen3: that layer with QK-norm and head_dim wider than hidden / heads, vs Qwen3ForCausalLM;
+- gemma3: Gemma2's layer with zero-centred QK-norm, one global layer in six, two RoPE
+  bases (linear scaling on the global one), no softcaps, vs HF Gemma3ForCausalLM;
 - context parallelism (CP=2): each rank runs its two load-balanced chunks of the rows
   (megatron's layout, which RoPE and the attention's K/V gather follow), the outputs are
   put back in row order and compared with HF's;
 - qwen3's QK-norm gradients at TP=2, with and without sequence parallelism, equal TP=1's
   after megatron's finalize_model_grads (each rank's norms see only its heads: the
   config's qk_layernorm has them summed over TP); without qk_layernorm they stay partial;
+- gemma3's greedy decoding through the KV cache (each layer type rotating with its own
+  RoPE, the sliding layers' ring cache) and without it equals HF `generate`'s;
 - the AudioLLM with each decoder: the plan's parameter inventory equals the built model's.
 
 Prints one `RESULT <json>` line per case from the rank holding the full logits.
@@ -40,7 +44,10 @@ def cases():
             dict(name="qwen2_tp1"), dict(name="qwen2_tp2_sp", tp=2, sp=True), dict(name="qwen2_pp2", pp=2),
             dict(name="qwen2_cp2", cp=2),
             dict(name="qwen3_tp1"), dict(name="qwen3_tp2_sp", tp=2, sp=True), dict(name="qwen3_pp2", pp=2),
-            dict(name="qwen3_packed_tp2_sp", tp=2, sp=True, packed=True), dict(name="qwen3_cp2", cp=2)]
+            dict(name="qwen3_packed_tp2_sp", tp=2, sp=True, packed=True), dict(name="qwen3_cp2", cp=2),
+            dict(name="gemma3_tp1"), dict(name="gemma3_tp2_sp", tp=2, sp=True), dict(name="gemma3_pp2", pp=2),
+            dict(name="gemma3_cp2", cp=2), dict(name="gemma3_packed_tp2_sp", tp=2, sp=True, packed=True),
+            dict(name="gemma3_flex_tp1", attention="flex")]
     # Each family's porting mistakes: Gemma's norm, activation, no RoPE scaling; a Llama layer
     # (the q/k/v biases or the QK-norm left out); q_norm and k_norm loaded into each other.
     bad = [dict(name="llama_bad_zero_centered_norm", weights="norm_offset"),
@@ -53,7 +60,12 @@ def cases():
            dict(name="qwen3_bad_q_and_k_norms_swapped", weights="swap_qk_norm"),
            # CP ranks given contiguous halves of the rows: RoPE and the attention's K/V
            # gather place them in the load-balanced chunks they do not hold.
-           dict(name="qwen3_bad_cp2_contiguous_halves", cp=2, slots="contiguous")]
+           dict(name="qwen3_bad_cp2_contiguous_halves", cp=2, slots="contiguous"),
+           # Gemma 3: one RoPE for every layer; Gemma2's window on every other layer; the
+           # global RoPE without its linear scaling
+           dict(name="gemma3_bad_one_rope", overrides={"rope_local_theta": None}),
+           dict(name="gemma3_bad_window_every_other_layer", overrides={"window_pattern": 2}),
+           dict(name="gemma3_bad_no_rope_scaling", overrides={"rope_scaling_factor": None})]
     return good + bad
 
 
@@ -79,7 +91,8 @@ def main() -> None:
 
     from orchestrator.convert.gemma2_mapping import Gemma2Shape
     from orchestrator.models.gemma2_model import Gemma2Model, gemma2_transformer_config
-    from orchestrator.models.norms import RMSNorm
+    from orchestrator.models.norms import RMSNorm, ZeroCenteredRMSNorm
+    from orchestrator.plan.decoder_families import FAMILIES
     from tests.models.sharding import hf_to_megatron_full, shard_megatron
 
     references = {}
@@ -115,7 +128,8 @@ def main() -> None:
                             rope_theta=dec.rope_theta, tie_embeddings=dec.tie_embeddings,
                             attention=case.get("attention", "reference")).eval()
         layer = model.decoder.layers[0]
-        assert isinstance(layer.input_layernorm, RMSNorm) and isinstance(layer.pre_mlp_layernorm, RMSNorm)
+        norm = ZeroCenteredRMSNorm if FAMILIES[family].zero_centered_norm else RMSNorm
+        assert isinstance(layer.input_layernorm, norm) and isinstance(layer.pre_mlp_layernorm, norm)
         weights = altered(r["full"], case.get("weights"))
         shard = shard_megatron(weights, shape, tp, pp)[(ps.get_tensor_model_parallel_rank(),
                                                         ps.get_pipeline_model_parallel_rank())]
@@ -150,9 +164,69 @@ def main() -> None:
                 "loss_diff": abs(loss.item() - ref_loss.item()), "loss": loss.item(),
                 "logit_scale": ref_logits.abs().max().item()}), flush=True)
     qk_norm_grad_cases(references["qwen3"])
+    decode_check("gemma3")
     for family, r in references.items():
         inventory_check(family, r["hf"])
     shutdown()
+
+
+def decode_check(family: str) -> None:
+    """Greedy continuations of text prompts longer than the window (the AudioLLM with this
+    decoder, TP=1) with and without the KV cache, against HF generate's (left padded);
+    then, the known mistake, through the cache with one RoPE for every layer. The token
+    embeddings are drawn small, so that the random model's next token follows its context
+    (at tiny_models' spread a row repeats one token)."""
+    import torch.distributed as dist
+    from megatron.core import parallel_state as ps
+
+    from orchestrator.models.audiollm import build_audiollm
+    from orchestrator.models.gemma2_model import gemma2_transformer_config
+    from orchestrator.models.generate import greedy_generate
+    from tests.models.sharding import shard_megatron
+    from tests.models.tiny_models import tiny_model_config, whisper_config
+
+    from orchestrator.convert.gemma2_mapping import Gemma2Shape
+    from orchestrator.models.attention import _Gemma2CoreAttentionBase
+    from tests.models.sharding import hf_to_megatron_full
+
+    hf = HF_DECODERS[family](seed=3)
+    with torch.no_grad():
+        hf.model.embed_tokens.weight.mul_(0.3)
+    shape = Gemma2Shape.from_hf_config(hf.config)
+    full = hf_to_megatron_full(hf.state_dict(), shape)
+    new = 12
+    STOP = 1  # noqa: N806 (a row ends at it on both sides)
+    gen = torch.Generator().manual_seed(4)
+    prompts = [torch.randint(10, 240, (n,), generator=gen).tolist() for n in (13, 10, 17)]
+    width = max(map(len, prompts))
+    ids = torch.zeros((len(prompts), width), dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for i, p in enumerate(prompts):
+        ids[i, width - len(p):], mask[i, width - len(p):] = torch.tensor(p), 1
+    with torch.no_grad():
+        out = hf.generate(input_ids=ids, attention_mask=mask, max_new_tokens=new, do_sample=False, pad_token_id=0,
+                          eos_token_id=STOP, output_scores=True, return_dict_in_generate=True)
+    expected = [row[:row.index(STOP)] if STOP in row else row for row in out.sequences[:, width:].tolist()]
+    top2 = torch.stack(out.scores).topk(2, dim=-1).values
+    if ps.model_parallel_is_initialized():
+        ps.destroy_model_parallel()
+    init_distributed(ParallelDims(), seed=0)
+    cfg = tiny_model_config(hf.config, whisper_config())
+    model = build_audiollm(cfg, gemma2_transformer_config(cfg.decoder, ParallelDims()), audio_token_id=5)
+    state = {"language_model." + k: v for k, v in shard_megatron(full, shape, 1, 1)[(0, 0)].items()}
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    assert not unexpected and not [k for k in missing if k.startswith("language_model.")
+                                   and not k.endswith("_extra_state")], (missing, unexpected)
+    answers = {cached: greedy_generate(model, prompts, None, None, stop_ids=[STOP], max_new_tokens=new,
+                                       use_cache=cached) for cached in (True, False)}
+    for attention in model.modules():
+        if isinstance(attention, _Gemma2CoreAttentionBase):
+            attention.local_rope = False
+    one_rope = greedy_generate(model, prompts, None, None, stop_ids=[STOP], max_new_tokens=new)
+    if dist.get_rank() == 0:
+        print("RESULT " + json.dumps({"case": f"{family}_decode", "hf": expected, "cached": answers[True],
+                                      "uncached": answers[False], "bad_cached_one_rope": one_rope,
+                                      "min_margin": float((top2[..., 0] - top2[..., 1]).min())}), flush=True)
 
 
 def qk_norm_grad_cases(r) -> None:

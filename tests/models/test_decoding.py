@@ -68,7 +68,7 @@ def test_per_row_stop_ids_and_max_new_tokens(result):
 def _step(cache, positions, real=None):
     positions = torch.tensor(positions)
     cache.begin(positions, torch.ones_like(positions, dtype=torch.bool) if real is None else torch.tensor(real),
-                inv_freq=torch.ones(2))
+                inv_freqs=(torch.ones(2), None))
 
 
 def test_a_windowed_layer_keeps_only_what_its_window_can_see():

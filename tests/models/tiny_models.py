@@ -1,4 +1,4 @@
-"""Tiny random HF models (Gemma2, Llama, Qwen2, Qwen3, Whisper) and the matching project config sections.
+"""Tiny random HF models (Gemma2, Llama, Qwen2, Qwen3, Gemma 3, Whisper) and the matching project config sections.
 
 Weights are redrawn with larger spreads than HF's init (and non-zero norm weights), so
 that every Gemma2 detail (norm offset, softcaps, window, activation) moves the logits
@@ -7,8 +7,9 @@ far beyond the parity tolerance."""
 from __future__ import annotations
 
 import torch
-from transformers import (Gemma2Config, Gemma2ForCausalLM, LlamaConfig, LlamaForCausalLM, Qwen2Config,
-                          Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM, WhisperConfig)
+from transformers import (Gemma2Config, Gemma2ForCausalLM, Gemma3ForCausalLM, Gemma3TextConfig, LlamaConfig,
+                          LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM,
+                          WhisperConfig)
 
 from orchestrator.convert.gemma2_mapping import decoder_config_from_hf
 from orchestrator.plan.schema.model import AdapterConfig, DecoderConfig, EncoderConfig, ModelConfig
@@ -89,7 +90,22 @@ def hf_qwen3(seed: int = 0, **overrides) -> Qwen3ForCausalLM:
                              seed)
 
 
-HF_DECODERS = {"llama": hf_llama, "qwen2": hf_qwen2, "qwen3": hf_qwen3}
+# Gemma 3's text model in small: six layers, so that layer 5 is the one global layer among
+# five sliding ones (window 8); RoPE base 1e6 with linear scaling 8 on it (as 4b and
+# larger), 1e4 unscaled on the others; zero-centred QK-norm; no softcaps; tied.
+GEMMA3 = dict(vocab_size=250, hidden_size=64, intermediate_size=96, num_hidden_layers=6, num_attention_heads=4,
+              num_key_value_heads=2, head_dim=16, query_pre_attn_scalar=24, sliding_window=8,
+              max_position_embeddings=128, rms_norm_eps=1e-6, rope_theta=1000000.0, rope_local_base_freq=10000.0,
+              rope_scaling={"rope_type": "linear", "factor": 8.0}, tie_word_embeddings=True,
+              hidden_activation="gelu_pytorch_tanh")
+
+
+def hf_gemma3(seed: int = 0, **overrides) -> Gemma3ForCausalLM:
+    config = Gemma3TextConfig(**{**GEMMA3, **overrides}, attn_implementation="eager")
+    return randomize(Gemma3ForCausalLM(config), seed).eval()
+
+
+HF_DECODERS = {"llama": hf_llama, "qwen2": hf_qwen2, "qwen3": hf_qwen3, "gemma3": hf_gemma3}
 
 
 def decoder_config(hf_cfg) -> DecoderConfig:

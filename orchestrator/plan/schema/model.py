@@ -8,11 +8,11 @@ from omegaconf import MISSING
 
 @dataclass
 class DecoderConfig:
-    """The decoder: a Gemma2, Llama, Qwen2 or Qwen3 (orchestrator/plan/decoder_families.py).
-    HF config names are given where ours differ."""
+    """The decoder: a Gemma2, Llama, Qwen2, Qwen3 or Gemma 3 (orchestrator/plan/
+    decoder_families.py). HF config names are given where ours differ."""
 
-    # gemma2 | llama | qwen2 | qwen3: what the layer computes (norms, activation, embedding
-    # scale, windows, QKV biases, QK-norm)
+    # gemma2 | llama | qwen2 | qwen3 | gemma3: what the layer computes (norms, activation,
+    # embedding scale, windows, QKV biases, QK-norm, RoPE per layer type)
     family: str = "gemma2"
     hidden_size: int = MISSING
     num_layers: int = MISSING  # HF num_hidden_layers
@@ -24,17 +24,21 @@ class DecoderConfig:
     max_position_embeddings: int = 8192
     rope_theta: float = 10000.0
     norm_eps: float = 1e-6  # RMSNorm: x*rsqrt(mean(x^2)+eps) times (1+w) (gemma2) or w (the others)
-    # Sliding-window attention on layers whose 0-based index is even (HF layer_types);
-    # the window includes the current token: 4096 means Megatron window_size=(4095, 0).
-    # Gemma2 only (null for llama).
+    # Sliding-window attention (HF layer_types): on layers whose 0-based index is even
+    # (gemma2), on all but every sixth (gemma3); the window includes the current token:
+    # 4096 means Megatron window_size=(4095, 0). Gemma only (null for the others).
     sliding_window: Optional[int] = 4096
     query_pre_attn_scalar: Optional[float] = 256.0  # queries scaled by query_pre_attn_scalar**-0.5
     attn_logit_softcap: Optional[float] = 50.0  # cap*tanh(score/cap) before the mask
     final_logit_softcap: Optional[float] = 30.0  # cap*tanh(logit/cap) before the loss
-    # Llama 3's RoPE frequency scaling (HF rope_type "llama3" with low/high frequency
-    # factors 1 and 4 over 8192 original positions, as every Llama 3.x has): the factor
-    # (8 for 3.1, 32 for 3.2), or null for none. Llama only.
+    # RoPE scaling, or null for none. llama: Llama 3's frequency scaling (HF rope_type
+    # "llama3" with low/high frequency factors 1 and 4 over 8192 original positions, as every
+    # Llama 3.x has), 8 for 3.1, 32 for 3.2. gemma3: linear (positions divided by the
+    # factor) on the global layers, 8 for 4b and larger.
     rope_scaling_factor: Optional[float] = None
+    # RoPE base of the sliding-window layers (HF rope_local_base_freq; 10000 for every
+    # Gemma 3). gemma3 only.
+    rope_local_theta: Optional[float] = None
     tie_embeddings: bool = True
     freeze: bool = False  # freeze every base decoder weight (LoRA adapters stay trainable)
     # Std of the random initial weights (megatron init_method_std); matters only without
