@@ -55,6 +55,18 @@ def test_qwen2_5_7b_and_qwen3_8b_counts_match_the_published_models():
     assert not any(name.endswith(".bias") for name in qwen3)
 
 
+def test_gemma3_4b_counts_match_the_published_language_model():
+    cfg = compose(["+recipe=gemma2_whisper_tp1", "model=gemma3_4b_whisper_large_v3", "lora=none"])
+    inv = {p.name: p for p in parameter_inventory(cfg.model, cfg.lora, tp=cfg.parallel.tp)
+           if p.component in ("decoder", "embedding")}
+    # HF gemma-3-4b's language model: sandwich norms and QK-norms of head_dim 256, tied
+    # 262208 x 2560 embeddings (padded to 262272 rows at tp=1: 64 x 2560 more)
+    assert sum(p.numel for p in inv.values()) == 3_880_263_168 + 64 * 2560
+    assert inv["language_model.decoder.layers.0.self_attention.k_layernorm.weight"].shape == (256,)
+    assert "language_model.decoder.layers.0.post_mlp_layernorm.weight" in inv
+    assert "language_model.output_layer.weight" not in inv
+
+
 def test_lora_names_follow_the_contract():
     cfg = compose(["+recipe=tiny_cpu", "lora=decoder_r16"])
     inv = {p.name: p for p in parameter_inventory(cfg.model, cfg.lora)}

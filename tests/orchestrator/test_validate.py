@@ -106,7 +106,7 @@ INVALID = [
                  id="profile_one_number"),
     pytest.param(["train.profile_steps=[5,5]", "train.profile_ranks=[0,1]"], "profile",
                  ["train.profile_ranks=[0, 1]", "0 to 0", "launcher.gpus_per_node 1"], id="profile_rank_the_job_lacks"),
-    pytest.param(["model.decoder.family=qwen9"], "decoder", ["model.decoder.family='qwen9'", "'gemma2', 'llama', 'qwen2', 'qwen3'"],
+    pytest.param(["model.decoder.family=qwen9"], "decoder", ["model.decoder.family='qwen9'", "'gemma2', 'gemma3', 'llama', 'qwen2', 'qwen3'"],
                  id="unknown_decoder_family"),
     pytest.param(["model.decoder.family=llama", "model.decoder.query_pre_attn_scalar=null",
                   "model.decoder.attn_logit_softcap=null", "model.decoder.final_logit_softcap=null"], "decoder",
@@ -114,6 +114,12 @@ INVALID = [
                   "model.decoder.sliding_window=null"], id="gemma2_window_on_a_llama"),
     pytest.param(["model.decoder.rope_scaling_factor=8"], "decoder",
                  ["model.decoder.rope_scaling_factor=8.0", "gemma2"], id="llama_rope_scaling_on_a_gemma2"),
+    pytest.param(["model.decoder.family=gemma3", "model.decoder.attn_logit_softcap=null",
+                  "model.decoder.final_logit_softcap=null"], "decoder",
+                 ["model.decoder.rope_local_theta is null", "gemma3", "10000"], id="gemma3_without_its_local_rope_base"),
+    pytest.param(["model.decoder.family=gemma3", "model.decoder.rope_local_theta=10000"], "decoder",
+                 ["model.decoder.attn_logit_softcap=50.0 does not apply to the gemma3 decoder family"],
+                 id="gemma2_softcap_on_a_gemma3"),
     pytest.param(["model.adapter.ctc_weight=-1"], "adapter", ["model.adapter.ctc_weight=-1"], id="negative_ctc_weight"),
     pytest.param(["model.adapter.ctc_weight=0.3", "parallel.pp=2", "launcher.gpus_per_node=2"], "ctc",
                  ["model.adapter.ctc_weight=0.3", "parallel.pp=1 (got 2)"], id="ctc_with_pipeline_parallel"),
@@ -346,6 +352,23 @@ def test_a_qwen_decoder_plans_its_megatron_flag(model, flag):
         assert absent not in argv, absent
     assert plan.model_extensions["qkv_bias"] == (flag == "--add-qkv-bias")
     assert plan.model_extensions["qk_norm"] == (flag == "--qk-layernorm")
+
+
+def test_a_gemma3_decoder_plans_its_megatron_flags_and_its_local_rope_base():
+    """Gemma 3 to Megatron-LM: Gemma's norm and window flags, QK-norm, one global layer in
+    six, linear RoPE scaling; its sliding layers' RoPE base has no flag, and the plan says
+    the project's model applies it."""
+    plan = resolve(compose(["+recipe=gemma2_whisper_tp1", "model=gemma3_4b_whisper_large_v3"]), purpose="plan")
+    argv = " ".join(plan.argv)
+    for flag in ("--apply-layernorm-1p", "--qk-layernorm", "--window-size (1023,0)", "--window-attn-skip-freq 6",
+                 "--rotary-seq-len-interpolation-factor 8", "--rotary-base 1000000"):
+        assert flag in argv, flag
+    for flag in ("--use-rope-scaling", "--swiglu", "--untie-embeddings-and-output-weights"):
+        assert flag not in argv, flag
+    extensions = plan.model_extensions
+    assert (extensions["rope_local_theta"], extensions["rope_scaling"]) == (10000.0, "linear")
+    assert extensions["sliding_window_layers"] == "all but every 6th" and extensions["qk_norm"]
+    assert extensions["attn_logit_softcap"] is None and extensions["final_logit_softcap"] is None
 
 
 def test_an_untied_output_layer_adds_its_weights_to_the_plan_but_not_its_logits_twice():
