@@ -75,11 +75,15 @@ class SafetensorsDir:
 
 class TensorsUnder:
     """The tensors of a SafetensorsDir whose names start with `prefix`, named without it
-    (one part of an AudioLLM model directory: `language_model.`, `encoder.`, `adapter.`)."""
+    (one part of an AudioLLM model directory: `language_model.`, `encoder.`, `adapter.`),
+    or with `prefix` replaced by `renamed`."""
 
-    def __init__(self, source: SafetensorsDir, prefix: str):
-        self.source, self.prefix = source, prefix
-        self._names = [n[len(prefix):] for n in source.names() if n.startswith(prefix)]
+    def __init__(self, source: SafetensorsDir, prefix: str, renamed: str = ""):
+        self.source, self.prefix, self.renamed = source, prefix, renamed
+        self._names = [renamed + n[len(prefix):] for n in source.names() if n.startswith(prefix)]
+
+    def _stored(self, name: str) -> str:
+        return self.prefix + name[len(self.renamed):]
 
     def names(self) -> List[str]:
         return list(self._names)
@@ -88,13 +92,13 @@ class TensorsUnder:
         return iter(self._names)
 
     def __contains__(self, name: str) -> bool:
-        return self.prefix + name in self.source
+        return name.startswith(self.renamed) and self._stored(name) in self.source
 
     def __getitem__(self, name: str) -> torch.Tensor:
-        return self.source[self.prefix + name]
+        return self.source[self._stored(name)]
 
     def dtype_name(self) -> str:
-        name = self.prefix + self._names[0]
+        name = self._stored(self._names[0])
         stored = self.source._where[name].get_slice(name).get_dtype()
         return _DTYPES.get(stored, stored.lower())
 
@@ -188,3 +192,26 @@ class ShardWriter:
         (self.dir / "model.safetensors.index.json").write_text(
             json.dumps({"metadata": {"total_size": self.total}, "weight_map": weight_map}, indent=2))
         return self.total
+
+
+# Multimodal HF checkpoints whose language model is a decoder family's: config.json's
+# model_type -> (the key of its text config, where its decoder's tensors are stored, as
+# transformers 4 writes them and as 5 does). Gemma 3 from 4b up is one
+# (Gemma3ForConditionalGeneration); its vision tower is left out.
+MULTIMODAL_DECODERS = {"gemma3": ("text_config", ("language_model.model.", "model.language_model."))}
+
+
+def multimodal_decoder(config_dict: dict, source: SafetensorsDir):
+    """(the decoder's config.json dict, its tensors named as the text model's: model.*) of a
+    multimodal checkpoint (MULTIMODAL_DECODERS), or None for any other."""
+    known = MULTIMODAL_DECODERS.get(config_dict.get("model_type"))
+    if known is None:
+        return None
+    key, prefixes = known
+    for prefix in prefixes:
+        tensors = TensorsUnder(source, prefix, renamed="model.")
+        if tensors.names():
+            return config_dict[key], tensors
+    raise ValueError(f"the {config_dict.get('model_type')} checkpoint holds no language-model tensors under "
+                     f"{' or '.join(prefixes)}")
+

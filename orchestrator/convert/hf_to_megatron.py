@@ -1,8 +1,10 @@
 """`audiollm convert hf-to-megatron --hf HF_DIR --out OUT_DIR [--whisper DIR] [--adapter DIR] [--peft DIR] [--verify]`
 
 Writes an AudioLLM model directory (what `megatron-to-hf` writes by default: decoder,
-encoder and adapter in one) or a HF Gemma2 checkpoint (and the encoder of a HF Whisper checkpoint, an adapter
-exported by `megatron-to-hf`, and a PEFT LoRA adapter of the Gemma2) as one megatron
+encoder and adapter in one) or a HF decoder checkpoint of a family (Gemma2, Llama, Qwen2,
+Qwen3, Gemma 3; Gemma 3's multimodal checkpoints give their language model), with the
+encoder of a HF Whisper checkpoint, an adapter exported by `megatron-to-hf`, and a PEFT
+LoRA adapter of the decoder, as one megatron
 dist_checkpointing checkpoint that every TP / PP / virtual-PP layout loads
 (`model.init_checkpoint`; a run with LoRA of the same rank and alpha fine-tunes the PEFT
 adapter on: orchestrator/convert/peft_lora.py). With --verify,
@@ -25,7 +27,9 @@ from orchestrator.plan.checkpoint_dirs import (ADAPTER_SUBDIR, CONVERTED_META, E
                                                file_record, write_manifest)
 from orchestrator.convert.gemma2_mapping import Gemma2Shape, hf_decoder_config, hf_to_megatron_tensors
 from orchestrator.convert.audiollm_dir import MODEL_TYPE
-from orchestrator.convert.hf_io import SafetensorsDir, TensorsUnder, read_hf_config
+from orchestrator.plan.decoder_families import family_for_hf
+from orchestrator.convert.hf_io import (MULTIMODAL_DECODERS, SafetensorsDir, TensorsUnder, multimodal_decoder,
+                                         read_hf_config)
 
 # Where encoder tensors sit: WhisperForConditionalGeneration, WhisperModel, a bare
 # WhisperEncoder (what megatron-to-hf writes).
@@ -64,7 +68,12 @@ def convert(hf_dir: Path, out_dir: Path, whisper_dir: Optional[Path] = None, ada
     if whole and (whisper_dir is not None or adapter_dir is not None):
         raise ValueError(f"{hf_dir} is an AudioLLM model directory: its encoder and adapter are in it "
                          f"(drop --whisper / --adapter)")
-    text_config = config_dict["text_config"] if whole else config_dict
+    # e.g. gemma-3-4b: its language model
+    multimodal = multimodal_decoder(config_dict, SafetensorsDir(hf_dir)) \
+        if config_dict.get("model_type") in MULTIMODAL_DECODERS else None
+    text_config = config_dict["text_config"] if whole else multimodal[0] if multimodal else config_dict
+    if multimodal:  # what an export writes back: the language model on its own (Gemma3ForCausalLM)
+        text_config = {**text_config, "architectures": [family_for_hf(text_config["model_type"]).hf_architecture]}
     shape = Gemma2Shape.from_hf_config(hf_decoder_config(text_config))
     # An export of this project carries the encoder and adapter beside the decoder.
     if whisper_dir is None and (hf_dir / ENCODER_SUBDIR / "config.json").is_file():
@@ -72,7 +81,7 @@ def convert(hf_dir: Path, out_dir: Path, whisper_dir: Optional[Path] = None, ada
     if adapter_dir is None and (hf_dir / ADAPTER_SUBDIR).is_dir():
         adapter_dir = hf_dir / ADAPTER_SUBDIR
     files = SafetensorsDir(hf_dir)
-    source = TensorsUnder(files, "language_model.") if whole else files
+    source = TensorsUnder(files, "language_model.") if whole else multimodal[1] if multimodal else files
     lora, lora_meta = {}, None
     if peft_dir is not None:
         lora, rank, alpha = peft_to_megatron_lora(*read_peft_adapter(Path(peft_dir)), shape)
@@ -101,7 +110,7 @@ def convert(hf_dir: Path, out_dir: Path, whisper_dir: Optional[Path] = None, ada
             "dtype": source.dtype_name()}
     if lora_meta is not None:
         meta["lora"] = lora_meta
-    (out_dir / "hf_config.json").write_text(json.dumps(text_config, indent=2) if whole else
+    (out_dir / "hf_config.json").write_text(json.dumps(text_config, indent=2) if whole or multimodal else
                                             (hf_dir / "config.json").read_text())
     if whole:
         (out_dir / "whisper_config.json").write_text(json.dumps(config_dict["audio_config"], indent=2))
@@ -119,14 +128,14 @@ def convert(hf_dir: Path, out_dir: Path, whisper_dir: Optional[Path] = None, ada
 
 def main(argv: Optional[List[str]] = None) -> int:
     parser = argparse.ArgumentParser(prog="audiollm convert hf-to-megatron", description=__doc__.split("\n\n")[1])
-    parser.add_argument("--hf", required=True, type=Path, help="HF Gemma2 checkpoint directory")
+    parser.add_argument("--hf", required=True, type=Path, help="HF decoder checkpoint directory (or an AudioLLM model directory)")
     parser.add_argument("--out", required=True, type=Path, help="output directory")
     parser.add_argument("--whisper", type=Path, default=None,
                         help=f"HF Whisper checkpoint for encoder.* weights (default: HF_DIR/{ENCODER_SUBDIR} if present)")
     parser.add_argument("--adapter", type=Path, default=None,
                         help=f"adapter weights written by megatron-to-hf (default: HF_DIR/{ADAPTER_SUBDIR} if present)")
     parser.add_argument("--peft", type=Path, default=None,
-                        help="a PEFT LoRA adapter of the Gemma2 (adapter_config.json + adapter_model.safetensors) "
+                        help="a PEFT LoRA adapter of the decoder (adapter_config.json + adapter_model.safetensors) "
                              "to fine-tune on: a run with lora.rank and lora.alpha as printed loads it")
     parser.add_argument("--verify", action="store_true", help="compare HF and converted logits on random tokens")
     parser.add_argument("--tp", type=int, default=1, help="--verify: tensor-parallel size to load the checkpoint at")

@@ -53,7 +53,7 @@ def _worker(args) -> None:
 
     from orchestrator.convert.audiollm_dir import MODEL_TYPE
     from orchestrator.convert.gemma2_mapping import decoder_config_from_hf, hf_decoder_config
-    from orchestrator.convert.hf_io import read_hf_config
+    from orchestrator.convert.hf_io import MULTIMODAL_DECODERS, read_hf_config
     from orchestrator.convert.megatron_forward import pipeline_forward
     from orchestrator.models.gemma2_model import Gemma2Model, gemma2_transformer_config
     from orchestrator.plan.parallel_dims import ParallelDims
@@ -66,7 +66,9 @@ def _worker(args) -> None:
     device = init_distributed(ParallelDims(tp=tp, pp=pp), seed=0, allow_tf32=False)
     config_dict = read_hf_config(args.hf)
     whole = config_dict.get("model_type") == MODEL_TYPE  # an AudioLLM model directory: its decoder is compared
-    hf_cfg = hf_decoder_config(config_dict["text_config"] if whole else config_dict)
+    # a multimodal model (Gemma 3 from 4b up): its language model is compared
+    text_key = "text_config" if whole else MULTIMODAL_DECODERS.get(config_dict.get("model_type"), (None,))[0]
+    hf_cfg = hf_decoder_config(config_dict[text_key] if text_key else config_dict)
     dec = decoder_config_from_hf(hf_cfg)
     config = gemma2_transformer_config(dec, ParallelDims(tp=tp, pp=pp), params_dtype=dtype)
     model = Gemma2Model(config, dec.vocab_size, dec.max_position_embeddings, pre_process=ps.is_pipeline_first_stage(),
@@ -86,7 +88,7 @@ def _worker(args) -> None:
 
         if whole:
             hf = AutoModelForCausalLM.from_pretrained(args.hf, torch_dtype=dtype, trust_remote_code=True).language_model
-        else:  # the decoder's own class (Gemma2ForCausalLM, LlamaForCausalLM); eager: Gemma2's softcap
+        else:  # the decoder's own class (Gemma2ForCausalLM, ..., or the multimodal one); eager: Gemma2's softcap
             hf = AutoModelForCausalLM.from_pretrained(args.hf, torch_dtype=dtype, attn_implementation="eager")
         hf = hf.to(device).eval()
         with torch.no_grad():

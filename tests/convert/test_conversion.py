@@ -164,3 +164,30 @@ def test_bad_sources_get_clear_errors(tmp_path, capsys):
     # megatron-to-hf says what to fix in one line, without a traceback
     assert megatron_to_hf.main(["--megatron", str(tmp_path), "--out", str(tmp_path / "back")]) == 2
     assert "is a HF checkpoint (model_type 'phi3'); convert it first" in capsys.readouterr().err
+
+
+@pytest.mark.multiprocess
+def test_gemma3s_multimodal_checkpoint_converts_its_language_model_and_verifies(capsys, tmp_path):
+    """Gemma 3 from 4b up is published as Gemma3ForConditionalGeneration: its language model
+    (under language_model.model.*, the vision tower beside it) converts, verifies against
+    the multimodal model's text logits, and comes back as a Gemma3ForCausalLM of the same
+    tensors."""
+    from transformers import Gemma3Config, Gemma3ForConditionalGeneration
+
+    from tests.models.tiny_models import GEMMA3
+
+    vision = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2, image_size=28,
+                  patch_size=14)
+    config = Gemma3Config(text_config=dict(GEMMA3), vision_config=vision, mm_tokens_per_image=4)
+    multimodal = randomize(Gemma3ForConditionalGeneration(config), seed=5).eval()
+    src = tmp_path / "gemma3_mm"
+    multimodal.save_pretrained(src, safe_serialization=True)
+    code, result = _verify(capsys, src, tmp_path / "mg", "--tp", "2")
+    assert code == 0 and result["max_abs_logit_diff"] <= 1e-4 and result["loss_diff"] <= 1e-5, result
+    assert megatron_to_hf.main(["--megatron", str(tmp_path / "mg"), "--out", str(tmp_path / "back")]) == 0
+    back = _tensors(tmp_path / "back")
+    language_model = {k: v for k, v in multimodal.state_dict().items() if k.startswith("model.language_model.")}
+    assert sorted(back) == sorted("model." + k[len("model.language_model."):] for k in language_model)
+    for name, tensor in language_model.items():
+        assert torch.equal(back["model." + name[len("model.language_model."):]], tensor), name
+    assert json.loads((tmp_path / "back" / "config.json").read_text())["architectures"] == ["Gemma3ForCausalLM"]
