@@ -68,9 +68,9 @@ def convert(hf_dir: Path, out_dir: Path, whisper_dir: Optional[Path] = None, ada
     if whole and (whisper_dir is not None or adapter_dir is not None):
         raise ValueError(f"{hf_dir} is an AudioLLM model directory: its encoder and adapter are in it "
                          f"(drop --whisper / --adapter)")
-    # e.g. gemma-3-4b: its language model
-    multimodal = multimodal_decoder(config_dict, SafetensorsDir(hf_dir)) \
-        if config_dict.get("model_type") in MULTIMODAL_DECODERS else None
+    # e.g. gemma-3-4b: its language model (its tensors read once the config says it is one)
+    files = SafetensorsDir(hf_dir) if config_dict.get("model_type") in MULTIMODAL_DECODERS else None
+    multimodal = multimodal_decoder(config_dict, files) if files is not None else None
     text_config = config_dict["text_config"] if whole else multimodal[0] if multimodal else config_dict
     if multimodal:  # what an export writes back: the language model on its own (Gemma3ForCausalLM)
         text_config = {**text_config, "architectures": [family_for_hf(text_config["model_type"]).hf_architecture]}
@@ -80,7 +80,7 @@ def convert(hf_dir: Path, out_dir: Path, whisper_dir: Optional[Path] = None, ada
         whisper_dir = hf_dir / ENCODER_SUBDIR
     if adapter_dir is None and (hf_dir / ADAPTER_SUBDIR).is_dir():
         adapter_dir = hf_dir / ADAPTER_SUBDIR
-    files = SafetensorsDir(hf_dir)
+    files = files or SafetensorsDir(hf_dir)
     source = TensorsUnder(files, "language_model.") if whole else multimodal[1] if multimodal else files
     lora, lora_meta = {}, None
     if peft_dir is not None:

@@ -106,8 +106,13 @@ PROMPTS["qwen3"] = PROMPTS["qwen2"]
 PROMPTS["gemma3"] = PROMPTS["gemma2"]
 
 
+def prompt_overrides(family: str) -> list[str]:
+    """The family's prompt keys as command-line overrides (data.KEY=VALUE)."""
+    return [f"data.{key}={str(value).lower() if isinstance(value, bool) else repr(value)}"
+            for key, value in PROMPTS[family].items()]
+
+
 def prompt_settings(family: str) -> str:
     """The family's prompt keys as overrides, for messages."""
-    return " ".join(f"data.{key}={str(value).lower() if isinstance(value, bool) else repr(value)}"
-                    for key, value in PROMPTS[family].items())
+    return " ".join(prompt_overrides(family))
 

@@ -83,10 +83,9 @@ FAMILY_DECODER["qwen2"] = [*FAMILY_DECODER["llama"][:2], *FAMILY_DECODER["llama"
 
 
 def _family_prompt(family):
-    from orchestrator.plan.decoder_families import PROMPTS
+    from orchestrator.plan.decoder_families import prompt_overrides
 
-    return [f"data.{key}={str(value).lower() if isinstance(value, bool) else repr(value)}"
-            for key, value in PROMPTS[family].items()]
+    return prompt_overrides(family)
 
 
 TOKENIZER_RULES = {"tokenizer", "audio_token", "tokenizer_vocab", "tokenizer_specials", "prompt_tokens"}

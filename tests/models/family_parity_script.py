@@ -233,40 +233,14 @@ def qk_norm_grad_cases(r) -> None:
     """The norms' weight gradients of a training step through megatron DDP and
     finalize_model_grads at TP=2 (+SP) against TP=1 (every norm, the QK-norms included)."""
     import torch.distributed as dist
-    from megatron.core import parallel_state as ps
-    from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig, finalize_model_grads
-    from megatron.core.pipeline_parallel import get_forward_backward_func
 
-    from orchestrator.models.gemma2_model import Gemma2Model, gemma2_transformer_config
-    from tests.models.sharding import shard_megatron
+    from tests.models.norm_grads import norm_grads_after_one_step
 
-    shape, dec, tokens = r["shape"], r["dec"], r["tokens"]
-    positions = torch.arange(SEQ)[None].expand(BATCH, -1)
-    labels = torch.cat([tokens[:, 1:], tokens[:, :1]], dim=1)
     reference = {}
     for name, tp, sp, overrides in [("qwen3_grad_tp1", 1, False, {}), ("qwen3_grad_tp2", 2, False, {}),
                                     ("qwen3_grad_tp2_sp", 2, True, {}),
                                     ("qwen3_bad_grad_tp2_without_qk_layernorm", 2, False, {"qk_layernorm": False})]:
-        if ps.model_parallel_is_initialized():
-            ps.destroy_model_parallel()
-        init_distributed(ParallelDims(tp=tp), seed=0)
-        cfg = gemma2_transformer_config(dec, ParallelDims(tp=tp, sp=sp), **overrides)
-        model = Gemma2Model(cfg, dec.vocab_size, dec.max_position_embeddings, rope_theta=dec.rope_theta,
-                            tie_embeddings=dec.tie_embeddings)
-        model.load_state_dict(shard_megatron(r["full"], shape, tp, 1)[(ps.get_tensor_model_parallel_rank(), 0)],
-                              strict=False)
-        model = DistributedDataParallel(config=cfg, ddp_config=DistributedDataParallelConfig(), module=model)
-        cfg.finalize_model_grads_func = finalize_model_grads
-
-        def forward_step(data_iterator, module):
-            next(data_iterator)
-            out = module(tokens, positions, None, labels=labels)
-            return out, lambda o: (o[:, :-1].mean(), {})
-
-        model.zero_grad_buffer()
-        get_forward_backward_func()(forward_step_func=forward_step, data_iterator=iter([None]), model=[model],
-                                    num_microbatches=1, seq_length=SEQ, micro_batch_size=BATCH, forward_only=False)
-        grads = {n: p.main_grad.clone() for n, p in model.module.named_parameters() if "layernorm" in n}
+        grads, _ = norm_grads_after_one_step(r["full"], r["shape"], r["dec"], r["tokens"], tp, sp, **overrides)
         if tp == 1:
             reference = grads
             continue

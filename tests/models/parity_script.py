@@ -171,38 +171,15 @@ def norm_grad_cases(shape, full, dec, tokens) -> None:
     DDP and its finalize_model_grads (which sums the sequence_parallel-tagged norm grads
     over TP); without that step they are partial sums."""
     import torch.distributed as dist
-    from megatron.core import parallel_state as ps
-    from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig, finalize_model_grads
-    from megatron.core.pipeline_parallel import get_forward_backward_func
 
-    from tests.models.sharding import shard_megatron
-    from orchestrator.models.gemma2_model import Gemma2Model, gemma2_transformer_config
+    from tests.models.norm_grads import norm_grads_after_one_step
 
-    positions = torch.arange(SEQ)[None].expand(BATCH, -1)
-    labels = torch.cat([tokens[:, 1:], tokens[:, :1]], dim=1)
     grads = {}
     for name, tp, sp, finalize in [("grad_tp1", 1, False, True), ("grad_tp2_sp", 2, True, True),
                                    ("bad_grad_tp2_sp_without_finalize", 2, True, False)]:
-        if ps.model_parallel_is_initialized():
-            ps.destroy_model_parallel()
-        init_distributed(ParallelDims(tp=tp), seed=0)
-        cfg = gemma2_transformer_config(dec, ParallelDims(tp=tp, sp=sp))
-        model = Gemma2Model(cfg, dec.vocab_size, dec.max_position_embeddings, rope_theta=dec.rope_theta)
-        model.load_state_dict(shard_megatron(full, shape, tp, 1)[(ps.get_tensor_model_parallel_rank(), 0)], strict=False)
-        model = DistributedDataParallel(config=cfg, ddp_config=DistributedDataParallelConfig(), module=model)
-        cfg.finalize_model_grads_func = finalize_model_grads if finalize else None
-
-        def forward_step(data_iterator, module):
-            next(data_iterator)
-            out = module(tokens, positions, None, labels=labels)
-            return out, lambda o: (o[:, :-1].mean(), {})
-
-        model.zero_grad_buffer()
-        get_forward_backward_func()(forward_step_func=forward_step, data_iterator=iter([None]), model=[model],
-                                    num_microbatches=1, seq_length=SEQ, micro_batch_size=BATCH, forward_only=False)
-        norm_grads = {n: p.main_grad.clone() for n, p in model.module.named_parameters() if "layernorm" in n}
+        norm_grads, model = norm_grads_after_one_step(full, shape, dec, tokens, tp, sp, finalize)
         assert all(getattr(p, "sequence_parallel", None) is sp
-                   for n, p in model.module.named_parameters() if "layernorm" in n)
+                   for n, p in model.named_parameters() if "layernorm" in n)
         if name == "grad_tp1":
             grads = norm_grads
             continue
