@@ -135,15 +135,22 @@ def write_model_dir(out_dir: Path, export) -> dict:
 def model_card(export, config: dict) -> str:
     """The card a user completes: what the run was, what it scored; license and intended
     use are theirs to state."""
+    from orchestrator.hf_model.configuration_audiollm import DECODER_SINCE
+
     run = export.run_config
     ckpt = export.checkpoint
+    # The remote code's own floor (README.md: 4.46) or the decoder's, the later.
+    since = max(("4.46", DECODER_SINCE.get(config["text_config"].get("model_type"), "4.46")),
+                key=lambda v: tuple(map(int, v.split("."))))
     scores = ckpt.parent.parent / "eval" / f"{ckpt.name}.json"
     lines = ["---", "library_name: transformers", "pipeline_tag: automatic-speech-recognition",
              "license: # your model's license (the decoder's and the encoder's terms apply)", "---", "",
              f"# {run.get('run', {}).get('name') or ckpt.parent.parent.name}", "",
              "An AudioLLM trained with audiollm: a Whisper encoder, an adapter and a "
              f"{config['text_config'].get('model_type', 'decoder')} decoder.", "",
-             "## Use", "", "```python",
+             "## Use", "",
+             f"With torch and transformers>={since} (the first release with this decoder), no other package:",
+             "", "```python",
              "from transformers import AutoModelForCausalLM, AutoProcessor",
              "model = AutoModelForCausalLM.from_pretrained(DIR, trust_remote_code=True)",
              "processor = AutoProcessor.from_pretrained(DIR, trust_remote_code=True)",

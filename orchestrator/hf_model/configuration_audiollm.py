@@ -4,7 +4,24 @@ A Whisper encoder, an adapter that mixes its layers and stacks `frame_stack` fra
 one decoder embedding, and a causal decoder (`text_config`: its own model type, built
 with AutoModelForCausalLM). Self-contained: torch and transformers only."""
 
+import transformers
 from transformers import AutoConfig, PretrainedConfig, WhisperConfig
+
+# The first transformers release with each decoder family's model (text_config's
+# model_type): an older one cannot build the decoder, and says so in these terms.
+DECODER_SINCE = {"gemma2": "4.42", "llama": "4.43", "qwen2": "4.37", "qwen3": "4.51", "gemma3_text": "4.50"}
+
+
+def text_config_for(model_type: str, values: dict):
+    """The decoder's config of `model_type`, or an error naming the release it needs."""
+    try:
+        return AutoConfig.for_model(model_type, **values)
+    except (KeyError, ValueError) as err:
+        since = DECODER_SINCE.get(model_type)
+        raise ValueError(
+            f"this AudioLLM's decoder is a {model_type!r} model, which transformers {transformers.__version__} "
+            f"does not have: " + (f"install transformers>={since}" if since else "install a transformers release "
+                                  "that has it") + f" ({err})") from err
 
 
 class AudioLLMConfig(PretrainedConfig):
@@ -19,7 +36,7 @@ class AudioLLMConfig(PretrainedConfig):
         the adapter's CTC head's vocabulary (0: no head)."""
         if isinstance(text_config, dict):
             text_config = dict(text_config)
-            text_config = AutoConfig.for_model(text_config.pop("model_type", "gemma2"), **text_config)
+            text_config = text_config_for(text_config.pop("model_type", "gemma2"), text_config)
         if isinstance(audio_config, dict):
             audio_config = WhisperConfig(**{k: v for k, v in audio_config.items() if k != "model_type"})
         self.text_config = text_config

@@ -19,16 +19,34 @@ import numpy as np
 import pytest
 import torch
 
+from orchestrator.plan.decoder_families import prompt_overrides
 from tests.train.audiollm_runs import LLAMA_DECODER, VAL_SET, audiollm_cli, make_corpus, write_audiollm_run_dir
+from tests.data.conftest import WORDS
+from tests.data.family_tokenizers import build_family_tokenizer
 from tests.train.jobs import launch
 
 HERE = Path(__file__).parent
 REPO = HERE.parent.parent
 ITERS = 12
-# name -> (tp, pp, overrides): the CTC loss needs pp 1 (validate.check_ctc). The PP2 run's
-# decoder is a Llama (untied output layer, Llama 3's RoPE scaling): the export of each family.
+# name -> (tp, pp, overrides): the CTC loss needs pp 1 (validate.check_ctc). The export of
+# each family beside Gemma2: a Llama decoder at PP2 (untied output layer, Llama 3's RoPE
+# scaling); a Qwen3 one at TP2+SP (QK-norm) with a tokenizer of Qwen's layout and Qwen's
+# prompt (no BOS); a Gemma 3 one of 6 layers (one global, its local RoPE base, linear
+# scaling).
+NO_GEMMA2_KEYS = ["model.decoder.sliding_window=null", "model.decoder.query_pre_attn_scalar=null",
+                  "model.decoder.attn_logit_softcap=null", "model.decoder.final_logit_softcap=null"]
 LAYOUTS = {"tp1": (1, 1, []), "tp2_sp": (2, 1, ["parallel.sp=true"]),
-           "pp2_llama": (1, 2, ["data.packing=true", "model.adapter.ctc_weight=0", *LLAMA_DECODER])}
+           "pp2_llama": (1, 2, ["data.packing=true", "model.adapter.ctc_weight=0", *LLAMA_DECODER]),
+           "tp2_sp_qwen3": (2, 1, ["parallel.sp=true", "model.decoder.family=qwen3", *NO_GEMMA2_KEYS,
+                                   "model.decoder.rope_theta=1000000", *prompt_overrides("qwen3")]),
+           "tp1_gemma3": (1, 1, ["model.decoder.family=gemma3", "model.decoder.attn_logit_softcap=null",
+                                 "model.decoder.final_logit_softcap=null", "model.decoder.num_layers=6",
+                                 "model.decoder.rope_local_theta=10000", "model.decoder.rope_scaling_factor=8"])}
+# The tokenizer of a layout's family where it is not make_corpus's (Gemma's layout).
+TOKENIZERS = {"tp2_sp_qwen3": "qwen3"}
+# transformers releases before a family's model cannot build its decoder
+# (configuration_audiollm.DECODER_SINCE): the oldest 4.x tested has neither of these.
+NEWER_THAN_4X = {"tp2_sp_qwen3": "4.51", "tp1_gemma3": "4.50"}
 # transformers 4.x's oldest release the remote code claims (4.46), beside torch and numpy
 # at this project's pins (in the installer's cache already); 5.x: the lent GPU machine's
 # stack (constraints-gpu-machine.txt), the environment tests/rehearsal/lent_machine.py makes.
@@ -83,8 +101,13 @@ def exported(tmp_path_factory):
     (greedy, every answer kept) and exported; plus the held-out clips as 16-kHz arrays."""
     root = tmp_path_factory.mktemp("hf_model")
     corpus = make_corpus(root / "corpus")
+    texts = [" ".join(WORDS[i:] + WORDS[:i]) for i in range(len(WORDS))] * 5 + ["user assistant Transcribe:"] * 5
+    for family in set(TOKENIZERS.values()):
+        build_family_tokenizer(family, texts, corpus / f"tokenizer_{family}")
     runs = {}
     for name, (tp, pp, extra) in LAYOUTS.items():
+        if name in TOKENIZERS:
+            extra = [*extra, f"data.tokenizer={corpus / f'tokenizer_{TOKENIZERS[name]}'}"]
         run_dir = write_audiollm_run_dir(root / name, corpus, tp=tp, pp=pp, iters=ITERS, extra=extra)
         launch("job_script.py", tp * pp, "train", str(run_dir), log_dir=root)
         scored = audiollm_cli(["eval", str(run_dir), "--ctc-weight", "0", "--examples", "100"], cwd=REPO)
@@ -107,11 +130,11 @@ def exported(tmp_path_factory):
 @pytest.mark.multiprocess
 @pytest.mark.parametrize("make_env,major", [(env_4x, "4"), (env_5x, "5")], ids=["transformers4", "transformers5"])
 def test_exports_answer_the_held_out_clips_as_audiollm_eval_without_the_project(exported, make_env, major, tmp_path):
-    answers = answers_without_the_project(make_env(), exported["clips"],
-                                          [r["export"] for r in exported["runs"].values()], tmp_path / "answers.json",
-                                          "--batch", "3")
+    runs = {name: run for name, run in exported["runs"].items() if major != "4" or name not in NEWER_THAN_4X}
+    answers = answers_without_the_project(make_env(), exported["clips"], [r["export"] for r in runs.values()],
+                                          tmp_path / "answers.json", "--batch", "3")
     assert answers["transformers"].split(".")[0] == major, answers["transformers"]
-    for name, run in exported["runs"].items():
+    for name, run in runs.items():
         got = answers["exports"][str(run["export"])]
         # Batches of 3 left-padded prompts: the answers do not depend on the batch.
         assert len(run["answers"]) == exported["count"] and any(run["answers"]), (name, run["answers"])
@@ -129,12 +152,13 @@ def test_exports_answer_the_held_out_clips_as_audiollm_eval_without_the_project(
         print(f"{name} on transformers {answers['transformers']}: {got['texts'][:2]}")
 
 
-def test_the_export_converts_back_to_the_same_weights_and_verifies(exported, tmp_path):
+@pytest.mark.parametrize("layout", ["tp2_sp", "tp2_sp_qwen3", "tp1_gemma3"])
+def test_the_export_converts_back_to_the_same_weights_and_verifies(exported, tmp_path, layout):
     """model directory -> hf-to-megatron --verify -> the decoder, encoder and adapter
-    tensors bit for bit those of the run's own export as parts."""
+    tensors bit for bit those of the run's own export as parts, for each family's decoder."""
     from safetensors.torch import load_file
 
-    run = exported["runs"]["tp2_sp"]
+    run = exported["runs"][layout]
     back = tmp_path / "back"
     out = audiollm_cli(["convert", "hf-to-megatron", "--hf", str(run["export"]), "--out", str(back), "--verify",
                         "--tolerance", "1e-4"], cwd=REPO)
@@ -220,6 +244,23 @@ def test_a_converted_checkpoint_is_refused_as_a_model_directory_naming_the_way_o
                         "--layout", "model"], cwd=REPO)
     assert out.returncode == 2 and "is a converted checkpoint" in out.stdout and "--layout parts" in out.stdout
     assert "Traceback" not in out.stdout
+
+
+@pytest.mark.parametrize("layout", sorted(NEWER_THAN_4X))
+def test_a_release_without_the_decoders_model_names_the_one_it_needs(exported, layout):
+    """transformers 4.46 has no Qwen3 nor Gemma 3: loading such an export there says which
+    release to install (not transformers' own 'unrecognized model'), as its model card does."""
+    export = exported["runs"][layout]["export"]
+    proc = subprocess.run([str(env_4x()), "-c", "import sys; from transformers import AutoModelForCausalLM; "
+                           "AutoModelForCausalLM.from_pretrained(sys.argv[1], trust_remote_code=True)", str(export)],
+                          capture_output=True, text=True, timeout=300, cwd=export.parent,
+                          env={k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")})
+    model_type = json.loads((export / "config.json").read_text())["text_config"]["model_type"]
+    assert proc.returncode != 0
+    assert (f"this AudioLLM's decoder is a '{model_type}' model, which transformers 4.46.3 does not have: "
+            f"install transformers>={NEWER_THAN_4X[layout]}") in proc.stderr, proc.stderr[-3000:]
+    assert f"transformers>={NEWER_THAN_4X[layout]} (the first release with this decoder)" in (
+        export / "README.md").read_text()
 
 
 def test_the_remote_code_needs_only_torch_numpy_and_transformers():
