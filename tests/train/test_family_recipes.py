@@ -3,7 +3,8 @@ llama3_whisper_tp2) as they are but for the sizes: their parallel section, their
 placeholder and BOS setting, on a tokenizer of the family's layout
 (tests/data/family_tokenizers.py); the decoder shrunk to the tiny AudioLLM's sizes in
 the recipe's family, the machine to CPU processes. Each builds its model and first
-batches through `audiollm train` and trains a few steps to finite losses."""
+batches through `audiollm train` and trains a few steps to finite losses. So does each
+family's tiny CPU recipe (tiny_cpu_llama, _qwen2, _qwen3, _gemma3) as it is."""
 
 from __future__ import annotations
 
@@ -63,5 +64,26 @@ def test_the_familys_recipe_shrunk_to_a_tiny_decoder_trains(corpus, tmp_path, re
         assert (plan["tp"], plan["sp"]) == (2, True) and plan["megatron_args"]["use_distributed_optimizer"]
     else:
         assert plan["config"]["lora"]["rank"] == 16 and plan["megatron_args"]["add_qkv_bias"]
+    rows = _rows(run_dir)
+    assert [r["step"] for r in rows] == list(range(1, ITERS + 1)) and all(0 < r["loss"] < 100 for r in rows)
+
+
+# The tiny recipe of each family (tiny_cpu with the family's decoder) as it is, on the test
+# corpus's datasets and tokenizer (the demo corpus's layout) instead of the demo corpus.
+TINY = {"tiny_cpu_llama": dict(untie_embeddings_and_output_weights=True, use_rope_scaling=True, rotary_base=500000),
+        "tiny_cpu_qwen2": dict(add_qkv_bias=True, untie_embeddings_and_output_weights=True),
+        "tiny_cpu_qwen3": dict(qk_layernorm=True, untie_embeddings_and_output_weights=True),
+        "tiny_cpu_gemma3": dict(qk_layernorm=True, num_layers=6, window_size=[63, 0])}
+
+
+@pytest.mark.parametrize("recipe", sorted(TINY))
+def test_the_familys_tiny_cpu_recipe_builds_its_model_and_trains(corpus, tmp_path, recipe):
+    _cli(tmp_path, "train", f"+recipe={recipe}", *train_overrides(corpus), "data.features_on=cpu",
+         f"train.iters={ITERS}", "train.eval_generation=false", f"run.name={recipe}",
+         f"run.output_root={tmp_path / 'outputs'}")
+    (run_dir,) = [m.parent for m in (tmp_path / "outputs").rglob("metrics.jsonl")]
+    plan = json.loads((run_dir / "plan.json").read_text())
+    assert plan["config"]["model"]["decoder"]["family"] == recipe.removeprefix("tiny_cpu_")
+    assert {key: plan["megatron_args"][key] for key in TINY[recipe]} == TINY[recipe]
     rows = _rows(run_dir)
     assert [r["step"] for r in rows] == list(range(1, ITERS + 1)) and all(0 < r["loss"] < 100 for r in rows)
