@@ -1,9 +1,10 @@
-"""The decoder's LoRA factors <-> a PEFT LoRA adapter of HF Gemma2ForCausalLM.
+"""The decoder's LoRA factors <-> a PEFT LoRA adapter of the decoder's HF causal LM (each
+family's: the same module names in all).
 
     adapter_config.json        peft_type LORA, r, lora_alpha, target_modules (HF names)
     adapter_model.safetensors  base_model.model.model.layers.<i>.<module>.lora_{A,B}.weight
 
-`PeftModel.from_pretrained(Gemma2ForCausalLM, DIR)` loads it (the format serving stacks
+`PeftModel.from_pretrained(Gemma2ForCausalLM, DIR)` (or the family's class) loads it (the format serving stacks
 that take PEFT adapters read; only PEFT itself is tested here). The project's LoRA sits on megatron's fused linears
 (orchestrator/train/lora.py), one rank and alpha for all, and PEFT's on HF's separate
 ones, so (per layer; the row layouts are those of orchestrator/convert/gemma2_mapping):

@@ -7,11 +7,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from orchestrator.convert.gemma2_mapping import Gemma2Shape
+from orchestrator.convert.gemma2_mapping import Gemma2Shape, megatron_tensor_to_hf
 from orchestrator.convert.peft_lora import (PARTS, megatron_lora_to_peft, peft_to_megatron_lora, read_peft_adapter,
                                             write_peft_adapter)
 from orchestrator.convert.peft_lora import _row_blocks
-from tests.models.tiny_models import hf_gemma2
+from tests.models.tiny_models import HF_DECODERS, hf_gemma2
 
 MODULES = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
@@ -119,3 +119,44 @@ def test_adapters_that_are_not_plain_lora_are_refused(tmp_path, extra, message):
     tensors, config = read_peft_adapter(adapter)
     with pytest.raises(ValueError, match=message):
         peft_to_megatron_lora(tensors, {**config, **extra}, shape)
+
+
+@pytest.mark.parametrize("family", ["gemma2", *HF_DECODERS])
+def test_the_projects_adapter_loaded_by_peft_is_the_merged_model_in_each_family(tmp_path, family):
+    """Fused factors as training makes them (one A per megatron linear) -> PEFT adapter ->
+    PeftModel.from_pretrained on the family's HF model: its logits are those of the HF
+    model whose weights got each fused linear's update (alpha / r) B A, split into HF's
+    linears by the weight export's mapping. Each family's q/k/v rows (Qwen3's head_dim
+    wider than hidden / heads, Qwen2's biases beside) and module names."""
+    from peft import PeftModel
+
+    from orchestrator.convert.peft_lora import _part_out_sizes
+
+    make = {"gemma2": hf_gemma2, **HF_DECODERS}[family]
+    base = make(seed=0)
+    shape = Gemma2Shape.from_hf_config(base.config)
+    ins = {"self_attention.linear_qkv": shape.hidden_size, "self_attention.linear_proj": shape.num_heads * shape.head_dim,
+           "mlp.linear_fc1": shape.hidden_size, "mlp.linear_fc2": shape.ffn_hidden_size}
+    gen = torch.Generator().manual_seed(1)
+    lora = {}
+    for layer in range(shape.num_layers):
+        for linear in PARTS:
+            rows = sum(_part_out_sizes(linear, shape))
+            lora[f"decoder.layers.{layer}.{linear}.lora_a.weight"] = torch.randn(3, ins[linear], generator=gen) * 0.1
+            lora[f"decoder.layers.{layer}.{linear}.lora_b.weight"] = torch.randn(rows, 3, generator=gen) * 0.1
+    tensors, config = megatron_lora_to_peft(lora, shape, 3, 6.0)
+    write_peft_adapter(tmp_path / "adapter", tensors, config)
+    adapted = PeftModel.from_pretrained(make(seed=0), tmp_path / "adapter").eval()
+    merged = make(seed=0).eval()
+    with torch.no_grad():
+        for layer in range(shape.num_layers):  # split as the export splits weights, not as peft_lora does
+            for linear in PARTS:
+                a, b = (lora[f"decoder.layers.{layer}.{linear}.lora_{x}.weight"] for x in "ab")
+                for name, delta in megatron_tensor_to_hf(f"decoder.layers.{layer}.{linear}.weight", 2.0 * b @ a, shape):
+                    merged.get_parameter(name).add_(delta)
+        tokens = torch.randint(1, shape.vocab_size, (2, 12), generator=gen)
+        want, got, plain = (m(tokens).logits for m in (merged, adapted, base.eval()))
+    # fp32: the update added to the weight vs computed beside it, over logits of a few units
+    bound = 1e-4 * max(1.0, float(want.abs().max()))
+    assert float((got - want).abs().max()) <= bound
+    assert float((plain - want).abs().max()) > 100 * bound  # the adapter does change the model
