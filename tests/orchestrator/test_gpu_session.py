@@ -3,6 +3,7 @@ in parts that fit the calls' time, and skips (saying so) a group that could not 
 Its groups' real runs are rehearsed by tests/rehearsal (each part's dry run)."""
 
 import json
+import re
 import subprocess
 import sys
 
@@ -36,7 +37,9 @@ def test_a_call_too_short_for_its_groups_skips_them_and_says_so(tmp_path, monkey
     session = json.loads((tmp_path / "session.json").read_text())
     assert [g["group"] for g in session["groups"]] == ["throughput", "default", "checks"]
     assert all("skipped" in g and "rows" not in g for g in session["groups"]), session
-    assert "throughput: skipped, 70 s left, it needs 150 s" in capsys.readouterr().out
+    # the seconds left are counted down by the wall clock: 69 on a machine busy at the start
+    left = re.search(r"^throughput: skipped, (\d+) s left, it needs 150 s$", capsys.readouterr().out, re.M)
+    assert left and 60 <= int(left.group(1)) <= 70, left
     # a lent machine returns at most eight files: the session writes two (and two per profiled group)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["session.json", "session.log"]
 
