@@ -156,8 +156,7 @@ class Trainer:
             return
         ocfg = mcfg.optimizer_config(plan, on_gpu)
         overrides, self.group_members, self.group_scales = lrg.apply_lr_groups(
-            chunks, plan.section("lora").get("lr_groups") or [{"name": "default", "patterns": ["*"], "lr_scale": 1.0}],
-            ocfg.lr, ocfg.min_lr,
+            chunks, lrg.plan_groups(plan.section("lora")), ocfg.lr, ocfg.min_lr,
         )
         ddp_cfg = mcfg.ddp_config(plan)
         ddp_cfg.check_for_nan_in_grad = True

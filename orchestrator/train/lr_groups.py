@@ -46,6 +46,12 @@ class LrGroup:
         return LrGroup(str(entry["name"]), tuple(patterns), float(entry.get("lr_scale", 1.0)))
 
 
+def plan_groups(lora_section) -> list:
+    """The plan's lora.lr_groups; without any, every trainable parameter in one group at
+    the base rate."""
+    return lora_section.get("lr_groups") or [{"name": "default", "patterns": ["*"], "lr_scale": 1.0}]
+
+
 def parse_groups(lr_groups: Sequence) -> list:
     groups = [LrGroup.from_config(g) for g in lr_groups]
     names = [g.name for g in groups]

@@ -94,7 +94,7 @@ def project_curve(plan, full: dict, shape, dec, data: list, steps: int, tp: int,
     lora_cfg = plan.section("lora")
     # The job's groups name the AudioLLM's parts; the decoder here is the whole model.
     groups = [{**g, "patterns": [p.removeprefix("language_model.") for p in g["patterns"]]}
-              for g in lora_cfg.get("lr_groups") or [{"name": "default", "patterns": ["*"], "lr_scale": 1.0}]]
+              for g in lrg.plan_groups(lora_cfg)]
     ocfg = mcfg.optimizer_config(plan, on_gpu=False)
 
     def prepare(module):  # what the Trainer does to the chunks before DDP wraps them
@@ -120,8 +120,7 @@ def adapted_logits(module, tokens: torch.Tensor) -> torch.Tensor:
 
     module.eval()
     positions = torch.arange(tokens.shape[1])[None].expand(tokens.shape[0], -1)
-    with torch.no_grad():
-        return pipeline_forward(module, lambda m: m(tokens, positions, None), tokens.shape[1], tokens.shape[0])
+    return pipeline_forward(module, lambda m: m(tokens, positions, None), tokens.shape[1], tokens.shape[0])
 
 
 def main() -> None:
@@ -158,7 +157,7 @@ def main() -> None:
         for tp, sp in ((1, False), (2, True)):
             losses, module = project_curve(lora_plan, full, shape, dec, data, LORA_STEPS, tp, sp, lora=True)
             logits = adapted_logits(module, data[0])
-            lora[tp] = (losses, logits[..., :shape.vocab_size] if logits is not None else None,
+            lora[tp] = (losses, logits[..., :shape.vocab_size],  # PP 1: every rank is the last stage
                         sorted(n for n, p in module.named_parameters() if p.requires_grad))
         if dist.get_rank() == 0:
             (l1, g1, names1), (l2, g2, names2) = lora[1], lora[2]
