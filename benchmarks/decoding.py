@@ -26,13 +26,12 @@ import time
 def _build(model_name: str):
     from orchestrator.plan.compose import compose
     from orchestrator.models.audiollm import build_audiollm
-    from orchestrator.models.gemma2_model import gemma2_transformer_config
-    from orchestrator.plan.parallel_dims import ParallelDims
-    from orchestrator.plan.resolve import to_object
+    from orchestrator.plan.resolve import resolve, to_object
+    from orchestrator.train.megatron_config import transformer_config
 
     cfg = to_object(compose([f"model={model_name}", "model.backend=local", "model.init_checkpoint=null",
-                             "launcher.accelerator=cpu"]))
-    return build_audiollm(cfg.model, gemma2_transformer_config(cfg.model.decoder, ParallelDims.of(cfg.parallel)),
+                             "model.allow_frozen_random=true", "launcher.accelerator=cpu"]))
+    return build_audiollm(cfg.model, transformer_config(resolve(cfg), on_gpu=False),
                           audio_token_id=cfg.model.decoder.vocab_size - 1,
                           on_gpu=False).eval(), cfg.model.decoder.vocab_size
 

@@ -8,8 +8,9 @@ over training wall time.
 Single process on CPU with the project's real parts: the tiny_cpu recipe's config
 (compose), build_audiollm, build_train_loader / build_validation_loaders over the demo
 corpus, megatron DDP + get_megatron_optimizer + OptimizerParamScheduler (linear warmup,
-cosine decay over the planned steps), megatron's forward-backward schedule. The loss of
-a micro-batch is the mean over its trained tokens (sum(loss * mask) / sum(mask)).
+cosine decay over the planned steps), megatron's forward-backward schedule, the job's
+TransformerConfig from the recipe's Plan. The loss of a step is the mean over its trained
+tokens, as the trainer's (summed per micro-batch, divided by the step's token count).
 
 Training runs for `--minutes` of training wall time or `train.iters` steps, whichever
 comes first; the lr schedule spans `train.iters`. Every `--eval-every` seconds of
@@ -41,12 +42,6 @@ def _setup_env() -> None:
     os.environ.setdefault("MASTER_PORT", str(29500 + os.getpid() % 1000))
 
 
-def masked_mean_loss(per_token: torch.Tensor, loss_mask: torch.Tensor) -> torch.Tensor:
-    """Mean loss over the trained tokens of a micro-batch (the trainer's normalisation)."""
-    mask = loss_mask.reshape(-1).to(per_token.dtype)
-    return (per_token.reshape(-1) * mask).sum() / mask.sum().clamp_min(1.0)
-
-
 @torch.no_grad()
 def heldout_loss(provider, model, validation, max_batches: int) -> float:
     was = model.training
@@ -70,8 +65,6 @@ def main() -> None:
     parser.add_argument("--eval-every", type=float, default=60.0, help="seconds of training between evaluations")
     parser.add_argument("--eval-samples", type=int, default=100, help="utterances per validation set")
     parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--init-std", type=float, default=None,
-                        help="decoder init_method_std (megatron config; the model's default is 0.02)")
     parser.add_argument("--json", default=None, help="also write the rows to this file")
     parser.add_argument("overrides", nargs="*", help="hydra overrides on the tiny_cpu recipe")
     args = parser.parse_args()
@@ -95,7 +88,6 @@ def main() -> None:
     from orchestrator.data.tokenizer_build import load_tokenizer
     from orchestrator.eval.asr import evaluate_generation
     from orchestrator.models.audiollm import build_audiollm
-    from orchestrator.models.gemma2_model import gemma2_transformer_config
 
     data_cfg = cfg.data
     tokenizer = load_tokenizer(data_cfg.tokenizer)
@@ -108,12 +100,13 @@ def main() -> None:
         data_cfg, cfg.model.encoder, cfg.model.adapter, mbs)
     audio_id = loader.processor.audio_token_id
 
-    extra = {} if args.init_std is None else {"init_method_std": args.init_std}
-    from orchestrator.plan.resolve import to_object
+    from orchestrator.plan.resolve import resolve, to_object
     from orchestrator.train.audiollm_provider import AudioLLMProvider
+    from orchestrator.train.megatron_config import transformer_config
 
     provider = AudioLLMProvider.from_config(to_object(cfg))
-    config = gemma2_transformer_config(cfg.model.decoder, ParallelDims.of(cfg.parallel), **extra)
+    # The job's config (its per-token loss normalisation included: loss_func below).
+    config = transformer_config(resolve(cfg), on_gpu=False)
     model = build_audiollm(cfg.model, config, audio_token_id=audio_id)
     n_params = sum(p.numel() for p in model.parameters())
     config = model.config
@@ -137,9 +130,11 @@ def main() -> None:
         out = provider.forward(module, batch)  # the trainer's forward: per-token loss [B, S] (+ CTC term)
         mask = batch["loss_mask"]
 
-        def loss_func(per_token):
-            loss = masked_mean_loss(per_token, mask)
-            return loss, {"loss": loss.detach()}
+        def loss_func(per_token):  # the trainer's: summed over the tokens, megatron divides by their count
+            mask_flat = mask.reshape(-1).to(per_token.dtype)
+            num_tokens = mask_flat.sum().to(torch.int)
+            loss_sum = (per_token.reshape(-1) * mask_flat).sum()
+            return loss_sum, num_tokens, {"loss": loss_sum.detach() / num_tokens.clamp(min=1)}
         return out, loss_func
 
     # Decoding batches of 32 clips (the forward cost per step is small; fewer, larger batches win).
@@ -148,7 +143,7 @@ def main() -> None:
     print(f"# tiny AudioLLM: {n_params / 1e6:.2f} M parameters; mbs {mbs}, gbs {gbs}, lr {optim_cfg.lr}, "
           f"warmup {optim_cfg.lr_warmup_iters}, iters {iters}, spec_augment "
           f"{cfg.model.spec_augment.enabled}; threads {args.threads}; load avg {os.getloadavg()[0]:.2f}; "
-          f"init_std {args.init_std or 'default'}; overrides {args.overrides}", flush=True)
+          f"init_std {cfg.model.decoder.init_method_std}; overrides {args.overrides}", flush=True)
     header = f"{'train_s':>8} {'step':>5} {'train_loss':>10} {'val_loss':>8} " + " ".join(
         f"{n[:22]:>22}" for n in val_for_wer) + f" {'wer_all':>8} {'eval_s':>6} {'load':>5}"
     print(header, flush=True)

@@ -180,11 +180,12 @@ def megatron_tiny(hf, backend: str, attention: str, dtype, device, **config_over
     import torch
     from orchestrator.convert.gemma2_mapping import Gemma2Shape, decoder_config_from_hf, hf_to_megatron_tensors
     from orchestrator.plan.megatron_args import padded_vocab_size
-    from orchestrator.models.gemma2_model import Gemma2Model, gemma2_transformer_config
+    from orchestrator.models.decoder_config import decoder_transformer_config
+    from orchestrator.models.gemma2_model import Gemma2Model
 
     shape = Gemma2Shape.from_hf_config(hf.config)
     dec = decoder_config_from_hf(hf.config)
-    model = Gemma2Model(gemma2_transformer_config(dec, params_dtype=dtype, **config_overrides), dec.vocab_size,
+    model = Gemma2Model(decoder_transformer_config(dec, params_dtype=dtype, **config_overrides), dec.vocab_size,
                         dec.max_position_embeddings, backend=backend, rope_theta=dec.rope_theta,
                         attention=attention).to(device)
     weights = dict(hf_to_megatron_tensors({k: v.detach().cpu() for k, v in hf.state_dict().items()}, shape))
@@ -468,9 +469,8 @@ def check_throughput(table: Table, name: str, backend: str, attention: str, dry_
     from orchestrator.train.audiollm_provider import model_inputs
     from orchestrator.plan.megatron_args import padded_vocab_size
     from orchestrator.models.audiollm import build_audiollm
-    from orchestrator.models.gemma2_model import gemma2_transformer_config
-    from orchestrator.plan.parallel_dims import ParallelDims
     from orchestrator.models.compile import compile_layers
+    from orchestrator.train.megatron_config import transformer_config
     from orchestrator.train import lr_groups as lrg
     from orchestrator.train.lora import apply_lora
     from orchestrator.train.loop import freeze_model_parts
@@ -492,8 +492,9 @@ def check_throughput(table: Table, name: str, backend: str, attention: str, dry_
         decisions = decide(OmegaConf.to_container(cfg.model, resolve=True), Machine.probe(),
                            OmegaConf.to_container(cfg.parallel, resolve=True))
         print("decided on this machine: " + "; ".join(decisions.lines), flush=True)
-        config = gemma2_transformer_config(obj.model.decoder, ParallelDims.of(obj.parallel), dtype,
-                                           gradient_accumulation_fusion=decisions.gradient_accumulation_fusion)
+        # The job's one config from the Plan (bf16 on the GPU: the plan asks for it there)
+        config = transformer_config(plan, on_gpu, decisions.gradient_accumulation_fusion)
+        assert config.params_dtype == dtype, (config.params_dtype, dtype)
         model = build_audiollm(obj.model, config, audio_token_id=audio_token_id)
         if on_gpu:
             model.cuda()
@@ -708,11 +709,10 @@ def check_generation(table: Table, dry_run: bool, dtype_name: str = ""):
     import torch
     from orchestrator.plan.compose import compose
     from orchestrator.models.audiollm import build_audiollm
-    from orchestrator.models.gemma2_model import gemma2_transformer_config
-    from orchestrator.plan.parallel_dims import ParallelDims
+    from orchestrator.models.decoder_config import build_transformer_config
     from orchestrator.models.generate import greedy_generate
     from orchestrator.plan.model_params import audio_token_count
-    from orchestrator.plan.resolve import to_object
+    from orchestrator.plan.resolve import resolve, to_object
 
     on_gpu = not dry_run
     dtype_name = dtype_name or ("bf16" if on_gpu else "fp32")
@@ -729,9 +729,11 @@ def check_generation(table: Table, dry_run: bool, dtype_name: str = ""):
                                  f"launcher.accelerator={'gpu' if on_gpu else 'cpu'}",
                                  # a CPU's encoder is fp32 by default; bf16 beside a bf16 decoder, as on GPUs
                                  *(["model.encoder.precision=bf16"] if dtype_name == "bf16" else [])]))
+        plan = resolve(obj)
         torch.manual_seed(0)
         audio_token_id = 3
-        config = gemma2_transformer_config(obj.model.decoder, ParallelDims.of(obj.parallel), dtype)
+        # The job's builder from the Plan, at the dtype this row compares (fp32 on a GPU too).
+        config = build_transformer_config(plan.transformer_fields, plan.dims, dtype)
         model = build_audiollm(obj.model, config, audio_token_id=audio_token_id).to(device)
         with torch.no_grad():  # wider than the init (as hf_tiny_gemma2): every position and token moves the logits
             for name, param in model.named_parameters():
@@ -768,7 +770,7 @@ def check_generation(table: Table, dry_run: bool, dtype_name: str = ""):
             if dtype != torch.float32:
                 # What a lower precision does to this model: the same forward in fp32 with the
                 # same (rounded) weights, over the positions that decode.
-                config = gemma2_transformer_config(obj.model.decoder, ParallelDims.of(obj.parallel), torch.float32)
+                config = build_transformer_config(plan.transformer_fields, plan.dims, torch.float32)
                 exact = build_audiollm(obj.model, config, audio_token_id=audio_token_id).to(device)
                 for (_, mine), (_, twin) in zip(model.named_parameters(), exact.named_parameters()):
                     twin.copy_(mine.float())

@@ -46,11 +46,10 @@ def count_operators(compiled: str, decoder_layers: int, encoder_layers: int, lay
     from torch.profiler import ProfilerActivity, profile
 
     from orchestrator.models.audiollm import build_audiollm
-    from orchestrator.models.gemma2_model import gemma2_transformer_config
-    from orchestrator.plan.parallel_dims import ParallelDims
     from orchestrator.models.compile import compile_layers
     from orchestrator.plan.compose import compose
-    from orchestrator.plan.resolve import to_object
+    from orchestrator.plan.resolve import resolve, to_object
+    from orchestrator.train.megatron_config import transformer_config
     from orchestrator.probe.role import AUDIO_TOKEN_ID, synthetic_microbatch
     from orchestrator.train.audiollm_provider import model_inputs, trimmed_width
     from orchestrator.train.loop import freeze_model_parts
@@ -59,7 +58,7 @@ def count_operators(compiled: str, decoder_layers: int, encoder_layers: int, lay
                         f"model.encoder.num_layers={encoder_layers}", "data.seq_length=128",
                         "optim.micro_batch_size=2", "model.spec_augment.enabled=false", *layout])
     cfg = to_object(composed)
-    model = build_audiollm(cfg.model, gemma2_transformer_config(cfg.model.decoder, ParallelDims.of(cfg.parallel)),
+    model = build_audiollm(cfg.model, transformer_config(resolve(cfg), on_gpu=False),
                            audio_token_id=AUDIO_TOKEN_ID, on_gpu=False).train()
     freeze_model_parts([model], OmegaConf.to_container(composed.model, resolve=True))
     compile_layers(model, cfg.model.compile)

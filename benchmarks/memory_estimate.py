@@ -42,18 +42,16 @@ def main() -> None:
 
     from orchestrator.plan.model_params import audio_token_count
     from orchestrator.models.audiollm import build_audiollm
-    from orchestrator.models.gemma2_model import gemma2_transformer_config
-    from orchestrator.plan.parallel_dims import ParallelDims
     from orchestrator.runtime.distributed import init_distributed
+    from orchestrator.train.megatron_config import transformer_config
 
-    init_distributed(ParallelDims(), seed=1234)
+    init_distributed(plan.dims, seed=1234)
     torch.set_num_threads(max(1, os.cpu_count() or 1))
     process = psutil.Process()
     baseline = process.memory_info().rss
 
     audio_token_id = 3
-    model = build_audiollm(obj.model, gemma2_transformer_config(obj.model.decoder, ParallelDims.of(obj.parallel)),
-                           audio_token_id=audio_token_id)
+    model = build_audiollm(obj.model, transformer_config(plan, on_gpu=False), audio_token_id=audio_token_id)
     model = DistributedDataParallel(config=model.config, ddp_config=DistributedDataParallelConfig(), module=model)
     optimizer = get_megatron_optimizer(OptimizerConfig(lr=1e-4, clip_grad=1.0), [model])
 

@@ -55,7 +55,8 @@ def _worker(args) -> None:
     from orchestrator.convert.gemma2_mapping import decoder_config_from_hf, hf_decoder_config
     from orchestrator.convert.hf_io import MULTIMODAL_DECODERS, read_hf_config
     from orchestrator.convert.megatron_forward import pipeline_forward
-    from orchestrator.models.gemma2_model import Gemma2Model, gemma2_transformer_config
+    from orchestrator.models.decoder_config import decoder_transformer_config
+    from orchestrator.models.gemma2_model import Gemma2Model
     from orchestrator.plan.parallel_dims import ParallelDims
     from orchestrator.runtime.distributed import init_distributed, shutdown
     from orchestrator.train.init_weights import load_init_checkpoint
@@ -70,7 +71,7 @@ def _worker(args) -> None:
     text_key = "text_config" if whole else MULTIMODAL_DECODERS.get(config_dict.get("model_type"), (None,))[0]
     hf_cfg = hf_decoder_config(config_dict[text_key] if text_key else config_dict)
     dec = decoder_config_from_hf(hf_cfg)
-    config = gemma2_transformer_config(dec, ParallelDims(tp=tp, pp=pp), params_dtype=dtype)
+    config = decoder_transformer_config(dec, ParallelDims(tp=tp, pp=pp), dtype)
     model = Gemma2Model(config, dec.vocab_size, dec.max_position_embeddings, pre_process=ps.is_pipeline_first_stage(),
                         post_process=ps.is_pipeline_last_stage(), rope_theta=dec.rope_theta,
                         tie_embeddings=dec.tie_embeddings).eval()

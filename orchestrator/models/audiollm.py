@@ -20,7 +20,8 @@ import torch
 from megatron.core.transformer.module import MegatronModule
 
 from orchestrator.models.fusion import fuse_audio, fuse_audio_frames
-from orchestrator.models.gemma2_model import Gemma2Model, Gemma2TransformerConfig
+from orchestrator.models.decoder_config import DecoderTransformerConfig
+from orchestrator.models.gemma2_model import Gemma2Model
 from orchestrator.models.speech import AudioAdapter, build_whisper_encoder, ctc_losses, run_encoder
 
 
@@ -132,13 +133,13 @@ class AudioLLM(MegatronModule):
         return output if ctc_targets is None else (output, ctc)
 
 
-def build_audiollm(model_cfg, config: Gemma2TransformerConfig, pre_process: bool = True, post_process: bool = True,
+def build_audiollm(model_cfg, config: DecoderTransformerConfig, pre_process: bool = True, post_process: bool = True,
                    audio_token_id: int = 0, vp_stage=None, encoder_pad_value: float = 0.0, core_attention=None,
                    encoder_lora: bool = False, on_gpu: Optional[bool] = None, attention: Optional[str] = None,
                    random_init: bool = True) -> AudioLLM:
     """Build this rank's AudioLLM chunk from the `model` config section and the decoder's
     megatron `config` (the job's one TransformerConfig, orchestrator/train/megatron_config.py;
-    outside a job gemma2_transformer_config): its sizes, dtype and init methods. Call after
+    outside a job decoder_config.decoder_transformer_config): its sizes, dtype and init methods. Call after
     `init_distributed` (megatron's parallel state must exist). Every parameter
     that can train is in the config's params_dtype: megatron's bf16 optimizer keeps their fp32 master
     weights, and its checkpoints hold only parameters of the compute dtype (a trained fp32

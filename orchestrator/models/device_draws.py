@@ -1,6 +1,6 @@
 """The decoder's random initialisation drawn on the GPU, the same weights at any TP size.
 
-megatron with `use_cpu_initialization` (gemma2_transformer_config sets it) draws each
+megatron with `use_cpu_initialization` (decoder_config.build_transformer_config sets it) draws each
 full master weight in fp32 on the host, then keeps this rank's tensor-parallel split: TP=1
 and TP=2 start from the same weights. torch draws normals on the host in one thread, about
 180 M values/s whatever the cores: some 50 s for a 9B decoder, at every launch that draws

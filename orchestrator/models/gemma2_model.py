@@ -9,41 +9,29 @@ block, pipeline stages, vocab-parallel cross entropy. What this subclass adds:
   embeddings (`embed_tokens` -> fuse -> `scale_embeddings` -> forward(decoder_input=));
 - the final logit softcap cap*tanh(logit/cap) before the loss, and -inf-like logits on
   vocabulary padding rows (so the loss equals the unpadded model's);
-- Gemma2 layers (see gemma2_spec) and the transformer config fields megatron lacks.
+- Gemma2 layers (see gemma2_spec), read from the project's config fields megatron lacks
+  (orchestrator/models/decoder_config.py).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Optional
 
 import torch
-import torch.nn.functional as F
 from megatron.core import parallel_state, tensor_parallel
 from megatron.core.models.common.embeddings.rotary_pos_embedding import RotaryEmbedding
 from megatron.core.models.gpt import GPTModel
-from megatron.core.transformer import TransformerConfig
 
+from orchestrator.models.decoder_config import DecoderTransformerConfig
 from orchestrator.models.gemma2_spec import gemma2_block_spec
-from orchestrator.plan.decoder_families import FAMILIES, family_of
+from orchestrator.plan.decoder_families import FAMILIES
 from orchestrator.plan.kernels import LOSS_CHUNK_ELEMENTS
 from orchestrator.plan.megatron_args import padded_vocab_size
-from orchestrator.plan.parallel_dims import ParallelDims
-from orchestrator.runtime.distributed import megatron_parallel_fields
 
 
 def _rounded(value: float, dtype: torch.dtype) -> float:
     """`value` rounded to `dtype`, as a Python float (exact: every bf16/fp16/fp32 value is one)."""
     return float(torch.tensor(value, dtype=dtype))
-
-
-def gelu_tanh(x: torch.Tensor) -> torch.Tensor:
-    """HF `gelu_pytorch_tanh` (Gemma2's hidden_activation)."""
-    return F.gelu(x, approximate="tanh")
-
-
-# decoder_families.DecoderFamily.activation -> the function on the gate half of fc1
-ACTIVATIONS = {"gelu_tanh": gelu_tanh, "silu": F.silu}
 
 
 class _LogitsGradAsOneMatrix(torch.autograd.Function):
@@ -112,98 +100,8 @@ class LocalGlobalRotaryEmbedding(torch.nn.Module):
         return self.global_rope.get_rotary_seq_len(*args, **kwargs)
 
 
-@dataclass
-class Gemma2TransformerConfig(TransformerConfig):
-    """TransformerConfig plus the Gemma2 fields megatron-core has no place for."""
-
-    attn_logit_softcapping: Optional[float] = None  # cap*tanh(score/cap) before the mask
-    final_logit_softcapping: Optional[float] = None  # cap*tanh(logit/cap) before the loss
-    # Sliding window (tokens, current one included) on layers with even 0-based index.
-    sliding_window: Optional[int] = None
-    # model.decoder.family (orchestrator/plan/decoder_families.py): the layer spec reads it.
-    decoder_family: str = "gemma2"
-    # RoPE scaling factor (decoder_families.DecoderFamily.rope_scaling says which: Llama 3's
-    # frequency scaling, megatron's rope_scaling, or Gemma 3's linear one, megatron's
-    # seq_len_interpolation_factor), None for none.
-    rope_scaling_factor: Optional[float] = None
-    # Every window_pattern-th layer attends globally (decoder_families; 2: Gemma2's even layers).
-    window_pattern: int = 2
-    # Gemma 3: the sliding layers' RoPE base (unscaled); None: one RoPE for every layer.
-    rope_local_theta: Optional[float] = None
-
-
-def gemma2_fields(decoder) -> dict:
-    """The TransformerConfig fields of the decoder section
-    (`orchestrator.plan.schema.model.DecoderConfig`): its shape and its family's own
-    (orchestrator/plan/decoder_families.py), over those the job takes from the Plan
-    (orchestrator/train/megatron_config.py). The Plan's argv describes windows
-    (--window-size) that megatron's attention would apply; this project's attention
-    applies them (orchestrator/models/attention.py), so megatron's are off here."""
-    family = family_of(decoder)
-    scalar = decoder.query_pre_attn_scalar if family.query_pre_attn_scalar else None
-    return dict(
-        num_layers=decoder.num_layers,
-        hidden_size=decoder.hidden_size,
-        num_attention_heads=decoder.num_attention_heads,
-        num_query_groups=decoder.num_query_groups,
-        kv_channels=decoder.kv_channels,
-        ffn_hidden_size=decoder.ffn_hidden_size,
-        gated_linear_unit=True,  # fc1 = [gate; up], act on the gate half
-        activation_func=ACTIVATIONS[family.activation],
-        add_bias_linear=False,
-        add_qkv_bias=family.qkv_bias,
-        qk_layernorm=family.qk_norm,
-        layernorm_epsilon=decoder.norm_eps,
-        # The family's norm, as megatron names it (TENorm builds it from these on the te
-        # backend; the local backend's norms are those norms by construction: gemma2_spec).
-        normalization="RMSNorm",
-        layernorm_zero_centered_gamma=family.zero_centered_norm,
-        softmax_scale=float(scalar) ** -0.5 if scalar else None,  # None: head_dim**-0.5
-        attn_logit_softcapping=decoder.attn_logit_softcap if family.softcaps else None,
-        final_logit_softcapping=decoder.final_logit_softcap if family.softcaps else None,
-        sliding_window=decoder.sliding_window if family.sliding_window else None,
-        decoder_family=family.name,
-        rope_scaling_factor=getattr(decoder, "rope_scaling_factor", None) if family.rope_scaling else None,
-        window_pattern=family.window_pattern,
-        rope_local_theta=getattr(decoder, "rope_local_theta", None) if family.local_rope else None,
-        window_size=None,
-        window_attn_skip_freq=None,
-        hidden_dropout=0.0,
-        attention_dropout=0.0,
-        init_method_std=float(getattr(decoder, "init_method_std", 0.02)),
-        bias_activation_fusion=False,
-        bias_dropout_fusion=False,
-        masked_softmax_fusion=False,
-        persist_layer_norm=False,
-        apply_rope_fusion=False,
-    )
-
-
-def gemma2_transformer_config(decoder, dims: ParallelDims = ParallelDims(),
-                              params_dtype: torch.dtype = torch.float32, **overrides) -> Gemma2TransformerConfig:
-    """The decoder's config at `dims` outside a job (the tests, benchmarks and conversion
-    checks that build a model without a Plan); a job builds its one config from the Plan
-    (orchestrator/train/megatron_config.transformer_config) with the same gemma2_fields."""
-    if dims.sp and dims.tp == 1:
-        raise ValueError("sequence parallel (parallel.sp=true) needs tensor parallel size > 1 (parallel.tp=1)")
-    fields = dict(
-        **megatron_parallel_fields(dims),
-        params_dtype=params_dtype,
-        pipeline_dtype=params_dtype,
-        bf16=params_dtype == torch.bfloat16,
-        fp16=params_dtype == torch.float16,
-        # megatron makes each full master weight on the host and splits it: TP=1 and TP=2
-        # start from the same weights (on a GPU the job draws them there: device_draws).
-        use_cpu_initialization=True,
-        gradient_accumulation_fusion=False,
-        **gemma2_fields(decoder),
-    )
-    fields.update(overrides)
-    return Gemma2TransformerConfig(**fields)
-
-
 class Gemma2Model(GPTModel):
-    def __init__(self, config: Gemma2TransformerConfig, vocab_size: int, max_sequence_length: int,
+    def __init__(self, config: DecoderTransformerConfig, vocab_size: int, max_sequence_length: int,
                  pre_process: bool = True, post_process: bool = True, backend: str = "local",
                  rope_theta: float = 10000.0, vp_stage=None, attention: str = "reference", core_attention=None,
                  tie_embeddings: bool = True):

@@ -5,8 +5,8 @@ local: megatron's plain tensor-parallel linears + the project's `ZeroCenteredRMS
        (pure PyTorch, compiled into one kernel on CUDA; CPU and GPU).
 te:    TransformerEngine linears + TransformerEngine's fused RMSNorm with
        `zero_centered_gamma` (megatron's `TENorm` reads it from the config's
-       normalization / layernorm_zero_centered_gamma, which `gemma2_transformer_config`
-       sets): the same (1 + w) scale, computed in fp32 inside one kernel. GPU only.
+       normalization / layernorm_zero_centered_gamma, which the plan's megatron fields
+       set: orchestrator/plan/megatron_fields.py): the same (1 + w) scale, computed in fp32 inside one kernel. GPU only.
 
 Attention kernels (`model.attention`, resolved by orchestrator.plan.kernels.attention_kernel):
 reference: `SoftcapDotProductAttention` (plain PyTorch; the numerical reference);

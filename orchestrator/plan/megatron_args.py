@@ -1,16 +1,16 @@
 """The Megatron argument set of a run, in Megatron-LM's own flag names.
 
-`megatron_args(cfg)` turns a composed config into an ordered list of MegatronArg
-(argparse dest name, command-line flag, value). The job side builds its
-megatron-core TransformerConfig/OptimizerConfig from the same dest names, so what
-is printed by `audiollm plan` is what runs.
-
-Gemma2 features that Megatron-LM has no flag for (logit softcaps, sandwich norms,
-GeGLU with tanh GELU, embedding scaling, query_pre_attn_scalar when it differs from
-kv_channels) are not invented as flags here: they travel in the Plan's
-`model_extensions` (resolve.py). Two flags that Megatron-LM has, --apply-layernorm-1p
-and --window-size, are printed to describe the model, but the job implements them in
-its own modules (model_extensions["implemented_by_audiollm"] says where).
+`megatron_args(...)` turns a composed config into an ordered list of MegatronArg
+(argparse dest name, command-line flag, value). The job builds its OptimizerConfig, DDP
+config and schedule from the same dest names, so what is printed by `audiollm plan` is
+what runs. Its TransformerConfig it builds from the Plan's `transformer_fields`
+(megatron_fields.py), from which `decoder_args` writes the model's flags.
+What Megatron-LM has no flag for (logit softcaps, sandwich norms, GeGLU with tanh GELU,
+embedding scaling, query_pre_attn_scalar when it differs from kv_channels) is not invented
+as a flag here: it is in those fields and in the family (decoder_families.py). Two flags
+that Megatron-LM has, --apply-layernorm-1p and --window-size, are printed to describe the
+model, but the job implements them in its own modules (model_extensions
+["implemented_by_audiollm"] says where).
 """
 
 from __future__ import annotations
@@ -72,50 +72,53 @@ def parallel_args(parallel: ParallelConfig) -> list[MegatronArg]:
     ]
 
 
-def decoder_args(model: ModelConfig, seq_length: int) -> list[MegatronArg]:
-    dec = model.decoder
-    family = family_of(dec)
+def decoder_args(model: ModelConfig, seq_length: int, fields: dict[str, Any]) -> list[MegatronArg]:
+    """Megatron-LM's flags for the model, written from its megatron `fields`
+    (megatron_fields.transformer_fields: the one translation of the family's traits)."""
+    dec, f = model.decoder, fields
+    scaling = family_of(dec).rope_scaling if f["rope_scaling_factor"] is not None else None
     return [
-        _arg("num_layers", dec.num_layers),
-        _arg("hidden_size", dec.hidden_size),
-        _arg("ffn_hidden_size", dec.ffn_hidden_size),
-        _arg("num_attention_heads", dec.num_attention_heads),
-        _arg("group_query_attention", dec.num_query_groups != dec.num_attention_heads),
-        _arg("num_query_groups", dec.num_query_groups),
-        _arg("kv_channels", dec.kv_channels),
+        _arg("num_layers", f["num_layers"]),
+        _arg("hidden_size", f["hidden_size"]),
+        _arg("ffn_hidden_size", f["ffn_hidden_size"]),
+        _arg("num_attention_heads", f["num_attention_heads"]),
+        _arg("group_query_attention", f["num_query_groups"] != f["num_attention_heads"]),
+        _arg("num_query_groups", f["num_query_groups"]),
+        _arg("kv_channels", f["kv_channels"]),
         _arg("seq_length", seq_length),
         _arg("max_position_embeddings", dec.max_position_embeddings),
         _arg("position_embedding_type", "rope"),
         _arg("rotary_base", int(dec.rope_theta)),
-        *([_arg("use_rope_scaling", True), _arg("rope_scaling_factor", float(dec.rope_scaling_factor))]
-          if dec.rope_scaling_factor is not None and family.rope_scaling == "llama3" else []),
+        *([_arg("use_rope_scaling", True), _arg("rope_scaling_factor", float(f["rope_scaling_factor"]))]
+          if scaling == "llama3" else []),
         # Gemma 3's linear scaling (Megatron-LM takes an integer factor; Gemma 3's is 8)
-        *([_arg("rotary_seq_len_interpolation_factor", int(dec.rope_scaling_factor))]
-          if dec.rope_scaling_factor is not None and family.rope_scaling == "linear" else []),
-        _arg("normalization", "RMSNorm"),
-        _arg("norm_epsilon", dec.norm_eps),
+        *([_arg("rotary_seq_len_interpolation_factor", int(f["rope_scaling_factor"]))]
+          if scaling == "linear" else []),
+        _arg("normalization", f["normalization"]),
+        _arg("norm_epsilon", f["layernorm_epsilon"]),
         # RMSNorm weight w is applied as (1 + w): Gemma's zero-centred gamma.
         *([_arg("layernorm_zero_centered_gamma", True, flag="--apply-layernorm-1p")]
-          if family.zero_centered_norm else []),
-        _arg("add_bias_linear", False, flag="--disable-bias-linear", negated=True),
-        *([_arg("swiglu", True)] if family.activation == "silu" else []),  # fc1 = [gate; up], silu on the gate
-        *([_arg("add_qkv_bias", True)] if family.qkv_bias else []),  # Qwen2's q, k, v biases
-        *([_arg("qk_layernorm", True)] if family.qk_norm else []),  # Qwen3's RMSNorm of each head's q and k
+          if f["layernorm_zero_centered_gamma"] else []),
+        _arg("add_bias_linear", f["add_bias_linear"], flag="--disable-bias-linear", negated=True),
+        *([_arg("swiglu", True)] if f["activation_func"] == "silu" else []),  # fc1 = [gate; up], silu on the gate
+        *([_arg("add_qkv_bias", True)] if f["add_qkv_bias"] else []),  # Qwen2's q, k, v biases
+        *([_arg("qk_layernorm", True)] if f["qk_layernorm"] else []),  # Qwen3's RMSNorm of each head's q and k
         # Sliding window of W tokens including the current one = (W-1, 0) in Megatron; skip
         # frequency 2 puts windows on layers 0, 2, 4, ... (HF layer_types), 6 on all but 5, 11, ...
-        *([_arg("window_size", (dec.sliding_window - 1, 0)), _arg("window_attn_skip_freq", family.window_pattern)]
-          if family.sliding_window and dec.sliding_window else []),
-        _arg("hidden_dropout", 0.0),
-        _arg("attention_dropout", 0.0),
+        # (the project's attention applies them: megatron's own stay off in the fields)
+        *([_arg("window_size", (f["sliding_window"] - 1, 0)), _arg("window_attn_skip_freq", f["window_pattern"])]
+          if f["sliding_window"] else []),
+        _arg("hidden_dropout", f["hidden_dropout"]),
+        _arg("attention_dropout", f["attention_dropout"]),
         _arg("vocab_size", dec.vocab_size),
         _arg("make_vocab_size_divisible_by", MAKE_VOCAB_SIZE_DIVISIBLE_BY),
         _arg("untie_embeddings_and_output_weights", not dec.tie_embeddings),
-        _arg("transformer_impl", "transformer_engine" if model.backend == "te" else "local"),
-        _arg("fp8", model.fp8, flag="--fp8-format"),
+        _arg("transformer_impl", f["transformer_impl"]),
+        _arg("fp8", f["fp8"], flag="--fp8-format"),
     ]
 
 
-def training_args(optim: OptimConfig, train: TrainConfig, bf16: bool) -> list[MegatronArg]:
+def training_args(optim: OptimConfig, train: TrainConfig, bf16: bool, fields: dict[str, Any]) -> list[MegatronArg]:
     return [
         _arg("micro_batch_size", optim.micro_batch_size),
         _arg("global_batch_size", optim.global_batch_size),
@@ -133,7 +136,7 @@ def training_args(optim: OptimConfig, train: TrainConfig, bf16: bool) -> list[Me
         _arg("adam_eps", optim.adam_eps),
         _arg("clip_grad", optim.clip_grad),
         _arg("bf16", bf16),
-        _arg("attention_softmax_in_fp32", bf16),
+        _arg("attention_softmax_in_fp32", fields["attention_softmax_in_fp32"]),
     ]
 
 
@@ -155,11 +158,12 @@ def gpu_performance_args(model: ModelConfig, on_gpu: bool, dp: int) -> list[Mega
 
 def megatron_args(
     model: ModelConfig, parallel: ParallelConfig, data: DataConfig, optim: OptimConfig, train: TrainConfig,
-    on_gpu: bool, dp: int,
+    on_gpu: bool, dp: int, fields: dict[str, Any],
 ) -> list[MegatronArg]:
-    """GPU runs train in bf16 (with fp32 master weights); CPU runs in fp32."""
-    return (parallel_args(parallel) + decoder_args(model, data.seq_length) + training_args(optim, train, bf16=on_gpu)
-            + gpu_performance_args(model, on_gpu, dp))
+    """GPU runs train in bf16 (with fp32 master weights); CPU runs in fp32. `fields`: the
+    plan's megatron_fields.transformer_fields, which the model's flags describe."""
+    return (parallel_args(parallel) + decoder_args(model, data.seq_length, fields)
+            + training_args(optim, train, bf16=on_gpu, fields=fields) + gpu_performance_args(model, on_gpu, dp))
 
 
 def render_argv(args: list[MegatronArg]) -> list[str]:

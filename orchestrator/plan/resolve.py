@@ -1,7 +1,8 @@
 """Config -> Plan: a pure function from a validated config to what will run.
 
-The Plan holds the Megatron argument set (Megatron-LM flag names), Gemma2/AudioLLM
-settings Megatron-LM has no flag for, the derived numbers (DP, micro-batches per
+The Plan holds the Megatron argument set (Megatron-LM flag names), the model's
+megatron-core fields (megatron_fields.py: the decoder's family translated once), what the
+job implements or decides itself, the derived numbers (DP, micro-batches per
 step, padded vocabulary, tokens per step), the rank layout and the estimates. The
 launcher writes it to the run directory (plan.json) and the job builds its
 megatron-core configs from it: what `audiollm plan` prints is what runs.
@@ -10,18 +11,17 @@ megatron-core configs from it: what `audiollm plan` prints is what runs.
 from __future__ import annotations
 
 import copy
-import math
 from dataclasses import asdict, replace
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
 from orchestrator.plan import estimate as est
-from orchestrator.plan.decoder_families import family_of
 from orchestrator.plan.layout_estimate import estimate_layout
 from orchestrator.plan.local_paths import absolute_data_paths
 from orchestrator.plan.kernels import attention_kernel, encoder_precision, planned_compile
 from orchestrator.plan.megatron_args import megatron_args, padded_vocab_size, render_argv
+from orchestrator.plan.megatron_fields import transformer_fields
 from orchestrator.plan.schema import AudioLLMConfig
 from orchestrator.plan.resolved import Plan
 from orchestrator.plan.validate import ERROR, Finding, check, parallel_dims, validate, world_size
@@ -51,50 +51,16 @@ def encoder_precision_of(cfg: AudioLLMConfig) -> str:
     return encoder_precision(cfg.model.encoder.precision, cfg.launcher.accelerator == "gpu")
 
 
-def _in_argv(flags: str, cfg: AudioLLMConfig) -> bool:
-    """Whether the argv holds `flags` (an ARGV_IMPLEMENTED_BY_AUDIOLLM key) for this config."""
-    family = family_of(cfg.model.decoder)
-    if flags.startswith("--cp-"):
-        return cfg.parallel.cp > 1
-    if flags == "--apply-layernorm-1p":
-        return family.zero_centered_norm
-    if flags.startswith("--window-size"):
-        return family.sliding_window and bool(cfg.model.decoder.sliding_window)
-    return True
-
-
-def model_extensions(cfg: AudioLLMConfig) -> dict[str, Any]:
-    dec, enc, adapter = cfg.model.decoder, cfg.model.encoder, cfg.model.adapter
-    family = family_of(dec)
+def model_extensions(cfg: AudioLLMConfig, argv: list[str]) -> dict[str, Any]:
+    """What the plan says of the model beside its megatron fields (Plan.transformer_fields):
+    where the job implements flags of the argv itself, and what it decides or compiles."""
     on_gpu = cfg.launcher.accelerator == "gpu"
-    scalar = dec.query_pre_attn_scalar if family.query_pre_attn_scalar else dec.kv_channels
     return {
-        "architecture": family.name,
-        # fc1 = [gate; up], the activation on the gate
-        "activation": {"gelu_tanh": "geglu_tanh", "silu": "swiglu"}[family.activation],
-        "sandwich_norms": family.sandwich_norms,  # post-attention and post-MLP RMSNorms
-        "zero_centered_norms": family.zero_centered_norm,  # RMSNorm scales by (1 + w)
-        # applied after audio fusion
-        "embedding_multiplier": math.sqrt(dec.hidden_size) if family.scaled_embeddings else 1.0,
-        "query_pre_attn_scalar": dec.query_pre_attn_scalar if family.query_pre_attn_scalar else None,
-        "softmax_scale": scalar**-0.5,
-        "attn_logit_softcap": dec.attn_logit_softcap,
-        "final_logit_softcap": dec.final_logit_softcap,
-        "sliding_window": dec.sliding_window if family.sliding_window else None,
-        "sliding_window_layers": ("none" if not (family.sliding_window and dec.sliding_window) else "even"
-                                  if family.window_pattern == 2 else f"all but every {family.window_pattern}th"),
-        "rope_scaling": family.rope_scaling if dec.rope_scaling_factor is not None else None,
-        "rope_scaling_factor": dec.rope_scaling_factor,
-        # RoPE base of the sliding-window layers (gemma3): no Megatron-LM flag says it; the
-        # project's model rotates them with it (orchestrator/models/gemma2_model.py).
-        "rope_local_theta": dec.rope_local_theta if family.local_rope else None,
-        "qkv_bias": family.qkv_bias,  # biases on the query, key and value projections (qwen2)
-        "qk_norm": family.qk_norm,  # RMSNorm over head_dim on queries and keys before RoPE (qwen3)
         # Flags of the argv that describe the model but that the job does not hand to
         # megatron-core: it switches them off there and implements them in its own
         # modules. Megatron-LM's own layer specs fed this argv build a different model.
         "implemented_by_audiollm": {flags: where for flags, where in ARGV_IMPLEMENTED_BY_AUDIOLLM.items()
-                                    if _in_argv(flags, cfg)},
+                                    if flags.split()[0] in argv},
         # model.attention on the planned accelerator (orchestrator/plan/kernels.py); the memory
         # estimate counts this kernel's activations.
         "attention_kernel": attention_kernel(cfg.model.attention, on_gpu),
@@ -103,8 +69,8 @@ def model_extensions(cfg: AudioLLMConfig) -> dict[str, Any]:
         "compiled": planned_compile(cfg),
         # What the job decides on the machine it runs on (orchestrator/runtime/machine.py).
         "decided_at_start": dict(DECIDED_AT_START) if on_gpu else {},
-        "encoder": asdict(enc),
-        "adapter": asdict(adapter),
+        "encoder": asdict(cfg.model.encoder),
+        "adapter": asdict(cfg.model.adapter),
     }
 
 
@@ -132,7 +98,9 @@ def resolve(cfg: DictConfig | AudioLLMConfig, purpose: str = "plan", keep_errors
         dims = replace(dims, dp=world_size(launcher) // dims.model_parallel)
     dp = dims.dp
     gpu = launcher.accelerator == "gpu"
-    args = megatron_args(obj.model, p, obj.data, optim, obj.train, on_gpu=gpu, dp=dp)
+    fields = transformer_fields(obj.model, p, on_gpu=gpu)
+    args = megatron_args(obj.model, p, obj.data, optim, obj.train, on_gpu=gpu, dp=dp, fields=fields)
+    argv = render_argv(args)
     inventory = est.inventory_for(obj)
     stages = est.stage_params(inventory, obj.model, p, encoder_fp32=encoder_precision_of(obj) == "fp32")
     num_microbatches = optim.global_batch_size // (optim.micro_batch_size * dp)
@@ -157,8 +125,9 @@ def resolve(cfg: DictConfig | AudioLLMConfig, purpose: str = "plan", keep_errors
         padded_vocab_size=padded_vocab_size(obj.model.decoder.vocab_size, p.tp),
         tokens_per_step=optim.global_batch_size * obj.data.seq_length,
         megatron_args={a.dest: a.value for a in args},
-        argv=render_argv(args),
-        model_extensions=model_extensions(obj),
+        argv=argv,
+        transformer_fields=fields,
+        model_extensions=model_extensions(obj, argv),
         rank_layout=dims.mesh().as_dict(),
         parameters={
             "total": est.parameter_totals(inventory),

@@ -2,8 +2,8 @@
 
 resolve.py makes it from a validated config; the launcher writes it into the run
 directory as plan.json (`Plan.to_dict`); the job reads it back with `Plan.load(run_dir)`
-and builds megatron-core's parallel state (`Plan.dims`), its TransformerConfig and its
-optimizer from it, never from the raw Hydra config: what `audiollm plan` prints is what
+and builds megatron-core's parallel state (`Plan.dims`), its TransformerConfig
+(`Plan.transformer_fields`) and its optimizer from it, never from the raw Hydra config: what `audiollm plan` prints is what
 runs. Pure Python (no omegaconf, no validation): the job side imports it.
 
 plan.json's keys: the sizes (`ParallelDims.as_dict`: world_size, tp, pp, cp, dp, vpp, sp,
@@ -26,7 +26,7 @@ class PlanError(ValueError):
 
 
 # What a job cannot run without; the estimates may be absent (a plan.json written by hand).
-REQUIRED = ("world_size", "num_microbatches", "padded_vocab_size", "megatron_args", "config")
+REQUIRED = ("world_size", "num_microbatches", "padded_vocab_size", "megatron_args", "transformer_fields", "config")
 
 
 @dataclass
@@ -38,7 +38,12 @@ class Plan:
     tokens_per_step: int
     megatron_args: dict[str, Any]  # Megatron-LM argparse dest -> value
     argv: list[str]  # the same, as Megatron-LM command-line flags
-    model_extensions: dict[str, Any]  # Gemma2/AudioLLM settings without a Megatron-LM flag
+    # The model's megatron-core TransformerConfig fields (orchestrator/plan/megatron_fields.py):
+    # the job's one config is built from them as they are, with dims' sizes.
+    transformer_fields: dict[str, Any]
+    # What the plan says of the model beside those fields: where the job implements argv
+    # flags itself, the attention kernel, the encoder's precision, what is compiled.
+    model_extensions: dict[str, Any]
     rank_layout: dict[str, list[list[int]]]
     parameters: dict[str, Any]
     memory: dict[str, Any]
@@ -70,7 +75,10 @@ class Plan:
     def from_dict(cls, data: dict[str, Any], run_dir: Optional[Path] = None, source: str = "plan") -> "Plan":
         missing = [k for k in REQUIRED if k not in data]
         if missing:
-            raise PlanError(f"{source} lacks keys {missing}")
+            raise PlanError(f"{source} lacks keys {missing}" + (
+                ": it was written by an older audiollm; plan the run again (`audiollm train` with the same "
+                "arguments writes a new plan.json and resumes from the run's checkpoints)"
+                if missing == ["transformer_fields"] else ""))
         dims = ParallelDims.from_dict(data)
         if dims.world_size != int(data["world_size"]):
             raise PlanError(f"{source} is inconsistent: tp {dims.tp} x pp {dims.pp} x cp {dims.cp} x dp {dims.dp} "
@@ -81,6 +89,7 @@ class Plan:
         values = {name: data.get(name, default) for name, default in optional.items()}
         return cls(dims=dims, num_microbatches=int(data["num_microbatches"]),
                    padded_vocab_size=int(data["padded_vocab_size"]), megatron_args=dict(data["megatron_args"]),
+                   transformer_fields=dict(data["transformer_fields"]),
                    config=data["config"], run_dir=run_dir, **values)
 
     @classmethod

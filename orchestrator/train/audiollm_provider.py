@@ -81,18 +81,6 @@ class AudioLLMProvider:
                    lora_rank=int(cfg.lora.rank), encoder_lora=int(cfg.lora.rank) > 0 and bool(cfg.lora.encoder),
                    seed=int(cfg.train.seed))
 
-    @property
-    def config_class(self):
-        from orchestrator.models.gemma2_model import Gemma2TransformerConfig
-
-        return Gemma2TransformerConfig
-
-    def transformer_fields(self) -> dict:
-        """The decoder's shape and Gemma2's own fields, over the Plan's (the job's one config)."""
-        from orchestrator.models.gemma2_model import gemma2_fields
-
-        return gemma2_fields(self.model_cfg.decoder)
-
     def build(self, config, pre_process: bool, post_process: bool, vp_stage: Optional[int], decisions=None):
         from orchestrator.models.audiollm import build_audiollm
 

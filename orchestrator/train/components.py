@@ -19,16 +19,10 @@ import torch
 
 
 class ModelProvider(Protocol):
-    # The class of the job's one TransformerConfig (megatron's or a subclass with the
-    # model's own fields); the loop builds it from the Plan and hands it to `build`.
-    config_class: type
-
-    def transformer_fields(self) -> dict:
-        """Model-specific TransformerConfig fields (over those from the plan)."""
-
     def build(self, config, pre_process: bool, post_process: bool, vp_stage: Optional[int],
               decisions) -> torch.nn.Module:
-        """One model chunk for this pipeline stage (virtual stage `vp_stage`), for the
+        """One model chunk for this pipeline stage (virtual stage `vp_stage`) from the job's
+        one TransformerConfig (`config`: the loop builds it from the Plan), for the
         machine `decisions` describe (orchestrator.runtime.machine.Decisions: GPU or CPU,
         attention kernel)."""
 

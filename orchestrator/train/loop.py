@@ -107,8 +107,7 @@ class Trainer:
         if self.rank == 0:
             log.info("decided on this machine:\n  %s", "\n  ".join(self.decisions.lines))
         # The one TransformerConfig: DDP, the pipeline schedule and the model's layers read it.
-        self.config = mcfg.transformer_config(plan, on_gpu, provider.transformer_fields(),
-                                              self.decisions.gradient_accumulation_fusion, provider.config_class)
+        self.config = mcfg.transformer_config(plan, on_gpu, self.decisions.gradient_accumulation_fusion)
         # Looked for before the build: where a checkpoint will overwrite every weight that
         # megatron and the Whisper encoder draw (a resume; model.init_checkpoint, whose
         # fresh modules, LoRA, the adapter, the CTC head, draw their own; evaluation, which

@@ -1,34 +1,19 @@
 """megatron-core configs built from the Plan (one source of truth).
 
-Megatron-LM copies every argparse value whose name is a TransformerConfig field into
-the config (core_transformer_config_from_args); we do the same with the Plan's
-megatron_args, take the parallel sizes from the Plan's dims (as megatron's parallel state
-has them), set what the job itself decides (dtype, CPU-safe fusions), then the
-model-specific fields the model provider asks for. The result is the job's one
-TransformerConfig: DDP, the pipeline schedule and the model's layers all read it.
+The TransformerConfig from the Plan's `transformer_fields` (the plan side's one translation
+of the model, orchestrator/plan/megatron_fields.py) and its dims, through the one builder
+(orchestrator/models/decoder_config.py), with what the job itself decides (dtype, fusions
+that need what is installed). The result is the job's one TransformerConfig: DDP, the
+pipeline schedule and the model's layers all read it. The optimizer, DDP config and
+learning-rate schedule from the Plan's megatron_args (Megatron-LM's argparse names).
 """
 
 from __future__ import annotations
-
-import dataclasses
-from typing import Optional
 
 import torch
 
 from orchestrator.models.device_draws import INIT_METHODS
 from orchestrator.plan.resolved import Plan
-
-# Decided by the job, not copied from the plan: dtype follows the device (bf16 on GPU
-# when planned, fp32 on CPU); gradient-accumulation fusion follows what is installed.
-_JOB_DECIDES = {"bf16", "fp16", "params_dtype", "pipeline_dtype", "use_cpu_initialization", "gradient_accumulation_fusion",
-                "perform_initialization", "timers", "finalize_model_grads_func",
-                "calculate_per_token_loss", "variable_seq_lengths"}
-
-# Fused kernels that exist only on CUDA (or need apex/TE); off on CPU.
-_CPU_FIELDS = dict(
-    gradient_accumulation_fusion=False, bias_activation_fusion=False, masked_softmax_fusion=False,
-    persist_layer_norm=False, bias_dropout_fusion=False, apply_rope_fusion=False,
-)
 
 
 def compute_dtype(plan: Plan, on_gpu: bool) -> torch.dtype:
@@ -55,44 +40,21 @@ def draws_random_init(config) -> bool:
     return config.init_method is not _draw_nothing
 
 
-def transformer_config(plan: Plan, on_gpu: bool, model_fields: Optional[dict] = None,
-                       gradient_accumulation_fusion: bool = False, config_class=None):
+def transformer_config(plan: Plan, on_gpu: bool, gradient_accumulation_fusion: bool = False):
     """The job's one TransformerConfig: the loop's DDP and pipeline schedule and the
-    model's layers all read it. The Plan's megatron_args (Megatron-LM's argparse names that
-    are config fields), its sizes (`plan.dims`, as megatron's parallel state has them),
-    what the job decides on this machine (dtype, CPU-safe fusions;
-    `gradient_accumulation_fusion`: orchestrator.runtime.machine.decide, the plan leaves it
-    open on GPUs), then the model provider's `model_fields` in its `config_class`
-    (TransformerConfig unless given)."""
-    from megatron.core.transformer import TransformerConfig
+    model's layers all read it. The Plan's `transformer_fields` as they are (the plan
+    side's one translation of the model), its sizes (`plan.dims`, as megatron's parallel
+    state has them), and what the job decides on this machine: the dtype,
+    `gradient_accumulation_fusion` (orchestrator.runtime.machine.decide; the plan leaves it
+    open on GPUs) and the per-token loss."""
+    from orchestrator.models.decoder_config import build_transformer_config
 
-    from orchestrator.runtime.distributed import megatron_parallel_fields
-
-    config_class = config_class or TransformerConfig
-    names = {f.name for f in dataclasses.fields(config_class)}
-    sizes = megatron_parallel_fields(plan.dims)
-    kwargs = {k: v for k, v in plan.megatron_args.items()
-              if k in names and k not in _JOB_DECIDES and k not in sizes and v is not None}
-    kwargs.update(sizes)
-    dtype = compute_dtype(plan, on_gpu)
-    kwargs.update(
-        bf16=dtype == torch.bfloat16, fp16=False, params_dtype=dtype, pipeline_dtype=dtype,
-        # Same seed on every rank + CPU init: TP=1 and TP=2 start from identical weights.
-        use_cpu_initialization=True,
+    return build_transformer_config(
+        plan.transformer_fields, plan.dims, compute_dtype(plan, on_gpu), on_gpu=on_gpu,
+        gradient_accumulation_fusion=gradient_accumulation_fusion,
         # Loss is summed per token and normalised by the step's token count over all
         # micro-batches and DP ranks (packed rows carry different numbers of targets).
-        calculate_per_token_loss=True,
-        gradient_accumulation_fusion=on_gpu and gradient_accumulation_fusion,
-    )
-    kwargs.setdefault("hidden_dropout", 0.0)
-    kwargs.setdefault("attention_dropout", 0.0)
-    if not on_gpu:
-        kwargs.update(_CPU_FIELDS)
-    unknown = sorted(set(model_fields or {}) - names)
-    if unknown:
-        raise ValueError(f"model provider asked for {config_class.__name__} fields that do not exist: {unknown}")
-    kwargs.update(model_fields or {})
-    return config_class(**kwargs)
+        calculate_per_token_loss=True)
 
 
 def optimizer_config(plan: Plan, on_gpu: bool):

@@ -48,9 +48,9 @@ def main() -> None:
     assert packed["tokens"].shape[0] == 1 and unpacked["tokens"].shape[0] == NUM_SAMPLES
 
     from orchestrator.models.audiollm import build_audiollm
-    from orchestrator.models.gemma2_model import gemma2_transformer_config
+    from orchestrator.models.decoder_config import decoder_transformer_config
 
-    model = build_audiollm(cfg.model, gemma2_transformer_config(cfg.model.decoder, ParallelDims.of(cfg.parallel)),
+    model = build_audiollm(cfg.model, decoder_transformer_config(cfg.model.decoder, ParallelDims.of(cfg.parallel)),
                            audio_token_id=audio_token_id).eval()
     with torch.no_grad():
         loss_packed = model(packed["tokens"], packed["position_ids"], None, labels=packed["labels"],

@@ -38,7 +38,7 @@ def build(overrides, attention):
     """The recipe's model as the job transforms it: built, LoRA applied, parts frozen,
     layers compiled (orchestrator.train.loop.Trainer's order)."""
     from orchestrator.models.audiollm import build_audiollm
-    from orchestrator.models.gemma2_model import gemma2_transformer_config
+    from orchestrator.models.decoder_config import decoder_transformer_config
     from orchestrator.plan.compose import compose
     from orchestrator.plan.resolve import to_object
     from orchestrator.probe.role import AUDIO_TOKEN_ID
@@ -47,7 +47,7 @@ def build(overrides, attention):
 
     composed = compose(overrides)
     cfg = to_object(composed)
-    model = build_audiollm(cfg.model, gemma2_transformer_config(cfg.model.decoder, ParallelDims.of(cfg.parallel)),
+    model = build_audiollm(cfg.model, decoder_transformer_config(cfg.model.decoder, ParallelDims.of(cfg.parallel)),
                            audio_token_id=AUDIO_TOKEN_ID, attention=attention,
                            on_gpu=False).train()
     apply_lora(model, OmegaConf.to_container(composed.lora, resolve=True), seed=1234)

@@ -53,7 +53,7 @@ def main() -> None:
     from orchestrator.data.sources import ResolvedDataset
     from orchestrator.data.tokenizer_build import load_tokenizer
     from orchestrator.models.audiollm import build_audiollm
-    from orchestrator.models.gemma2_model import gemma2_transformer_config
+    from orchestrator.models.decoder_config import decoder_transformer_config
     from orchestrator.plan.schema.data import DatasetEntry
     from tests.data.conftest import data_config
 
@@ -68,7 +68,7 @@ def main() -> None:
     rows = [examples[:2], examples[2:]]  # two conversations packed in row 0, the third in row 1
     batch = collate(rows, SEQ, tokenizer.pad_token_id, ["conv"], processor.audio_token_id,
                     features_fn=processor.features)
-    model = build_audiollm(model_cfg, gemma2_transformer_config(model_cfg.decoder, ParallelDims.of(parallel_cfg)),
+    model = build_audiollm(model_cfg, decoder_transformer_config(model_cfg.decoder, ParallelDims.of(parallel_cfg)),
                            audio_token_id=processor.audio_token_id).eval()
     with torch.no_grad():
         decoder_input, _, _ = model.embed(batch["tokens"], batch["audio_features"], batch["audio_lengths"],

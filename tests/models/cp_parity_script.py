@@ -92,7 +92,7 @@ def main() -> None:
     from orchestrator.convert.megatron_forward import pipeline_forward
     from orchestrator.models.attention import FlexSoftcapAttention, SoftcapDotProductAttention
     from orchestrator.models.audiollm import build_audiollm
-    from orchestrator.models.gemma2_model import gemma2_transformer_config
+    from orchestrator.models.decoder_config import decoder_transformer_config
     from orchestrator.train.audiollm_provider import ContextParallelBatches
     from tests.models.sharding import shard_megatron
 
@@ -113,7 +113,7 @@ def main() -> None:
         init_distributed(ParallelDims(tp=tp, pp=pp, cp=cp), seed=0)
         parallel = SimpleNamespace(tp=tp, pp=pp, cp=cp, sp=sp, vpp=None)
         model_cfg.attention = "flex" if attention_name == "flex" else "reference"
-        config = gemma2_transformer_config(model_cfg.decoder, ParallelDims(tp=tp, pp=pp, cp=cp, sp=sp))
+        config = decoder_transformer_config(model_cfg.decoder, ParallelDims(tp=tp, pp=pp, cp=cp, sp=sp))
         model = build_audiollm(model_cfg, config, ps.is_pipeline_first_stage(), ps.is_pipeline_last_stage(),
                                audio_token_id=AUDIO_ID,
                                core_attention=ContiguousSlotsAttention if attention_name == "contiguous" else None)

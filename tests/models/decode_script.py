@@ -72,7 +72,7 @@ def main() -> None:
 
     from orchestrator.convert.gemma2_mapping import Gemma2Shape
     from orchestrator.models.audiollm import build_audiollm
-    from orchestrator.models.gemma2_model import gemma2_transformer_config
+    from orchestrator.models.decoder_config import decoder_transformer_config
     from orchestrator.models.generate import greedy_generate
     from orchestrator.plan.schema.model import AdapterConfig
     from tests.models.sharding import hf_to_megatron_full, shard_megatron
@@ -118,7 +118,7 @@ def main() -> None:
         init_distributed(ParallelDims(tp=tp, pp=pp, cp=cp), seed=0)
         first, last = ps.is_pipeline_first_stage(), ps.is_pipeline_last_stage()
         dims = ParallelDims(tp=tp, pp=pp, cp=cp, sp=sizes.get("sp", False))
-        config = gemma2_transformer_config(model_cfg.decoder, dims)
+        config = decoder_transformer_config(model_cfg.decoder, dims)
         model = build_audiollm(model_cfg, config, pre_process=first, post_process=last, audio_token_id=AUDIO)
         shard = shard_megatron(full, shape, tp, pp)[(ps.get_tensor_model_parallel_rank(),
                                                      ps.get_pipeline_model_parallel_rank())]

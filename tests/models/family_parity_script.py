@@ -36,7 +36,7 @@ SEQ, BATCH, DOCS = 64, 2, (29, 35)
 
 
 def cases():
-    from orchestrator.models.gemma2_model import gelu_tanh
+    from orchestrator.models.decoder_config import gelu_tanh
 
     good = [dict(name="llama_tp1"), dict(name="llama_tp2_sp", tp=2, sp=True), dict(name="llama_pp2", pp=2),
             dict(name="llama_packed_tp2_sp", tp=2, sp=True, packed=True),
@@ -90,7 +90,8 @@ def main() -> None:
     from megatron.core.packed_seq_params import PackedSeqParams
 
     from orchestrator.convert.gemma2_mapping import Gemma2Shape
-    from orchestrator.models.gemma2_model import Gemma2Model, gemma2_transformer_config
+    from orchestrator.models.decoder_config import decoder_transformer_config
+    from orchestrator.models.gemma2_model import Gemma2Model
     from orchestrator.models.norms import RMSNorm, ZeroCenteredRMSNorm
     from orchestrator.plan.decoder_families import FAMILIES
     from tests.models.sharding import hf_to_megatron_full, shard_megatron
@@ -122,7 +123,7 @@ def main() -> None:
         if ps.model_parallel_is_initialized():
             ps.destroy_model_parallel()
         init_distributed(ParallelDims(tp=tp, pp=pp, cp=cp), seed=0)
-        cfg = gemma2_transformer_config(dec, ParallelDims(tp=tp, pp=pp, cp=cp, sp=sp), **case.get("overrides", {}))
+        cfg = decoder_transformer_config(dec, ParallelDims(tp=tp, pp=pp, cp=cp, sp=sp), **case.get("overrides", {}))
         model = Gemma2Model(cfg, dec.vocab_size, dec.max_position_embeddings,
                             pre_process=ps.is_pipeline_first_stage(), post_process=ps.is_pipeline_last_stage(),
                             rope_theta=dec.rope_theta, tie_embeddings=dec.tie_embeddings,
@@ -180,7 +181,7 @@ def decode_check(family: str) -> None:
     from megatron.core import parallel_state as ps
 
     from orchestrator.models.audiollm import build_audiollm
-    from orchestrator.models.gemma2_model import gemma2_transformer_config
+    from orchestrator.models.decoder_config import decoder_transformer_config
     from orchestrator.models.generate import greedy_generate
     from tests.models.sharding import shard_megatron
     from tests.models.tiny_models import tiny_model_config, whisper_config
@@ -212,7 +213,7 @@ def decode_check(family: str) -> None:
         ps.destroy_model_parallel()
     init_distributed(ParallelDims(), seed=0)
     cfg = tiny_model_config(hf.config, whisper_config())
-    model = build_audiollm(cfg, gemma2_transformer_config(cfg.decoder, ParallelDims()), audio_token_id=5)
+    model = build_audiollm(cfg, decoder_transformer_config(cfg.decoder, ParallelDims()), audio_token_id=5)
     state = {"language_model." + k: v for k, v in shard_megatron(full, shape, 1, 1)[(0, 0)].items()}
     missing, unexpected = model.load_state_dict(state, strict=False)
     assert not unexpected and not [k for k in missing if k.startswith("language_model.")
@@ -300,7 +301,7 @@ def inventory_check(family: str, hf) -> None:
     from megatron.core import parallel_state as ps
 
     from orchestrator.models.audiollm import build_audiollm
-    from orchestrator.models.gemma2_model import gemma2_transformer_config
+    from orchestrator.models.decoder_config import decoder_transformer_config
     from orchestrator.plan.model_params import parameter_inventory
     from orchestrator.plan.schema.lora import LoraConfig
     from tests.models.tiny_models import tiny_model_config, whisper_config
@@ -309,7 +310,7 @@ def inventory_check(family: str, hf) -> None:
         ps.destroy_model_parallel()
     init_distributed(ParallelDims(tp=1, pp=1), seed=0)
     cfg = tiny_model_config(hf.config, whisper_config())
-    model = build_audiollm(cfg, gemma2_transformer_config(cfg.decoder, ParallelDims(tp=1, pp=1)), audio_token_id=5)
+    model = build_audiollm(cfg, decoder_transformer_config(cfg.decoder, ParallelDims(tp=1, pp=1)), audio_token_id=5)
     real = [(n, list(p.shape), p.requires_grad) for n, p in model.named_parameters()]
     analytic = [(i.name, list(i.shape), i.trainable) for i in parameter_inventory(cfg, LoraConfig(), tp=1)]
     if dist.get_rank() == 0:

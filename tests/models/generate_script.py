@@ -17,7 +17,7 @@ MEL, WINDOW = 16, 50  # mel bins; encoder window in mel frames (max_source_posit
 def config(spec_augment: bool):
     from orchestrator.plan.schema.model import (AdapterConfig, DecoderConfig, EncoderConfig, ModelConfig,
                                            SpecAugmentConfig)
-    from orchestrator.models.gemma2_model import gemma2_transformer_config
+    from orchestrator.models.decoder_config import decoder_transformer_config
 
     dec = DecoderConfig(hidden_size=64, num_layers=2, num_attention_heads=4, num_query_groups=2, kv_channels=16,
                         ffn_hidden_size=128, vocab_size=40, max_position_embeddings=64, sliding_window=16,
@@ -27,7 +27,7 @@ def config(spec_augment: bool):
     model = ModelConfig(name="gen_test", decoder=dec, encoder=enc, adapter=AdapterConfig(frame_stack=5, dropout=0.0),
                         spec_augment=SpecAugmentConfig(enabled=spec_augment, time_masks=2, time_width=10,
                                                        time_ratio=0.5, freq_masks=2, freq_width=4))
-    return model, gemma2_transformer_config(dec, ParallelDims(tp=1, pp=1))
+    return model, decoder_transformer_config(dec, ParallelDims(tp=1, pp=1))
 
 
 class ValidationLoader:

@@ -16,12 +16,13 @@ def main() -> None:
     from orchestrator.convert.gemma2_mapping import Gemma2Shape
     from tests.models.sharding import hf_to_megatron_full, shard_megatron
     from orchestrator.models.attention import FlexSoftcapAttention
-    from orchestrator.models.gemma2_model import Gemma2Model, gemma2_transformer_config
+    from orchestrator.models.decoder_config import decoder_transformer_config
+    from orchestrator.models.gemma2_model import Gemma2Model
 
     hf = hf_gemma2(seed=0).cuda()
     shape = Gemma2Shape.from_hf_config(hf.config)
     dec = decoder_config(hf.config)
-    cfg = gemma2_transformer_config(dec, params_dtype=torch.bfloat16)
+    cfg = decoder_transformer_config(dec, params_dtype=torch.bfloat16)
     model = Gemma2Model(cfg, dec.vocab_size, dec.max_position_embeddings, backend="te", attention="flex",
                         rope_theta=dec.rope_theta).cuda().eval()
     assert isinstance(model.decoder.layers[0].self_attention.core_attention, FlexSoftcapAttention)

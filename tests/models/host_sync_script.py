@@ -59,12 +59,12 @@ def main():
     from orchestrator.plan.compose import compose
     from orchestrator.plan.resolve import to_object
     from orchestrator.models.audiollm import build_audiollm
-    from orchestrator.models.gemma2_model import gemma2_transformer_config
+    from orchestrator.models.decoder_config import decoder_transformer_config
     from orchestrator.train.audiollm_provider import clip_seeds, model_inputs
 
     # The default recipe's model: SpecAugment, adapter dropout, masked encoder, trained encoder.
     cfg = to_object(compose(["+recipe=tiny_cpu"]))
-    model = build_audiollm(cfg.model, gemma2_transformer_config(cfg.model.decoder, ParallelDims.of(cfg.parallel)),
+    model = build_audiollm(cfg.model, decoder_transformer_config(cfg.model.decoder, ParallelDims.of(cfg.parallel)),
                            audio_token_id=3).train()
     enc = cfg.model.encoder
     batch = packed_batch(3, cfg.model.decoder.vocab_size, enc.num_mel_bins, 2 * enc.max_source_positions,

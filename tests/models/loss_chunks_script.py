@@ -10,11 +10,12 @@ from orchestrator.runtime.distributed import init_distributed, shutdown
 
 def main():
     init_distributed(ParallelDims(), seed=0)
-    from orchestrator.models.gemma2_model import Gemma2Model, gemma2_transformer_config
+    from orchestrator.models.decoder_config import decoder_transformer_config
+    from orchestrator.models.gemma2_model import Gemma2Model
     from tests.models.tiny_models import decoder_config, hf_gemma2
 
     dec = decoder_config(hf_gemma2(seed=0).config)
-    model = Gemma2Model(gemma2_transformer_config(dec), dec.vocab_size, dec.max_position_embeddings,
+    model = Gemma2Model(decoder_transformer_config(dec), dec.vocab_size, dec.max_position_embeddings,
                         rope_theta=dec.rope_theta)
     gen = torch.Generator().manual_seed(4)
     tokens = torch.randint(1, dec.vocab_size, (2, 64), generator=gen)

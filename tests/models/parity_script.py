@@ -44,7 +44,8 @@ def main() -> None:
     from tests.models.sharding import hf_to_megatron_full, shard_megatron
     from orchestrator.convert.megatron_forward import pipeline_forward
     from orchestrator.models.attention import FlexSoftcapAttention, SoftcapDotProductAttention
-    from orchestrator.models.gemma2_model import Gemma2Model, gemma2_transformer_config
+    from orchestrator.models.decoder_config import decoder_transformer_config
+    from orchestrator.models.gemma2_model import Gemma2Model
 
     class InvertedParityAttention(SoftcapDotProductAttention):
         """The known porting mistake: windows on odd layers instead of even ones."""
@@ -73,7 +74,7 @@ def main() -> None:
         if ps.model_parallel_is_initialized():
             ps.destroy_model_parallel()
         init_distributed(ParallelDims(tp=tp, pp=pp), seed=0)
-        cfg = gemma2_transformer_config(dec, ParallelDims(tp=tp, pp=pp, sp=sp), **case.get("overrides", {}))
+        cfg = decoder_transformer_config(dec, ParallelDims(tp=tp, pp=pp, sp=sp), **case.get("overrides", {}))
         model = Gemma2Model(
             cfg, dec.vocab_size, dec.max_position_embeddings,
             pre_process=ps.is_pipeline_first_stage(), post_process=ps.is_pipeline_last_stage(),
@@ -138,14 +139,15 @@ def device_draws_check(shape, dec) -> None:
     from megatron.core import parallel_state as ps
 
     from orchestrator.models.device_draws import draw_on_device
-    from orchestrator.models.gemma2_model import Gemma2Model, gemma2_transformer_config
+    from orchestrator.models.decoder_config import decoder_transformer_config
+    from orchestrator.models.gemma2_model import Gemma2Model
     from tests.models.sharding import shard_megatron
 
     def build(tp: int, on_device: bool) -> dict:
         if ps.model_parallel_is_initialized():
             ps.destroy_model_parallel()
         init_distributed(ParallelDims(tp=tp), seed=0)
-        cfg = gemma2_transformer_config(dec, ParallelDims(tp=tp))
+        cfg = decoder_transformer_config(dec, ParallelDims(tp=tp))
         if on_device:
             draw_on_device(cfg, torch.device("cpu"))
         model = Gemma2Model(cfg, dec.vocab_size, dec.max_position_embeddings, rope_theta=dec.rope_theta)
@@ -198,7 +200,8 @@ def recompute_check(shape, full, dec, tokens) -> None:
     from megatron.core import parallel_state as ps
 
     from tests.models.sharding import shard_megatron
-    from orchestrator.models.gemma2_model import Gemma2Model, gemma2_transformer_config
+    from orchestrator.models.decoder_config import decoder_transformer_config
+    from orchestrator.models.gemma2_model import Gemma2Model
 
     if ps.model_parallel_is_initialized():
         ps.destroy_model_parallel()
@@ -209,7 +212,7 @@ def recompute_check(shape, full, dec, tokens) -> None:
     for name, kw in [("none", {}),
                      ("full", dict(recompute_granularity="full", recompute_method="uniform", recompute_num_layers=1)),
                      ("selective", dict(recompute_granularity="selective", recompute_modules=["core_attn"]))]:
-        model = Gemma2Model(gemma2_transformer_config(dec, **kw), dec.vocab_size, dec.max_position_embeddings,
+        model = Gemma2Model(decoder_transformer_config(dec, **kw), dec.vocab_size, dec.max_position_embeddings,
                             rope_theta=dec.rope_theta).train()
         model.load_state_dict(shard_megatron(full, shape, 1, 1)[(0, 0)], strict=False)
         # Forward calls of the first layer and of its core attention, over forward and
@@ -252,7 +255,7 @@ def audiollm_cases(hf, shape, full) -> None:
     from orchestrator.convert.megatron_forward import pipeline_forward
     from orchestrator.models.audiollm import AudioLLM, build_audiollm
     from orchestrator.models.fusion import fuse_audio
-    from orchestrator.models.gemma2_model import gemma2_transformer_config
+    from orchestrator.models.decoder_config import decoder_transformer_config
     from tests.models.tiny_models import random_adapter_weights, randomize, tiny_model_config, whisper_config
 
     class ScaleBeforeFusion(AudioLLM):
@@ -296,7 +299,7 @@ def audiollm_cases(hf, shape, full) -> None:
             ps.destroy_model_parallel()
         init_distributed(ParallelDims(tp=tp, pp=pp), seed=0)
         first, last = ps.is_pipeline_first_stage(), ps.is_pipeline_last_stage()
-        config = gemma2_transformer_config(model_cfg.decoder, ParallelDims(tp=tp, pp=pp, sp=sp))
+        config = decoder_transformer_config(model_cfg.decoder, ParallelDims(tp=tp, pp=pp, sp=sp))
         model = build_audiollm(model_cfg, config, pre_process=first,
                                post_process=last, audio_token_id=AUDIO_TOKEN)
         model = cls(model.language_model, model.encoder, model.adapter, AUDIO_TOKEN).eval()
@@ -344,7 +347,7 @@ def inventory_check(hf) -> None:
     from orchestrator.plan.model_params import parameter_inventory
     from orchestrator.plan.schema.lora import LoraConfig
     from orchestrator.models.audiollm import build_audiollm
-    from orchestrator.models.gemma2_model import gemma2_transformer_config
+    from orchestrator.models.decoder_config import decoder_transformer_config
     from tests.models.tiny_models import tiny_model_config, whisper_config
 
     if ps.model_parallel_is_initialized():
@@ -358,20 +361,20 @@ def inventory_check(hf) -> None:
                        ("frozen_encoder", dataclasses.replace(base, encoder=dataclasses.replace(base.encoder, freeze=True))),
                        ("untied_output", dataclasses.replace(base, decoder=dataclasses.replace(base.decoder, tie_embeddings=False))),
                        ("tiny_cpu_recipe", compose(["+recipe=tiny_cpu"]).model)]:
-        model = build_audiollm(cfg, gemma2_transformer_config(cfg.decoder, ParallelDims(tp=1, pp=1)),
+        model = build_audiollm(cfg, decoder_transformer_config(cfg.decoder, ParallelDims(tp=1, pp=1)),
                                audio_token_id=AUDIO_TOKEN)
         real = [(n, list(p.shape), p.requires_grad) for n, p in model.named_parameters()]
         analytic = [(i.name, list(i.shape), i.trainable) for i in parameter_inventory(cfg, LoraConfig(), tp=1)]
         report[label] = {"real": sorted(real), "analytic": sorted(analytic)}
         # Built for a GPU (bf16), here on the CPU: megatron's bf16 optimizer checkpoints only
         # bf16 parameters, so every one that trains must be bf16.
-        gpu = build_audiollm(cfg, gemma2_transformer_config(cfg.decoder, ParallelDims(tp=1, pp=1), torch.bfloat16),
+        gpu = build_audiollm(cfg, decoder_transformer_config(cfg.decoder, ParallelDims(tp=1, pp=1), torch.bfloat16),
                              audio_token_id=AUDIO_TOKEN,
                              on_gpu=True, attention="reference")
         report[label]["gpu_trained_dtypes"] = sorted({str(p.dtype) for p in gpu.parameters() if p.requires_grad})
     forced = dataclasses.replace(base, encoder=dataclasses.replace(base.encoder, precision="fp32"))
     try:
-        build_audiollm(forced, gemma2_transformer_config(forced.decoder, ParallelDims(tp=1, pp=1), torch.bfloat16),
+        build_audiollm(forced, decoder_transformer_config(forced.decoder, ParallelDims(tp=1, pp=1), torch.bfloat16),
                        audio_token_id=AUDIO_TOKEN,
                        on_gpu=True, attention="reference")
         report["trained_fp32_encoder_on_gpu"] = "built"
@@ -398,7 +401,7 @@ def load_checkpoint_check(hf) -> None:
     from orchestrator.convert.gemma2_mapping import Gemma2Shape
     from tests.models.sharding import hf_to_megatron_full
     from orchestrator.models.audiollm import build_audiollm
-    from orchestrator.models.gemma2_model import gemma2_transformer_config
+    from orchestrator.models.decoder_config import decoder_transformer_config
     from orchestrator.train.init_weights import load_init_checkpoint
     from tests.models.sharding import shard_megatron
     from tests.models.tiny_models import randomize, tiny_model_config, whisper_config
@@ -418,7 +421,7 @@ def load_checkpoint_check(hf) -> None:
                        capture_output=True)
     dist.barrier()
     model_cfg = tiny_model_config(hf.config, whisper_config())
-    model = build_audiollm(model_cfg, gemma2_transformer_config(model_cfg.decoder, ParallelDims(tp=2)),
+    model = build_audiollm(model_cfg, decoder_transformer_config(model_cfg.decoder, ParallelDims(tp=2)),
                            audio_token_id=AUDIO_TOKEN)
     loaded = load_init_checkpoint(root / "mg", [model])
     shape = Gemma2Shape.from_hf_config(hf.config)

@@ -58,8 +58,8 @@ def test_plan_json_of_the_four_node_recipe():
         assert _contains_run(plan["argv"], run), run
     assert "--untie-embeddings-and-output-weights" not in plan["argv"]
     assert plan["num_microbatches"] == 16 and plan["padded_vocab_size"] == 256000
-    assert plan["model_extensions"]["attn_logit_softcap"] == 50.0
-    assert plan["model_extensions"]["final_logit_softcap"] == 30.0
+    assert plan["transformer_fields"]["attn_logit_softcapping"] == 50.0
+    assert plan["transformer_fields"]["final_logit_softcapping"] == 30.0
     assert isinstance(plan["memory_per_gpu_gib"], float) and plan["fits"] is True
 
 

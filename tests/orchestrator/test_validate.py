@@ -325,11 +325,12 @@ def test_a_llama_decoder_plans_megatron_llama_flags_and_its_parameters():
         assert flag in argv, flag
     for flag in ("--apply-layernorm-1p", "--window-size", "--window-attn-skip-freq"):
         assert flag not in argv, flag
-    extensions = plan.model_extensions
-    assert (extensions["architecture"], extensions["activation"], extensions["embedding_multiplier"]) == \
-        ("llama", "swiglu", 1.0)
-    assert extensions["softmax_scale"] == plan.config["model"]["decoder"]["kv_channels"] ** -0.5
-    assert not any(k.startswith(("--apply", "--window")) for k in extensions["implemented_by_audiollm"])
+    fields = plan.transformer_fields  # what the job's megatron config is built from
+    assert (fields["decoder_family"], fields["activation_func"], fields["layernorm_zero_centered_gamma"]) == \
+        ("llama", "silu", False)
+    assert fields["softmax_scale"] is None  # megatron's head_dim**-0.5
+    assert fields["sliding_window"] is None and fields["attn_logit_softcapping"] is None
+    assert not any(k.startswith(("--apply", "--window")) for k in plan.model_extensions["implemented_by_audiollm"])
     gemma2 = resolve(compose([]), purpose="plan")
     layers = plan.config["model"]["decoder"]["num_layers"]
     # Two norms of a layer fewer; the output layer's vocabulary x hidden more.
@@ -350,8 +351,8 @@ def test_a_qwen_decoder_plans_its_megatron_flag(model, flag):
         assert present in argv, present
     for absent in ({"--add-qkv-bias", "--qk-layernorm"} - {flag}) | {"--use-rope-scaling", "--apply-layernorm-1p"}:
         assert absent not in argv, absent
-    assert plan.model_extensions["qkv_bias"] == (flag == "--add-qkv-bias")
-    assert plan.model_extensions["qk_norm"] == (flag == "--qk-layernorm")
+    assert plan.transformer_fields["add_qkv_bias"] == (flag == "--add-qkv-bias")
+    assert plan.transformer_fields["qk_layernorm"] == (flag == "--qk-layernorm")
 
 
 def test_a_gemma3_decoder_plans_its_megatron_flags_and_its_local_rope_base():
@@ -365,10 +366,10 @@ def test_a_gemma3_decoder_plans_its_megatron_flags_and_its_local_rope_base():
         assert flag in argv, flag
     for flag in ("--use-rope-scaling", "--swiglu", "--untie-embeddings-and-output-weights"):
         assert flag not in argv, flag
-    extensions = plan.model_extensions
-    assert (extensions["rope_local_theta"], extensions["rope_scaling"]) == (10000.0, "linear")
-    assert extensions["sliding_window_layers"] == "all but every 6th" and extensions["qk_norm"]
-    assert extensions["attn_logit_softcap"] is None and extensions["final_logit_softcap"] is None
+    fields = plan.transformer_fields
+    assert (fields["rope_local_theta"], fields["rope_scaling_factor"]) == (10000.0, 8.0)
+    assert (fields["sliding_window"], fields["window_pattern"], fields["qk_layernorm"]) == (1024, 6, True)
+    assert fields["attn_logit_softcapping"] is None and fields["final_logit_softcapping"] is None
 
 
 def test_an_untied_output_layer_adds_its_weights_to_the_plan_but_not_its_logits_twice():

@@ -74,8 +74,7 @@ def main(data_overrides: list) -> int:
                 plan.config["model"].update(backend="local", attention=decisions.attention)
                 components = build_audiollm_components(plan, 0, 1)
                 provider = components.provider
-                config = mcfg.transformer_config(plan, True, provider.transformer_fields(),
-                                                 decisions.gradient_accumulation_fusion, provider.config_class)
+                config = mcfg.transformer_config(plan, True, decisions.gradient_accumulation_fusion)
                 model = provider.build(config, True, True, None, decisions)
                 # The trainer's order: build -> LoRA -> the model's freezes.
                 adapted = apply_lora(model, plan.section("lora"), 0)

@@ -24,8 +24,7 @@ def main() -> None:
     plan = Plan.load(run_dir)
     init_distributed(plan.dims, seed=plan.seed)
     provider = StandInProvider(plan.padded_vocab_size, plan.seq_length)
-    config = mcfg.transformer_config(plan, on_gpu=False, model_fields=provider.transformer_fields(),
-                                     config_class=provider.config_class)
+    config = mcfg.transformer_config(plan, on_gpu=False)
     model = provider.build(config, True, True, None)
     names = apply_lora(model, plan.section("lora"), seed=5, b_std=0.05)
     lora_names = lora_parameter_names(model)

@@ -36,6 +36,17 @@ def write_run_dir(run_dir: Path, *, tp: int = 1, pp: int = 1, dp: int = 1, vpp: 
         recompute_granularity=recompute, recompute_method="uniform" if recompute == "full" else None,
         recompute_num_layers=1 if recompute == "full" else None, overlap_grad_reduce=overlap_grad_reduce,
     )
+    # The stand-in's megatron fields (what megatron_fields.transformer_fields writes for a
+    # real model): Gemma-like, RMSNorm and a gated MLP with tanh-GELU (fc1 = [gate; up]);
+    # plain causal attention and a plain RMSNorm (the local spec has no zero-centred one).
+    transformer_fields = dict(
+        num_layers=num_layers, hidden_size=hidden, ffn_hidden_size=4 * hidden, num_attention_heads=heads,
+        num_query_groups=2, kv_channels=hidden // heads, normalization="RMSNorm", gated_linear_unit=True,
+        activation_func="gelu_tanh", bias_activation_fusion=False, layernorm_zero_centered_gamma=False,
+        window_size=None, hidden_dropout=0.0, attention_dropout=0.0,
+        recompute_granularity=megatron_args["recompute_granularity"],
+        recompute_method=megatron_args["recompute_method"], recompute_num_layers=megatron_args["recompute_num_layers"],
+    )
     lora = lora or {"rank": 0, "lr_groups": [{"name": "all", "patterns": ["*"], "lr_scale": 1.0}]}
     config = {
         "model": {"name": MODEL_NAME},
@@ -53,6 +64,7 @@ def write_run_dir(run_dir: Path, *, tp: int = 1, pp: int = 1, dp: int = 1, vpp: 
     }
     plan = dict(world_size=world, tp=tp, pp=pp, cp=1, dp=dp, vpp=vpp, sp=False,
                 num_microbatches=num_microbatches, padded_vocab_size=padded_vocab,
-                tokens_per_step=gbs * seq_length, argv=[], megatron_args=megatron_args, config=config)
+                tokens_per_step=gbs * seq_length, argv=[], megatron_args=megatron_args,
+                transformer_fields=transformer_fields, config=config)
     (run_dir / "plan.json").write_text(json.dumps(plan, indent=1))
     return run_dir

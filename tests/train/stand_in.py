@@ -63,26 +63,9 @@ class StandInGPT(_megatron_module()):
 
 
 class StandInProvider:
-    @property
-    def config_class(self):
-        from megatron.core.transformer import TransformerConfig
-
-        return TransformerConfig
-
     def __init__(self, vocab_size: int, seq_length: int):
         self.vocab_size, self.seq_length = vocab_size, seq_length
         self._mask = torch.triu(torch.ones(seq_length, seq_length, dtype=torch.bool), diagonal=1)[None, None]
-
-    def transformer_fields(self) -> dict:
-        # Gemma-like: RMSNorm and a gated MLP with tanh-GELU (fc1 = [gate; up]).
-        import torch.nn.functional as F
-        from functools import partial
-
-        # Plain causal attention and a plain RMSNorm whatever the plan's Gemma2 settings
-        # (the local spec has no zero-centred RMSNorm; windows belong to the real model).
-        return dict(normalization="RMSNorm", gated_linear_unit=True,
-                    activation_func=partial(F.gelu, approximate="tanh"), bias_activation_fusion=False,
-                    layernorm_zero_centered_gamma=False, window_size=None)
 
     def build(self, config, pre_process, post_process, vp_stage, decisions=None):
         self.config = config  # the loop's config, for flop_counter

@@ -36,7 +36,6 @@ def test_flags_the_job_implements_itself_are_said_so_and_off_in_megatron():
     Plan and `audiollm plan` say so."""
     from orchestrator.plan.report import render
     from orchestrator.plan.resolve import ARGV_IMPLEMENTED_BY_AUDIOLLM
-    from orchestrator.train.audiollm_provider import AudioLLMProvider, audiollm_config
 
     resolved = resolve(compose(["+recipe=gemma2_whisper_8k_cp2"]))  # context parallel: --cp-comm-type too
     for flags in ARGV_IMPLEMENTED_BY_AUDIOLLM:
@@ -46,8 +45,7 @@ def test_flags_the_job_implements_itself_are_said_so_and_off_in_megatron():
     without_cp = resolve(compose(["+recipe=gemma2_whisper_tp4pp2"])).model_extensions["implemented_by_audiollm"]
     assert "--cp-comm-type all_gather" not in without_cp and "--apply-layernorm-1p" in without_cp
     plan = resolved
-    provider = AudioLLMProvider.with_ids(audiollm_config(plan), audio_token_id=0)
-    config = mcfg.transformer_config(plan, False, provider.transformer_fields(), config_class=provider.config_class)
+    config = mcfg.transformer_config(plan, False)
     assert plan.megatron_args["layernorm_zero_centered_gamma"] and plan.megatron_args["window_size"]
     assert config.layernorm_zero_centered_gamma and config.window_size is None and config.window_attn_skip_freq is None
     assert config.sliding_window == plan.config["model"]["decoder"]["sliding_window"]
