@@ -60,9 +60,9 @@ def main() -> None:
 
     from orchestrator.plan.parallel_dims import ParallelDims
     from orchestrator.runtime.distributed import init_distributed, shutdown
-    from orchestrator.train.evaluate import _single_process_env
+    from orchestrator.eval.evaluate import single_process_env
 
-    _single_process_env()
+    single_process_env()
     init_distributed(ParallelDims(), seed=0)
     rows = []
     for name in args.models.split(","):

@@ -86,7 +86,7 @@ def main() -> None:
 
     from orchestrator.data.loader import build_train_loader, build_validation_loaders
     from orchestrator.data.tokenizer_build import load_tokenizer
-    from orchestrator.eval.asr import evaluate_generation
+    from orchestrator.scoring.asr import evaluate_generation
     from orchestrator.models.audiollm import build_audiollm
 
     data_cfg = cfg.data

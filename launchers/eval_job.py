@@ -2,7 +2,7 @@
 the evaluation as a job, through the launcher that trains (submitit, locally or on SLURM).
 
 Without a launcher override `audiollm eval` runs where it is typed, as before
-(orchestrator/train/evaluate.py: one process, or torchrun on this machine's GPUs). With
+(orchestrator/eval/evaluate.py: one process, or torchrun on this machine's GPUs). With
 one, it becomes a job of its own, in RUN/eval/job/ (its launch.json, state.json, logs/
 and submitit/ folder; its results in RUN/eval/ as an evaluation run here writes them):
 
@@ -21,7 +21,7 @@ and submitit/ folder; its results in RUN/eval/ as an evaluation run here writes 
   only the checkpoints without a result.
 
 Imports neither torch nor megatron: the job's ranks import them (launchers/job.py runs
-orchestrator.train.evaluate.job_entry).
+orchestrator.eval.evaluate.job_entry).
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ from orchestrator.plan import config_path
 from orchestrator.plan.checkpoint_dirs import frozen_source_problem, step_dirs
 from orchestrator.plan import rundir as rd
 
-EVAL_ENTRY = "orchestrator.train.evaluate.job_entry"
+EVAL_ENTRY = "orchestrator.eval.evaluate.job_entry"
 SIZE_KEYS = ("launcher.nodes", "launcher.gpus_per_node")
 
 
@@ -50,7 +50,7 @@ def eval_main(argv: Sequence[str]) -> int:
     """`audiollm eval ...`: here, or as a job when a launcher override is given."""
     own, overrides = split_launcher_overrides(argv)
     if not overrides:
-        from orchestrator.train.evaluate import main
+        from orchestrator.eval.evaluate import main
 
         return main(own)
     return submit_eval(own, overrides)

@@ -68,7 +68,7 @@ def write_processor(out: Path, export) -> Optional[int]:
 
     from orchestrator.data.prompts import audio_token_id
     from orchestrator.data.tokenizer_build import load_tokenizer
-    from orchestrator.eval.asr import default_stop_ids
+    from orchestrator.scoring.asr import default_stop_ids
     from orchestrator.hf_model.processing_audiollm import AudioLLMProcessor
 
     tokenizer_dir = export.tokenizer

@@ -1,4 +1,4 @@
-"""`audiollm eval`'s arguments, read where it runs here (orchestrator/train/evaluate.py)
+"""`audiollm eval`'s arguments, read where it runs here (orchestrator/eval/evaluate.py)
 and where it is submitted as a job (launchers/eval_job.py, which must not import torch).
 
 Launcher overrides (`launcher=slurm`, `launcher.partition=gpu`, ...) are taken out of

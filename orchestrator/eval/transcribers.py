@@ -57,20 +57,20 @@ class RunTranscriber:
                  max_new_tokens: Optional[int] = None, prompt: Optional[str] = None):
         from orchestrator.data.prompts import PromptBuilder
         from orchestrator.data.tokenizer_build import load_tokenizer
-        from orchestrator.eval.asr import default_stop_ids
+        from orchestrator.scoring.asr import default_stop_ids
         from orchestrator.plan.model_params import audio_token_count
         from orchestrator.train import checkpoint as ckpt
         from orchestrator.train.audiollm_provider import AudioLLMProvider, audiollm_config
         from orchestrator.train.entry import make_trainer, setup_logging
-        from orchestrator.train.evaluate import _check_frozen_source, _evaluation_plan, _single_process_env, \
+        from orchestrator.eval.evaluate import check_frozen_source, evaluation_plan, single_process_env, \
             single_rank_plan
         from orchestrator.train.loop import Components
 
-        plan = _evaluation_plan(Path(run_dir), ctc_weight)  # refuses a weight the model has no head for
+        plan = evaluation_plan(Path(run_dir), ctc_weight)  # refuses a weight the model has no head for
         head = float(plan.section("model").get("adapter", {}).get("ctc_weight", 0.0)) > 0
         self.ctc_weight = float(plan.section("train").get("eval_generation_ctc_weight", 0.0)) if head else 0.0
-        _check_frozen_source(Path(checkpoint))
-        _single_process_env()
+        check_frozen_source(Path(checkpoint))
+        single_process_env()
         setup_logging(0)
         logging.getLogger().setLevel(logging.WARNING)  # the answers on stdout, problems on stderr: no notices
         plan = single_rank_plan(plan)

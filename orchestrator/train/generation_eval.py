@@ -5,7 +5,7 @@ Each model replica greedy-decodes its own share of every validation dataset (the
 validation loaders shard by data-parallel rank) at the training layout, with the KV
 cache (orchestrator.models.generate: tensor-parallel ranks hold their heads, pipeline
 stages pass each step's hidden states on), and scores it by the dataset's metric
-(orchestrator.eval.metrics: wer, exact, bleu). Context-parallel ranks hold the whole
+(orchestrator.scoring.metrics: wer, exact, bleu). Context-parallel ranks hold the whole
 weights of their stage, so each decodes whole samples: rank r of CP size c answers
 samples r, r + c, ... of every batch. The metrics' statistics are summed over the data-
 and context-parallel ranks, so every rank returns the same figures. Keys:
@@ -25,7 +25,7 @@ from typing import Dict
 import torch
 import torch.distributed as dist
 
-from orchestrator.eval import metrics
+from orchestrator.scoring import metrics
 
 log = logging.getLogger(__name__)
 
@@ -65,7 +65,7 @@ class GenerationEvaluation:
     def __call__(self, trainer, step: int) -> Dict[str, float]:
         from megatron.core import parallel_state as ps
 
-        from orchestrator.eval.asr import evaluate_generation
+        from orchestrator.scoring.asr import evaluate_generation
 
         if len(trainer.unwrapped) != 1:
             if not self._warned and trainer.rank == 0:

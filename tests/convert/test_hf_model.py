@@ -291,7 +291,7 @@ def test_transcribe_answers_files_as_eval_from_the_run_and_from_its_export(expor
     from streaming import LocalDataset
 
     from orchestrator.data.audio import load_audio, resample
-    from orchestrator.eval import metrics
+    from orchestrator.scoring import metrics
 
     run = exported["runs"]["tp2_sp"]
     held_out = LocalDataset(local=str(exported["root"] / "corpus" / "val" / VAL_SET))

@@ -47,7 +47,7 @@ def main() -> None:
     init_distributed(ParallelDims(tp=1), seed=0)
     import torch.distributed as dist
 
-    from orchestrator.eval import asr, metrics
+    from orchestrator.scoring import asr, metrics
     from orchestrator.train.generation_eval import GenerationEvaluation, metric_values
 
     rank, size = dist.get_rank(), dist.get_world_size()

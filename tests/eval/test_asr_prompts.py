@@ -7,7 +7,7 @@ import pytest
 
 from orchestrator.data.packing import Example, collate
 from orchestrator.data.prompts import Tokenized
-from orchestrator.eval.asr import prompts_from_batch
+from orchestrator.scoring.asr import prompts_from_batch
 
 AUDIO, PAD = 7, 0
 

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 import sacrebleu
 
-from orchestrator.eval import metrics
-from orchestrator.eval.wer import wer, word_errors
+from orchestrator.scoring import metrics
+from orchestrator.scoring.wer import wer, word_errors
 from orchestrator.train.generation_eval import metric_values
 from tests.distributed_run import torchrun
 

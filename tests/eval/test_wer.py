@@ -2,8 +2,8 @@
 
 import pytest
 
-from orchestrator.eval.text import normalize_transcript
-from orchestrator.eval.wer import wer, word_errors
+from orchestrator.scoring.text import normalize_transcript
+from orchestrator.scoring.wer import wer, word_errors
 
 
 def test_normalisation():

@@ -42,7 +42,7 @@ class ValidationLoader:
 
 def generation_scores(model, prompts, answers, features, lengths):
     """The memorised clips as one validation batch (one sample per row, the loader's
-    format) through the evaluation path (orchestrator.eval.asr.evaluate_generation:
+    format) through the evaluation path (orchestrator.scoring.asr.evaluate_generation:
     prompts from the batch, greedy decoding, a real HF tokenizer's decode, scores), as
     three validation datasets: a plain list (no `metric`: WER) and loaders scored by
     exact match and BLEU. Returns the pooled score of each metric for the model and for
@@ -52,7 +52,7 @@ def generation_scores(model, prompts, answers, features, lengths):
     from tokenizers.pre_tokenizers import WhitespaceSplit
     from transformers import PreTrainedTokenizerFast
 
-    from orchestrator.eval.asr import POOLED, evaluate_generation
+    from orchestrator.scoring.asr import POOLED, evaluate_generation
 
     vocab = {"<pad>": PAD, "<bos>": BOS, "<sep>": SEP, "<audio>": AUDIO, "<stop>": STOP}
     vocab.update({f"w{i}": i for a in answers for i in a})

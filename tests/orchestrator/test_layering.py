@@ -1,5 +1,5 @@
 """The tree's layers, in one line: imports point down the list cli.py -> launchers/ ->
-the job side (orchestrator/train, models, data, eval, convert, hf_model, runtime, probe) ->
+the job side (orchestrator/eval, convert, probe, train, scoring, models, data, runtime, hf_model) ->
 orchestrator/plan/, and no two modules import each other, however indirectly.
 
 So the planning side (compose, validate, resolve, the estimates) imports nothing from
@@ -11,7 +11,13 @@ import ast
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
-JOB_SIDE = ("train", "models", "data", "eval", "convert", "hf_model", "runtime", "probe")
+JOB_SIDE = ("train", "models", "data", "eval", "convert", "hf_model", "runtime", "probe", "scoring")
+
+# Inside the job side, each package imports only those of a higher number: the tools that
+# load training's checkpoints (eval, convert) and the probe over the trainer, the trainer
+# over what it shares with them (scoring), the model, the data and the process set-up.
+JOB_SIDE_ORDER = {"eval": 0, "convert": 1, "probe": 1, "train": 2, "scoring": 3, "models": 4, "data": 5,
+                  "runtime": 6, "hf_model": 6}
 
 
 def _layer(module: str) -> int:
@@ -66,6 +72,22 @@ def test_imports_point_down_the_layers():
             "orchestrator.train.loop", "orchestrator.cli"} <= set(graph)
     upward = [f"{src} imports {dst}" for src, dsts in graph.items() for dst in sorted(dsts)
               if _layer(dst) < _layer(src)]
+    assert upward == []
+
+
+def test_job_side_packages_import_down_their_order():
+    """What eval and train share lives below both (orchestrator/scoring): no arrow goes
+    back up from the trainer to the tools that load its checkpoints, nor between those."""
+    assert set(JOB_SIDE_ORDER) == set(JOB_SIDE)
+    graph = _graph(_project_modules())
+
+    def package(module):
+        parts = module.split(".")
+        return parts[1] if parts[0] == "orchestrator" and len(parts) > 2 and parts[1] in JOB_SIDE else None
+
+    upward = [f"{src} imports {dst}" for src, dsts in graph.items() for dst in sorted(dsts)
+              if package(src) and package(dst) and package(src) != package(dst)
+              and JOB_SIDE_ORDER[package(dst)] <= JOB_SIDE_ORDER[package(src)]]
     assert upward == []
 
 

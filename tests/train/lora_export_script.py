@@ -19,11 +19,11 @@ def main() -> None:
     from orchestrator.runtime.distributed import shutdown
     from orchestrator.train import checkpoint as ckpt
     from orchestrator.train.entry import make_trainer
-    from orchestrator.train.evaluate import _single_process_env, single_rank_plan
+    from orchestrator.eval.evaluate import single_process_env, single_rank_plan
     from orchestrator.plan.resolved import Plan
 
     run_dir, export, pretrained = sys.argv[1:4]
-    _single_process_env()
+    single_process_env()
     trainer = make_trainer(run_dir, plan=single_rank_plan(Plan.load(run_dir)), training=False)
     ckpt.load_model_weights(ckpt.latest_checkpoint(run_dir), trainer.chunks)
     model = trainer.chunks[0].eval()

@@ -211,7 +211,7 @@ if __name__ == "__main__":
     import sys
 
     if sys.argv[1] == "eval":  # eval RUN_DIR [CHECKPOINT]; one process when not under torchrun
-        from orchestrator.train.evaluate import evaluate_run
+        from orchestrator.eval.evaluate import evaluate_run
 
         evaluate_run(sys.argv[2], sys.argv[3] if len(sys.argv) > 3 else None, components_factory=build_components)
     else:

@@ -145,7 +145,7 @@ def test_audiollm_eval_reshards_tp2_to_one_process_and_scores_wer(tp2_straight):
 
 def test_audiollm_eval_refuses_joint_ctc_decoding_of_a_model_without_the_head(corpus, tmp_path, capsys):
     """Before anything is loaded, naming both weights."""
-    from orchestrator.train.evaluate import main
+    from orchestrator.eval.evaluate import main
 
     no_head = write_audiollm_run_dir(tmp_path / "no_head", corpus,
                                      extra=["model.adapter.ctc_weight=0", "train.eval_generation_ctc_weight=0"])

@@ -6,8 +6,8 @@ counts into the score (`score`): the score of a sum is the score of the pooled
 corpus, not a mean of per-rank or per-dataset scores. Every metric counts
 `utterances`.
 
-  wer    word error rate (orchestrator.eval.wer): errors / reference words, both sides
-         normalised (orchestrator.eval.text). A fraction; lower is better.
+  wer    word error rate (orchestrator.scoring.wer): errors / reference words, both sides
+         normalised (orchestrator.scoring.text). A fraction; lower is better.
   exact  exact match after normalize_transcript on both sides ("Three-One." matches
          "three one"; "31" does not match "thirty one"): correct / utterances. A
          fraction.
@@ -32,8 +32,8 @@ from __future__ import annotations
 
 from typing import Dict, Iterable, Mapping, Sequence, Tuple
 
-from orchestrator.eval.text import normalize_transcript
-from orchestrator.eval.wer import word_errors
+from orchestrator.scoring.text import normalize_transcript
+from orchestrator.scoring.wer import word_errors
 from orchestrator.plan.tasks import METRICS  # the metrics a dataset may name (validated at planning)
 
 _NGRAMS = 4

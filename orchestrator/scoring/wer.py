@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Dict, Sequence
 
-from orchestrator.eval.text import normalize_transcript
+from orchestrator.scoring.text import normalize_transcript
 
 
 def word_errors(references: Sequence[str], hypotheses: Sequence[str]) -> Dict[str, int]:

@@ -13,7 +13,7 @@ dataset, whatever the run's train.eval_generation. Writes <run_dir>/eval/<checkp
     audiollm eval RUN_DIR --tp 2 [--pp P] [--cp C] [--gpus N]
         N processes on this machine (default tp x pp x cp; the rest is data parallel),
         the checkpoint resharded to that layout: a 9B model split over 2 GPUs;
-    torchrun --nproc_per_node=N -m orchestrator.train.evaluate RUN_DIR [--checkpoint DIR]
+    torchrun --nproc_per_node=N -m orchestrator.eval.evaluate RUN_DIR [--checkpoint DIR]
         N ranks with the run's own layout (N = the plan's world size);
     audiollm eval RUN_DIR ... launcher=slurm [launcher.partition=P ...]
         any of the above as a job through the training's launcher (launchers/eval_job.py,
@@ -80,7 +80,7 @@ def plan_at_layout(plan, tp: int, pp: int, cp: int, world_size: int):
     return Plan.from_dict(data, plan.run_dir)
 
 
-def _single_process_env() -> None:
+def single_process_env() -> None:
     os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
 
 
@@ -95,7 +95,7 @@ def evaluate_run(run_dir: str | Path, checkpoint: Optional[str | Path] = None,
     from orchestrator.train import checkpoint as ckpt
 
     run_dir = Path(run_dir)
-    plan = _evaluation_plan(run_dir, ctc_weight)  # its errors before anything is looked for
+    plan = evaluation_plan(run_dir, ctc_weight)  # its errors before anything is looked for
     path = Path(checkpoint) if checkpoint else ckpt.latest_checkpoint(run_dir)
     if path is None or not path.is_dir():
         raise FileNotFoundError(f"{run_dir}: no checkpoint to evaluate ({path or 'checkpoints/latest is missing'}); "
@@ -106,11 +106,11 @@ def evaluate_run(run_dir: str | Path, checkpoint: Optional[str | Path] = None,
         raise DamagedCheckpoint(f"checkpoint {path} is damaged: {problem}; "
                                 + (f"evaluate the newest complete one with --checkpoint {others[0]}" if others
                                    else "the run has no other complete checkpoint"))
-    _check_frozen_source(path)
+    check_frozen_source(path)
     return _score(run_dir, plan, [path], components_factory, layout, examples)[path.name]
 
 
-def _check_frozen_source(path: Path) -> None:
+def check_frozen_source(path: Path) -> None:
     """Before the model is built: FrozenSourceError where the checkpoint's frozen weights,
     left in its run's model.init_checkpoint, are gone or changed."""
     from orchestrator.train.dist_format import FrozenSourceError
@@ -128,18 +128,18 @@ def evaluate_every_checkpoint(run_dir: str | Path, components_factory: Optional[
     it stopped. Returns ({checkpoint name: results} of those scored now, [damaged ones
     left out, with why])."""
     run_dir = Path(run_dir)
-    plan = _evaluation_plan(run_dir, ctc_weight)
+    plan = evaluation_plan(run_dir, ctc_weight)
     kept = list(reversed(step_dirs(run_dir)))
     damaged = [f"{p.name}: {checkpoint_problem(p)}" for p in kept if checkpoint_problem(p)]
     todo = [p for p in kept if checkpoint_problem(p) is None and not (run_dir / "eval" / f"{p.name}.json").is_file()]
     if not kept:
         raise FileNotFoundError(f"{run_dir}: no checkpoint to evaluate (checkpoints/step_N); train first")
     for path in todo:
-        _check_frozen_source(path)
+        check_frozen_source(path)
     return (_score(run_dir, plan, todo, components_factory, layout, examples) if todo else {}), damaged
 
 
-def _evaluation_plan(run_dir: Path, ctc_weight: Optional[float]):
+def evaluation_plan(run_dir: Path, ctc_weight: Optional[float]):
     """The run's plan as an evaluation runs it: generation on, the decoding weight asked
     for (refused, naming both weights, where the model has no CTC head)."""
     from orchestrator.plan.resolved import Plan
@@ -168,7 +168,7 @@ def _score(run_dir: Path, plan, paths: list, components_factory, layout, example
 
     head = float(plan.section("model").get("adapter", {}).get("ctc_weight", 0.0)) > 0  # the model has the CTC head
     if "WORLD_SIZE" not in os.environ or int(os.environ["WORLD_SIZE"]) == 1:
-        _single_process_env()
+        single_process_env()
         plan = single_rank_plan(plan)
     elif layout is not None:
         plan = plan_at_layout(plan, *layout, world_size=int(os.environ["WORLD_SIZE"]))
@@ -213,7 +213,7 @@ def _launch(argv: Sequence[str], processes: int) -> int:
     import subprocess
 
     cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={processes}", "--master_addr=127.0.0.1",
-           f"--master_port={free_port()}", "-m", "orchestrator.train.evaluate", *argv]
+           f"--master_port={free_port()}", "-m", "orchestrator.eval.evaluate", *argv]
     return subprocess.call(cmd)
 
 

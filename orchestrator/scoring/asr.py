@@ -8,7 +8,7 @@ carries it, else up to and including the first position whose label is trained
 answer is the last assistant turn. Its clips are those whose placeholders lie in the
 prompt, in placeholder order. The references come with the batch (`transcripts`, one
 per sample in token order: the scored answer's text). Each validation dataset is scored
-by its loader's `metric` (orchestrator.eval.metrics; "wer" when it has none).
+by its loader's `metric` (orchestrator.scoring.metrics; "wer" when it has none).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 import torch
 
 from orchestrator.data.mel import batch_features
-from orchestrator.eval import metrics
+from orchestrator.scoring import metrics
 from orchestrator.models.generate import greedy_generate
 
 # The report's pooled entries, one per metric in use. "all" is the pooled WER, the key
