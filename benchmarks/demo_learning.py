@@ -100,13 +100,14 @@ def main() -> None:
         data_cfg, cfg.model.encoder, cfg.model.adapter, mbs)
     audio_id = loader.processor.audio_token_id
 
-    from orchestrator.plan.resolve import resolve, to_object
+    from orchestrator.plan.resolve import resolve
     from orchestrator.train.audiollm_provider import AudioLLMProvider
     from orchestrator.train.megatron_config import transformer_config
 
-    provider = AudioLLMProvider.from_config(to_object(cfg))
+    plan = resolve(cfg)
+    provider = AudioLLMProvider.from_plan(plan)
     # The job's config (its per-token loss normalisation included: loss_func below).
-    config = transformer_config(resolve(cfg), on_gpu=False)
+    config = transformer_config(plan, on_gpu=False)
     model = build_audiollm(cfg.model, config, audio_token_id=audio_id)
     n_params = sum(p.numel() for p in model.parameters())
     config = model.config

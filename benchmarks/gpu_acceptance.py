@@ -489,8 +489,8 @@ def check_throughput(table: Table, name: str, backend: str, attention: str, dry_
         if on_gpu:
             torch.cuda.reset_peak_memory_stats()
         # The job's own start-up decisions on this machine (gradient-accumulation fusion).
-        decisions = decide(OmegaConf.to_container(cfg.model, resolve=True), Machine.probe(),
-                           OmegaConf.to_container(cfg.parallel, resolve=True))
+        decisions = decide(plan.section("model"), Machine.probe(), plan.dims,
+                           plan.transformer_fields.get("recompute_granularity"))
         print("decided on this machine: " + "; ".join(decisions.lines), flush=True)
         # The job's one config from the Plan (bf16 on the GPU: the plan asks for it there)
         config = transformer_config(plan, on_gpu, decisions.gradient_accumulation_fusion)

@@ -27,7 +27,6 @@ dataset into the JSON (those rank 0 decoded: its data- and context-parallel shar
 
 from __future__ import annotations
 
-import copy
 import json
 import os
 import sys
@@ -54,7 +53,6 @@ def plan_at_layout(plan, tp: int, pp: int, cp: int, world_size: int):
     batch sizes (num_microbatches = global batch / (micro batch x dp)); sequence parallel
     as the run had it where TP > 1, no virtual pipeline, no distributed optimizer."""
     from orchestrator.plan.parallel_dims import ParallelDims
-    from orchestrator.plan.resolved import Plan
 
     sp = plan.dims.sp and tp > 1
     try:
@@ -69,15 +67,7 @@ def plan_at_layout(plan, tp: int, pp: int, cp: int, world_size: int):
            if n is not None and n % size]
     if bad:
         raise PlanError("cannot evaluate at this layout: " + "; ".join(bad))
-    data = copy.deepcopy(plan.to_dict())
-    data.update(dims.as_dict(), num_microbatches=num_microbatches)
-    data["megatron_args"].update(tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp,
-                                 context_parallel_size=cp, cp_comm_type="all_gather" if cp > 1 else None,
-                                 sequence_parallel=sp, use_distributed_optimizer=False,
-                                 num_virtual_stages_per_pipeline_rank=None)
-    # The provider shapes its batches by the config's parallel section: it must say the same.
-    data["config"]["parallel"].update(tp=tp, pp=pp, cp=cp, vpp=None, sp=sp, distributed_optimizer=False)
-    return Plan.from_dict(data, plan.run_dir)
+    return plan.at_layout(dims, num_microbatches)
 
 
 def single_process_env() -> None:

@@ -76,7 +76,7 @@ class RunTranscriber:
         plan = single_rank_plan(plan)
         cfg = audiollm_config(plan)
         self.trainer = make_trainer(run_dir, lambda p, rank, size: Components(
-            provider=AudioLLMProvider.from_config(audiollm_config(p)), train_source=_NoData()), plan=plan,
+            provider=AudioLLMProvider.from_plan(p), train_source=_NoData()), plan=plan,
             training=False)
         ckpt.load_model_weights(Path(checkpoint), self.trainer.chunks)
         self.model = self.trainer.unwrapped[0].eval()

@@ -136,7 +136,7 @@ class AudioLLM(MegatronModule):
 def build_audiollm(model_cfg, config: DecoderTransformerConfig, pre_process: bool = True, post_process: bool = True,
                    audio_token_id: int = 0, vp_stage=None, encoder_pad_value: float = 0.0, core_attention=None,
                    encoder_lora: bool = False, on_gpu: Optional[bool] = None, attention: Optional[str] = None,
-                   random_init: bool = True) -> AudioLLM:
+                   random_init: bool = True, padded_vocab_size: Optional[int] = None) -> AudioLLM:
     """Build this rank's AudioLLM chunk from the `model` config section and the decoder's
     megatron `config` (the job's one TransformerConfig, orchestrator/train/megatron_config.py;
     outside a job decoder_config.decoder_transformer_config): its sizes, dtype and init methods. Call after
@@ -154,7 +154,8 @@ def build_audiollm(model_cfg, config: DecoderTransformerConfig, pre_process: boo
     `on_gpu` unless given). `random_init` False: a checkpoint will overwrite every weight
     of the Whisper encoder, which is then not drawn (the decoder's draws are skipped by
     the config's init methods); True on a GPU: the decoder's are drawn there
-    (orchestrator.models.device_draws)."""
+    (orchestrator.models.device_draws). `padded_vocab_size`: the Plan's (a job's); None:
+    megatron's padding of the decoder's vocabulary at the config's TP."""
     from orchestrator.models.device_draws import draw_on_device
     from orchestrator.plan.kernels import attention_kernel, encoder_precision
 
@@ -171,7 +172,7 @@ def build_audiollm(model_cfg, config: DecoderTransformerConfig, pre_process: boo
                                  post_process=post_process, backend=model_cfg.backend, rope_theta=dec.rope_theta,
                                  vp_stage=vp_stage, tie_embeddings=dec.tie_embeddings,
                                  attention=attention or attention_kernel(getattr(model_cfg, "attention", "auto"), on_gpu),
-                                 core_attention=core_attention)
+                                 core_attention=core_attention, padded_vocab_size=padded_vocab_size)
     if draws_on_gpu:  # the staging blocks (up to a full fp32 embedding) back, not split by training's tensors
         torch.cuda.empty_cache()
     if dec.freeze:

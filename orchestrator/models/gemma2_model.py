@@ -26,7 +26,7 @@ from orchestrator.models.decoder_config import DecoderTransformerConfig
 from orchestrator.models.gemma2_spec import gemma2_block_spec
 from orchestrator.plan.decoder_families import FAMILIES
 from orchestrator.plan.kernels import LOSS_CHUNK_ELEMENTS
-from orchestrator.plan.megatron_args import padded_vocab_size
+from orchestrator.plan.megatron_args import padded_vocab_size as _padded
 
 
 def _rounded(value: float, dtype: torch.dtype) -> float:
@@ -104,15 +104,21 @@ class Gemma2Model(GPTModel):
     def __init__(self, config: DecoderTransformerConfig, vocab_size: int, max_sequence_length: int,
                  pre_process: bool = True, post_process: bool = True, backend: str = "local",
                  rope_theta: float = 10000.0, vp_stage=None, attention: str = "reference", core_attention=None,
-                 tie_embeddings: bool = True):
+                 tie_embeddings: bool = True, padded_vocab_size: Optional[int] = None):
+        """`vocab_size`: the tokenizer's; `padded_vocab_size`: the embedding's rows, a job's
+        Plan's (None: megatron's padding at the config's TP, for a model built without one)."""
         tp = config.tensor_model_parallel_size
+        padded = padded_vocab_size or _padded(vocab_size, tp)
+        if padded < vocab_size or padded % tp:
+            raise ValueError(f"padded vocabulary {padded} must hold the vocabulary ({vocab_size}) and split over "
+                             f"TP {tp}")
         pp_rank = parallel_state.get_pipeline_model_parallel_rank() if config.pipeline_model_parallel_size > 1 else 0
         scaling = FAMILIES[config.decoder_family].rope_scaling
         super().__init__(
             config=config,
             transformer_layer_spec=gemma2_block_spec(config, backend, vp_stage=vp_stage, pp_rank=pp_rank,
                                                      attention=attention, core_attention=core_attention),
-            vocab_size=padded_vocab_size(vocab_size, tp),
+            vocab_size=padded,
             max_sequence_length=max_sequence_length,
             pre_process=pre_process,
             post_process=post_process,

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, Optional
 
@@ -142,6 +142,28 @@ class Plan:
     @property
     def train_iters(self) -> int:
         return int(self.megatron_args["train_iters"])
+
+    def at_layout(self, dims: ParallelDims, num_microbatches: int) -> "Plan":
+        """This run at other sizes (an evaluation at another layout), a new Plan: `dims`,
+        and every value that follows from the sizes made anew from them (the padded
+        vocabulary, the rank layout, the parallel arguments and section), without the
+        distributed optimizer and virtual stages. The training layout's argv and estimates
+        describe another run: left out."""
+        from orchestrator.plan.megatron_args import padded_vocab_size, parallel_args
+        from orchestrator.plan.schema import ParallelConfig, RecomputeConfig
+
+        section = {**self.section("parallel"), "tp": dims.tp, "pp": dims.pp, "cp": dims.cp, "vpp": dims.vpp,
+                   "sp": dims.sp, "distributed_optimizer": False}
+        parallel = ParallelConfig(**{**section, "recompute": RecomputeConfig(**(section.get("recompute") or {}))})
+        args = parallel_args(parallel)
+        vocab = int(self.config["model"]["decoder"]["vocab_size"]) if "decoder" in self.section("model") else None
+        return replace(
+            self, dims=dims, num_microbatches=num_microbatches,
+            padded_vocab_size=padded_vocab_size(vocab, dims.tp) if vocab else self.padded_vocab_size,
+            megatron_args={**self.megatron_args, **{a.dest: a.value for a in args}},
+            argv=[], rank_layout=dims.mesh().as_dict(), parameters={}, memory={},
+            memory_at_cp1=None, flops={}, step_estimate=None,
+            config={**self.config, "parallel": {**section, "recompute": section.get("recompute")}})
 
     def check_world(self, world_size: int) -> None:
         """The job must run on exactly the ranks the plan was made for, in whole steps."""

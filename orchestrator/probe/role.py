@@ -149,9 +149,9 @@ def probe_role(plan_json: Path, stage: int, cp_rank: int = 0, fake: bool = True)
     machine = _target_machine(plan)
     stand_in_lines = stand_ins.install(cfg.model.backend) if machine.cuda else []
     stand_in_lines += stand_ins.skip_value_reads() + stand_ins.fake_tensor_limits()
-    provider = AudioLLMProvider.with_ids(cfg, AUDIO_TOKEN_ID)
+    provider = AudioLLMProvider.with_ids(plan, AUDIO_TOKEN_ID, cfg=cfg)
     batch = synthetic_microbatch(cfg)
-    components = Components(provider=provider, train_source=for_context_parallel(RepeatedBatches(batch), cfg.parallel))
+    components = Components(provider=provider, train_source=for_context_parallel(RepeatedBatches(batch), dims))
     memory = LiveMemory()
     timings = {}
     fake_mode = FakeTensorMode(allow_non_fake_inputs=True) if fake else contextlib.nullcontext()

@@ -22,6 +22,7 @@ section and what this machine has:
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Optional
 
 from orchestrator.plan.kernels import attention_kernel, compile_kind, loss_compiles
 
@@ -66,8 +67,9 @@ class Decisions:
         return "\n".join(self.lines)
 
 
-def decide(model: dict, machine: Machine, parallel: dict) -> Decisions:
-    """The job's decisions for the plan's `model` and `parallel` sections on `machine`."""
+def decide(model: dict, machine: Machine, dims, recompute_granularity: Optional[str] = None) -> Decisions:
+    """The job's decisions on `machine` for the plan's `model` section, its sizes (`dims`:
+    orchestrator.plan.parallel_dims.ParallelDims) and its recompute granularity."""
     backend, choice = model.get("backend", "local"), model.get("attention", "auto")
     if backend == "te" and not (machine.cuda and machine.transformer_engine):
         missing = "CUDA" if not machine.cuda else "TransformerEngine (transformer_engine.pytorch does not import)"
@@ -86,9 +88,8 @@ def decide(model: dict, machine: Machine, parallel: dict) -> Decisions:
     else:
         fusion_why = ("apex's fused_weight_gradient_mlp_cuda is not installed, and megatron's output layer "
                       "refuses the fusion without it")
-    compiled, compile_why = compile_kind(model.get("compile", "auto"), machine.cuda, backend,
-                                         (parallel.get("recompute") or {}).get("granularity"))
-    loss_compiled = loss_compiles(parallel.get("tp", 1))
+    compiled, compile_why = compile_kind(model.get("compile", "auto"), machine.cuda, backend, recompute_granularity)
+    loss_compiled = loss_compiles(dims.tp)
     lines = (
         f"linears/norms: {backend} backend" + (" (TransformerEngine)" if backend == "te" else " (megatron-core's own)"),
         f"attention: {attention} (model.attention={choice}, {'CUDA' if machine.cuda else 'CPU'})",

@@ -54,32 +54,40 @@ class AudioLLMProvider:
     # adapter's layer mix sums in fp32): the loop must not cast the whole chunk.
     wrap_float16 = False
 
-    def __init__(self, model_cfg, parallel_cfg, *, audio_token_id: int, special_ids=(), lora_rank: int = 0,
-                 encoder_lora: bool = False, seed: int = 0, ctc_weight: Optional[float] = None):
-        """`special_ids`: the tokenizer's special tokens (CTC targets are the transcript's
+    def __init__(self, model_cfg, dims, *, audio_token_id: int, special_ids=(), lora_rank: int = 0,
+                 encoder_lora: bool = False, seed: int = 0, ctc_weight: Optional[float] = None,
+                 padded_vocab_size: Optional[int] = None, recompute=None):
+        """`dims`: the sizes (orchestrator.plan.parallel_dims.ParallelDims: the Plan's);
+        `special_ids`: the tokenizer's special tokens (CTC targets are the transcript's
         tokens without the chat markers); `seed`: with the data-parallel rank, seeds each
         clip's augmentation; `ctc_weight`: the CTC loss's weight (model.adapter.ctc_weight
-        unless given)."""
-        self.model_cfg, self.parallel_cfg = model_cfg, parallel_cfg
+        unless given); `padded_vocab_size` (the Plan's) and `recompute` (parallel.recompute):
+        what the FLOP counter counts."""
+        self.model_cfg, self.dims = model_cfg, dims
         self.audio_token_id, self.special_ids = int(audio_token_id), set(special_ids)
         self.lora_rank, self.encoder_lora, self.seed = int(lora_rank), encoder_lora, int(seed)
         self.ctc_weight = float(model_cfg.adapter.ctc_weight if ctc_weight is None else ctc_weight)
+        self.padded_vocab_size, self.recompute = padded_vocab_size, recompute
 
     @classmethod
-    def from_config(cls, cfg) -> "AudioLLMProvider":
-        """The job's provider: the config's model and layout, the tokenizer's ids."""
+    def from_plan(cls, plan, cfg=None) -> "AudioLLMProvider":
+        """The job's provider: the Plan's model and sizes, the tokenizer's ids (`cfg`: the
+        plan's typed config, audiollm_config(plan), where the caller has it)."""
         from orchestrator.data.tokenizer_build import load_tokenizer
 
+        cfg = cfg or audiollm_config(plan)
         tokenizer = load_tokenizer(cfg.data.tokenizer, audio_token=cfg.data.audio_token)
-        return cls.with_ids(cfg, int(tokenizer.convert_tokens_to_ids(cfg.data.audio_token)), tokenizer.all_special_ids)
+        return cls.with_ids(plan, int(tokenizer.convert_tokens_to_ids(cfg.data.audio_token)),
+                            tokenizer.all_special_ids, cfg)
 
     @classmethod
-    def with_ids(cls, cfg, audio_token_id: int, special_ids=()) -> "AudioLLMProvider":
-        """The config's model and layout with these token ids (the full-size probe has no
+    def with_ids(cls, plan, audio_token_id: int, special_ids=(), cfg=None) -> "AudioLLMProvider":
+        """The Plan's model and sizes with these token ids (the full-size probe has no
         tokenizer: its ids need only be inside the vocabulary)."""
-        return cls(cfg.model, cfg.parallel, audio_token_id=audio_token_id, special_ids=special_ids,
+        cfg = cfg or audiollm_config(plan)
+        return cls(cfg.model, plan.dims, audio_token_id=audio_token_id, special_ids=special_ids,
                    lora_rank=int(cfg.lora.rank), encoder_lora=int(cfg.lora.rank) > 0 and bool(cfg.lora.encoder),
-                   seed=int(cfg.train.seed))
+                   seed=plan.seed, padded_vocab_size=plan.padded_vocab_size, recompute=cfg.parallel.recompute)
 
     def build(self, config, pre_process: bool, post_process: bool, vp_stage: Optional[int], decisions=None):
         from orchestrator.models.audiollm import build_audiollm
@@ -87,14 +95,14 @@ class AudioLLMProvider:
         target = {} if decisions is None else {"on_gpu": decisions.cuda, "attention": decisions.attention}
         return build_audiollm(self.model_cfg, config, pre_process, post_process, audio_token_id=self.audio_token_id,
                               random_init=mcfg.draws_random_init(config), vp_stage=vp_stage,
-                              encoder_lora=self.encoder_lora, **target)
+                              encoder_lora=self.encoder_lora, padded_vocab_size=self.padded_vocab_size, **target)
 
     def forward(self, model: torch.nn.Module, batch: dict) -> torch.Tensor:
         inner = _unwrapped(model)
         if "cp_slots" in batch:
             return self._forward_context_parallel(model, inner, batch)
         seq = batch["tokens"].shape[1]
-        width = trimmed_width(batch, self.parallel_cfg)
+        width = trimmed_width(batch, self.dims)
         device = next(model.parameters()).device
         if inner.pre_process:  # on the host copy: the model never reads the ids (a host sync on GPUs)
             check_audio_placeholders(batch["tokens"][:, :width], self.audio_token_id, batch["audio_num_tokens"].tolist(),
@@ -124,7 +132,7 @@ class AudioLLMProvider:
 
         full, slots = batch["cp_unsplit"], batch["cp_slots"]
         device = next(model.parameters()).device
-        width = slots.numel() * self.parallel_cfg.cp
+        width = slots.numel() * self.dims.cp
         inputs = dict(input_ids=batch["tokens"].to(device), position_ids=batch["position_ids"].to(device),
                       labels=batch["labels"].to(device), attention_mask=None)
         if full["packed"]:  # this rank's query rows of the row's document mask, keys in global order
@@ -166,13 +174,10 @@ class AudioLLMProvider:
         """Counts a loader micro-batch's FLOPs as the model computes them (decoder over its
         real tokens and documents, encoder over the clips present, adapter and CTC head;
         orchestrator.plan.step_flops), given the names of the parameters that train."""
-        from orchestrator.plan.megatron_args import padded_vocab_size
         from orchestrator.plan.step_flops import StepFlops
 
-        parallel = self.parallel_cfg
-        vocab = padded_vocab_size(self.model_cfg.decoder.vocab_size, parallel.tp)
-        return StepFlops(self.model_cfg, self.lora_rank, parallel.recompute, vocab, trained,
-                         pp=parallel.pp, vpp=parallel.vpp).count
+        return StepFlops(self.model_cfg, self.lora_rank, self.recompute, self.padded_vocab_size, trained,
+                         pp=self.dims.pp, vpp=self.dims.vpp).count
 
 
 def clip_seeds(clip_keys: torch.Tensor, seed: int) -> List[int]:
@@ -191,7 +196,7 @@ def clip_seeds(clip_keys: torch.Tensor, seed: int) -> List[int]:
                            "little") >> 1 for position, clip in clip_keys.tolist()]
 
 
-def trimmed_width(batch: dict, parallel_cfg) -> int:
+def trimmed_width(batch: dict, dims) -> int:
     """Columns a micro-batch is cut to before the forward: up to its last used column,
     rounded up to a multiple of TP (sequence parallel splits the sequence over TP ranks)
     times 2*CP (the context-parallel chunks); the full length under pipeline
@@ -199,10 +204,10 @@ def trimmed_width(batch: dict, parallel_cfg) -> int:
     from orchestrator.data.packing import used_columns
 
     seq = batch["tokens"].shape[1]
-    if parallel_cfg.pp > 1:
+    if dims.pp > 1:
         return seq
-    cp = parallel_cfg.cp
-    multiple = parallel_cfg.tp * (2 * cp if cp > 1 else 1)
+    cp = dims.cp
+    multiple = dims.tp * (2 * cp if cp > 1 else 1)
     return min(seq, -(-used_columns(batch) // multiple) * multiple)
 
 
@@ -369,17 +374,17 @@ class ContextParallelBatches:
     Every rank of the CP group reads the same micro-batches (they share a data-parallel
     rank); the state is the wrapped source's."""
 
-    def __init__(self, source, parallel_cfg, cp_rank: int):
-        self.source, self.parallel_cfg, self.cp_rank = source, parallel_cfg, cp_rank
+    def __init__(self, source, dims, cp_rank: int):
+        self.source, self.dims, self.cp_rank = source, dims, cp_rank
         self.dataset_names = source.dataset_names
 
     def next_microbatch(self) -> dict:
         from orchestrator.data.context_parallel import PER_TOKEN_KEYS, split_batch
 
         batch = self.source.next_microbatch()
-        width = trimmed_width(batch, self.parallel_cfg)
+        width = trimmed_width(batch, self.dims)
         trimmed = {**batch, **{k: batch[k][:, :width] for k in PER_TOKEN_KEYS if k in batch}}
-        share = split_batch(trimmed, self.parallel_cfg.cp, self.cp_rank)
+        share = split_batch(trimmed, self.dims.cp, self.cp_rank)
         share["cp_unsplit"] = batch  # the micro-batch as read (FLOP counts, CTC targets, packed documents)
         return share
 
@@ -396,13 +401,13 @@ class ContextParallelBatches:
         return self.source.sample_counts()
 
 
-def for_context_parallel(source, parallel_cfg):
-    """`source` as this rank reads it: its context-parallel share under parallel.cp > 1."""
-    if parallel_cfg.cp == 1:
+def for_context_parallel(source, dims):
+    """`source` as this rank reads it: its context-parallel share under `dims.cp` > 1."""
+    if dims.cp == 1:
         return source
     from megatron.core import parallel_state as ps
 
-    return ContextParallelBatches(source, parallel_cfg, ps.get_context_parallel_rank())
+    return ContextParallelBatches(source, dims, ps.get_context_parallel_rank())
 
 
 def build_audiollm_components(plan, dp_rank: int, dp_size: int):
@@ -416,7 +421,7 @@ def build_audiollm_components(plan, dp_rank: int, dp_size: int):
 
     cfg = audiollm_config(plan)
     mbs = plan.micro_batch_size
-    provider = AudioLLMProvider.from_config(cfg)
+    provider = AudioLLMProvider.from_plan(plan, cfg)
     replica = replica_group() if cfg.data.replica_reader else None
     reads = replica is None or replica[2]
     train_source = val = generation = loaders = None
@@ -437,6 +442,6 @@ def build_audiollm_components(plan, dp_rank: int, dp_size: int):
         group, reader, _ = replica
         train_source = ReplicaBatches(train_source, group, reader)
         val = ReplicaBatches(val, group, reader) if cfg.data.validation else None
-    train_source = for_context_parallel(train_source, cfg.parallel)
-    val = for_context_parallel(val, cfg.parallel) if val is not None else None
+    train_source = for_context_parallel(train_source, plan.dims)
+    val = for_context_parallel(val, plan.dims) if val is not None else None
     return Components(provider=provider, train_source=train_source, val_source=val, generation_eval=generation)

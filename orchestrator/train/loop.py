@@ -102,7 +102,8 @@ class Trainer:
         self.train_iters = plan.train_iters
         self.seed = plan.seed
         provider = components.provider
-        self.decisions = decide(plan.section("model"), machine or Machine.probe(), plan.section("parallel"))
+        self.decisions = decide(plan.section("model"), machine or Machine.probe(), plan.dims,
+                                plan.transformer_fields.get("recompute_granularity"))
         on_gpu = self.decisions.cuda
         if self.rank == 0:
             log.info("decided on this machine:\n  %s", "\n  ".join(self.decisions.lines))

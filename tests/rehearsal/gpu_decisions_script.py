@@ -68,7 +68,8 @@ def main(data_overrides: list) -> int:
                 assert resolved.config["launcher"]["accelerator"] == "gpu" and resolved.megatron_args["bf16"]
                 plan = resolved
                 plan.run_dir = Path(run_dir)
-                decisions = decide(plan.section("model"), machine, plan.section("parallel"))
+                decisions = decide(plan.section("model"), machine, plan.dims,
+                                   plan.transformer_fields.get("recompute_granularity"))
                 # Built here with megatron's linears (no TransformerEngine on this CPU) and the
                 # kernel the GPU job picks.
                 plan.config["model"].update(backend="local", attention=decisions.attention)

@@ -5,14 +5,23 @@ no apex), and the plan's record that the GPU decision is the job's."""
 import pytest
 
 from orchestrator.plan.compose import compose
+from orchestrator.plan.parallel_dims import ParallelDims
 from orchestrator.plan.resolve import resolve
-from orchestrator.runtime.machine import Machine, MachineCannotRunPlan, decide
+from orchestrator.runtime import machine as machine_module
+from orchestrator.runtime.machine import Machine, MachineCannotRunPlan
 
 CPU = Machine(cuda=False, transformer_engine=False, apex_gradient_fusion=False)
 GPU_BARE = Machine(cuda=True, transformer_engine=False, apex_gradient_fusion=False)
 GPU_TE = Machine(cuda=True, transformer_engine=True, apex_gradient_fusion=False)
 GPU_TE_APEX = Machine(cuda=True, transformer_engine=True, apex_gradient_fusion=True)
 ONE = {"tp": 1, "cp": 1, "recompute": {"granularity": None}}  # the parallel section of a one-GPU layout
+
+
+def decide(model: dict, machine: Machine, parallel: dict):
+    """The job's decisions for a parallel section: its sizes and recompute, as the job
+    passes them from the Plan."""
+    dims = ParallelDims(tp=parallel.get("tp", 1), cp=parallel.get("cp", 1), sp=parallel.get("sp", False))
+    return machine_module.decide(model, machine, dims, parallel["recompute"]["granularity"])
 
 
 def test_gradient_accumulation_fusion_needs_apex_on_either_backend():
