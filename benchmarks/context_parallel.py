@@ -47,7 +47,7 @@ def worker(args) -> None:
 
     from orchestrator.data.context_parallel import rank_slots
     from orchestrator.models.decoder_config import decoder_transformer_config
-    from orchestrator.models.gemma2_model import Gemma2Model
+    from orchestrator.models.decoder_model import DecoderModel
     from orchestrator.plan.parallel_dims import ParallelDims
     from orchestrator.runtime.distributed import init_distributed, shutdown
     from orchestrator.plan.schema.model import DecoderConfig
@@ -57,7 +57,7 @@ def worker(args) -> None:
     dec = DecoderConfig(hidden_size=128, num_layers=args.layers, num_attention_heads=4, num_query_groups=2,
                         kv_channels=32, ffn_hidden_size=384, vocab_size=512, max_position_embeddings=args.seq,
                         sliding_window=64, query_pre_attn_scalar=32)
-    model = Gemma2Model(decoder_transformer_config(dec, ParallelDims(cp=cp)),
+    model = DecoderModel(decoder_transformer_config(dec, ParallelDims(cp=cp)),
                         dec.vocab_size, dec.max_position_embeddings,
                         rope_theta=dec.rope_theta)
     gen = torch.Generator().manual_seed(0)

@@ -176,16 +176,16 @@ def hf_tiny_gemma2(seed: int = 0):
 
 
 def megatron_tiny(hf, backend: str, attention: str, dtype, device, **config_overrides):
-    """Gemma2Model of the HF model's shape with its weights converted (TP=1, full)."""
+    """DecoderModel of the HF model's shape with its weights converted (TP=1, full)."""
     import torch
-    from orchestrator.convert.gemma2_mapping import Gemma2Shape, decoder_config_from_hf, hf_to_megatron_tensors
+    from orchestrator.convert.decoder_mapping import DecoderShape, decoder_config_from_hf, hf_to_megatron_tensors
     from orchestrator.plan.megatron_args import padded_vocab_size
     from orchestrator.models.decoder_config import decoder_transformer_config
-    from orchestrator.models.gemma2_model import Gemma2Model
+    from orchestrator.models.decoder_model import DecoderModel
 
-    shape = Gemma2Shape.from_hf_config(hf.config)
+    shape = DecoderShape.from_hf_config(hf.config)
     dec = decoder_config_from_hf(hf.config)
-    model = Gemma2Model(decoder_transformer_config(dec, params_dtype=dtype, **config_overrides), dec.vocab_size,
+    model = DecoderModel(decoder_transformer_config(dec, params_dtype=dtype, **config_overrides), dec.vocab_size,
                         dec.max_position_embeddings, backend=backend, rope_theta=dec.rope_theta,
                         attention=attention).to(device)
     weights = dict(hf_to_megatron_tensors({k: v.detach().cpu() for k, v in hf.state_dict().items()}, shape))
@@ -617,7 +617,7 @@ def check_hf_peft(table: Table, dry_run: bool, ours: dict):
     from peft import LoraConfig, get_peft_model
     from transformers import Gemma2ForCausalLM
 
-    from orchestrator.convert.gemma2_mapping import decoder_hf_config, hf_decoder_config
+    from orchestrator.convert.decoder_mapping import decoder_hf_config, hf_decoder_config
     from orchestrator.models.speech import AudioAdapter, build_whisper_encoder, run_encoder
     from orchestrator.plan.kernels import encoder_precision
     from orchestrator.plan.step_flops import StepFlops

@@ -25,7 +25,7 @@ import torch
 
 from orchestrator.plan.checkpoint_dirs import (ADAPTER_SUBDIR, CONVERTED_META, ENCODER_SUBDIR, checkpoint_files,
                                                file_record, write_manifest)
-from orchestrator.convert.gemma2_mapping import Gemma2Shape, hf_decoder_config, hf_to_megatron_tensors
+from orchestrator.convert.decoder_mapping import DecoderShape, hf_decoder_config, hf_to_megatron_tensors
 from orchestrator.convert.audiollm_dir import MODEL_TYPE
 from orchestrator.plan.decoder_families import family_for_hf
 from orchestrator.convert.hf_io import (MULTIMODAL_DECODERS, SafetensorsDir, TensorsUnder, multimodal_decoder,
@@ -74,7 +74,7 @@ def convert(hf_dir: Path, out_dir: Path, whisper_dir: Optional[Path] = None, ada
     text_config = config_dict["text_config"] if whole else multimodal[0] if multimodal else config_dict
     if multimodal:  # what an export writes back: the language model on its own (Gemma3ForCausalLM)
         text_config = {**text_config, "architectures": [family_for_hf(text_config["model_type"]).hf_architecture]}
-    shape = Gemma2Shape.from_hf_config(hf_decoder_config(text_config))
+    shape = DecoderShape.from_hf_config(hf_decoder_config(text_config))
     # An export of this project carries the encoder and adapter beside the decoder.
     if whisper_dir is None and (hf_dir / ENCODER_SUBDIR / "config.json").is_file():
         whisper_dir = hf_dir / ENCODER_SUBDIR

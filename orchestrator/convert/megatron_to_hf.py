@@ -41,7 +41,7 @@ import torch
 
 from orchestrator.plan.checkpoint_dirs import (ADAPTER_SUBDIR, CONVERTED_META, ENCODER_SUBDIR, checkpoint_at_step,
                                                resolve_model_checkpoint)
-from orchestrator.convert.gemma2_mapping import Gemma2Shape, decoder_hf_config, hf_decoder_config, megatron_tensor_to_hf
+from orchestrator.convert.decoder_mapping import DecoderShape, decoder_hf_config, hf_decoder_config, megatron_tensor_to_hf
 from orchestrator.convert.hf_io import ShardWriter
 
 _LORA = re.compile(r"^(.*)\.lora_([ab])\.weight$")
@@ -117,7 +117,7 @@ class Export:
         self.lora = lora
         rank = int(lora.get("rank") or 0)
         self.scaling = float(lora["alpha"]) / rank if rank > 0 else None
-        self.shape = Gemma2Shape.from_hf_config(hf_decoder_config(self.hf_config))
+        self.shape = DecoderShape.from_hf_config(hf_decoder_config(self.hf_config))
         self.lora_mode, self.lora_merged = lora_mode, 0
         self._peft_factors: Dict[str, torch.Tensor] = {}
         if lora_mode == "peft" and self.scaling is None:

@@ -7,7 +7,7 @@ family's: the same module names in all).
 `PeftModel.from_pretrained(Gemma2ForCausalLM, DIR)` (or the family's class) loads it (the format serving stacks
 that take PEFT adapters read; only PEFT itself is tested here). The project's LoRA sits on megatron's fused linears
 (orchestrator/train/lora.py), one rank and alpha for all, and PEFT's on HF's separate
-ones, so (per layer; the row layouts are those of orchestrator/convert/gemma2_mapping):
+ones, so (per layer; the row layouts are those of orchestrator/convert/decoder_mapping):
 
   megatron (A [r, in], B [out, r])        PEFT
   self_attention.linear_qkv               self_attn.q_proj, k_proj, v_proj: each A; its rows of B
@@ -38,7 +38,7 @@ from typing import Dict, List, Tuple
 
 import torch
 
-from orchestrator.convert.gemma2_mapping import Gemma2Shape
+from orchestrator.convert.decoder_mapping import DecoderShape
 
 PEFT_CONFIG = "adapter_config.json"
 PEFT_WEIGHTS = "adapter_model.safetensors"
@@ -52,7 +52,7 @@ PARTS = {"self_attention.linear_qkv": ("self_attn.q_proj", "self_attn.k_proj", "
          "mlp.linear_fc2": ("mlp.down_proj",)}
 
 
-def _row_blocks(linear: str, rows: torch.Tensor, shape: Gemma2Shape) -> List[torch.Tensor]:
+def _row_blocks(linear: str, rows: torch.Tensor, shape: DecoderShape) -> List[torch.Tensor]:
     """The fused linear's rows [out, ...] split into its HF parts' rows, in PARTS order."""
     if linear == "self_attention.linear_qkv":
         g, rep, d = shape.num_kv_heads, shape.num_heads // shape.num_kv_heads, shape.head_dim
@@ -63,7 +63,7 @@ def _row_blocks(linear: str, rows: torch.Tensor, shape: Gemma2Shape) -> List[tor
     return [rows]
 
 
-def _fused_rows(linear: str, blocks: List[torch.Tensor], shape: Gemma2Shape) -> torch.Tensor:
+def _fused_rows(linear: str, blocks: List[torch.Tensor], shape: DecoderShape) -> torch.Tensor:
     """Inverse of _row_blocks."""
     if linear == "self_attention.linear_qkv":
         g, rep, d = shape.num_kv_heads, shape.num_heads // shape.num_kv_heads, shape.head_dim
@@ -72,7 +72,7 @@ def _fused_rows(linear: str, blocks: List[torch.Tensor], shape: Gemma2Shape) -> 
     return torch.cat(blocks, dim=0)
 
 
-def _part_out_sizes(linear: str, shape: Gemma2Shape) -> List[int]:
+def _part_out_sizes(linear: str, shape: DecoderShape) -> List[int]:
     if linear == "self_attention.linear_qkv":
         return [shape.num_heads * shape.head_dim, shape.num_kv_heads * shape.head_dim,
                 shape.num_kv_heads * shape.head_dim]
@@ -81,7 +81,7 @@ def _part_out_sizes(linear: str, shape: Gemma2Shape) -> List[int]:
     return [shape.hidden_size]
 
 
-def megatron_lora_to_peft(state: Dict[str, torch.Tensor], shape: Gemma2Shape, rank: int, alpha: float,
+def megatron_lora_to_peft(state: Dict[str, torch.Tensor], shape: DecoderShape, rank: int, alpha: float,
                           dropout: float = 0.0) -> Tuple[Dict[str, torch.Tensor], dict]:
     """(PEFT tensors, adapter_config) of the decoder's LoRA factors in `state` (full TP=1
     tensors, names without `language_model.`). Raises if there are none."""
@@ -146,7 +146,7 @@ def _check_peft_config(config: dict) -> Tuple[int, float]:
     return int(config["r"]), float(config["lora_alpha"])
 
 
-def peft_to_megatron_lora(tensors: Dict[str, torch.Tensor], config: dict, shape: Gemma2Shape
+def peft_to_megatron_lora(tensors: Dict[str, torch.Tensor], config: dict, shape: DecoderShape
                           ) -> Tuple[Dict[str, torch.Tensor], int, float]:
     """(megatron LoRA factors at TP=1, names without `language_model.`; rank; alpha) of a
     PEFT adapter (see the module docstring for ranks and alpha)."""

@@ -52,11 +52,11 @@ def _worker(args) -> None:
     from megatron.core import parallel_state as ps
 
     from orchestrator.convert.audiollm_dir import MODEL_TYPE
-    from orchestrator.convert.gemma2_mapping import decoder_config_from_hf, hf_decoder_config
+    from orchestrator.convert.decoder_mapping import decoder_config_from_hf, hf_decoder_config
     from orchestrator.convert.hf_io import MULTIMODAL_DECODERS, read_hf_config
     from orchestrator.convert.megatron_forward import pipeline_forward
     from orchestrator.models.decoder_config import decoder_transformer_config
-    from orchestrator.models.gemma2_model import Gemma2Model
+    from orchestrator.models.decoder_model import DecoderModel
     from orchestrator.plan.parallel_dims import ParallelDims
     from orchestrator.runtime.distributed import init_distributed, shutdown
     from orchestrator.train.init_weights import load_init_checkpoint
@@ -72,7 +72,7 @@ def _worker(args) -> None:
     hf_cfg = hf_decoder_config(config_dict[text_key] if text_key else config_dict)
     dec = decoder_config_from_hf(hf_cfg)
     config = decoder_transformer_config(dec, ParallelDims(tp=tp, pp=pp), dtype)
-    model = Gemma2Model(config, dec.vocab_size, dec.max_position_embeddings, pre_process=ps.is_pipeline_first_stage(),
+    model = DecoderModel(config, dec.vocab_size, dec.max_position_embeddings, pre_process=ps.is_pipeline_first_stage(),
                         post_process=ps.is_pipeline_last_stage(), rope_theta=dec.rope_theta,
                         tie_embeddings=dec.tie_embeddings).eval()
     # The base model is compared: LoRA factors it holds (an imported PEFT adapter) are left out.

@@ -28,8 +28,8 @@ restart at every document and attention stays inside documents. Each clip needs
 `orchestrator.plan.model_params.audio_token_count(mel_frames, frame_stack)` placeholders.
 
 Modules: decoder_config (the decoder's TransformerConfig, built one way), norms
-(zero-centred RMSNorm), attention (Gemma2 core attention, local and flex), gemma2_layer /
-gemma2_spec / gemma2_model (the decoder), speech (Whisper encoder, adapter), fusion,
+(zero-centred RMSNorm), attention (Gemma2 core attention, local and flex), decoder_layer /
+decoder_spec / decoder_model (the decoder), speech (Whisper encoder, adapter), fusion,
 audiollm.
 """
 

@@ -114,7 +114,7 @@ def allowed_attention(
     return allowed
 
 
-class _Gemma2CoreAttentionBase(MegatronModule):
+class CoreAttentionBase(MegatronModule):
     """Shared set-up: per-partition head counts, scale, softcap and window of a layer."""
 
     def __init__(
@@ -258,7 +258,7 @@ def _cp_layout(local_length: int, cp_size: int, cp_rank: int, device: torch.devi
             rank_slots(local_length, cp_size, cp_rank).to(device))
 
 
-class SoftcapDotProductAttention(_Gemma2CoreAttentionBase):
+class SoftcapDotProductAttention(CoreAttentionBase):
     """Plain-PyTorch Gemma2 core attention (the reference path; runs on CPU)."""
 
     def _attend(self, query: Tensor, key: Tensor, value: Tensor, attention_mask: Optional[Tensor],
@@ -400,7 +400,7 @@ _PLAIN_BLOCK_MASKS: dict = {}
 _PLAIN_BLOCK_MASKS_SIZE = 64
 
 
-class FlexSoftcapAttention(_Gemma2CoreAttentionBase):
+class FlexSoftcapAttention(CoreAttentionBase):
     """Gemma2 core attention on torch's flex_attention: the softcap is a `score_mod`
     (applied to the scaled score, before masking, as in HF) and causal + window +
     document + given masks form one `mask_mod`. q, k, v are padded to a bucket width

@@ -21,12 +21,12 @@ from megatron.core.transformer.module import MegatronModule
 
 from orchestrator.models.fusion import fuse_audio, fuse_audio_frames
 from orchestrator.models.decoder_config import DecoderTransformerConfig
-from orchestrator.models.gemma2_model import Gemma2Model
+from orchestrator.models.decoder_model import DecoderModel
 from orchestrator.models.speech import AudioAdapter, build_whisper_encoder, ctc_losses, run_encoder
 
 
 class AudioLLM(MegatronModule):
-    def __init__(self, language_model: Gemma2Model, encoder: Optional[torch.nn.Module],
+    def __init__(self, language_model: DecoderModel, encoder: Optional[torch.nn.Module],
                  adapter: Optional[AudioAdapter], audio_token_id: int, encoder_pad_value: float = 0.0,
                  spec_augment: Optional[torch.nn.Module] = None, encoder_mask_padding: bool = False):
         super().__init__(config=language_model.config)
@@ -168,7 +168,7 @@ def build_audiollm(model_cfg, config: DecoderTransformerConfig, pre_process: boo
     if draws_on_gpu:  # megatron's host draws, made on the GPU (on this chunk's copy: the job's config stays as planned)
         config = copy.copy(config)
         draw_on_device(config, device)
-    language_model = Gemma2Model(config, dec.vocab_size, dec.max_position_embeddings, pre_process=pre_process,
+    language_model = DecoderModel(config, dec.vocab_size, dec.max_position_embeddings, pre_process=pre_process,
                                  post_process=post_process, backend=model_cfg.backend, rope_theta=dec.rope_theta,
                                  vp_stage=vp_stage, tie_embeddings=dec.tie_embeddings,
                                  attention=attention or attention_kernel(getattr(model_cfg, "attention", "auto"), on_gpu),

@@ -6,7 +6,7 @@ kernels, each launched from Python through megatron's modules. `torch.compile` o
 whole layer (fullgraph: one graph, no break; torchtitan compiles its blocks the same
 way) turns that into a few fused kernels per layer, and its backward into one compiled
 graph too; the Whisper encoder's layers (HF's WhisperEncoderLayer) likewise. Each
-decoder layer's arithmetic (`Gemma2TransformerLayer.sandwich`) and each encoder layer's
+decoder layer's arithmetic (`DecoderTransformerLayer.sandwich`) and each encoder layer's
 forward is compiled in place, so parameter names, checkpoints, LoRA, freezing, DDP's hooks and megatron's
 activation recomputation (which calls the layer again) see the same modules as without, and
 module hooks on the layers run eagerly around the graphs.
@@ -167,16 +167,16 @@ def make_linears_traceable(layer: torch.nn.Module) -> int:
 
 def decoder_layers(model: torch.nn.Module) -> list:
     """The Gemma2 decoder layers of a model chunk (any wrapping: Float16Module, DDP)."""
-    from orchestrator.models.gemma2_layer import Gemma2TransformerLayer
+    from orchestrator.models.decoder_layer import DecoderTransformerLayer
 
-    return [m for m in model.modules() if isinstance(m, Gemma2TransformerLayer)]
+    return [m for m in model.modules() if isinstance(m, DecoderTransformerLayer)]
 
 
 def decoders(model: torch.nn.Module) -> list:
     """The Gemma2 decoders (megatron GPTModels) of a model chunk."""
-    from orchestrator.models.gemma2_model import Gemma2Model
+    from orchestrator.models.decoder_model import DecoderModel
 
-    return [m for m in model.modules() if isinstance(m, Gemma2Model)]
+    return [m for m in model.modules() if isinstance(m, DecoderModel)]
 
 
 def encoder_layers(model: torch.nn.Module) -> list:
@@ -209,7 +209,7 @@ def compile_layers(model: torch.nn.Module, choice: str, backend="inductor") -> i
     for layer in layers:
         make_linears_traceable(layer)
         layer.compiled_sandwich = torch.compile(layer.sandwich, **options)
-    from orchestrator.models.gemma2_model import softcapped_cross_entropy
+    from orchestrator.models.decoder_model import softcapped_cross_entropy
 
     for decoder in decoders(model):
         # The last pipeline stage's softcapped loss, fused where the rank holds the whole vocabulary.

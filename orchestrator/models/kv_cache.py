@@ -43,7 +43,7 @@ class DecodeStep:
     each is a real token [b, s] (False: padding, neither attended nor stored), plus
     RoPE's cos and sin at those positions [s, b, 1, dim], made once for all layers: of the
     model's rotary frequencies and, for Gemma 3's sliding layers, of its local ones
-    (`inv_freqs`: Gemma2Model.rotary_inv_freqs)."""
+    (`inv_freqs`: DecoderModel.rotary_inv_freqs)."""
 
     def __init__(self, positions: Tensor, real: Tensor, inv_freqs: tuple):
         self.positions = positions
@@ -132,9 +132,9 @@ class KVCache:
 def decoding(language_model: torch.nn.Module, cache: KVCache):
     """Within: the language model's core attentions decode with `cache` and sequence
     parallelism is off (restored on exit, also on error)."""
-    from orchestrator.models.attention import _Gemma2CoreAttentionBase
+    from orchestrator.models.attention import CoreAttentionBase
 
-    attentions = [m for m in language_model.modules() if isinstance(m, _Gemma2CoreAttentionBase)]
+    attentions = [m for m in language_model.modules() if isinstance(m, CoreAttentionBase)]
     split = [m for m in language_model.modules() if getattr(m, "sequence_parallel", None) is True]
     config = language_model.config
     config_sp = config.sequence_parallel

@@ -269,7 +269,7 @@ def adapter_activation_bytes(model: ModelConfig, clips: int, frames: int, encode
 
 
 def loss_peak_bytes(logits: float, dtype_bytes: int, compiled: bool = False, softcap: bool = True) -> float:
-    """Bytes of the final softcap and cross entropy (Gemma2Model.softcapped_loss) at their
+    """Bytes of the final softcap and cross entropy (DecoderModel.softcapped_loss) at their
     peak, for `logits` logits of the rank. The work per logit: with the `softcap` three
     fp32 copies (the capped logits, the softmax kept, then the gradient); without it (every
     family but gemma2) one fp32 copy (megatron's softmax, computed and differentiated in
@@ -284,7 +284,7 @@ def loss_peak_bytes(logits: float, dtype_bytes: int, compiled: bool = False, sof
     whole micro-batch, its fp32 work fused): two copies of the logits in the compute dtype at
     any moment (the output layer's and megatron's transposed copy at the end of the forward;
     the gradient and, at micro-batches above 1, its copy laid out again for the output
-    layer, Gemma2Model's _LogitsGradAsOneMatrix, in the backward), as the probe counts the
+    layer, DecoderModel's _LogitsGradAsOneMatrix, in the backward), as the probe counts the
     compiled loss at gemma2-2b and 9b size."""
     if compiled:
         return logits * dtype_bytes * 2

@@ -97,7 +97,7 @@ def planned_compile(cfg) -> str:
                         cfg.parallel.recompute.granularity)[0]
 
 
-# Logits per chunk of the final softcap + cross entropy (Gemma2Model.softcapped_loss):
+# Logits per chunk of the final softcap + cross entropy (DecoderModel.softcapped_loss):
 # 2^27 fp32 values, 512 MiB per fp32 copy.
 LOSS_CHUNK_ELEMENTS = 2**27
 # fp32 tensors of one chunk alive at the peak of its recomputed backward: the capped

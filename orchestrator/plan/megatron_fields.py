@@ -41,7 +41,7 @@ def decoder_fields(decoder) -> dict[str, Any]:
         qk_layernorm=family.qk_norm,  # Qwen3's and Gemma 3's RMSNorm of each head's q and k
         layernorm_epsilon=decoder.norm_eps,
         # The family's norm, as megatron names it (TENorm builds it from these on the te
-        # backend; the local backend's norms are those norms by construction: gemma2_spec).
+        # backend; the local backend's norms are those norms by construction: decoder_spec).
         normalization="RMSNorm",
         layernorm_zero_centered_gamma=family.zero_centered_norm,  # RMSNorm scales by (1 + w)
         softmax_scale=float(scalar) ** -0.5 if scalar else None,  # None: head_dim**-0.5

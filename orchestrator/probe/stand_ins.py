@@ -86,7 +86,7 @@ def fused_rms_norm_stand_in(arithmetic):
 def install(backend: str) -> list[str]:
     """Put the stand-ins in place for a model built for a GPU with `backend`; returns what
     stands in for what."""
-    from orchestrator.models import attention, gemma2_spec, norms
+    from orchestrator.models import attention, decoder_spec, norms
 
     lines = []
     attention.FlexSoftcapAttention._attention_kernel = lambda self, device: flex_attention_stand_in
@@ -99,8 +99,8 @@ def install(backend: str) -> list[str]:
     lines.append("RMSNorm: a fused stand-in saving its input and the fp32 reciprocal RMS (compiled or "
                  "TransformerEngine's kernel; inside a compiled layer, the norm's own arithmetic)")
     if backend == "te":
-        local = gemma2_spec._modules("local")
-        gemma2_spec._modules = lambda name: local
+        local = decoder_spec._modules("local")
+        decoder_spec._modules = lambda name: local
         lines.append("TransformerEngine linears: megatron's own tensor-parallel linears (the same saved inputs)")
     return lines
 

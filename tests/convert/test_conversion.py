@@ -14,7 +14,7 @@ from transformers.models.whisper.modeling_whisper import WhisperEncoder
 
 from orchestrator.convert import compare_weights, hf_to_megatron, megatron_to_hf
 from orchestrator.train.dist_format import write_model_tensors
-from orchestrator.convert.gemma2_mapping import Gemma2Shape, hf_to_megatron_tensors
+from orchestrator.convert.decoder_mapping import DecoderShape, hf_to_megatron_tensors
 from orchestrator.convert.hf_io import SafetensorsDir
 from tests.models.tiny_models import hf_gemma2, hf_gemma3, hf_llama, hf_qwen2, hf_qwen3, randomize, whisper_config
 
@@ -39,7 +39,7 @@ def _tensors(path: Path):
 
 def _write_converted(hf_dir: Path, out: Path, edit) -> None:
     """A converter with a mistake: `edit(name, tensor)` applied to each decoder tensor."""
-    shape = Gemma2Shape.from_hf_config(json.loads((hf_dir / "config.json").read_text()))
+    shape = DecoderShape.from_hf_config(json.loads((hf_dir / "config.json").read_text()))
     tensors = ((edit("language_model." + n, t)) for n, t in hf_to_megatron_tensors(SafetensorsDir(hf_dir), shape))
     write_model_tensors(out, tensors, shape.num_layers)
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from orchestrator.convert.gemma2_mapping import Gemma2Shape, megatron_tensor_to_hf
+from orchestrator.convert.decoder_mapping import DecoderShape, megatron_tensor_to_hf
 from orchestrator.convert.peft_lora import (PARTS, megatron_lora_to_peft, peft_to_megatron_lora, read_peft_adapter,
                                             write_peft_adapter)
 from orchestrator.convert.peft_lora import _row_blocks
@@ -27,7 +27,7 @@ def _peft_adapter(tmp_path, targets, rank=4, alpha=8.0, seed=0):
             if "lora_B" in name:
                 param.copy_(torch.randn(param.shape, generator=gen) * 0.1)
     model.save_pretrained(tmp_path / "adapter")
-    shape = Gemma2Shape.from_hf_config(model.base_model.model.config)
+    shape = DecoderShape.from_hf_config(model.base_model.model.config)
     return tmp_path / "adapter", shape, model
 
 
@@ -94,7 +94,7 @@ def test_an_adapter_on_some_parts_only_leaves_the_others_unchanged(tmp_path):
 def test_the_projects_own_adapter_round_trips_at_its_rank():
     """Factors with one A per fused linear (what training makes) -> PEFT -> back: the same
     tensors at the same rank and alpha."""
-    shape = Gemma2Shape(num_layers=2, hidden_size=16, num_heads=4, num_kv_heads=2, head_dim=4, ffn_hidden_size=24,
+    shape = DecoderShape(num_layers=2, hidden_size=16, num_heads=4, num_kv_heads=2, head_dim=4, ffn_hidden_size=24,
                         vocab_size=50)
     gen = torch.Generator().manual_seed(0)
     outs = {"self_attention.linear_qkv": (4 + 2 * 2) * 4, "self_attention.linear_proj": 16, "mlp.linear_fc1": 48,
@@ -134,7 +134,7 @@ def test_the_projects_adapter_loaded_by_peft_is_the_merged_model_in_each_family(
 
     make = {"gemma2": hf_gemma2, **HF_DECODERS}[family]
     base = make(seed=0)
-    shape = Gemma2Shape.from_hf_config(base.config)
+    shape = DecoderShape.from_hf_config(base.config)
     ins = {"self_attention.linear_qkv": shape.hidden_size, "self_attention.linear_proj": shape.num_heads * shape.head_dim,
            "mlp.linear_fc1": shape.hidden_size, "mlp.linear_fc2": shape.ffn_hidden_size}
     gen = torch.Generator().manual_seed(1)

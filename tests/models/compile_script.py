@@ -158,7 +158,7 @@ def fused_loss() -> None:
     """The compiled softcapped loss in bf16, as a GPU runs it: what its forward keeps for
     the backward (eagerly: fp32 copies of the logits, recomputed per chunk), and its
     values and gradient against the same function eager."""
-    from orchestrator.models.gemma2_model import softcapped_cross_entropy
+    from orchestrator.models.decoder_model import softcapped_cross_entropy
 
     b, s, v, real = 2, 48, 320, 300  # padding rows 300..319; labels outside [0, v) too
     gen = torch.Generator().manual_seed(0)

@@ -88,7 +88,7 @@ def main() -> None:
     from megatron.core import parallel_state as ps
     from megatron.core import tensor_parallel
 
-    from orchestrator.convert.gemma2_mapping import Gemma2Shape
+    from orchestrator.convert.decoder_mapping import DecoderShape
     from orchestrator.convert.megatron_forward import pipeline_forward
     from orchestrator.models.attention import FlexSoftcapAttention, SoftcapDotProductAttention
     from orchestrator.models.audiollm import build_audiollm
@@ -105,7 +105,7 @@ def main() -> None:
     hf_cfg = hf_gemma2_config()
     model_cfg = tiny_model_config(hf_cfg, whisper_config())
     model_cfg.adapter.ctc_weight = 0.3
-    shape = Gemma2Shape.from_hf_config(hf_cfg)
+    shape = DecoderShape.from_hf_config(hf_cfg)
 
     def build(tp=1, pp=1, cp=1, sp=False, attention_name=None):
         if ps.model_parallel_is_initialized():

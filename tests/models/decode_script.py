@@ -70,7 +70,7 @@ def main() -> None:
     from megatron.core import parallel_state as ps
     from transformers.models.whisper.modeling_whisper import WhisperEncoder
 
-    from orchestrator.convert.gemma2_mapping import Gemma2Shape
+    from orchestrator.convert.decoder_mapping import DecoderShape
     from orchestrator.models.audiollm import build_audiollm
     from orchestrator.models.decoder_config import decoder_transformer_config
     from orchestrator.models.generate import greedy_generate
@@ -83,7 +83,7 @@ def main() -> None:
     hf = hf_gemma2(seed=1)
     with torch.no_grad():  # small token embeddings: the context, not the last token, picks the next one
         hf.model.embed_tokens.weight.normal_(0.0, EMBEDDING_STD, generator=torch.Generator().manual_seed(101))
-    shape = Gemma2Shape.from_hf_config(hf.config)
+    shape = DecoderShape.from_hf_config(hf.config)
     wcfg = whisper_config()
     model_cfg = tiny_model_config(hf.config, wcfg)
     model_cfg.adapter = AdapterConfig(frame_stack=5, dropout=0.0, ctc_weight=0.3)  # with the CTC head

@@ -89,9 +89,9 @@ def main() -> None:
     from megatron.core import parallel_state as ps
     from megatron.core.packed_seq_params import PackedSeqParams
 
-    from orchestrator.convert.gemma2_mapping import Gemma2Shape
+    from orchestrator.convert.decoder_mapping import DecoderShape
     from orchestrator.models.decoder_config import decoder_transformer_config
-    from orchestrator.models.gemma2_model import Gemma2Model
+    from orchestrator.models.decoder_model import DecoderModel
     from orchestrator.models.norms import RMSNorm, ZeroCenteredRMSNorm
     from orchestrator.plan.decoder_families import FAMILIES
     from tests.models.sharding import hf_to_megatron_full, shard_megatron
@@ -99,7 +99,7 @@ def main() -> None:
     references = {}
     for family, make in HF_DECODERS.items():
         hf = make(seed=0)
-        shape = Gemma2Shape.from_hf_config(hf.config)
+        shape = DecoderShape.from_hf_config(hf.config)
         full = hf_to_megatron_full(hf.state_dict(), shape)
         gen = torch.Generator().manual_seed(1)
         tokens = torch.randint(0, shape.vocab_size, (BATCH, SEQ), generator=gen)
@@ -124,7 +124,7 @@ def main() -> None:
             ps.destroy_model_parallel()
         init_distributed(ParallelDims(tp=tp, pp=pp, cp=cp), seed=0)
         cfg = decoder_transformer_config(dec, ParallelDims(tp=tp, pp=pp, cp=cp, sp=sp), **case.get("overrides", {}))
-        model = Gemma2Model(cfg, dec.vocab_size, dec.max_position_embeddings,
+        model = DecoderModel(cfg, dec.vocab_size, dec.max_position_embeddings,
                             pre_process=ps.is_pipeline_first_stage(), post_process=ps.is_pipeline_last_stage(),
                             rope_theta=dec.rope_theta, tie_embeddings=dec.tie_embeddings,
                             attention=case.get("attention", "reference")).eval()
@@ -186,14 +186,14 @@ def decode_check(family: str) -> None:
     from tests.models.sharding import shard_megatron
     from tests.models.tiny_models import tiny_model_config, whisper_config
 
-    from orchestrator.convert.gemma2_mapping import Gemma2Shape
-    from orchestrator.models.attention import _Gemma2CoreAttentionBase
+    from orchestrator.convert.decoder_mapping import DecoderShape
+    from orchestrator.models.attention import CoreAttentionBase
     from tests.models.sharding import hf_to_megatron_full
 
     hf = HF_DECODERS[family](seed=3)
     with torch.no_grad():
         hf.model.embed_tokens.weight.mul_(0.3)
-    shape = Gemma2Shape.from_hf_config(hf.config)
+    shape = DecoderShape.from_hf_config(hf.config)
     full = hf_to_megatron_full(hf.state_dict(), shape)
     new = 12
     STOP = 1  # noqa: N806 (a row ends at it on both sides)
@@ -221,7 +221,7 @@ def decode_check(family: str) -> None:
     answers = {cached: greedy_generate(model, prompts, None, None, stop_ids=[STOP], max_new_tokens=new,
                                        use_cache=cached) for cached in (True, False)}
     for attention in model.modules():
-        if isinstance(attention, _Gemma2CoreAttentionBase):
+        if isinstance(attention, CoreAttentionBase):
             attention.local_rope = False
     one_rope = greedy_generate(model, prompts, None, None, stop_ids=[STOP], max_new_tokens=new)
     if dist.get_rank() == 0:

@@ -13,17 +13,17 @@ from tests.models.tiny_models import decoder_config, hf_gemma2
 
 def main() -> None:
     init_distributed(ParallelDims(tp=1), seed=0)
-    from orchestrator.convert.gemma2_mapping import Gemma2Shape
+    from orchestrator.convert.decoder_mapping import DecoderShape
     from tests.models.sharding import hf_to_megatron_full, shard_megatron
     from orchestrator.models.attention import FlexSoftcapAttention
     from orchestrator.models.decoder_config import decoder_transformer_config
-    from orchestrator.models.gemma2_model import Gemma2Model
+    from orchestrator.models.decoder_model import DecoderModel
 
     hf = hf_gemma2(seed=0).cuda()
-    shape = Gemma2Shape.from_hf_config(hf.config)
+    shape = DecoderShape.from_hf_config(hf.config)
     dec = decoder_config(hf.config)
     cfg = decoder_transformer_config(dec, params_dtype=torch.bfloat16)
-    model = Gemma2Model(cfg, dec.vocab_size, dec.max_position_embeddings, backend="te", attention="flex",
+    model = DecoderModel(cfg, dec.vocab_size, dec.max_position_embeddings, backend="te", attention="flex",
                         rope_theta=dec.rope_theta).cuda().eval()
     assert isinstance(model.decoder.layers[0].self_attention.core_attention, FlexSoftcapAttention)
     weights = shard_megatron(hf_to_megatron_full(hf.state_dict(), shape), shape, 1, 1)[(0, 0)]

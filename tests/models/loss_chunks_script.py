@@ -1,4 +1,4 @@
-"""Gemma2Model.softcapped_loss in sequence chunks (as at full vocabulary size) equals the
+"""DecoderModel.softcapped_loss in sequence chunks (as at full vocabulary size) equals the
 whole-sequence loss, and so do its gradients: run by tests/models/test_loss_chunks.py on
 one process (megatron's parallel state needs a process group)."""
 
@@ -11,11 +11,11 @@ from orchestrator.runtime.distributed import init_distributed, shutdown
 def main():
     init_distributed(ParallelDims(), seed=0)
     from orchestrator.models.decoder_config import decoder_transformer_config
-    from orchestrator.models.gemma2_model import Gemma2Model
+    from orchestrator.models.decoder_model import DecoderModel
     from tests.models.tiny_models import decoder_config, hf_gemma2
 
     dec = decoder_config(hf_gemma2(seed=0).config)
-    model = Gemma2Model(decoder_transformer_config(dec), dec.vocab_size, dec.max_position_embeddings,
+    model = DecoderModel(decoder_transformer_config(dec), dec.vocab_size, dec.max_position_embeddings,
                         rope_theta=dec.rope_theta)
     gen = torch.Generator().manual_seed(4)
     tokens = torch.randint(1, dec.vocab_size, (2, 64), generator=gen)

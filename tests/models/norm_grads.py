@@ -22,14 +22,14 @@ def decoder_under_ddp(full: dict, shape, dec, tp: int, sp: bool, finalize: bool 
 
     from orchestrator.models.decoder_config import decoder_transformer_config
 
-    from orchestrator.models.gemma2_model import Gemma2Model
+    from orchestrator.models.decoder_model import DecoderModel
     from tests.models.sharding import shard_megatron
 
     if ps.model_parallel_is_initialized():
         ps.destroy_model_parallel()
     init_distributed(ParallelDims(tp=tp), seed=0)
     cfg = decoder_transformer_config(dec, ParallelDims(tp=tp, sp=sp), **overrides)
-    model = Gemma2Model(cfg, dec.vocab_size, dec.max_position_embeddings, rope_theta=dec.rope_theta,
+    model = DecoderModel(cfg, dec.vocab_size, dec.max_position_embeddings, rope_theta=dec.rope_theta,
                         tie_embeddings=dec.tie_embeddings)
     model.load_state_dict(shard_megatron(full, shape, tp, 1)[(ps.get_tensor_model_parallel_rank(), 0)], strict=False)
     prepared = prepare(model) if prepare else None

@@ -40,12 +40,12 @@ def main() -> None:
     from megatron.core import parallel_state as ps
     from megatron.core.packed_seq_params import PackedSeqParams
 
-    from orchestrator.convert.gemma2_mapping import Gemma2Shape
+    from orchestrator.convert.decoder_mapping import DecoderShape
     from tests.models.sharding import hf_to_megatron_full, shard_megatron
     from orchestrator.convert.megatron_forward import pipeline_forward
     from orchestrator.models.attention import FlexSoftcapAttention, SoftcapDotProductAttention
     from orchestrator.models.decoder_config import decoder_transformer_config
-    from orchestrator.models.gemma2_model import Gemma2Model
+    from orchestrator.models.decoder_model import DecoderModel
 
     class InvertedParityAttention(SoftcapDotProductAttention):
         """The known porting mistake: windows on odd layers instead of even ones."""
@@ -55,7 +55,7 @@ def main() -> None:
             self.window = None if self.window else config.sliding_window
 
     hf = hf_gemma2(seed=0)
-    shape = Gemma2Shape.from_hf_config(hf.config)
+    shape = DecoderShape.from_hf_config(hf.config)
     dec = decoder_config(hf.config)
     full = hf_to_megatron_full(hf.state_dict(), shape)
     gen = torch.Generator().manual_seed(1)
@@ -75,7 +75,7 @@ def main() -> None:
             ps.destroy_model_parallel()
         init_distributed(ParallelDims(tp=tp, pp=pp), seed=0)
         cfg = decoder_transformer_config(dec, ParallelDims(tp=tp, pp=pp, sp=sp), **case.get("overrides", {}))
-        model = Gemma2Model(
+        model = DecoderModel(
             cfg, dec.vocab_size, dec.max_position_embeddings,
             pre_process=ps.is_pipeline_first_stage(), post_process=ps.is_pipeline_last_stage(),
             rope_theta=dec.rope_theta,
@@ -140,7 +140,7 @@ def device_draws_check(shape, dec) -> None:
 
     from orchestrator.models.device_draws import draw_on_device
     from orchestrator.models.decoder_config import decoder_transformer_config
-    from orchestrator.models.gemma2_model import Gemma2Model
+    from orchestrator.models.decoder_model import DecoderModel
     from tests.models.sharding import shard_megatron
 
     def build(tp: int, on_device: bool) -> dict:
@@ -150,7 +150,7 @@ def device_draws_check(shape, dec) -> None:
         cfg = decoder_transformer_config(dec, ParallelDims(tp=tp))
         if on_device:
             draw_on_device(cfg, torch.device("cpu"))
-        model = Gemma2Model(cfg, dec.vocab_size, dec.max_position_embeddings, rope_theta=dec.rope_theta)
+        model = DecoderModel(cfg, dec.vocab_size, dec.max_position_embeddings, rope_theta=dec.rope_theta)
         return {k: v for k, v in model.state_dict().items() if not k.endswith("_extra_state")}
 
     tp1, host, tp2 = build(1, True), build(1, False), build(2, True)
@@ -201,7 +201,7 @@ def recompute_check(shape, full, dec, tokens) -> None:
 
     from tests.models.sharding import shard_megatron
     from orchestrator.models.decoder_config import decoder_transformer_config
-    from orchestrator.models.gemma2_model import Gemma2Model
+    from orchestrator.models.decoder_model import DecoderModel
 
     if ps.model_parallel_is_initialized():
         ps.destroy_model_parallel()
@@ -212,7 +212,7 @@ def recompute_check(shape, full, dec, tokens) -> None:
     for name, kw in [("none", {}),
                      ("full", dict(recompute_granularity="full", recompute_method="uniform", recompute_num_layers=1)),
                      ("selective", dict(recompute_granularity="selective", recompute_modules=["core_attn"]))]:
-        model = Gemma2Model(decoder_transformer_config(dec, **kw), dec.vocab_size, dec.max_position_embeddings,
+        model = DecoderModel(decoder_transformer_config(dec, **kw), dec.vocab_size, dec.max_position_embeddings,
                             rope_theta=dec.rope_theta).train()
         model.load_state_dict(shard_megatron(full, shape, 1, 1)[(0, 0)], strict=False)
         # Forward calls of the first layer and of its core attention, over forward and
@@ -398,7 +398,7 @@ def load_checkpoint_check(hf) -> None:
     from megatron.core import parallel_state as ps
     from transformers import WhisperModel
 
-    from orchestrator.convert.gemma2_mapping import Gemma2Shape
+    from orchestrator.convert.decoder_mapping import DecoderShape
     from tests.models.sharding import hf_to_megatron_full
     from orchestrator.models.audiollm import build_audiollm
     from orchestrator.models.decoder_config import decoder_transformer_config
@@ -424,7 +424,7 @@ def load_checkpoint_check(hf) -> None:
     model = build_audiollm(model_cfg, decoder_transformer_config(model_cfg.decoder, ParallelDims(tp=2)),
                            audio_token_id=AUDIO_TOKEN)
     loaded = load_init_checkpoint(root / "mg", [model])
-    shape = Gemma2Shape.from_hf_config(hf.config)
+    shape = DecoderShape.from_hf_config(hf.config)
     expected = shard_megatron(hf_to_megatron_full(hf.state_dict(), shape), shape, 2, 1)[(ps.get_tensor_model_parallel_rank(), 0)]
     own = model.state_dict()
     decoder_mismatch = [k for k, v in expected.items() if not torch.equal(own["language_model." + k], v)]

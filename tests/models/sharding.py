@@ -15,11 +15,11 @@ from typing import Dict, Tuple
 
 import torch
 
-from orchestrator.convert.gemma2_mapping import Gemma2Shape, hf_to_megatron_tensors
+from orchestrator.convert.decoder_mapping import DecoderShape, hf_to_megatron_tensors
 from orchestrator.plan.megatron_args import padded_vocab_size
 
 
-def hf_to_megatron_full(hf: Dict[str, torch.Tensor], shape: Gemma2Shape) -> Dict[str, torch.Tensor]:
+def hf_to_megatron_full(hf: Dict[str, torch.Tensor], shape: DecoderShape) -> Dict[str, torch.Tensor]:
     """HF Gemma2 state dict -> {megatron name: tensor} at TP=1, PP=1 (unpadded vocab)."""
     return dict(hf_to_megatron_tensors(hf, shape))
 
@@ -46,7 +46,7 @@ def _padded(rows: torch.Tensor, padded: int) -> torch.Tensor:
     return rows
 
 
-def shard_megatron(full: Dict[str, torch.Tensor], shape: Gemma2Shape, tp: int, pp: int
+def shard_megatron(full: Dict[str, torch.Tensor], shape: DecoderShape, tp: int, pp: int
                    ) -> Dict[Tuple[int, int], Dict[str, torch.Tensor]]:
     """TP=1 megatron state dict (unpadded) -> {(tp_rank, pp_rank): state dict of that rank}."""
     padded = padded_vocab_size(shape.vocab_size, tp)

@@ -1,4 +1,4 @@
-"""The final softcap + cross entropy in sequence chunks (Gemma2Model.softcapped_loss, what
+"""The final softcap + cross entropy in sequence chunks (DecoderModel.softcapped_loss, what
 keeps gemma2-2b's [s, 256000] fp32 logits from being alive at once) changes no value: the
 loss and every gradient are bitwise those of the whole sequence (tokens are independent,
 and the recomputed chunk is the same arithmetic)."""

@@ -55,9 +55,9 @@ def test_unequal_query_and_key_lengths_are_refused():
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU-only error")
 def test_te_backend_without_transformer_engine_says_what_to_do():
-    from orchestrator.models.gemma2_spec import gemma2_layer_spec
+    from orchestrator.models.decoder_spec import decoder_layer_spec
 
     with pytest.raises((ImportError, ValueError), match="model.backend='local' on CPU"):
-        gemma2_layer_spec("te")
+        decoder_layer_spec("te")
     with pytest.raises(ValueError, match=r"model.backend='cuda' is not one of \('local', 'te'\)"):
-        gemma2_layer_spec("cuda")
+        decoder_layer_spec("cuda")

@@ -11,7 +11,7 @@ from transformers import (Gemma2Config, Gemma2ForCausalLM, Gemma3ForCausalLM, Ge
                           LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM,
                           WhisperConfig)
 
-from orchestrator.convert.gemma2_mapping import decoder_config_from_hf
+from orchestrator.convert.decoder_mapping import decoder_config_from_hf
 from orchestrator.plan.schema.model import AdapterConfig, DecoderConfig, EncoderConfig, ModelConfig
 
 GEMMA2 = dict(vocab_size=250, hidden_size=64, intermediate_size=96, num_hidden_layers=4,

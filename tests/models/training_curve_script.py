@@ -124,7 +124,7 @@ def adapted_logits(module, tokens: torch.Tensor) -> torch.Tensor:
 
 
 def main() -> None:
-    from orchestrator.convert.gemma2_mapping import Gemma2Shape
+    from orchestrator.convert.decoder_mapping import DecoderShape
     from orchestrator.plan.parallel_dims import ParallelDims
     from orchestrator.plan.resolved import Plan
     from orchestrator.runtime.distributed import init_distributed
@@ -140,7 +140,7 @@ def main() -> None:
               **HF_DECODERS}
     for family, make in makers.items():
         hf = make(seed=0)
-        shape = Gemma2Shape.from_hf_config(hf.config)
+        shape = DecoderShape.from_hf_config(hf.config)
         dec = decoder_config(hf.config)
         # copies: some of the converted tensors are the HF model's own, which its loop trains
         full = {k: v.detach().clone() for k, v in hf_to_megatron_full(hf.state_dict(), shape).items()}

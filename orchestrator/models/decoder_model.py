@@ -1,16 +1,17 @@
-"""Gemma2 decoder as a megatron-core GPTModel.
+"""The decoder of every family (orchestrator/plan/decoder_families.py: Gemma2, Llama,
+Qwen2, Qwen3, Gemma 3) as a megatron-core GPTModel.
 
 What GPTModel gives unchanged: vocab-parallel embedding tied to the output layer,
 RoPE (including per-document positions for packed `thd` sequences), the transformer
 block, pipeline stages, vocab-parallel cross entropy. What this subclass adds:
 
-- the embedding scale sqrt(hidden), rounded to the compute dtype as HF does, applied
+- Gemma's embedding scale sqrt(hidden) (1 for the other families), rounded to the compute dtype as HF does, applied
   by `scale_embeddings` so a caller can first scatter audio features into the token
   embeddings (`embed_tokens` -> fuse -> `scale_embeddings` -> forward(decoder_input=));
-- the final logit softcap cap*tanh(logit/cap) before the loss, and -inf-like logits on
+- Gemma2's final logit softcap cap*tanh(logit/cap) before the loss, and -inf-like logits on
   vocabulary padding rows (so the loss equals the unpadded model's);
-- Gemma2 layers (see gemma2_spec), read from the project's config fields megatron lacks
-  (orchestrator/models/decoder_config.py).
+- the family's layers (see decoder_spec), read from the project's config fields megatron
+  lacks (orchestrator/models/decoder_config.py); Gemma 3's two RoPE bases.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from megatron.core.models.common.embeddings.rotary_pos_embedding import RotaryEm
 from megatron.core.models.gpt import GPTModel
 
 from orchestrator.models.decoder_config import DecoderTransformerConfig
-from orchestrator.models.gemma2_spec import gemma2_block_spec
+from orchestrator.models.decoder_spec import decoder_block_spec
 from orchestrator.plan.decoder_families import FAMILIES
 from orchestrator.plan.kernels import LOSS_CHUNK_ELEMENTS
 from orchestrator.plan.megatron_args import padded_vocab_size as _padded
@@ -85,7 +86,7 @@ class LocalGlobalRotaryEmbedding(torch.nn.Module):
     (base rope_theta, linear scaling) and the sliding layers' (base rope_local_theta)
     side by side on the last dimension, [s, 1, 1, 2 * dim], each made by megatron's
     RotaryEmbedding (its context-parallel chunks and packed sequences included). Each
-    layer takes its half (Gemma2TransformerLayer). One tensor, so that it travels through
+    layer takes its half (DecoderTransformerLayer). One tensor, so that it travels through
     megatron's block and activation recomputation as the single table does."""
 
     def __init__(self, global_rope, local_rope):
@@ -100,7 +101,7 @@ class LocalGlobalRotaryEmbedding(torch.nn.Module):
         return self.global_rope.get_rotary_seq_len(*args, **kwargs)
 
 
-class Gemma2Model(GPTModel):
+class DecoderModel(GPTModel):
     def __init__(self, config: DecoderTransformerConfig, vocab_size: int, max_sequence_length: int,
                  pre_process: bool = True, post_process: bool = True, backend: str = "local",
                  rope_theta: float = 10000.0, vp_stage=None, attention: str = "reference", core_attention=None,
@@ -116,7 +117,7 @@ class Gemma2Model(GPTModel):
         scaling = FAMILIES[config.decoder_family].rope_scaling
         super().__init__(
             config=config,
-            transformer_layer_spec=gemma2_block_spec(config, backend, vp_stage=vp_stage, pp_rank=pp_rank,
+            transformer_layer_spec=decoder_block_spec(config, backend, vp_stage=vp_stage, pp_rank=pp_rank,
                                                      attention=attention, core_attention=core_attention),
             vocab_size=padded,
             max_sequence_length=max_sequence_length,

@@ -51,7 +51,7 @@ LLAMA_LAYER_NORMS = {"input_layernorm": "input_layernorm", "post_attention_layer
 QK_NORMS = {"self_attn.q_norm": "self_attention.q_layernorm", "self_attn.k_norm": "self_attention.k_layernorm"}
 
 
-def layer_norms(shape: "Gemma2Shape") -> dict:
+def layer_norms(shape: "DecoderShape") -> dict:
     """HF norm name -> megatron norm name within a layer of `shape`'s family."""
     family = FAMILIES[shape.family]
     norms = LAYER_NORMS if family.sandwich_norms else LLAMA_LAYER_NORMS
@@ -59,7 +59,7 @@ def layer_norms(shape: "Gemma2Shape") -> dict:
 
 
 @dataclass(frozen=True)
-class Gemma2Shape:
+class DecoderShape:
     num_layers: int
     hidden_size: int
     num_heads: int
@@ -71,7 +71,7 @@ class Gemma2Shape:
     tied: bool = True  # the output layer is the embedding (no lm_head / output_layer tensor)
 
     @classmethod
-    def from_hf_config(cls, cfg) -> "Gemma2Shape":
+    def from_hf_config(cls, cfg) -> "DecoderShape":
         get = cfg.get if isinstance(cfg, dict) else lambda k: getattr(cfg, k, None)
         heads = get("num_attention_heads")
         family = family_for_hf(get("model_type") or "gemma2").name
@@ -81,7 +81,7 @@ class Gemma2Shape:
                    family, True if tied is None else bool(tied))
 
 
-def hf_to_megatron_tensors(hf: Mapping[str, torch.Tensor], shape: Gemma2Shape) -> Iterator[Tuple[str, torch.Tensor]]:
+def hf_to_megatron_tensors(hf: Mapping[str, torch.Tensor], shape: DecoderShape) -> Iterator[Tuple[str, torch.Tensor]]:
     """(megatron name at TP=1, PP=1, tensor) for each tensor of a HF decoder's state dict, read from `hf` one layer at a time (vocab unpadded). Every HF tensor must be
     used: an unknown one (another architecture, a renamed tensor) is an error."""
     names = set(hf)
@@ -124,7 +124,7 @@ def hf_to_megatron_tensors(hf: Mapping[str, torch.Tensor], shape: Gemma2Shape) -
 _MEGATRON_LAYER = re.compile(r"^decoder\.layers\.(\d+)\.(.+)\.(weight|bias)$")
 
 
-def megatron_tensor_to_hf(name: str, tensor: torch.Tensor, shape: Gemma2Shape) -> List[Tuple[str, torch.Tensor]]:
+def megatron_tensor_to_hf(name: str, tensor: torch.Tensor, shape: DecoderShape) -> List[Tuple[str, torch.Tensor]]:
     """The HF (name, tensor) pairs of one megatron tensor at TP=1 (inverse of
     `hf_to_megatron_tensors`; vocabulary padding rows are dropped), so an export converts
     each tensor as it is read. An unknown name is an error."""
@@ -240,7 +240,7 @@ def decoder_config_from_hf(hf_cfg):
     """The project's `model.decoder` section for a HF decoder config (hf_decoder_config's)."""
     from orchestrator.plan.schema.model import DecoderConfig
 
-    shape = Gemma2Shape.from_hf_config(hf_cfg)
+    shape = DecoderShape.from_hf_config(hf_cfg)
     common = dict(
         family=shape.family, hidden_size=shape.hidden_size, num_layers=shape.num_layers,
         num_attention_heads=shape.num_heads, num_query_groups=shape.num_kv_heads, kv_channels=shape.head_dim,

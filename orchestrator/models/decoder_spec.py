@@ -1,4 +1,4 @@
-"""Module specs of the Gemma2 decoder: linears and norms by backend, core attention by kernel.
+"""Module specs of the decoder (every family): linears and norms by backend, core attention by kernel.
 
 Backends (`model.backend`):
 local: megatron's plain tensor-parallel linears + the project's `ZeroCenteredRMSNorm`
@@ -6,7 +6,8 @@ local: megatron's plain tensor-parallel linears + the project's `ZeroCenteredRMS
 te:    TransformerEngine linears + TransformerEngine's fused RMSNorm with
        `zero_centered_gamma` (megatron's `TENorm` reads it from the config's
        normalization / layernorm_zero_centered_gamma, which the plan's megatron fields
-       set: orchestrator/plan/megatron_fields.py): the same (1 + w) scale, computed in fp32 inside one kernel. GPU only.
+       set: orchestrator/plan/megatron_fields.py): the same (1 + w) scale, computed in
+       fp32 inside one kernel. GPU only.
 
 Attention kernels (`model.attention`, resolved by orchestrator.plan.kernels.attention_kernel):
 reference: `SoftcapDotProductAttention` (plain PyTorch; the numerical reference);
@@ -24,7 +25,7 @@ from megatron.core.transformer.attention import SelfAttention, SelfAttentionSubm
 from megatron.core.transformer.transformer_block import TransformerBlockSubmodules, get_num_layers_to_build
 
 from orchestrator.models.attention import FlexSoftcapAttention, SoftcapDotProductAttention
-from orchestrator.models.gemma2_layer import Gemma2LayerSubmodules, Gemma2TransformerLayer
+from orchestrator.models.decoder_layer import DecoderLayerSubmodules, DecoderTransformerLayer
 from orchestrator.models.norms import RMSNorm, ZeroCenteredRMSNorm
 from orchestrator.plan.decoder_families import FAMILIES
 
@@ -55,7 +56,7 @@ def _modules(backend: str):
     raise ValueError(f"model.backend={backend!r} is not one of {BACKENDS}")
 
 
-def gemma2_layer_spec(backend: str = "local", attention: str = "reference", core_attention=None,
+def decoder_layer_spec(backend: str = "local", attention: str = "reference", core_attention=None,
                       family: str = "gemma2") -> ModuleSpec:
     """One layer of the decoder `family` (orchestrator/plan/decoder_families.py): Gemma2's
     sandwich-normed layer, or with the post-norms left out (IdentityOp) and Llama's plain
@@ -74,8 +75,8 @@ def gemma2_layer_spec(backend: str = "local", attention: str = "reference", core
     if attention not in ATTENTION_CLASSES:
         raise ValueError(f"attention={attention!r} is not one of {tuple(ATTENTION_CLASSES)}")
     return ModuleSpec(
-        module=Gemma2TransformerLayer,
-        submodules=Gemma2LayerSubmodules(
+        module=DecoderTransformerLayer,
+        submodules=DecoderLayerSubmodules(
             input_layernorm=norm,
             self_attention=ModuleSpec(
                 module=SelfAttention,
@@ -93,9 +94,9 @@ def gemma2_layer_spec(backend: str = "local", attention: str = "reference", core
     )
 
 
-def gemma2_block_spec(config, backend: str = "local", vp_stage=None, pp_rank=None, attention: str = "reference",
+def decoder_block_spec(config, backend: str = "local", vp_stage=None, pp_rank=None, attention: str = "reference",
                       core_attention=None) -> TransformerBlockSubmodules:
     """The layers of this pipeline stage plus the final zero-centred RMSNorm."""
-    layer = gemma2_layer_spec(backend, attention, core_attention, getattr(config, "decoder_family", "gemma2"))
+    layer = decoder_layer_spec(backend, attention, core_attention, getattr(config, "decoder_family", "gemma2"))
     count = get_num_layers_to_build(config, vp_stage=vp_stage, pp_rank=pp_rank)
     return TransformerBlockSubmodules(layer_specs=[layer] * count, layer_norm=layer.submodules.input_layernorm)

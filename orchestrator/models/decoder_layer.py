@@ -1,4 +1,5 @@
-"""Gemma2 decoder layer on megatron-core: sandwich norms around attention and MLP.
+"""The decoder layer on megatron-core, with the sandwich norms of the Gemma families
+around attention and MLP (the other families' layers leave them out: IdentityOp).
 
     h = x + post_attention_layernorm(attn(input_layernorm(x)))
     y = h + post_mlp_layernorm(mlp(pre_mlp_layernorm(h)))
@@ -22,13 +23,13 @@ from megatron.core.utils import make_viewless_tensor
 
 
 @dataclass
-class Gemma2LayerSubmodules(TransformerLayerSubmodules):
+class DecoderLayerSubmodules(TransformerLayerSubmodules):
     post_attention_layernorm: Union[ModuleSpec, type] = IdentityOp
     post_mlp_layernorm: Union[ModuleSpec, type] = IdentityOp
 
 
-class Gemma2TransformerLayer(TransformerLayer):
-    def __init__(self, config, submodules: Gemma2LayerSubmodules, layer_number: int = 1,
+class DecoderTransformerLayer(TransformerLayer):
+    def __init__(self, config, submodules: DecoderLayerSubmodules, layer_number: int = 1,
                  hidden_dropout=None, pg_collection=None, vp_stage=None):
         super().__init__(config=config, submodules=submodules, layer_number=layer_number,
                          hidden_dropout=hidden_dropout, pg_collection=pg_collection, vp_stage=vp_stage)
