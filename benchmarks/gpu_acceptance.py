@@ -1246,32 +1246,12 @@ def main() -> int:
     if args.dry_run:
         torch.set_num_threads(max(1, os.cpu_count() or 1))
     table = Table(args.json)
-    reference = ("local+reference", "local", "reference")  # (label, model.backend, model.attention)
-    if args.dry_run:
-        if run("parity"):
-            check_parity(table, *reference, "fp32", "cpu")
-        if run("lora"):
-            check_lora(table, *reference, "fp32", "cpu")
-        if run("recompiles"):
-            check_recompiles(table, "local+flex", "local", "flex", dry_run=True)
-        if run("throughput"):  # flex_attention has no backward on CPU
-            ours = check_throughput(table, *reference, dry_run=True, profile_dir=args.profile)
-            ours |= check_throughput(table, *reference, dry_run=True, compiled="layers")
-            check_hf_peft(table, dry_run=True, ours=ours)
-        if run("generation"):
-            check_generation(table, dry_run=True)
-            check_generation(table, dry_run=True, dtype_name="bf16")
-        if run("encoder"):
-            check_encoder(table, dry_run=True)
-        if run("fp8"):
-            check_fp8(table, dry_run=True)
-        if run("job"):
-            check_job(table, args.demo_corpus, dry_run=True)
-        if run("default"):
-            check_default_run(table, dry_run=True)
-        for size in ("2b", "9b"):
-            if run(f"job{size}"):
-                check_job_full(table, args.demo_corpus, dry_run=True, size=size, profile_dir=args.profile)
+    dry = args.dry_run
+    # (label, model.backend, model.attention): the reference kernel, and the fast one the GPU
+    # rows run (on a CPU the reference: flex_attention has no backward there).
+    reference = ("local+reference", "local", "reference")
+    if dry:
+        flex, fast, dtype, device = ("local+flex", "local", "flex"), reference, "fp32", "cpu"
     else:
         if _has_te():
             flex = ("te+flex", "te", "flex")
@@ -1279,35 +1259,40 @@ def main() -> int:
             flex = ("local+flex (no TE)", "local", "flex")
             print("TransformerEngine is not installed: the fast rows run model.backend=local model.attention=flex",
                   flush=True)
-        if run("parity"):
-            check_parity(table, *flex, "bf16", "cuda")
-            check_parity(table, *reference, "bf16", "cuda")
-        if run("lora"):
-            check_lora(table, *flex, "bf16", "cuda")
-        if run("recompiles"):
-            check_recompiles(table, *flex, dry_run=False)
-        if run("throughput"):
-            # The no-TE path's lever: every decoder and encoder layer compiled whole; the profile
-            # goes to the faster configuration's step, whose costs are what is left to close.
-            compiled = flex[1] == "local"
-            ours = check_throughput(table, *flex, dry_run=False, profile_dir=None if compiled else args.profile)
-            if compiled:
-                ours |= check_throughput(table, *flex, dry_run=False, compiled="layers", profile_dir=args.profile)
-            check_hf_peft(table, dry_run=False, ours=ours)
-        if run("generation"):  # fp32 (TF32 off) judges; bf16, as validation runs on GPUs, is reported
-            check_generation(table, dry_run=False, dtype_name="fp32")
-            check_generation(table, dry_run=False)
-        if run("encoder"):
-            check_encoder(table, dry_run=False)
-        if run("fp8"):
-            check_fp8(table, dry_run=False)
-        if run("job"):
-            check_job(table, args.demo_corpus, dry_run=False)
-        if run("default"):
-            check_default_run(table, dry_run=False)
-        for size in ("2b", "9b"):
-            if run(f"job{size}"):
-                check_job_full(table, args.demo_corpus, dry_run=False, size=size, profile_dir=args.profile)
+        fast, dtype, device = flex, "bf16", "cuda"
+    if run("parity"):
+        check_parity(table, *fast, dtype, device)
+        if not dry:
+            check_parity(table, *reference, dtype, device)
+    if run("lora"):
+        check_lora(table, *fast, dtype, device)
+    if run("recompiles"):
+        check_recompiles(table, *flex, dry_run=dry)
+    if run("throughput"):
+        # The local backend's lever: every decoder and encoder layer compiled whole. On a GPU
+        # the profile goes to the faster configuration's step, whose costs are what is left
+        # to close; the dry run profiles the eager step.
+        compiled = fast[1] == "local"
+        profile_compiled = compiled and not dry
+        ours = check_throughput(table, *fast, dry_run=dry, profile_dir=None if profile_compiled else args.profile)
+        if compiled:
+            ours |= check_throughput(table, *fast, dry_run=dry, compiled="layers",
+                                     profile_dir=args.profile if profile_compiled else None)
+        check_hf_peft(table, dry_run=dry, ours=ours)
+    if run("generation"):  # fp32 (TF32 off on a GPU) judges; bf16, as validation runs on GPUs, is reported
+        check_generation(table, dry_run=dry, dtype_name="fp32")
+        check_generation(table, dry_run=dry, dtype_name="bf16")
+    if run("encoder"):
+        check_encoder(table, dry_run=dry)
+    if run("fp8"):
+        check_fp8(table, dry_run=dry)
+    if run("job"):
+        check_job(table, args.demo_corpus, dry_run=dry)
+    if run("default"):
+        check_default_run(table, dry_run=dry)
+    for size in ("2b", "9b"):
+        if run(f"job{size}"):
+            check_job_full(table, args.demo_corpus, dry_run=dry, size=size, profile_dir=args.profile)
 
     print()
     print(table.render())

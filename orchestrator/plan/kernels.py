@@ -16,13 +16,19 @@ from __future__ import annotations
 ATTENTION_CHOICES = ("auto", "reference", "flex")
 
 
+def _on_machine(key: str, choice: str, choices: tuple, on_gpu: bool, gpu: str, cpu: str) -> str:
+    """`key`'s `choice`, one of `choices`: as it is, or for "auto" `gpu` on a GPU and `cpu`
+    on a CPU."""
+    if choice not in choices:
+        raise ValueError(f"{key}={choice!r} is not one of {choices}")
+    if choice == "auto":
+        return gpu if on_gpu else cpu
+    return choice
+
+
 def attention_kernel(choice: str, on_gpu: bool) -> str:
     """`model.attention` -> "reference" or "flex" on a GPU (on_gpu) or CPU machine."""
-    if choice not in ATTENTION_CHOICES:
-        raise ValueError(f"model.attention={choice!r} is not one of {ATTENTION_CHOICES}")
-    if choice == "auto":
-        return "flex" if on_gpu else "reference"
-    return choice
+    return _on_machine("model.attention", choice, ATTENTION_CHOICES, on_gpu, gpu="flex", cpu="reference")
 
 
 ENCODER_PRECISIONS = ("auto", "fp32", "bf16")
@@ -35,11 +41,7 @@ def encoder_precision(choice: str, on_gpu: bool) -> str:
     eager would weigh on every step; a trained encoder's fp32 master weights live in
     megatron's bf16 optimizer, which holds and checkpoints only parameters of the compute
     dtype), fp32 on a CPU (no bf16 speed-up there)."""
-    if choice not in ENCODER_PRECISIONS:
-        raise ValueError(f"model.encoder.precision={choice!r} is not one of {ENCODER_PRECISIONS}")
-    if choice == "auto":
-        return "bf16" if on_gpu else "fp32"
-    return choice
+    return _on_machine("model.encoder.precision", choice, ENCODER_PRECISIONS, on_gpu, gpu="bf16", cpu="fp32")
 
 
 # `model.compile`: none (eager), layers (every decoder and encoder layer compiled whole,
