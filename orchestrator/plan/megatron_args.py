@@ -3,7 +3,7 @@
 `megatron_args(...)` turns a composed config into an ordered list of MegatronArg
 (argparse dest name, command-line flag, value). The job builds its OptimizerConfig, DDP
 config and schedule from the same dest names, so what is printed by `audiollm plan` is
-what runs. Its TransformerConfig it builds from the Plan's `transformer_fields`
+what runs. It builds its TransformerConfig from the Plan's `transformer_fields`
 (megatron_fields.py), from which `decoder_args` writes the model's flags.
 What Megatron-LM has no flag for (logit softcaps, sandwich norms, GeGLU with tanh GELU,
 embedding scaling, query_pre_attn_scalar when it differs from kv_channels) is not invented

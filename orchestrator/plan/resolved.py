@@ -3,8 +3,9 @@
 resolve.py makes it from a validated config; the launcher writes it into the run
 directory as plan.json (`Plan.to_dict`); the job reads it back with `Plan.load(run_dir)`
 and builds megatron-core's parallel state (`Plan.dims`), its TransformerConfig
-(`Plan.transformer_fields`) and its optimizer from it, never from the raw Hydra config: what `audiollm plan` prints is what
-runs. Pure Python (no omegaconf, no validation): the job side imports it.
+(`Plan.transformer_fields`) and its optimizer from it, never from the YAML Hydra composed:
+what `audiollm plan` prints is what runs. Pure Python (no omegaconf at import, no
+validation): the job side imports it.
 
 plan.json's keys: the sizes (`ParallelDims.as_dict`: world_size, tp, pp, cp, dp, vpp, sp,
 rank_order) and every other field below by its name.
