@@ -166,6 +166,17 @@ def megatron_args(
             + training_args(optim, train, bf16=on_gpu, fields=fields) + gpu_performance_args(model, on_gpu, dp))
 
 
+# The sizes: the argv shows them, plan.json holds them once, in its dims
+# (orchestrator/plan/parallel_dims.py), which is what the job reads.
+SIZE_DESTS = frozenset({"tensor_model_parallel_size", "pipeline_model_parallel_size", "context_parallel_size",
+                        "cp_comm_type", "num_virtual_stages_per_pipeline_rank", "sequence_parallel"})
+
+
+def plan_args(args: list[MegatronArg]) -> dict[str, Any]:
+    """The Plan's megatron_args: dest -> value of every argument but the sizes."""
+    return {a.dest: a.value for a in args if a.dest not in SIZE_DESTS}
+
+
 def render_argv(args: list[MegatronArg]) -> list[str]:
     argv: list[str] = []
     for arg in args:

@@ -37,7 +37,7 @@ class Plan:
     num_microbatches: int
     padded_vocab_size: int
     tokens_per_step: int
-    megatron_args: dict[str, Any]  # Megatron-LM argparse dest -> value
+    megatron_args: dict[str, Any]  # Megatron-LM argparse dest -> value, the sizes (dims) left out
     argv: list[str]  # the same, as Megatron-LM command-line flags
     # The model's megatron-core TransformerConfig fields (orchestrator/plan/megatron_fields.py):
     # the job's one config is built from them as they are, with dims' sizes.
@@ -150,7 +150,7 @@ class Plan:
         vocabulary, the rank layout, the parallel arguments and section), without the
         distributed optimizer and virtual stages. The training layout's argv and estimates
         describe another run: left out."""
-        from orchestrator.plan.megatron_args import padded_vocab_size, parallel_args
+        from orchestrator.plan.megatron_args import padded_vocab_size, parallel_args, plan_args
         from orchestrator.plan.schema import ParallelConfig, RecomputeConfig
 
         section = {**self.section("parallel"), "tp": dims.tp, "pp": dims.pp, "cp": dims.cp, "vpp": dims.vpp,
@@ -161,7 +161,7 @@ class Plan:
         return replace(
             self, dims=dims, num_microbatches=num_microbatches,
             padded_vocab_size=padded_vocab_size(vocab, dims.tp) if vocab else self.padded_vocab_size,
-            megatron_args={**self.megatron_args, **{a.dest: a.value for a in args}},
+            megatron_args={**self.megatron_args, **plan_args(args)},
             argv=[], rank_layout=dims.mesh().as_dict(), parameters={}, memory={},
             memory_at_cp1=None, flops={}, step_estimate=None,
             config={**self.config, "parallel": {**section, "recompute": section.get("recompute")}})

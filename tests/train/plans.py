@@ -24,9 +24,7 @@ def write_run_dir(run_dir: Path, *, tp: int = 1, pp: int = 1, dp: int = 1, vpp: 
     world = tp * pp * dp
     gbs = micro_batch_size * num_microbatches * dp
     padded_vocab = 256  # a multiple of 128 x TP for TP <= 2, the same at every TP (reshard tests)
-    megatron_args = dict(
-        tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp, context_parallel_size=1,
-        virtual_pipeline_model_parallel_size=vpp, sequence_parallel=False,
+    megatron_args = dict(  # the sizes are in dims (below), as resolve writes them
         num_layers=num_layers, hidden_size=hidden, ffn_hidden_size=4 * hidden, num_attention_heads=heads,
         num_query_groups=2, kv_channels=hidden // heads, seq_length=seq_length,
         micro_batch_size=micro_batch_size, global_batch_size=gbs, lr=lr, min_lr=min_lr,

@@ -82,6 +82,6 @@ def test_the_8k_context_parallel_recipe_shrunk_to_the_tiny_model_trains(corpus, 
     plan = json.loads((run_dir / "plan.json").read_text())
     assert (plan["tp"], plan["cp"], plan["dp"], plan["sp"]) == (2, 2, 1, True)
     assert plan["megatron_args"]["use_distributed_optimizer"] and plan["megatron_args"]["recompute_granularity"] == "full"
-    assert plan["megatron_args"]["cp_comm_type"] == "all_gather"
+    assert " ".join(plan["argv"]).count("--cp-comm-type all_gather") == 1 and plan["cp"] == 2
     rows = _rows(run_dir)
     assert [r["step"] for r in rows] == list(range(1, ITERS + 1)) and all(0 < r["loss"] < 100 for r in rows)

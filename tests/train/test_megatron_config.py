@@ -18,8 +18,9 @@ def test_recipe_plan_builds_transformer_and_optimizer_configs(recipe):
         assert config.tensor_model_parallel_size == plan.dims.tp
         assert config.pipeline_model_parallel_size == plan.dims.pp
         assert config.virtual_pipeline_model_parallel_size == plan.dims.vpp
+        assert config.sequence_parallel == plan.dims.sp
         for name in ("num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads", "num_query_groups",
-                     "kv_channels", "sequence_parallel", "recompute_granularity"):
+                     "kv_channels", "recompute_granularity"):
             assert getattr(config, name) == args[name], name
         assert config.calculate_per_token_loss
         # bf16 only where the plan asks for it and a GPU runs it; fp32 on CPU
