@@ -28,7 +28,7 @@ import torch
 
 from orchestrator.plan.parallel_dims import ParallelDims
 from orchestrator.runtime.distributed import init_distributed, shutdown
-from tests.models.tiny_models import HF_DECODERS, decoder_config
+from tests.models.tiny_models import HF_DECODERS
 
 # 64 positions: Llama 3's scaling moves the frequencies whose wavelength passes 2048
 # tokens, which turn a visible angle only over some dozens of positions.
@@ -89,30 +89,14 @@ def main() -> None:
     from megatron.core import parallel_state as ps
     from megatron.core.packed_seq_params import PackedSeqParams
 
-    from orchestrator.convert.decoder_mapping import DecoderShape
+    from tests.models.hf_reference import hf_reference
     from orchestrator.models.decoder_config import decoder_transformer_config
     from orchestrator.models.decoder_model import DecoderModel
     from orchestrator.models.norms import RMSNorm, ZeroCenteredRMSNorm
     from orchestrator.plan.decoder_families import FAMILIES
-    from tests.models.sharding import hf_to_megatron_full, shard_megatron
+    from tests.models.sharding import shard_megatron
 
-    references = {}
-    for family, make in HF_DECODERS.items():
-        hf = make(seed=0)
-        shape = DecoderShape.from_hf_config(hf.config)
-        full = hf_to_megatron_full(hf.state_dict(), shape)
-        gen = torch.Generator().manual_seed(1)
-        tokens = torch.randint(0, shape.vocab_size, (BATCH, SEQ), generator=gen)
-        packed_tokens = torch.randint(0, shape.vocab_size, (1, sum(DOCS)), generator=gen)
-        with torch.no_grad():
-            ref = hf(tokens, labels=tokens)
-            docs = torch.split(packed_tokens, DOCS, dim=1)
-            doc_out = [hf(d, labels=d) for d in docs]
-            packed_ref = (torch.cat([o.logits for o in doc_out], dim=1),
-                          sum(o.loss * (d.shape[1] - 1) for o, d in zip(doc_out, docs)) / (sum(DOCS) - len(DOCS)))
-        references[family] = dict(hf=hf, shape=shape, dec=decoder_config(hf.config), full=full, tokens=tokens,
-                                  packed_tokens=packed_tokens, docs=docs, ref=(ref.logits, ref.loss),
-                                  packed_ref=packed_ref)
+    references = {family: hf_reference(make(seed=0), BATCH, SEQ, DOCS) for family, make in HF_DECODERS.items()}
 
     for case in cases():
         family = case["name"].split("_")[0]

@@ -17,7 +17,7 @@ import torch.nn.functional as F
 
 from orchestrator.plan.parallel_dims import ParallelDims
 from orchestrator.runtime.distributed import init_distributed, shutdown
-from tests.models.tiny_models import decoder_config, hf_gemma2
+from tests.models.tiny_models import hf_gemma2
 
 SEQ, BATCH, DOCS = 24, 2, (11, 13)  # longer than the window (8)
 
@@ -40,8 +40,8 @@ def main() -> None:
     from megatron.core import parallel_state as ps
     from megatron.core.packed_seq_params import PackedSeqParams
 
-    from orchestrator.convert.decoder_mapping import DecoderShape
-    from tests.models.sharding import hf_to_megatron_full, shard_megatron
+    from tests.models.hf_reference import hf_reference
+    from tests.models.sharding import shard_megatron
     from orchestrator.convert.megatron_forward import pipeline_forward
     from orchestrator.models.attention import FlexSoftcapAttention, SoftcapDotProductAttention
     from orchestrator.models.decoder_config import decoder_transformer_config
@@ -55,19 +55,9 @@ def main() -> None:
             self.window = None if self.window else config.sliding_window
 
     hf = hf_gemma2(seed=0)
-    shape = DecoderShape.from_hf_config(hf.config)
-    dec = decoder_config(hf.config)
-    full = hf_to_megatron_full(hf.state_dict(), shape)
-    gen = torch.Generator().manual_seed(1)
-    tokens = torch.randint(0, shape.vocab_size, (BATCH, SEQ), generator=gen)
-    packed_tokens = torch.randint(0, shape.vocab_size, (1, sum(DOCS)), generator=gen)
-    with torch.no_grad():
-        ref = hf(tokens, labels=tokens)
-        docs = torch.split(packed_tokens, DOCS, dim=1)
-        doc_out = [hf(d, labels=d) for d in docs]
-        packed_ref_logits = torch.cat([o.logits for o in doc_out], dim=1)
-        # per-token loss summed over both documents (each predicts len-1 tokens)
-        packed_ref_loss = sum(o.loss * (d.shape[1] - 1) for o, d in zip(doc_out, docs)) / (sum(DOCS) - len(DOCS))
+    r = hf_reference(hf, BATCH, SEQ, DOCS)
+    shape, dec, full, tokens, packed_tokens, docs = (r[k] for k in ("shape", "dec", "full", "tokens", "packed_tokens",
+                                                                     "docs"))
 
     for case in cases():
         tp, pp, sp, packed = case.get("tp", 1), case.get("pp", 1), case.get("sp", False), case.get("packed", False)
@@ -102,14 +92,14 @@ def main() -> None:
             loss_mask = torch.ones_like(labels, dtype=torch.float)
             loss_mask[0, DOCS[0] - 1] = 0.0
             loss_mask[0, -1] = 0.0
-            ref_logits, ref_loss = packed_ref_logits, packed_ref_loss
+            ref_logits, ref_loss = r["packed_ref"]
         else:
             toks, psp = tokens, None
             positions = torch.arange(SEQ)[None].expand(BATCH, -1)
             labels = torch.cat([tokens[:, 1:], tokens[:, :1]], dim=1)
             loss_mask = torch.ones_like(labels, dtype=torch.float)
             loss_mask[:, -1] = 0.0
-            ref_logits, ref_loss = ref.logits, ref.loss
+            ref_logits, ref_loss = r["ref"]
 
         logits = pipeline_forward(model, lambda m: m(toks, positions, None, packed_seq_params=psp),
                                   toks.shape[1], toks.shape[0])
