@@ -53,7 +53,7 @@ def prepare(overrides: Sequence[str], run_dir: Path | None = None) -> tuple[Prep
 
     from orchestrator.plan.compose import ComposeError, source
     from orchestrator.plan.resolve import resolve, to_object
-    from orchestrator.plan.validate import ERROR, validate
+    from orchestrator.plan.validate import ERROR, ConfigInvalid, validate
 
     try:
         cfg = _compose(overrides)
@@ -68,7 +68,10 @@ def prepare(overrides: Sequence[str], run_dir: Path | None = None) -> tuple[Prep
         return None, errors
     for warning in (str(f) for f in findings if f.severity != ERROR):
         print(warning, file=sys.stderr)
-    plan = resolve(cfg, purpose).to_dict()
+    try:
+        plan = resolve(cfg, purpose).to_dict()
+    except ConfigInvalid as exc:  # what only the plan's estimates find: a layout that does not fit
+        return None, [str(f) for f in exc.findings if f.severity == ERROR]
     container = OmegaConf.to_container(cfg, resolve=True)
     run_dir = Path(run_dir or rd.run_dir_for(container)).absolute()
     try:

@@ -24,7 +24,7 @@ from orchestrator.plan.megatron_args import megatron_args, padded_vocab_size, pl
 from orchestrator.plan.megatron_fields import transformer_fields
 from orchestrator.plan.schema import AudioLLMConfig
 from orchestrator.plan.resolved import Plan
-from orchestrator.plan.validate import ERROR, Finding, check, parallel_dims, validate, world_size
+from orchestrator.plan.validate import ERROR, ConfigInvalid, Finding, check, parallel_dims, validate, world_size
 
 
 def to_object(cfg: DictConfig | AudioLLMConfig) -> AudioLLMConfig:
@@ -74,6 +74,26 @@ def model_extensions(cfg: AudioLLMConfig, argv: list[str]) -> dict[str, Any]:
     }
 
 
+def unfit_memory_message(cfg: AudioLLMConfig, memory: est.MemoryEstimate) -> str:
+    """Why a layout does not fit, naming every term of the estimate and what lowers it."""
+    p, launcher, optim = cfg.parallel, cfg.launcher, cfg.optim
+    terms = {"weights": memory.weights_gib, "grads": memory.grads_gib, "optimizer": memory.optimizer_gib,
+             "activations": memory.activations_gib}
+    largest = max(terms, key=terms.get)
+
+    def value(v) -> str:  # as an override writes it
+        return "null" if v is None else str(v).lower() if isinstance(v, bool) else str(v)
+
+    return (f"the plan estimates {memory.total_gib:.1f} GiB per GPU on pipeline stage {memory.stage} (weights "
+            f"{memory.weights_gib:.1f} + grads {memory.grads_gib:.1f} + optimizer {memory.optimizer_gib:.1f} + "
+            f"activations {memory.activations_gib:.1f} + margin {memory.overhead_gib:.1f}; largest: {largest}) "
+            f"against {memory.device_gib:.1f} GiB of launcher.gpu_type={launcher.gpu_type}: the job would run out of "
+            f"memory. Lower it (optim.micro_batch_size={optim.micro_batch_size}, "
+            f"parallel.recompute.granularity={value(p.recompute.granularity)}, parallel.tp={p.tp}, parallel.pp={p.pp}, "
+            f"parallel.distributed_optimizer={value(p.distributed_optimizer)}; `audiollm plan -m` ranks the layouts "
+            f"that fit), or set launcher.allow_unfit_memory=true to submit it anyway")
+
+
 def resolve(cfg: DictConfig | AudioLLMConfig, purpose: str = "plan", keep_errors: bool = False) -> Plan:
     """Validate (raises validate.ConfigInvalid on any error) and resolve `cfg`. With
     keep_errors, the errors go into Plan.errors instead and as much is resolved as they
@@ -107,6 +127,11 @@ def resolve(cfg: DictConfig | AudioLLMConfig, purpose: str = "plan", keep_errors
     num_microbatches = optim.global_batch_size // (optim.micro_batch_size * dp)
     by_stage = est.memory_by_stage(obj, stages, dp, num_microbatches)
     memory = max(by_stage, key=lambda estimate: estimate.total_gib)
+    if not memory.fits and not launcher.allow_unfit_memory:
+        unfit = Finding(ERROR, "memory", unfit_memory_message(obj, memory))
+        if not keep_errors:
+            raise ConfigInvalid([*findings, unfit])
+        errors.append(str(unfit))
     memory_at_cp1 = None
     if p.cp > 1:
         without_cp = copy.deepcopy(obj)

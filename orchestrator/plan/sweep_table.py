@@ -70,7 +70,8 @@ def plan_rows(overrides: Sequence[str]) -> list[Row]:
                 raise  # a defect of the planner, not of the point
             row.errors = found
             continue
-        row.errors = list(plan["errors"])
+        # A layout that does not fit is the row's "no fit" (its memory column), not a rule.
+        row.errors = [e for e in plan["errors"] if rule_of(e) != "memory"]
         memory = plan["memory"]
         row.memory_gib, row.device_gib, row.fits = memory["total_gib"], memory["device_gib"], memory["fits"]
         row.trainable_per_gpu = max(s["trainable"] for s in plan["parameters"]["per_rank_by_stage"])

@@ -31,12 +31,12 @@ def test_recipe_argv_matches_golden_file(recipe):
     check_golden(golden, text)
 
 
-def _plan_json(*overrides: str) -> dict:
+def _plan_json(*overrides: str, exit_code: int = 0) -> dict:
     """`audiollm plan ... --json` in this process (tests/test_submit_side_light.py and the
     human summary below run it as a command of its own)."""
     out = io.StringIO()
-    with contextlib.redirect_stdout(out):
-        assert main(["plan", *overrides, "--json"]) == 0
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(io.StringIO()):
+        assert main(["plan", *overrides, "--json"]) == exit_code
     return json.loads(out.getvalue())
 
 
@@ -73,8 +73,9 @@ def test_vocab_is_padded_to_a_multiple_of_128_times_tp():
 
 
 def test_full_finetuning_at_tp1_is_flagged_as_not_fitting():
-    plan = _plan_json("+recipe=gemma2_whisper_tp1", "lora=none")
+    plan = _plan_json("+recipe=gemma2_whisper_tp1", "lora=none", exit_code=2)  # refused (test_unfit_memory.py)
     assert plan["fits"] is False and plan["memory_per_gpu_gib"] > 79.1
+    assert [e.split("]")[0] for e in plan["errors"]] == ["error: [memory"]
     assert _plan_json("+recipe=gemma2_whisper_tp1")["fits"] is True
 
 

@@ -37,6 +37,10 @@ class LauncherConfig:
     srun_args: List[str] = field(default_factory=list)
     max_requeues: int = 3  # preemptions/time-outs resumed before the run gives up
     dry_run: bool = False  # print sbatch script and argv, submit nothing
+    # true: plan and submit a GPU run whose estimated memory on its most loaded stage exceeds
+    # the GPU's (launcher.gpu_type), which `audiollm plan` and `train` otherwise refuse
+    # (docs/memory.md: the estimate and the probe agree within a few percent).
+    allow_unfit_memory: bool = False
     # The job: a callable `f(run_dir: str)` run on every rank with the torch.distributed
     # environment set ("package.module.function" or "package.module:function").
     entry: str = "orchestrator.train.entry.main"
