@@ -11,13 +11,15 @@ Hydra's search path and add recipes and group entries, or replace shipped ones.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import difflib
 import re
 
 from typing import Sequence
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, ListConfig, OmegaConf
 
-from orchestrator.plan import config_path, paths
+from orchestrator.plan import config_path, paths, schema
 from orchestrator.plan.shorthands import expand_shorthands
 
 DEFAULT_RECIPE = paths.DEFAULT_RECIPE
@@ -165,10 +167,36 @@ def compose(overrides: Sequence[str] = ()) -> DictConfig:
             cfg = hydra_compose("config", overrides=overrides)
     except (HydraException, OmegaConfBaseException) as exc:
         raise ComposeError(_explain(exc, overrides)) from None
-    missing = _missing_values(cfg)
-    if missing:
-        raise ComposeError(f"invalid configuration (overrides: {' '.join(overrides)}):\n" + "\n".join(missing))
+    problems = _unknown_keys(cfg) + _missing_values(cfg)
+    if problems:
+        raise ComposeError(f"invalid configuration (overrides: {' '.join(overrides)}):\n" + "\n".join(problems))
     return cfg
+
+
+def _unknown_keys(node, path: str = "") -> list[str]:
+    """One line per key of the composed config that its section's schema (a dataclass of
+    orchestrator/plan/schema/) does not have: Hydra lets `+KEY=VALUE` and `++KEY=VALUE` add
+    one to a structured config, where nothing would read it (`+parallel.tpp=2` trained at
+    TP 1). The open dicts (OPEN_DICTS) take any key."""
+    lines = []
+    if isinstance(node, ListConfig):
+        for index in range(len(node)):
+            child = node._get_node(index)
+            if isinstance(child, (DictConfig, ListConfig)):
+                lines += _unknown_keys(child, f"{path}[{index}]")
+        return lines
+    kind = OmegaConf.get_type(node)
+    known = [f.name for f in dataclasses.fields(kind)] if dataclasses.is_dataclass(kind) else None
+    for key in node.keys():
+        full = f"{path}.{key}" if path else str(key)
+        if known is not None and key not in known:
+            lines.append("  " + _unknown_key_line(full, kind) + ": a key added with + or ++ would be kept and read "
+                                                                "by nothing")
+            continue
+        child = node._get_node(key)
+        if full not in OPEN_DICTS and isinstance(child, (DictConfig, ListConfig)):
+            lines += _unknown_keys(child, full)
+    return lines
 
 
 @contextlib.contextmanager
@@ -192,6 +220,16 @@ def _initialize(dirs: Sequence[config_path.UserDir]):
         yield
     finally:
         restore_gh_from_backup(backup)
+
+
+def _unknown_key_line(full_key: str, kind: type) -> str:
+    """The error for `full_key`, which the dataclass `kind` of its section has no field for,
+    with the closest field's key."""
+    path, _, key = full_key.split(" ")[0].rpartition(".")
+    close = difflib.get_close_matches(key, [f.name for f in dataclasses.fields(kind)], n=1)
+    hint = f"did you mean {path + '.' if path else ''}{close[0]}?" if close else "no setting there is named so"
+    return (f"error: [unknown_key] {full_key} is not a setting ({kind.__name__} has no {key!r}; {hint} a dry run, "
+            f"launcher.dry_run=true, prints every key)")
 
 
 def _missing_values(cfg) -> list[str]:
@@ -228,6 +266,13 @@ def _explain(exc: Exception, overrides: Sequence[str]) -> str:
     cause = exc.__cause__ or exc.__context__
     if cause is not None and str(cause).strip() and str(cause).strip() not in text:
         text += "\n" + str(cause).strip()
+    unknown = re.search(r"Key '\w+' not in '(\w+)'\s+full_key: (\S+)", text)
+    kind = getattr(schema, unknown.group(1), None) if unknown else None
+    if dataclasses.is_dataclass(kind):  # instead of Hydra's hint to add the key with +, which nothing reads
+        key, within = unknown.group(2), re.search(r"Could not override '([^']+)'", text)
+        if "." not in key and within and within.group(1) != key:  # a key of a value given whole (a list's entry)
+            key = f"{key} (in {within.group(1)})"
+        return f"invalid configuration (overrides: {' '.join(overrides)}):\n  {_unknown_key_line(key, kind)}"
     if "Could not find 'recipe/" in text:  # perhaps one of the user's, in a folder not given this time
         text += (f"\nYour own recipes are searched in the folders of --config-dir, ${config_path.ENV_VAR} and "
                  f"{config_path.PROJECT_FILE}'s config_path; `audiollm recipes` lists every recipe found.")

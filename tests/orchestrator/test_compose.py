@@ -41,6 +41,35 @@ def test_unknown_key_on_the_command_line_fails_with_its_path(override, key_path)
     assert key_path in str(info.value)
 
 
+@pytest.mark.parametrize("override, key_path, closest", [
+    ("+parallel.tpp=2", "parallel.tpp", "parallel.tp"),  # the form Hydra's own error suggests
+    ("++parallel.tpp=2", "parallel.tpp", "parallel.tp"),
+    ("+optim.lr_warmup=5", "optim.lr_warmup", "optim.lr_warmup_iters"),
+    ("+model.decoder.hiden_size=3", "model.decoder.hiden_size", "model.decoder.hidden_size"),
+    ("parallel.tpp=2", "parallel.tpp", "parallel.tp"),
+])
+def test_a_key_the_schema_lacks_is_refused_even_when_added_with_plus(override, key_path, closest):
+    """Hydra lets + and ++ add a key to a structured config, where it was kept in config.yaml
+    and read by nothing (+parallel.tpp=2 trained at TP 1): refused, naming the closest key,
+    and the error no longer suggests adding it with +."""
+    with pytest.raises(ComposeError) as info:
+        compose(["+recipe=tiny_cpu", override])
+    text = str(info.value)
+    assert f"[unknown_key] {key_path} is not a setting" in text and f"did you mean {closest}?" in text, text
+    assert "To append to your config" not in text, text
+
+
+def test_a_dataset_entry_key_the_schema_lacks_is_refused_naming_the_list_and_the_closest_key():
+    with pytest.raises(ComposeError) as info:
+        compose(["data.train=[{name: a, path: /data/a, weigth: 2}]"])
+    assert "weigth (in data.train) is not a setting" in str(info.value) and "did you mean weight?" in str(info.value)
+
+
+def test_the_open_dicts_take_any_key():
+    cfg = compose(["+launcher.additional_sbatch.mail-type=END", "launcher.additional_sbatch.comment=x"])
+    assert dict(cfg.launcher.additional_sbatch) == {"mail-type": "END", "comment": "x"}
+
+
 @pytest.mark.parametrize(
     "override, key_path",
     [("parallel.tp=four", "parallel.tp"), ("parallel.sp=maybe", "parallel.sp"), ("optim.lr=fast", "optim.lr")],
