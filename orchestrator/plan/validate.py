@@ -36,7 +36,7 @@ from orchestrator.plan.model_params import audio_tokens_per_clip
 from orchestrator.plan.parallel_dims import ParallelDims, canonical_nodes_problem, world_size as launcher_world
 from orchestrator.plan.topology import RANK_ORDERS
 from orchestrator.plan.wandb_settings import WANDB_MODES
-from orchestrator.plan import tasks
+from orchestrator.plan import checkpoint_model, tasks
 
 ERROR = "error"
 WARNING = "warning"
@@ -417,6 +417,12 @@ def check_init_checkpoint(model: ModelConfig, lora: LoraConfig) -> Iterator[Find
         problem = problem or frozen_source_problem(Path(path))
         if problem:
             yield _error("init_checkpoint", f"model.init_checkpoint={model.init_checkpoint}: {problem}")
+            return
+        other = checkpoint_model.mismatches(model, Path(path))
+        if other:  # the job would stop loading it, after the queue
+            yield _error("init_checkpoint", f"model.init_checkpoint={model.init_checkpoint} holds another model: "
+                                            f"{'; '.join(other)}. Point it at weights of this model, or choose the "
+                                            f"model config (and its family and shapes) the checkpoint was made for")
         return
     frozen = [f"model.{part}.freeze=true" for part in ("encoder", "adapter", "decoder")
               if getattr(model, part).freeze]
