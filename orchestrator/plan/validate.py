@@ -339,6 +339,12 @@ def check_distributed_optimizer(parallel: ParallelConfig, launcher: LauncherConf
 
 
 # --------------------------------------------------------------------------- model
+def _ordinal(n: int) -> str:
+    """2 -> "2nd", 6 -> "6th"."""
+    suffix = {1: "st", 2: "nd", 3: "rd"}.get(n % 10, "th") if n % 100 not in (11, 12, 13) else "th"
+    return f"{n}{suffix}"
+
+
 def check_decoder(model: ModelConfig) -> Iterator[Finding]:
     dec = model.decoder
     yield from _positive(
@@ -372,6 +378,16 @@ def check_decoder(model: ModelConfig) -> Iterator[Finding]:
     if family.local_rope and dec.rope_local_theta is None:
         yield _error("decoder", f"model.decoder.rope_local_theta is null: the {dec.family} family's sliding-window "
                                 f"layers rotate with their own RoPE base (Gemma 3: 10000, HF rope_local_base_freq)")
+    if family.sliding_window and dec.sliding_window is None:
+        yield _error("decoder", f"model.decoder.sliding_window is null: the {dec.family} family's layers attend within "
+                                f"a window on all but every {_ordinal(family.window_pattern)} layer (HF sliding_window: 4096 "
+                                f"for Gemma 2, 1024 for Gemma 3 from 4b up); without it every layer attends "
+                                f"globally, which is another model: set model.decoder.sliding_window")
+    elif family.sliding_window and dec.num_layers < family.window_pattern:
+        yield _error("decoder", f"model.decoder.num_layers={dec.num_layers} but the {dec.family} family's global "
+                                f"layer is every {_ordinal(family.window_pattern)} (HF layer_types): with fewer layers every "
+                                f"layer is windowed and none attends globally; use at least {family.window_pattern} "
+                                f"layers")
     if family.query_pre_attn_scalar and dec.query_pre_attn_scalar is None:
         yield _error("decoder", f"model.decoder.query_pre_attn_scalar is null: the {dec.family} family scales "
                                 f"queries by it (Gemma2: 256 at 2b and 9b, HF query_pre_attn_scalar)")
