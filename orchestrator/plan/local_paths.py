@@ -12,6 +12,7 @@ data.demo_corpus are written by `audiollm train` before it submits.
 from __future__ import annotations
 
 import glob
+import json
 import os
 from pathlib import Path
 from typing import Iterator, Optional
@@ -54,6 +55,26 @@ def _inside(path: str, root: Optional[str]) -> bool:
         return False
     root_abs, path_abs = os.path.abspath(root), os.path.abspath(path)
     return path_abs == root_abs or path_abs.startswith(root_abs.rstrip(os.sep) + os.sep)
+
+
+def local_dataset_dirs(path: str, demo_corpus: Optional[str]) -> list[str]:
+    """The MDS directories (with index.json) a local dataset path names on this machine,
+    globs expanded; [] for a remote one, one inside the demo corpus (written later) or one
+    not here."""
+    if is_remote(path) or _inside(path, demo_corpus):
+        return []
+    found = glob.glob(path) if any(c in path for c in GLOB_CHARS) else [path]
+    return sorted(p for p in found if (Path(p) / "index.json").is_file())
+
+
+def index_columns(dataset_dir: str) -> Optional[list[str]]:
+    """The columns of an MDS dataset's first shard as its index.json lists them (what the
+    loader checks at start, orchestrator.data.loader.check_columns); None where unreadable."""
+    try:
+        shards = json.loads((Path(dataset_dir) / "index.json").read_text()).get("shards") or []
+        return list(shards[0]["column_names"]) if shards else None
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return None
 
 
 def missing_inputs(tokenizer: Optional[str], datasets: list[tuple[str, str]],

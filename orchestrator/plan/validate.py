@@ -31,7 +31,7 @@ from orchestrator.plan.schema import (
     RunConfig,
     TrainConfig,
 )
-from orchestrator.plan.local_paths import missing_inputs
+from orchestrator.plan.local_paths import index_columns, local_dataset_dirs, missing_inputs
 from orchestrator.plan.model_params import audio_tokens_per_clip
 from orchestrator.plan.parallel_dims import ParallelDims, canonical_nodes_problem, world_size as launcher_world
 from orchestrator.plan.topology import RANK_ORDERS
@@ -667,6 +667,24 @@ def check_local_inputs(data: DataConfig, launcher: LauncherConfig) -> Iterator[F
                                             f"nodes at start, which must see it (launcher={launcher.kind})")
 
 
+def check_dataset_columns(data: DataConfig) -> Iterator[Finding]:
+    """Each local dataset this machine can read has the columns its entry reads (the
+    job's loader refuses it at start otherwise), from its index.json."""
+    for split in ("train", "validation"):
+        for entry in getattr(data, split) or []:
+            if tasks.entry_problems(entry, data, split):
+                continue  # said by check_data
+            needed = tasks.dataset_format(entry, data).required_columns()
+            for path in local_dataset_dirs(str(entry.path), data.demo_corpus):
+                have = index_columns(path)
+                missing = [f"{column!r} ({key})" for column, key in needed if have is not None and column not in have]
+                if missing:
+                    yield _error("dataset_columns", f"data.{split}[{entry.name}] ({path}) has no column "
+                                                    f"{', '.join(missing)}; its columns: {have}. Name its columns in "
+                                                    f"the entry (audio_field, text_field, instruction_field, "
+                                                    f"turns_field), or data.audio_field / data.text_field for all")
+
+
 def check_packing(data: DataConfig, optim: OptimConfig) -> Iterator[Finding]:
     if data.packing and data.packing_buffer < optim.micro_batch_size:
         yield _error(
@@ -893,6 +911,7 @@ def validate(cfg: AudioLLMConfig, purpose: str = "plan") -> list[Finding]:
         lambda: check_packing(cfg.data, cfg.optim),
         lambda: check_tokenizer(cfg.data, m, purpose),
         lambda: check_local_inputs(cfg.data, l),
+        lambda: check_dataset_columns(cfg.data),
         lambda: check_own_experiment(cfg.recipe, cfg.run),
         lambda: check_optim(cfg.optim, cfg.train),
         lambda: check_train(cfg.train, cfg.run),
