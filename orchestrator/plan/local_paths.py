@@ -50,7 +50,8 @@ def _shown(path: str) -> str:
     return path if os.path.isabs(path) else f"{path} (relative to {os.getcwd()})"
 
 
-def _inside(path: str, root: Optional[str]) -> bool:
+def inside(path: str, root: Optional[str]) -> bool:
+    """Whether `path` is `root` or below it (the demo corpus: written by `audiollm train` first)."""
     if not root:
         return False
     root_abs, path_abs = os.path.abspath(root), os.path.abspath(path)
@@ -61,7 +62,7 @@ def local_dataset_dirs(path: str, demo_corpus: Optional[str]) -> list[str]:
     """The MDS directories (with index.json) a local dataset path names on this machine,
     globs expanded; [] for a remote one, one inside the demo corpus (written later) or one
     not here."""
-    if is_remote(path) or _inside(path, demo_corpus):
+    if is_remote(path) or inside(path, demo_corpus):
         return []
     found = glob.glob(path) if any(c in path for c in GLOB_CHARS) else [path]
     return sorted(p for p in found if (Path(p) / "index.json").is_file())
@@ -81,10 +82,10 @@ def missing_inputs(tokenizer: Optional[str], datasets: list[tuple[str, str]],
                    demo_corpus: Optional[str]) -> Iterator[tuple[str, str]]:
     """(config key, what is missing) for each input this machine does not see: the
     tokenizer directory, each local dataset (`datasets`: (key, path), globs expanded)."""
-    if tokenizer and not _inside(tokenizer, demo_corpus) and not Path(tokenizer).is_dir():
+    if tokenizer and not inside(tokenizer, demo_corpus) and not Path(tokenizer).is_dir():
         yield "data.tokenizer", f"data.tokenizer={tokenizer}: no such directory {_shown(tokenizer)}"
     for key, path in datasets:
-        if is_remote(path) or _inside(path, demo_corpus):
+        if is_remote(path) or inside(path, demo_corpus):
             continue
         if any(c in path for c in GLOB_CHARS):
             if not any((Path(p) / "index.json").is_file() for p in glob.glob(path)):

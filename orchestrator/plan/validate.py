@@ -31,7 +31,7 @@ from orchestrator.plan.schema import (
     RunConfig,
     TrainConfig,
 )
-from orchestrator.plan.local_paths import index_columns, local_dataset_dirs, missing_inputs
+from orchestrator.plan.local_paths import index_columns, inside, local_dataset_dirs, missing_inputs
 from orchestrator.plan.model_params import audio_tokens_per_clip
 from orchestrator.plan.parallel_dims import ParallelDims, canonical_nodes_problem, world_size as launcher_world
 from orchestrator.plan.topology import RANK_ORDERS
@@ -600,6 +600,7 @@ def check_tokenizer(data: DataConfig, model: ModelConfig, purpose: str = "plan")
         vocab = read_vocabulary(data.tokenizer)
         specials = read_special_tokens(data.tokenizer)
     except FileNotFoundError:
+        yield from _prompt_of_another_family(data, model)
         return
     except TokenizerFileError as exc:
         yield _error("tokenizer", f"data.tokenizer={data.tokenizer}: {exc}")
@@ -632,6 +633,32 @@ def check_tokenizer(data: DataConfig, model: ModelConfig, purpose: str = "plan")
         yield _error("tokenizer_vocab", f"data.tokenizer={data.tokenizer} has {size} token ids but "
                                         f"model.decoder.vocab_size={model.decoder.vocab_size}: ids past the "
                                         f"embedding would fail; use the model's tokenizer or a larger vocab_size")
+
+
+def _prompt_of_another_family(data: DataConfig, model: ModelConfig) -> Iterator[Finding]:
+    """Where the tokenizer cannot be read here (a path only the cluster sees; a tokenizer the
+    demo corpus writes later is the job's to check): a chat format and audio placeholder
+    that are another family's and not this decoder's are refused all the same, since the
+    job would refuse them at start (a recipe composed with another family's model)."""
+    own = model.decoder.family
+    if own not in PROMPTS or inside(data.tokenizer, data.demo_corpus):
+        return
+    settings = {"prompt_template": data.prompt_template, "audio_token": data.audio_token}
+
+    def belongs(family: str) -> bool:
+        return any(settings[key] == PROMPTS[family][key] for key in settings)
+
+    others = [f for f in PROMPTS if f != own and PROMPTS[f] != PROMPTS[own] and belongs(f)]
+    if others and not belongs(own):
+        yield _error("prompt_family", f"data.prompt_template={data.prompt_template!r} and data.audio_token="
+                                      f"{data.audio_token!r} are the {others[0]} family's chat format, but "
+                                      f"model.decoder.family={own}: its tokenizer (data.tokenizer={data.tokenizer}, "
+                                      f"not on this machine: checked no further here) has another, and the job would "
+                                      f"refuse them at start. The {own} decoder's: {prompt_settings(own)}")
+    if data.add_bos and not PROMPTS[own]["add_bos"]:
+        yield _error("prompt_family", f"data.add_bos=true but the {own} family's tokenizers have no BOS token (the "
+                                      f"job would refuse it at start; data.tokenizer={data.tokenizer} is not on this "
+                                      f"machine): set data.add_bos=false")
 
 
 def check_own_experiment(recipe: str | None, run: RunConfig) -> Iterator[Finding]:

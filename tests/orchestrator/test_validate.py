@@ -388,3 +388,21 @@ def test_an_untied_output_layer_adds_its_weights_to_the_plan_but_not_its_logits_
     tied = resolve(compose([*LLAMA[:-1], "model.decoder.tie_embeddings=true"]), purpose="plan").memory
     assert untied["activations_gib"] == tied["activations_gib"]
     assert untied["weights_gib"] > tied["weights_gib"]
+
+
+def test_another_familys_prompt_is_refused_where_the_tokenizer_is_only_on_the_cluster():
+    """A recipe composed with another family's model, its tokenizer a path this machine
+    does not see: the chat format and placeholder are the recipe's family's, which the job
+    would refuse at start; said at plan time, with the model family's own settings."""
+    from orchestrator.plan.decoder_families import prompt_overrides
+
+    llama = ["+recipe=gemma2_whisper_tp1", "model=llama3_1_8b_whisper_large_v3", "data.tokenizer=/cluster/llama3"]
+    (error,) = [f.message for f in validate(to_object(compose(llama)), "plan") if f.rule == "prompt_family"]
+    assert "'<unused0>' are the gemma2 family's chat format, but model.decoder.family=llama" in error
+    assert "data.tokenizer=/cluster/llama3, not on this machine" in error and "<|start_header_id|>" in error
+    assert [f for f in validate(to_object(compose([*llama, *prompt_overrides("llama")])), "plan")
+            if f.rule == "prompt_family"] == []
+    qwen = ["+recipe=gemma2_whisper_tp1", "model=qwen2_5_7b_whisper_large_v3", "data.tokenizer=/cluster/qwen",
+            *prompt_overrides("qwen2"), "data.add_bos=true"]
+    (error,) = [f.message for f in validate(to_object(compose(qwen)), "plan") if f.rule == "prompt_family"]
+    assert "data.add_bos=true but the qwen2 family's tokenizers have no BOS token" in error
