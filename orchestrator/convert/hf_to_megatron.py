@@ -149,7 +149,11 @@ def main(argv: Optional[List[str]] = None) -> int:
     if args.tp < 1 or args.pp < 1:
         parser.error(f"--tp ({args.tp}) and --pp ({args.pp}) must be >= 1")
     start = time.perf_counter()
-    meta = convert(args.hf, args.out, args.whisper, args.adapter, args.peft)
+    try:
+        meta = convert(args.hf, args.out, args.whisper, args.adapter, args.peft)
+    except (ValueError, FileNotFoundError) as exc:  # what the project cannot represent, named: no traceback
+        print(f"not converted: {exc}", file=sys.stderr)
+        return 2
     print(f"wrote {args.out}: {meta['tensors']} tensors ({', '.join(meta['parts'])}; {meta['num_layers']} layers, "
           f"vocab {meta['vocab_size']}, {meta['dtype']}) in {time.perf_counter() - start:.1f} s; "
           f"loads at any TP/PP (model.init_checkpoint={args.out})")

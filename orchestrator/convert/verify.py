@@ -48,12 +48,26 @@ def verify(hf_dir: Path, ckpt_dir: Path, tp: int = 1, pp: int = 1, seq_len: Opti
         return json.loads(result_path.read_text())
 
 
+def hf_decoder_section(hf_dir: Path):
+    """The model.decoder section of what --verify compares in `hf_dir`: a HF decoder, the
+    decoder of an AudioLLM model directory, or a multimodal model's language model.
+    Raises ValueError (what the decoder families cannot represent) or FileNotFoundError."""
+    from orchestrator.convert.audiollm_dir import MODEL_TYPE
+    from orchestrator.convert.decoder_mapping import decoder_config_from_hf, hf_decoder_config
+    from orchestrator.convert.hf_io import MULTIMODAL_DECODERS, read_hf_config
+
+    config_dict = read_hf_config(hf_dir)
+    whole = config_dict.get("model_type") == MODEL_TYPE  # an AudioLLM model directory: its decoder is compared
+    # a multimodal model (Gemma 3 from 4b up): its language model is compared
+    text_key = "text_config" if whole else MULTIMODAL_DECODERS.get(config_dict.get("model_type"), (None,))[0]
+    return decoder_config_from_hf(hf_decoder_config(config_dict[text_key] if text_key else config_dict))
+
+
 def _worker(args) -> None:
     from megatron.core import parallel_state as ps
 
     from orchestrator.convert.audiollm_dir import MODEL_TYPE
-    from orchestrator.convert.decoder_mapping import decoder_config_from_hf, hf_decoder_config
-    from orchestrator.convert.hf_io import MULTIMODAL_DECODERS, read_hf_config
+    from orchestrator.convert.hf_io import read_hf_config
     from orchestrator.convert.megatron_forward import pipeline_forward
     from orchestrator.models.decoder_config import decoder_transformer_config
     from orchestrator.models.decoder_model import DecoderModel
@@ -65,12 +79,8 @@ def _worker(args) -> None:
     dtype = getattr(torch, args.dtype)
     # Exact fp32 matmuls: an fp32 comparison with HF must not run on TF32.
     device = init_distributed(ParallelDims(tp=tp, pp=pp), seed=0, allow_tf32=False)
-    config_dict = read_hf_config(args.hf)
-    whole = config_dict.get("model_type") == MODEL_TYPE  # an AudioLLM model directory: its decoder is compared
-    # a multimodal model (Gemma 3 from 4b up): its language model is compared
-    text_key = "text_config" if whole else MULTIMODAL_DECODERS.get(config_dict.get("model_type"), (None,))[0]
-    hf_cfg = hf_decoder_config(config_dict[text_key] if text_key else config_dict)
-    dec = decoder_config_from_hf(hf_cfg)
+    whole = read_hf_config(args.hf).get("model_type") == MODEL_TYPE
+    dec = hf_decoder_section(args.hf)
     config = decoder_transformer_config(dec, ParallelDims(tp=tp, pp=pp), dtype)
     model = DecoderModel(config, dec.vocab_size, dec.max_position_embeddings, pre_process=ps.is_pipeline_first_stage(),
                         post_process=ps.is_pipeline_last_stage(), rope_theta=dec.rope_theta,

@@ -155,12 +155,14 @@ def test_compare_weights_flags_the_norm_offset_mistake(tmp_path, hf_dir, capsys)
 
 
 def test_bad_sources_get_clear_errors(tmp_path, capsys):
-    with pytest.raises(FileNotFoundError, match="config.json not found: --hf must be a HF checkpoint directory"):
-        hf_to_megatron.main(["--hf", str(tmp_path), "--out", str(tmp_path / "out")])
+    """One line and exit status 2, no traceback, nothing written."""
+    assert hf_to_megatron.main(["--hf", str(tmp_path), "--out", str(tmp_path / "out")]) == 2
+    assert "config.json not found: --hf must be a HF checkpoint directory" in capsys.readouterr().err
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "phi3"}))
-    with pytest.raises(ValueError, match="model_type 'phi3' is not supported: the decoder families are gemma2, llama, "
-                                         "qwen2, qwen3, gemma3_text"):
-        hf_to_megatron.main(["--hf", str(tmp_path), "--out", str(tmp_path / "out")])
+    assert hf_to_megatron.main(["--hf", str(tmp_path), "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert "model_type 'phi3' is not supported: the decoder families are gemma2, llama, qwen2, qwen3, gemma3_text" in err
+    assert "Traceback" not in err and not (tmp_path / "out").exists()
     # megatron-to-hf says what to fix in one line, without a traceback
     assert megatron_to_hf.main(["--megatron", str(tmp_path), "--out", str(tmp_path / "back")]) == 2
     assert "is a HF checkpoint (model_type 'phi3'); convert it first" in capsys.readouterr().err
@@ -191,3 +193,21 @@ def test_gemma3s_multimodal_checkpoint_converts_its_language_model_and_verifies(
     for name, tensor in language_model.items():
         assert torch.equal(back["model." + name[len("model.language_model."):]], tensor), name
     assert json.loads((tmp_path / "back" / "config.json").read_text())["architectures"] == ["Gemma3ForCausalLM"]
+
+
+def test_a_layout_training_refuses_is_refused_by_verify_before_any_worker(tmp_path, capsys):
+    """`convert hf-to-megatron --verify` accepts the layouts `plan` accepts for training:
+    a Gemma 3 of one KV head at --tp 2 (which no training run can have) is refused in one
+    line, exit 2, before anything is converted."""
+    from orchestrator.cli import main
+    from tests.models.tiny_models import GEMMA3
+
+    src = tmp_path / "gemma3"
+    src.mkdir()
+    (src / "config.json").write_text(json.dumps({**GEMMA3, "num_key_value_heads": 1, "model_type": "gemma3_text"}))
+    assert main(["convert", "hf-to-megatron", "--hf", str(src), "--out", str(tmp_path / "out"), "--verify",
+                 "--tp", "2"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--verify --tp 2 --pp 1 is a layout no training run of this decoder" in err
+    assert "model.decoder.num_query_groups (1 KV heads) is not divisible by parallel.tp (2)" in err
+    assert not (tmp_path / "out").exists()
