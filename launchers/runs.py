@@ -27,7 +27,7 @@ class PreparedRun:
     plan: dict
     run_dir: Path
     resumes: bool = False
-    # How the layout differs from the latest checkpoint's (validate.layout_change).
+    # How the layout differs from the latest checkpoint's (rules/topology.layout_change).
     continuation: str | None = None
     # The recipe's file and the search path it was found on (compose.source).
     source: dict | None = None
@@ -53,7 +53,8 @@ def prepare(overrides: Sequence[str], run_dir: Path | None = None) -> tuple[Prep
 
     from orchestrator.plan.compose import ComposeError, source
     from orchestrator.plan.resolve import resolve, to_object
-    from orchestrator.plan.validate import ERROR, ConfigInvalid, validate
+    from orchestrator.plan.rules.findings import ERROR, ConfigInvalid
+    from orchestrator.plan.validate import validate
 
     try:
         cfg = _compose(overrides)
@@ -89,7 +90,7 @@ def continuation_of(run_dir: Path, plan: dict) -> tuple[str | None, list[str]]:
     layout (None: the same layout, or a checkpoint that did not record its own), and why
     it cannot, each naming the checkpoint (its frozen weights, left elsewhere, gone)."""
     from orchestrator.plan.checkpoint_dirs import frozen_source_problem, saved_layout
-    from orchestrator.plan.validate import layout_change
+    from orchestrator.plan.rules.topology import layout_change
 
     name, saved = saved_layout(run_dir)
     frozen_problem = frozen_source_problem(run_dir / "checkpoints" / name) if name else None

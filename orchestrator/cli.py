@@ -54,7 +54,7 @@ def convert_main(argv: Sequence[str]) -> int:
 def _verify_layout_refused(direction: str, argv: Sequence[str]) -> Optional[str]:
     """`hf-to-megatron --verify --tp T --pp P`: the layout is checked before anything is
     converted or a worker starts, by the rules a training run at parallel.tp=T,
-    parallel.pp=P meets (orchestrator/plan/validate.py), so that what converts and verifies
+    parallel.pp=P meets (orchestrator/plan/rules/topology.py), so that what converts and verifies
     is what trains. One line naming them; None to go on."""
     if direction != "hf-to-megatron":
         return None
@@ -68,7 +68,7 @@ def _verify_layout_refused(direction: str, argv: Sequence[str]) -> Optional[str]
         return None  # the conversion's own parser says what is wrong
     from orchestrator.convert.verify import hf_decoder_section
     from orchestrator.plan.schema import ModelConfig, ParallelConfig
-    from orchestrator.plan.validate import check_heads, check_layers
+    from orchestrator.plan.rules.topology import check_heads, check_layers
 
     try:
         model = ModelConfig(decoder=hf_decoder_section(args.hf))
@@ -113,7 +113,8 @@ def plan_main(argv: Sequence[str]) -> int:
 def _plan(args: argparse.Namespace) -> int:
     from orchestrator.plan.compose import ComposeError, compose
     from orchestrator.plan.resolve import resolve, to_object
-    from orchestrator.plan.validate import ConfigInvalid, validate
+    from orchestrator.plan.rules.findings import ConfigInvalid
+    from orchestrator.plan.validate import validate
 
     if args.multirun:
         return _plan_sweep(args)

@@ -29,7 +29,7 @@ ENCODER_SUBDIR = "whisper_encoder"
 ADAPTER_SUBDIR = "audio_adapter"
 MANIFEST = "manifest.json"
 # A run's checkpoint: the parallel layout that wrote it, its data order's canonical
-# nodes and the distributed optimizer's layout (None: none), for validate.layout_change.
+# nodes and the distributed optimizer's layout (None: none), for rules/topology.layout_change.
 LAYOUT = "layout.json"
 # A run's checkpoint that leaves out the frozen weights it loaded from another checkpoint
 # (model.init_checkpoint; train.save_frozen_weights=false): which tensors, where they are,

@@ -24,7 +24,9 @@ from orchestrator.plan.megatron_args import megatron_args, padded_vocab_size, pl
 from orchestrator.plan.megatron_fields import transformer_fields
 from orchestrator.plan.schema import AudioLLMConfig
 from orchestrator.plan.resolved import Plan
-from orchestrator.plan.validate import ERROR, ConfigInvalid, Finding, check, parallel_dims, validate, world_size
+from orchestrator.plan.rules.findings import ERROR, ConfigInvalid, Finding
+from orchestrator.plan.rules.topology import parallel_dims, world_size
+from orchestrator.plan.validate import check, validate
 
 
 def to_object(cfg: DictConfig | AudioLLMConfig) -> AudioLLMConfig:

@@ -28,7 +28,7 @@ from tests.train.jobs import launch
 HERE = Path(__file__).parent
 REPO = HERE.parent.parent
 ITERS = 12
-# name -> (tp, pp, overrides): the CTC loss needs pp 1 (validate.check_ctc). The export of
+# name -> (tp, pp, overrides): the CTC loss needs pp 1 (orchestrator/plan/rules/run.check_ctc). The export of
 # each family beside Gemma2: a Llama decoder at PP2 (untied output layer, Llama 3's RoPE
 # scaling); a Qwen3 one at TP2+SP (QK-norm) with a tokenizer of Qwen's layout and Qwen's
 # prompt (no BOS); a Gemma 3 one of 6 layers (one global, its local RoPE base, linear

@@ -8,7 +8,8 @@ import pytest
 from orchestrator.plan.compose import compose
 from orchestrator.data.tokenizer_build import build_tokenizer, load_tokenizer
 from orchestrator.plan.resolve import to_object
-from orchestrator.plan.validate import ERROR, validate
+from orchestrator.plan.rules.findings import ERROR
+from orchestrator.plan.validate import validate
 from tests.data.conftest import WORDS, tone_samples, write_mds
 
 GEMMA2_SPECIALS = ["<pad>", "<eos>", "<bos>", "<unk>", "<mask>", "[multimodal]",

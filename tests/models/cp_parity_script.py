@@ -78,7 +78,7 @@ def make_batch(frames_of) -> dict:
 def provider_for(model_cfg, parallel, ctc: bool):
     """The product's provider without a tokenizer on disk (placeholder id and special
     tokens given), with or without the auxiliary CTC loss (it needs pp = 1:
-    orchestrator.plan.validate.check_ctc)."""
+    orchestrator.plan.rules.run.check_ctc)."""
     from orchestrator.train.audiollm_provider import AudioLLMProvider
 
     return AudioLLMProvider(model_cfg, parallel, audio_token_id=AUDIO_ID, special_ids={0, 1}, ctc_weight=0.3 * ctc)

@@ -13,7 +13,8 @@ import pytest
 
 from orchestrator.plan.compose import compose
 from orchestrator.plan.resolve import to_object
-from orchestrator.plan.validate import ERROR, validate
+from orchestrator.plan.rules.findings import ERROR
+from orchestrator.plan.validate import validate
 from tests.distributed_run import torchrun
 from tests.models.compile_script import RECIPES
 from tests.tolerances import FP32_REORDER

@@ -6,8 +6,8 @@ no-op: a user sets it, composition accepts it, and nothing changes
 of every dataclass reachable from the root config, AudioLLMConfig (nested
 sections, and entries of lists such as `data.train[]` and `lora.lr_groups[]`),
 and looks for a read of it in the product sources: orchestrator/**/*.py and
-launchers/**/*.py, minus orchestrator/plan/schema/ (declares) and orchestrator/plan/validate.py
-(checks values, does not use them: in this repository's history lora.alpha,
+launchers/**/*.py, minus orchestrator/plan/schema/ (declares), orchestrator/plan/validate.py and its
+rules, orchestrator/plan/rules/ (check values, do not use them: in this repository's history lora.alpha,
 logger.* and train.eval_interval were validated before any code used them). YAML
 under conf/ and recipes/ only sets values, so it does not count either.
 
@@ -42,7 +42,8 @@ from orchestrator.plan.schema import AudioLLMConfig
 
 ROOT = Path(__file__).resolve().parents[2]
 PRODUCT_DIRS = (ROOT / "orchestrator", ROOT / "launchers")
-NOT_READERS = (ROOT / "orchestrator" / "plan" / "schema", ROOT / "orchestrator" / "plan" / "validate.py")
+NOT_READERS = (ROOT / "orchestrator" / "plan" / "schema", ROOT / "orchestrator" / "plan" / "validate.py",
+               ROOT / "orchestrator" / "plan" / "rules")
 
 # Everyday words: a read of one proves little unless the enclosing section is near.
 GENERIC = {"name", "path", "enabled", "kind", "mode", "weight", "seed", "backend", "entry", "setup", "wait"}

@@ -9,7 +9,8 @@ import pytest
 from orchestrator.plan import paths
 from orchestrator.plan.compose import compose
 from orchestrator.plan.resolve import resolve, to_object
-from orchestrator.plan.validate import ERROR, ConfigInvalid, validate
+from orchestrator.plan.rules.findings import ERROR, ConfigInvalid
+from orchestrator.plan.validate import validate
 
 TP4PP2 = "+recipe=gemma2_whisper_tp4pp2"
 TINY2 = ["launcher.gpus_per_node=2"]  # tiny model on 2 CPU processes

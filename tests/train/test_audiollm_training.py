@@ -75,7 +75,7 @@ def test_audiollm_trains_at_tp2_and_pp2(corpus, tp2_straight, tmp_path):
     # DDP, the schedule and every layer read one TransformerConfig, the Plan's (its TP size included)
     assert all(r["one_config"] for r in tp_out["ranks"])
 
-    # The auxiliary CTC loss needs pp=1 (validate.check_ctc); the TP=2 run trains with it.
+    # The auxiliary CTC loss needs pp=1 (orchestrator/plan/rules/run.check_ctc); the TP=2 run trains with it.
     pp_dir = write_audiollm_run_dir(tmp_path / "pp2", corpus, pp=2, iters=ITERS,
                                     extra=["data.packing=true", "model.adapter.ctc_weight=0"])
     pp_out = result(launch("job_script.py", 2, "train", str(pp_dir), log_dir=tmp_path))

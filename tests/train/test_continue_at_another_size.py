@@ -8,7 +8,7 @@ from __future__ import annotations
 
 
 def test_a_distributed_optimizer_checkpoint_continues_at_another_data_parallel_size_only():
-    from orchestrator.plan.validate import layout_change
+    from orchestrator.plan.rules.topology import layout_change
     from orchestrator.train.checkpoint import optimizer_reshard_problem
 
     saved = {"tp": 1, "pp": 2, "cp": 1, "dp": 4}
