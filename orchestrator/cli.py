@@ -11,8 +11,7 @@ import importlib
 import json
 import signal
 import sys
-from pathlib import Path
-from typing import Callable, Optional, Sequence
+from typing import Callable, Sequence
 
 # Commands implemented elsewhere: name -> (module, function, one-line help). The
 # function takes the remaining argv and returns an exit code.
@@ -43,43 +42,8 @@ def convert_main(argv: Sequence[str]) -> int:
     if not argv or argv[0] not in CONVERSIONS:
         print("usage: audiollm convert {" + ",".join(CONVERSIONS) + "} [--help] ...", file=sys.stderr)
         return 0 if argv and argv[0] in ("-h", "--help") else 2
-    refused = _verify_layout_refused(argv[0], argv[1:])
-    if refused:
-        print(refused, file=sys.stderr)
-        return 2
     module_name, function_name = CONVERSIONS[argv[0]]
     return int(getattr(importlib.import_module(module_name), function_name)(list(argv[1:])) or 0)
-
-
-def _verify_layout_refused(direction: str, argv: Sequence[str]) -> Optional[str]:
-    """`hf-to-megatron --verify --tp T --pp P`: the layout is checked before anything is
-    converted or a worker starts, by the rules a training run at parallel.tp=T,
-    parallel.pp=P meets (orchestrator/plan/rules/topology.py), so that what converts and verifies
-    is what trains. One line naming them; None to go on."""
-    if direction != "hf-to-megatron":
-        return None
-    parser = argparse.ArgumentParser(add_help=False)
-    parser.add_argument("--hf", type=Path)
-    parser.add_argument("--tp", type=int, default=1)
-    parser.add_argument("--pp", type=int, default=1)
-    parser.add_argument("--verify", action="store_true")
-    args, _ = parser.parse_known_args(list(argv))
-    if not args.verify or args.hf is None or args.tp < 1 or args.pp < 1:
-        return None  # the conversion's own parser says what is wrong
-    from orchestrator.convert.verify import hf_decoder_section
-    from orchestrator.plan.schema import ModelConfig, ParallelConfig
-    from orchestrator.plan.rules.topology import check_heads, check_layers
-
-    try:
-        model = ModelConfig(decoder=hf_decoder_section(args.hf))
-    except (ValueError, FileNotFoundError) as exc:
-        return f"not converted: {exc}"
-    parallel = ParallelConfig(tp=args.tp, pp=args.pp)
-    problems = [f.message for f in (*check_heads(parallel, model), *check_layers(parallel, model))]
-    if not problems:
-        return None
-    return (f"not converted: --verify --tp {args.tp} --pp {args.pp} is a layout no training run of this decoder "
-            f"({args.hf}) can have: {'; '.join(problems)}")
 
 
 def _plan_parser() -> argparse.ArgumentParser:

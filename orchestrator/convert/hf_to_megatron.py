@@ -126,6 +126,22 @@ def convert(hf_dir: Path, out_dir: Path, whisper_dir: Optional[Path] = None, ada
     return meta
 
 
+def check_verify_layout(hf_dir: Path, tp: int, pp: int) -> None:
+    """--verify at `tp` x `pp` checks the layout before anything is converted or a worker
+    starts, by the rules a training run at parallel.tp, parallel.pp meets
+    (orchestrator/plan/rules/topology.py): what converts and verifies is what trains.
+    Raises ValueError naming them."""
+    from orchestrator.convert.verify import hf_decoder_section
+    from orchestrator.plan.rules.topology import check_heads, check_layers
+    from orchestrator.plan.schema import ModelConfig, ParallelConfig
+
+    model, parallel = ModelConfig(decoder=hf_decoder_section(hf_dir)), ParallelConfig(tp=tp, pp=pp)
+    problems = [f.message for f in (*check_heads(parallel, model), *check_layers(parallel, model))]
+    if problems:
+        raise ValueError(f"--verify --tp {tp} --pp {pp} is a layout no training run of this decoder ({hf_dir}) can "
+                         f"have: {'; '.join(problems)}")
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     parser = argparse.ArgumentParser(prog="audiollm convert hf-to-megatron", description=__doc__.split("\n\n")[1])
     parser.add_argument("--hf", required=True, type=Path, help="HF decoder checkpoint directory (or an AudioLLM model directory)")
@@ -150,6 +166,8 @@ def main(argv: Optional[List[str]] = None) -> int:
         parser.error(f"--tp ({args.tp}) and --pp ({args.pp}) must be >= 1")
     start = time.perf_counter()
     try:
+        if args.verify:
+            check_verify_layout(args.hf, args.tp, args.pp)
         meta = convert(args.hf, args.out, args.whisper, args.adapter, args.peft)
     except (ValueError, FileNotFoundError) as exc:  # what the project cannot represent, named: no traceback
         print(f"not converted: {exc}", file=sys.stderr)
