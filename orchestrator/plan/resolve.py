@@ -123,7 +123,7 @@ def resolve(cfg: DictConfig | AudioLLMConfig, purpose: str = "plan", keep_errors
     fields = transformer_fields(obj.model, p, on_gpu=gpu)
     args = megatron_args(obj.model, p, obj.data, optim, obj.train, on_gpu=gpu, dp=dp, fields=fields)
     argv = render_argv(args)
-    argument = {a.dest: a.value for a in args}
+    planned_args = plan_args(args)
     inventory = est.inventory_for(obj)
     stages = est.stage_params(inventory, obj.model, p, encoder_fp32=encoder_precision_of(obj) == "fp32")
     num_microbatches = optim.global_batch_size // (optim.micro_batch_size * dp)
@@ -145,14 +145,14 @@ def resolve(cfg: DictConfig | AudioLLMConfig, purpose: str = "plan", keep_errors
     step_estimate = None
     if gpu:
         step_estimate = asdict(estimate_layout(obj, inventory, stages, dp, num_microbatches,
-                                               overlap_grad_reduce=bool(argument.get("overlap_grad_reduce"))))
+                                               overlap_grad_reduce=bool(planned_args.get("overlap_grad_reduce"))))
     return Plan(
         recipe=obj.recipe,
         dims=dims,
         num_microbatches=num_microbatches,
         padded_vocab_size=padded_vocab_size(obj.model.decoder.vocab_size, p.tp),
         tokens_per_step=optim.global_batch_size * obj.data.seq_length,
-        megatron_args=plan_args(args),
+        megatron_args=planned_args,
         argv=argv,
         transformer_fields=fields,
         model_extensions=model_extensions(obj, argv),

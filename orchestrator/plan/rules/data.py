@@ -31,18 +31,18 @@ def check_data(data: DataConfig, model: ModelConfig, purpose: str) -> Iterator[F
     yield from one_of("data", "data.features_on", data.features_on, ("cpu", "device"))
     if not 0.0 <= data.max_bad_fraction <= 1.0:
         yield error("data", f"data.max_bad_fraction={data.max_bad_fraction} must be between 0 and 1 (a share of "
-                             f"a dataset's samples; 0.01 stops the run when over 1% of one dataset is bad)")
+                            f"a dataset's samples; 0.01 stops the run when over 1% of one dataset is bad)")
     if data.num_workers < 0:
         yield error("data_workers", f"data.num_workers={data.num_workers} must be >= 0 "
-                                     f"(0 decodes in the training process)")
+                                    f"(0 decodes in the training process)")
     if data.cache_limit is not None and not _CACHE_LIMIT.match(str(data.cache_limit)):
         yield error("data", f"data.cache_limit={data.cache_limit!r} is not a size: use bytes or a number with "
-                             f"kb, mb, gb or tb (e.g. 200gb), or null for no limit")
+                            f"kb, mb, gb or tb (e.g. 200gb), or null for no limit")
     if data.download_retry < 0:
         yield error("data", f"data.download_retry={data.download_retry} must be >= 0")
     if data.demo_corpus and data.demo_corpus_samples < 1:
         yield error("data", f"data.demo_corpus_samples={data.demo_corpus_samples} must be >= 1 "
-                             f"(training utterances written into data.demo_corpus={data.demo_corpus})")
+                            f"(training utterances written into data.demo_corpus={data.demo_corpus})")
     if data.feature_cache_mb < 0:
         yield error("data", f"data.feature_cache_mb={data.feature_cache_mb} must be >= 0 (0 disables the cache)")
     if data.max_audio_seconds <= 0:
@@ -118,14 +118,14 @@ def check_tokenizer(data: DataConfig, model: ModelConfig, purpose: str = "plan")
     own = PROMPTS[family]
     if data.audio_token not in vocab:
         yield error("audio_token", f"data.audio_token={data.audio_token!r} is not one token of data.tokenizer="
-                                    f"{data.tokenizer}; choose a token the tokenizer already has (for {family} "
-                                    f"{own['audio_token']!r}): a new token would need an embedding row the "
-                                    f"checkpoint lacks")
+                                   f"{data.tokenizer}; choose a token the tokenizer already has (for {family} "
+                                   f"{own['audio_token']!r}): a new token would need an embedding row the "
+                                   f"checkpoint lacks")
     for key, setting in (("bos_token", "add_bos"), ("eos_token", "add_eos")):
         if getattr(data, setting) and key in specials and specials[key] is None:
             yield error("tokenizer_specials", f"data.{setting}=true but data.tokenizer={data.tokenizer} has no "
-                                               f"{key[:3]} token ({key} is null in its tokenizer_config.json, as "
-                                               f"in Qwen's): set data.{setting}=false")
+                                              f"{key[:3]} token ({key} is null in its tokenizer_config.json, as "
+                                              f"in Qwen's): set data.{setting}=false")
     # A turn marker of another family's chat format is no token of this tokenizer: it would
     # be trained as the text pieces it splits into, a prompt the model never saw.
     templates = [("data.prompt_template", data.prompt_template), ("data.response_suffix", data.response_suffix)]
@@ -135,13 +135,13 @@ def check_tokenizer(data: DataConfig, model: ModelConfig, purpose: str = "plan")
                  if (found := sorted({m for m in _TURN_MARKER.findall(text) if m != "<SpeechHere>" and m not in vocab}))]
     if strangers:
         yield error("prompt_tokens", f"{'; '.join(strangers)}: markers data.tokenizer={data.tokenizer} does not "
-                                      f"have as one token, so the prompt is another chat format's. The {family} "
-                                      f"decoder's: {prompt_settings(family)}")
+                                     f"have as one token, so the prompt is another chat format's. The {family} "
+                                     f"decoder's: {prompt_settings(family)}")
     size = max(vocab.values()) + 1
     if size > model.decoder.vocab_size:
         yield error("tokenizer_vocab", f"data.tokenizer={data.tokenizer} has {size} token ids but "
-                                        f"model.decoder.vocab_size={model.decoder.vocab_size}: ids past the "
-                                        f"embedding would fail; use the model's tokenizer or a larger vocab_size")
+                                       f"model.decoder.vocab_size={model.decoder.vocab_size}: ids past the "
+                                       f"embedding would fail; use the model's tokenizer or a larger vocab_size")
 
 
 def _prompt_of_another_family(data: DataConfig, model: ModelConfig) -> Iterator[Finding]:
@@ -160,14 +160,14 @@ def _prompt_of_another_family(data: DataConfig, model: ModelConfig) -> Iterator[
     others = [f for f in PROMPTS if f != own and PROMPTS[f] != PROMPTS[own] and belongs(f)]
     if others and not belongs(own):
         yield error("prompt_family", f"data.prompt_template={data.prompt_template!r} and data.audio_token="
-                                      f"{data.audio_token!r} are the {others[0]} family's chat format, but "
-                                      f"model.decoder.family={own}: its tokenizer (data.tokenizer={data.tokenizer}, "
-                                      f"not on this machine: checked no further here) has another, and the job would "
-                                      f"refuse them at start. The {own} decoder's: {prompt_settings(own)}")
+                                     f"{data.audio_token!r} are the {others[0]} family's chat format, but "
+                                     f"model.decoder.family={own}: its tokenizer (data.tokenizer={data.tokenizer}, "
+                                     f"not on this machine: checked no further here) has another, and the job would "
+                                     f"refuse them at start. The {own} decoder's: {prompt_settings(own)}")
     if data.add_bos and not PROMPTS[own]["add_bos"]:
         yield error("prompt_family", f"data.add_bos=true but the {own} family's tokenizers have no BOS token (the "
-                                      f"job would refuse it at start; data.tokenizer={data.tokenizer} is not on this "
-                                      f"machine): set data.add_bos=false")
+                                     f"job would refuse it at start; data.tokenizer={data.tokenizer} is not on this "
+                                     f"machine): set data.add_bos=false")
 
 
 def check_local_inputs(data: DataConfig, launcher: LauncherConfig) -> Iterator[Finding]:
@@ -179,10 +179,10 @@ def check_local_inputs(data: DataConfig, launcher: LauncherConfig) -> Iterator[F
     for _, problem in missing_inputs(data.tokenizer, datasets, data.demo_corpus):
         if launcher.kind == "local":
             yield error("local_paths", f"{problem}; launcher=local runs the job on this machine, where it would "
-                                        f"stop at start: point it at what exists here (or write it first)")
+                                       f"stop at start: point it at what exists here (or write it first)")
         else:
             yield warning("cluster_paths", f"{problem} (seen from this machine): the job reads it on the compute "
-                                            f"nodes at start, which must see it (launcher={launcher.kind})")
+                                           f"nodes at start, which must see it (launcher={launcher.kind})")
 
 
 def check_dataset_columns(data: DataConfig) -> Iterator[Finding]:
@@ -198,9 +198,9 @@ def check_dataset_columns(data: DataConfig) -> Iterator[Finding]:
                 missing = [f"{column!r} ({key})" for column, key in needed if have is not None and column not in have]
                 if missing:
                     yield error("dataset_columns", f"data.{split}[{entry.name}] ({path}) has no column "
-                                                    f"{', '.join(missing)}; its columns: {have}. Name its columns in "
-                                                    f"the entry (audio_field, text_field, instruction_field, "
-                                                    f"turns_field), or data.audio_field / data.text_field for all")
+                                                   f"{', '.join(missing)}; its columns: {have}. Name its columns in "
+                                                   f"the entry (audio_field, text_field, instruction_field, "
+                                                   f"turns_field), or data.audio_field / data.text_field for all")
 
 
 def check_packing(data: DataConfig, optim: OptimConfig) -> Iterator[Finding]:

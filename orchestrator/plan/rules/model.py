@@ -51,27 +51,27 @@ def check_decoder(model: ModelConfig) -> Iterator[Finding]:
     for key, used in applies.items():
         if not used and getattr(dec, key) is not None:
             yield error("decoder", f"model.decoder.{key}={getattr(dec, key)} does not apply to the "
-                                    f"{dec.family} decoder family: set it to null (model.decoder.{key}=null)")
+                                   f"{dec.family} decoder family: set it to null (model.decoder.{key}=null)")
     for key, used in applies.items():
         value = getattr(dec, key)
         if used and value is not None and value <= 0:
             yield error("decoder", f"model.decoder.{key}={value} must be positive or null (none)")
     if family.local_rope and dec.rope_local_theta is None:
         yield error("decoder", f"model.decoder.rope_local_theta is null: the {dec.family} family's sliding-window "
-                                f"layers rotate with their own RoPE base (Gemma 3: 10000, HF rope_local_base_freq)")
+                               f"layers rotate with their own RoPE base (Gemma 3: 10000, HF rope_local_base_freq)")
     if family.sliding_window and dec.sliding_window is None:
         yield error("decoder", f"model.decoder.sliding_window is null: the {dec.family} family's layers attend within "
-                                f"a window on all but every {_ordinal(family.window_pattern)} layer (HF sliding_window: 4096 "
-                                f"for Gemma 2, 1024 for Gemma 3 from 4b up); without it every layer attends "
-                                f"globally, which is another model: set model.decoder.sliding_window")
+                               f"a window on all but every {_ordinal(family.window_pattern)} layer (HF sliding_window: 4096 "
+                               f"for Gemma 2, 1024 for Gemma 3 from 4b up); without it every layer attends "
+                               f"globally, which is another model: set model.decoder.sliding_window")
     elif family.sliding_window and dec.num_layers < family.window_pattern:
         yield error("decoder", f"model.decoder.num_layers={dec.num_layers} but the {dec.family} family's global "
-                                f"layer is every {_ordinal(family.window_pattern)} (HF layer_types): with fewer layers every "
-                                f"layer is windowed and none attends globally; use at least {family.window_pattern} "
-                                f"layers")
+                               f"layer is every {_ordinal(family.window_pattern)} (HF layer_types): with fewer layers every "
+                               f"layer is windowed and none attends globally; use at least {family.window_pattern} "
+                               f"layers")
     if family.query_pre_attn_scalar and dec.query_pre_attn_scalar is None:
         yield error("decoder", f"model.decoder.query_pre_attn_scalar is null: the {dec.family} family scales "
-                                f"queries by it (Gemma2: 256 at 2b and 9b, HF query_pre_attn_scalar)")
+                               f"queries by it (Gemma2: 256 at 2b and 9b, HF query_pre_attn_scalar)")
 
 
 def check_encoder(model: ModelConfig) -> Iterator[Finding]:
@@ -118,8 +118,8 @@ def check_init_checkpoint(model: ModelConfig, lora: LoraConfig) -> Iterator[Find
         other = checkpoint_model.mismatches(model, Path(path))
         if other:  # the job would stop loading it, after the queue
             yield error("init_checkpoint", f"model.init_checkpoint={model.init_checkpoint} holds another model: "
-                                            f"{'; '.join(other)}. Point it at weights of this model, or choose the "
-                                            f"model config (and its family and shapes) the checkpoint was made for")
+                                           f"{'; '.join(other)}. Point it at weights of this model, or choose the "
+                                           f"model config (and its family and shapes) the checkpoint was made for")
         return
     frozen = [f"model.{part}.freeze=true" for part in ("encoder", "adapter", "decoder")
               if getattr(model, part).freeze]
@@ -127,15 +127,15 @@ def check_init_checkpoint(model: ModelConfig, lora: LoraConfig) -> Iterator[Find
         frozen.append(f"lora.rank={lora.rank} (LoRA freezes the adapted decoder weights)")
     if frozen and model.allow_frozen_random:
         yield warning("frozen_random", f"{', '.join(frozen)} with random weights (model.init_checkpoint is null, "
-                                        f"model.allow_frozen_random=true): for measuring speed and memory only, the "
-                                        f"losses mean nothing")
+                                       f"model.allow_frozen_random=true): for measuring speed and memory only, the "
+                                       f"losses mean nothing")
     elif frozen:
         yield error("frozen_random", f"{', '.join(frozen)} but model.init_checkpoint is null: frozen weights would "
-                                      f"stay at their random initial values; set model.init_checkpoint to pretrained "
-                                      f"weights (`audiollm convert hf-to-megatron --hf HF_DECODER_DIR --whisper "
-                                      f"WHISPER_DIR --out DIR`), or unfreeze to train from scratch "
-                                      f"(model.encoder.freeze=false, lora=none), or to measure speed and memory only "
-                                      f"set model.allow_frozen_random=true")
+                                     f"stay at their random initial values; set model.init_checkpoint to pretrained "
+                                     f"weights (`audiollm convert hf-to-megatron --hf HF_DECODER_DIR --whisper "
+                                     f"WHISPER_DIR --out DIR`), or unfreeze to train from scratch "
+                                     f"(model.encoder.freeze=false, lora=none), or to measure speed and memory only "
+                                     f"set model.allow_frozen_random=true")
 
 
 def check_trained_encoder_precision(model: ModelConfig, lora: LoraConfig, launcher: LauncherConfig) -> Iterator[Finding]:
@@ -146,10 +146,10 @@ def check_trained_encoder_precision(model: ModelConfig, lora: LoraConfig, launch
     if model.encoder.precision == "fp32" and trains and launcher.accelerator == "gpu":
         how = "model.encoder.freeze=false" if not model.encoder.freeze else f"lora.encoder=true (lora.rank={lora.rank})"
         yield error("encoder_precision",
-                     f"model.encoder.precision=fp32 with a trained encoder ({how}) on launcher.accelerator=gpu: a GPU "
-                     f"run trains in bf16, and megatron's bf16 optimizer keeps fp32 master weights of bf16 "
-                     f"parameters only; use model.encoder.precision=auto (bf16 on GPUs), or freeze the encoder "
-                     f"to keep it in fp32")
+                    f"model.encoder.precision=fp32 with a trained encoder ({how}) on launcher.accelerator=gpu: a GPU "
+                    f"run trains in bf16, and megatron's bf16 optimizer keeps fp32 master weights of bf16 "
+                    f"parameters only; use model.encoder.precision=auto (bf16 on GPUs), or freeze the encoder "
+                    f"to keep it in fp32")
 
 
 def check_backend(model: ModelConfig, launcher: LauncherConfig) -> Iterator[Finding]:
@@ -162,7 +162,7 @@ def check_backend(model: ModelConfig, launcher: LauncherConfig) -> Iterator[Find
     yield from one_of("encoder_precision", "model.encoder.precision", model.encoder.precision, ENCODER_PRECISIONS)
     if model.encoder.precision == "bf16" and launcher.accelerator == "cpu":
         yield error("encoder_precision", "model.encoder.precision=bf16 runs on GPUs but launcher.accelerator=cpu; "
-                                          "use model.encoder.precision=auto or fp32")
+                                         "use model.encoder.precision=auto or fp32")
     yield from one_of("attention", "model.attention", model.attention, ATTENTION_CHOICES)
     if model.attention == "flex" and launcher.accelerator == "cpu":
         yield error(
@@ -174,8 +174,8 @@ def check_backend(model: ModelConfig, launcher: LauncherConfig) -> Iterator[Find
         yield from one_of("fp8", "model.fp8", model.fp8, ("hybrid", "e4m3"))
         if model.backend != "te" or launcher.accelerator != "gpu":
             yield error("fp8", f"model.fp8={model.fp8} runs in TransformerEngine's linears on GPUs, but model.backend="
-                                f"{model.backend} and launcher.accelerator={launcher.accelerator}; set model.fp8=null, or "
-                                "model.backend=te with launcher.accelerator=gpu")
+                               f"{model.backend} and launcher.accelerator={launcher.accelerator}; set model.fp8=null, or "
+                               "model.backend=te with launcher.accelerator=gpu")
 
 
 def check_compile(model: ModelConfig, parallel: ParallelConfig) -> Iterator[Finding]:
@@ -186,4 +186,4 @@ def check_compile(model: ModelConfig, parallel: ParallelConfig) -> Iterator[Find
         return
     for setting, reason, fix in compile_blockers(model.backend, parallel.recompute.granularity):
         yield error("compile", f"model.compile=layers with {setting}: {reason}; use {fix}, or model.compile=auto "
-                                f"(compiles where it can) or none")
+                               f"(compiles where it can) or none")

@@ -34,9 +34,9 @@ def check_own_experiment(recipe: str | None, run: RunConfig) -> Iterator[Finding
     shipped = [name for name in config_path.shipped_experiments().get(run.experiment, []) if name != recipe]
     if shipped:
         yield warning("experiment", f"recipe {recipe} ({file.path}) has run.experiment={run.experiment}, the "
-                                     f"experiment of the shipped recipe(s) {', '.join(shipped)}: its runs go under "
-                                     f"{run.output_root}/{run.experiment}/ and its W&B runs into that group, among "
-                                     f"theirs; set run.experiment to its own (e.g. {recipe}) unless that is meant")
+                                    f"experiment of the shipped recipe(s) {', '.join(shipped)}: its runs go under "
+                                    f"{run.output_root}/{run.experiment}/ and its W&B runs into that group, among "
+                                    f"theirs; set run.experiment to its own (e.g. {recipe}) unless that is meant")
 
 
 def check_optim(optim: OptimConfig, train: TrainConfig) -> Iterator[Finding]:
@@ -74,19 +74,19 @@ def check_profile(train: TrainConfig, launcher: LauncherConfig) -> Iterator[Find
     steps, ranks, world = list(train.profile_steps), list(train.profile_ranks), world_size(launcher)
     if steps and not (len(steps) == 2 and 1 <= steps[0] <= steps[1] <= train.iters):
         yield error("profile", f"train.profile_steps={steps} must be [first, last] with 1 <= first <= last <= "
-                                f"train.iters ({train.iters}), e.g. [10, 10] for one step; [] turns profiling off")
+                               f"train.iters ({train.iters}), e.g. [10, 10] for one step; [] turns profiling off")
     outside = [r for r in ranks if not 0 <= r < world]
     if steps and (outside or not ranks):
         yield error("profile", f"train.profile_ranks={ranks} must name ranks of the job, 0 to {world - 1} "
-                                f"(launcher.nodes {launcher.nodes} x launcher.gpus_per_node "
-                                f"{launcher.gpus_per_node}), e.g. [0]")
+                               f"(launcher.nodes {launcher.nodes} x launcher.gpus_per_node "
+                               f"{launcher.gpus_per_node}), e.g. [0]")
 
 
 def check_ctc(model: ModelConfig, parallel: ParallelConfig, train: TrainConfig) -> Iterator[Finding]:
     if model.adapter.ctc_weight > 0 and parallel.pp > 1:
         yield error("ctc", f"model.adapter.ctc_weight={model.adapter.ctc_weight}: the auxiliary CTC loss is computed "
-                            f"on the first pipeline stage and added to the loss on the last, so it needs "
-                            f"parallel.pp=1 (got {parallel.pp}); set model.adapter.ctc_weight=0 or parallel.pp=1")
+                           f"on the first pipeline stage and added to the loss on the last, so it needs "
+                           f"parallel.pp=1 (got {parallel.pp}); set model.adapter.ctc_weight=0 or parallel.pp=1")
     weight = train.eval_generation_ctc_weight
     if not 0 <= weight <= 1:
         yield error("ctc", f"train.eval_generation_ctc_weight={weight} must be within [0, 1] (0: the decoder alone)")
@@ -94,9 +94,9 @@ def check_ctc(model: ModelConfig, parallel: ParallelConfig, train: TrainConfig) 
         # A warning: a recipe's decoding setting should not stop a run that turns the CTC
         # loss off (pipeline parallel needs that); generation_eval decodes with the decoder alone.
         yield warning("ctc", f"train.eval_generation_ctc_weight={weight} has no effect: joint CTC/attention decoding "
-                              f"scores with the adapter's CTC head, which the model has only when trained with the "
-                              f"CTC loss (model.adapter.ctc_weight={model.adapter.ctc_weight}); transcripts are decoded "
-                              f"by the decoder alone")
+                             f"scores with the adapter's CTC head, which the model has only when trained with the "
+                             f"CTC loss (model.adapter.ctc_weight={model.adapter.ctc_weight}); transcripts are decoded "
+                             f"by the decoder alone")
 
 
 def check_eval_generation(train: TrainConfig, data: DataConfig, parallel: ParallelConfig) -> Iterator[Finding]:
@@ -104,13 +104,13 @@ def check_eval_generation(train: TrainConfig, data: DataConfig, parallel: Parall
         return
     if not data.validation:
         yield error("eval_generation", "train.eval_generation=true needs validation datasets to decode, but "
-                                        "data.validation is empty; add datasets to data.validation or set "
-                                        "train.eval_generation=false")
+                                       "data.validation is empty; add datasets to data.validation or set "
+                                       "train.eval_generation=false")
     if (parallel.vpp or 1) > 1:
         yield warning("eval_generation", f"train.eval_generation=true: greedy decoding inside training does not run "
-                                          f"with virtual pipeline chunks (parallel.vpp={parallel.vpp}), so training "
-                                          f"reports no generation metrics; score checkpoints with `audiollm eval "
-                                          f"RUN_DIR` (any layout: --tp, --pp)")
+                                         f"with virtual pipeline chunks (parallel.vpp={parallel.vpp}), so training "
+                                         f"reports no generation metrics; score checkpoints with `audiollm eval "
+                                         f"RUN_DIR` (any layout: --tp, --pp)")
 
 
 def check_launcher(launcher: LauncherConfig) -> Iterator[Finding]:

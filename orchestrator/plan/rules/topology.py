@@ -222,10 +222,10 @@ def check_canonical_nodes(parallel: ParallelConfig, launcher: LauncherConfig, da
         yield error("canonical_nodes", problem)
     elif optim.micro_batch_size > 0 and optim.global_batch_size % (optim.micro_batch_size * nodes):
         yield warning("canonical_nodes",
-                       f"optim.global_batch_size ({optim.global_batch_size}) is not a multiple of "
-                       f"optim.micro_batch_size ({optim.micro_batch_size}) x data.canonical_nodes ({nodes}): "
-                       f"a run continued at another data-parallel size reads every sample once, but its steps "
-                       f"group the micro-batches differently from a run at the first size")
+                      f"optim.global_batch_size ({optim.global_batch_size}) is not a multiple of "
+                      f"optim.micro_batch_size ({optim.micro_batch_size}) x data.canonical_nodes ({nodes}): "
+                      f"a run continued at another data-parallel size reads every sample once, but its steps "
+                      f"group the micro-batches differently from a run at the first size")
 
 
 def check_recompute(parallel: ParallelConfig, model: ModelConfig) -> Iterator[Finding]:
