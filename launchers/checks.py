@@ -66,11 +66,11 @@ NEVER_STARTS = "not submitted: this cluster could never start the job (it would 
 
 
 def cluster_problems(launcher: dict) -> list[str]:
-    """Why this SLURM cluster could never start the job (launchers/slurm_fit.py); [] if it
-    could or nothing was checked."""
-    from launchers.slurm_fit import check_request
+    """Why the launcher's cluster could never start the job (its kind's `cluster_check`);
+    [] if it could or nothing was checked."""
+    from launchers.kinds import launcher_for
 
-    check = check_request(launcher)
+    check = launcher_for(launcher["kind"]).cluster_check(launcher)
     if check.skipped:
         print(f"cluster check skipped: {check.skipped}", file=sys.stderr)
     return check.problems or []

@@ -30,7 +30,8 @@ from pathlib import Path
 from typing import Sequence
 
 from launchers.checks import dry_run_or_refusal
-from launchers.follow import follow_hint, stream_local, wait_slurm
+from launchers.follow import follow_hint
+from launchers.kinds import launcher_for, size_text
 from launchers.runs import EXIT_INVALID, EXIT_OK, print_errors
 from launchers.submit import RunActive, submit_job
 from orchestrator.eval.arguments import eval_parser, layout_of, split_launcher_overrides
@@ -77,8 +78,7 @@ def submit_eval(argv: Sequence[str], overrides: Sequence[str]) -> int:
         print_errors(errors, header="not submitted")
         return EXIT_INVALID
     verdict = dry_run_or_refusal(launcher, f"# dry run: nothing submitted\n# evaluation job of {run_dir}: "
-                                           f"{launcher['nodes']} node(s) x {launcher['gpus_per_node']} process(es), "
-                                           f"launcher={launcher['kind']}\n")
+                                           f"{size_text(launcher)}, launcher={launcher['kind']}\n")
     if verdict is not None:
         return verdict
     job_dir = eval_job_dir(run_dir)
@@ -87,17 +87,12 @@ def submit_eval(argv: Sequence[str], overrides: Sequence[str]) -> int:
     except (RunActive, rd.RunBusy) as exc:
         print_errors([str(exc)], header="not submitted")
         return EXIT_INVALID
-    size = f"{launcher['nodes']} node(s) x {launcher['gpus_per_node']} process(es)"
-    if launcher["kind"] == "slurm":
-        print(f"evaluating {run_dir}\nsubmitted SLURM job {job.job_id} ({size}); results in {run_dir / 'eval'}\n"
-              f"{follow_hint(job_dir)}")
-        return wait_slurm([job], [job_dir]) if launcher.get("wait") else EXIT_OK
-    print(f"evaluating {run_dir} ({size} on this machine, job {job.job_id}); results in {run_dir / 'eval'}",
-          flush=True)
-    if launcher.get("wait") is False:
+    kind = launcher_for(launcher["kind"])
+    print(f"evaluating {run_dir}\n{kind.submitted(job, launcher)}; results in {run_dir / 'eval'}", flush=True)
+    if not kind.waits(launcher):
         print(follow_hint(job_dir))
         return EXIT_OK
-    return stream_local(job, run_dir=job_dir)
+    return kind.wait([job], [job_dir])
 
 
 def eval_launcher(run_dir: Path, overrides: Sequence[str], processes: int) -> tuple[dict | None, list[str]]:
@@ -117,8 +112,12 @@ def eval_launcher(run_dir: Path, overrides: Sequence[str], processes: int) -> tu
     except ComposeError as exc:
         return None, [f"the run's launcher settings with {' '.join(overrides)}: {exc}"]
     launcher = OmegaConf.to_container(cfg.launcher, resolve=True)
+    try:
+        kind = launcher_for(launcher["kind"])
+    except ValueError as exc:
+        return None, [str(exc)]
     per_node = int(launcher["gpus_per_node"])
-    if processes <= per_node or launcher["kind"] == "local":  # one machine runs them all
+    if processes <= per_node or kind.one_machine:  # one machine runs them all
         launcher.update(nodes=1, gpus_per_node=processes)
     elif processes % per_node:
         return None, [f"{processes} evaluation processes do not fill whole nodes of launcher.gpus_per_node="

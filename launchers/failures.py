@@ -37,10 +37,10 @@ import socket
 import sysconfig
 import time
 import traceback
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional, Sequence
 
+from launchers.kinds import TaskEnds, launcher_for
 from orchestrator.plan.rundir import read_json, write_json
 
 MAX_LINE = 600
@@ -139,156 +139,13 @@ def record(run_dir: Path, rank: int, job_id: str, exc: BaseException, launch: Op
 # ------------------------------------------------------------------ what the launcher saw
 
 
-@dataclass
-class TaskEnds:
-    """How the ranks' processes of a job ended, as the launcher and the scheduler saw it."""
-
-    codes: dict = field(default_factory=dict)  # rank -> exit status (Popen's: -N = signal N), in the order seen
-    stopped: list = field(default_factory=list)  # ranks the launcher ended itself, after a peer had failed
-    oom: list = field(default_factory=list)  # ranks srun reports out of memory
-    hosts: dict = field(default_factory=dict)  # rank -> host, where srun named it
-    lost_nodes: list = field(default_factory=list)  # "srun: error: Node failure on HOST"
-    scheduler: Optional[str] = None  # SLURM's end of the job: NODE_FAIL, OUT_OF_MEMORY, TIMEOUT, CANCELLED, ...
-    step_signal: Optional[int] = None  # the signal of the job's step in accounting (no rank known)
-    nodes: str = ""  # the job's nodes in accounting
-
-
-_BY_DESCRIPTION = {signal.strsignal(s): int(s) for s in signal.Signals if signal.strsignal(s)}
-_SRUN_TASK_END = re.compile(r"^srun: error: (\S+): tasks? ([\d,-]+): (.+?)\s*$", re.MULTILINE)
-_SRUN_NODE_FAIL = re.compile(r"^srun: error: Node failure on (\S+)", re.MULTILINE)
-_EXITED = re.compile(r"Exited with exit code (\d+)")
-OOM = "Out Of Memory"  # srun's words for a task the kernel killed for its memory limit
-
-
-def _ranks(tasks: str, world_size: int) -> list:
-    ranks = []
-    for part in tasks.split(","):
-        first, _, last = part.partition("-")
-        ranks += [r for r in range(int(first), int(last or first) + 1) if r < world_size]
-    return ranks
-
-
-def srun_report(log_text: str, world_size: int) -> TaskEnds:
-    """What srun says of the tasks in a SLURM job's log (its batch script's stderr)."""
-    ends = TaskEnds()
-    for host, tasks, how in _SRUN_TASK_END.findall(log_text):
-        how = how.removesuffix(" (core dumped)")
-        exited = _EXITED.fullmatch(how)
-        number = _BY_DESCRIPTION.get(how)
-        for rank in _ranks(tasks, world_size):
-            if rank in ends.codes or rank in ends.oom:
-                continue  # the first report of a task is how it ended
-            ends.hosts.setdefault(rank, host)
-            if how == OOM:
-                ends.oom.append(rank)
-            elif exited:
-                ends.codes[rank] = int(exited.group(1))
-            elif number is not None:
-                ends.codes[rank] = -number
-    ends.lost_nodes = list(dict.fromkeys(_SRUN_NODE_FAIL.findall(log_text)))
-    return ends
-
-
-def srun_exit_codes(log_text: str, world_size: int) -> list:
-    """Exit codes in Popen's convention of the tasks srun reports; None for the others."""
-    codes = srun_report(log_text, world_size).codes
-    return [codes.get(rank) for rank in range(world_size)]
-
-
-def sacct_end(text: str, job_id: str) -> dict:
-    """The job's end from `sacct -n -P -o JobID,State,ExitCode,DerivedExitCode,NodeList`:
-    {"state", "nodes", "step_signal"} (the job's own row; the signal of its first task
-    step, srun's, that did not complete)."""
-    end: dict = {"state": None, "nodes": "", "step_signal": None}
-    for line in text.splitlines():
-        job, state, exit_code, _derived, nodes = (line.split("|") + [""] * 5)[:5]
-        state = state.split()[0] if state.strip() else ""
-        if job == str(job_id):
-            end.update(state=state or None, nodes=nodes)
-        step = job.rpartition(".")[2] if job.startswith(f"{job_id}.") else ""
-        if step.isdigit() and state != "COMPLETED" and end["step_signal"] is None:
-            sig = exit_code.partition(":")[2]
-            if sig.isdigit() and int(sig):
-                end["step_signal"] = int(sig)
-    return end
-
-
-# The batch script's first line (launchers/executors.py): SLURM appends a requeued job's
-# log, and an attempt's part of it begins after the last one.
-ATTEMPT_START = "[audiollm] the tasks of this attempt start"
-
-
-def srun_log(folder: Path, job_id: str) -> Path:
-    """The batch script's stderr, srun's included: task 0's stderr file."""
-    from submitit.core.utils import JobPaths
-
-    return JobPaths(folder, job_id=job_id, task_id=0).stderr
-
-
-def attempt_start(text: bytes) -> int:
-    """Where the last attempt's part of a SLURM job's log `text` begins."""
-    at = text.rfind(ATTEMPT_START.encode())
-    return 0 if at < 0 else at + len(ATTEMPT_START)
-
-
-class SrunLogTail:
-    """srun's report of this attempt's tasks, followed while the job runs (rank 0's
-    watchdog asks every few seconds): each call reads only what the log gained since the
-    last, because the same file holds rank 0's stderr and a run lasts days."""
-
-    def __init__(self, path: Path):
-        self.path, self.offset, self.lines = Path(path), None, []
-
-    def ends(self, world_size: int) -> TaskEnds:
-        try:
-            with open(self.path, "rb") as handle:
-                if self.offset is not None:
-                    handle.seek(self.offset)
-                text = handle.read()
-        except OSError:
-            return srun_report("".join(self.lines), world_size)
-        start = attempt_start(text) if self.offset is None else 0
-        complete = text.rfind(b"\n") + 1  # a line still being written is read next time
-        if complete > start:
-            self.lines += [line + "\n" for line in text[start:complete].decode(errors="replace").splitlines()
-                           if line.startswith("srun: ")]
-        self.offset = (self.offset or 0) + max(complete, start)
-        return srun_report("".join(self.lines), world_size)
-
-
 def task_ends(run_dir: Path, kind: Optional[str], job_id: str, folder: Optional[Path],
               query_scheduler: bool = True) -> TaskEnds:
-    """What the launcher recorded of job `job_id`'s ranks (local: the controller's exit
-    statuses; SLURM: srun's report in the job's log, from this attempt's start on
-    (ATTEMPT_START), and accounting)."""
-    run_dir = Path(run_dir)
-    world = planned_world_size(run_dir)
+    """What the launcher of kind `kind` recorded of job `job_id`'s ranks (launchers/kinds/)."""
     if folder is None:
         return TaskEnds()
-    if kind != "slurm":
-        from launchers.local_controller import exit_codes_path
+    return launcher_for(kind).task_ends(job_id, Path(folder), planned_world_size(Path(run_dir)), query_scheduler)
 
-        record = read_json(exit_codes_path(folder, job_id), default={}) or {}
-        codes = (record.get("exit_codes") or [])[:world]
-        order = [r for r in record.get("ended") or [] if r < len(codes)] or range(len(codes))  # the order they ended
-        return TaskEnds(codes={rank: codes[rank] for rank in order if codes[rank] is not None},
-                        stopped=[r for r in record.get("stopped") or [] if r < world],
-                        hosts=dict.fromkeys(range(len(codes)), record["host"]) if record.get("host") else {})
-    ends = TaskEnds()
-    try:
-        with open(srun_log(folder, job_id), "rb") as handle:
-            text = handle.read()
-        ends = srun_report(text[attempt_start(text):].decode(errors="replace"), world)
-    except (OSError, ValueError):
-        pass
-    if query_scheduler:
-        from launchers.slurm_fit import slurm_output
-
-        text = slurm_output(["sacct", "-n", "-P", "-j", str(job_id), "-o",
-                             "JobID,State,ExitCode,DerivedExitCode,NodeList"]) or ""
-        end = sacct_end(text, str(job_id))
-        ends.scheduler, ends.step_signal, ends.nodes = end["state"], end["step_signal"], end["nodes"]
-    return ends
 
 
 # ------------------------------------------------------------------ the cause

@@ -35,7 +35,7 @@ import warnings
 from pathlib import Path
 from typing import Any, Callable
 
-from launchers import failures, watchdog
+from launchers import failures, slurm_records, watchdog
 from orchestrator.plan.rundir import read_json, write_json
 from orchestrator.runtime import job_control
 from orchestrator.runtime.ports import port_for_job
@@ -221,7 +221,7 @@ class RankJob:
         # for a local job's tasks).
         peers = {}
         if on_slurm and rank == 0:
-            tail = failures.SrunLogTail(failures.srun_log(env.paths.folder, env.job_id))
+            tail = slurm_records.SrunLogTail(slurm_records.srun_log(env.paths.folder, env.job_id))
             peers = {"peer_ended": lambda stepped: _srun_reports_an_end(run_path, env, tail, dist_env.world_size,
                                                                         stepped),
                      "on_peer_ended": lambda cause: self._peer_ended(run_path, env, rank, cause)}
@@ -327,7 +327,7 @@ class RankJob:
         raise SystemExit(LOCAL_REQUEUE_RETURN_CODE)
 
 
-def _srun_reports_an_end(run_path: Path, env, tail: failures.SrunLogTail, world_size: int,
+def _srun_reports_an_end(run_path: Path, env, tail: slurm_records.SrunLogTail, world_size: int,
                          stepped: bool) -> str | None:
     """The cause of the job's failure as srun's report of this attempt's tasks gives it
     (launchers/failures.py), once it reports a task that ended: None before. Read

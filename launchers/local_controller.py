@@ -11,7 +11,7 @@ PEERS_GRACE_S earlier: they waited for it). It is the only record of a rank that
 without running any Python (SIGKILL from the out-of-memory killer or `kill -9`):
 launchers/failures.py names that rank and the signal instead of the error its peers
 saw when it disappeared. `audiollm train` starts this module in place of
-`submitit.local._local` (launchers/submit.py, own_session).
+`submitit.local._local` (launchers/kinds/local.py, own_session).
 
 Each start of the tasks also gets its own rendezvous port, free on this host when the
 tasks start and below the ephemeral range (orchestrator/runtime/ports.py), unless the

@@ -126,7 +126,7 @@ def rank_job(launcher: dict):
 
 
 def dry_run_text(run: PreparedRun, array_size: int | None = None) -> str:
-    from launchers.executors import render_sbatch
+    from launchers.kinds import launcher_for
 
     launcher = run.launcher
     parts = [
@@ -137,14 +137,8 @@ def dry_run_text(run: PreparedRun, array_size: int | None = None) -> str:
         "# plan (plan.json)\n" + json.dumps({k: v for k, v in run.plan.items() if k != "config"}, indent=2, default=str),
         "# argv\n" + " ".join(str(a) for a in run.plan.get("argv") or []),
     ]
-    if launcher["kind"] == "slurm":
-        parts.append("# sbatch script\n" + render_sbatch(
-            launcher, run.run_dir / "submitit", run.job_name, array_size=array_size))
-    else:
-        from launchers.executors import world_size
-
-        parts.append(f"# local: {world_size(launcher)} processes on this machine "
-                     f"({'gloo' if launcher['accelerator'] == 'cpu' else 'nccl'}), entry {launcher['entry']}")
+    parts.append(launcher_for(launcher["kind"]).dry_run_text(launcher, run.run_dir / "submitit", run.job_name,
+                                                             array_size=array_size))
     return "\n\n".join(parts) + "\n"
 
 

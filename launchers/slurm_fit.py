@@ -269,21 +269,3 @@ def request_problems(launcher: Mapping[str, Any], view: ClusterView) -> List[str
             problems.append(f"only {len(fitting)} node(s) of {where} have {cpus} CPUs, {gpus} GPUs and "
                             f"{_gb(mem_mb)} together; launcher.nodes={nodes_wanted} needs {nodes_wanted}")
     return problems
-
-
-@dataclass
-class ClusterCheck:
-    problems: Optional[List[str]] = None  # why the cluster could never start the job; None: not checked
-    skipped: Optional[str] = None  # why it was not checked where SLURM's client is installed
-
-
-def check_request(launcher: Mapping[str, Any]) -> ClusterCheck:
-    """For launcher=slurm where a cluster answers: why it could never start the job ([]
-    if it could); nothing checked for another launcher or without SLURM's client, and a
-    reason where the controller does not answer in time."""
-    if launcher["kind"] != "slurm":
-        return ClusterCheck()
-    view = read_cluster()
-    if isinstance(view, str):
-        return ClusterCheck(skipped=view)
-    return ClusterCheck(problems=None if view is None else request_problems(launcher, view))

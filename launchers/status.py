@@ -14,7 +14,7 @@ from typing import Sequence
 
 from launchers.failures import planned_world_size
 from launchers.runs import EXIT_FAILED, EXIT_INVALID, EXIT_OK
-from launchers.submit import signal_local
+from launchers.kinds import launcher_for
 from launchers.summary import failure_cause, format_eval_job, format_run, run_state, write_sweep_summary
 from launchers.watchdog import read_beats
 from orchestrator.plan import rundir as rd
@@ -58,13 +58,7 @@ def cancel(path: str | os.PathLike) -> int:
             print(f"{run_dir}: never submitted")
             continue
         for job_id in launch["job_ids"]:
-            if launch["kind"] == "slurm":
-                done = subprocess.run(["scancel", str(job_id)], capture_output=True, text=True, timeout=60)
-                ok = done.returncode == 0
-                detail = done.stderr.strip()
-            else:
-                ok = signal_local(str(job_id), signal.SIGTERM)
-                detail = "process not running"
+            ok, detail = launcher_for(launch["kind"]).cancel(str(job_id))
             print(f"{run_dir}: {'cancelled' if ok else 'could not cancel'} job {job_id}"
                   + ("" if ok else f" ({detail})"))
             code = code if ok else EXIT_FAILED

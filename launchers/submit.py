@@ -1,13 +1,8 @@
-"""Submitting a prepared run: one job per run directory at a time, the launch recorded,
-local jobs started in a session of their own (so that Ctrl-C reaches this command only),
-and signals to a local job."""
+"""Submitting a prepared run through its launcher kind (launchers/kinds/): one job per
+run directory at a time, the launch recorded."""
 
 from __future__ import annotations
 
-import contextlib
-import os
-import signal
-import subprocess
 from pathlib import Path
 
 from launchers.job import update_state
@@ -49,7 +44,7 @@ def submit_job(job_dir: Path, launcher: dict, task, job_name: str, write, record
     (`write()`), submit `task` (a launchers.job.RankJob) on every rank with `job_dir`,
     and append the launch to launch.json (`record` beside its kind, job id and index).
     Returns the submitit job."""
-    from launchers.executors import make_executor
+    from launchers.kinds import launcher_for
 
     with rd.submission_lock(job_dir):
         ensure_not_active(job_dir)
@@ -59,60 +54,10 @@ def submit_job(job_dir: Path, launcher: dict, task, job_name: str, write, record
             # (launchers/by_hand.py), before the job writes its own state.
             update_state(job_dir, by_hand=False)
         index = launch_index(job_dir)
-        executor = make_executor(launcher, job_dir / "submitit", job_name)
-        with own_session(launcher["kind"] == "local"):
+        kind = launcher_for(launcher["kind"])
+        executor = kind.executor(launcher, job_dir / "submitit", job_name)
+        with kind.submitting():
             job = executor.submit(task, str(job_dir), index)
         rd.record_launch(job_dir, {"kind": launcher["kind"], "job_ids": [str(job.job_id)], "launch_index": index,
                                    "submitit_folder": str(job_dir / "submitit"), **record})
     return job
-
-
-@contextlib.contextmanager
-def own_session(enabled: bool = True):
-    """submitit's local executor starts its controller (which starts the ranks) with a
-    plain Popen, in this command's process group: a terminal's Ctrl-C, sent to the whole
-    foreground group, would kill every rank mid-step and lose the steps since the last
-    checkpoint. Within this block, processes start in a session of their own; this
-    command forwards the stop request itself (stream_local). The controller is
-    launchers.local_controller, which records how each task ended."""
-    if not enabled:
-        yield
-        return
-    original = subprocess.Popen
-
-    class SessionPopen(original):  # type: ignore[misc, valid-type]
-        def __init__(self, args, *rest, **kwargs):
-            kwargs.setdefault("start_new_session", True)
-            super().__init__(_recording_controller(args), *rest, **kwargs)
-
-    subprocess.Popen = SessionPopen
-    try:
-        yield
-    finally:
-        subprocess.Popen = original
-
-
-def _recording_controller(args):
-    """submitit's local controller command (a list, or a shell line after launcher.setup)
-    with launchers.local_controller in its place: the same controller, keeping each
-    task's exit status for launchers/failures.py."""
-    module, ours = "submitit.local._local", "launchers.local_controller"
-    if isinstance(args, str):
-        return args.replace(f"-m {module} ", f"-m {ours} ")
-    return [ours if a == module else a for a in args]
-
-
-def kill_local(job_id: str) -> None:
-    """Every process of a local job at once: its controller started a session of its own."""
-    try:
-        os.killpg(os.getpgid(int(job_id)), signal.SIGKILL)
-    except (ValueError, ProcessLookupError, PermissionError):
-        pass
-
-
-def signal_local(job_id: str, sig: int) -> bool:
-    try:
-        os.kill(int(job_id), sig)  # the local controller forwards it to every task
-    except (ValueError, ProcessLookupError, PermissionError):
-        return False
-    return True

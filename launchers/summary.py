@@ -12,7 +12,7 @@ from pathlib import Path
 
 from orchestrator.plan.checkpoint_dirs import FROZEN_SOURCE, frozen_source, frozen_source_problem, held_checkpoints
 from orchestrator.plan.rundir import damage, last_launch, read_json, read_metrics
-from launchers.slurm_fit import slurm_output
+from launchers.kinds import SchedulerView, launcher_for
 
 # Scheduler states after which the job will not write anything any more.
 _SLURM_ENDED = ("CANCELLED", "FAILED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE", "PREEMPTED")
@@ -49,27 +49,6 @@ def explain_pending(reason: str | None) -> str | None:
     return reason
 
 
-def slurm_job(job_id: str) -> dict:
-    """What slurmctld says of a queued or recent job: {"state", "reason", "restarts", "nodes"} ({} if nothing)."""
-    text = slurm_output(["scontrol", "show", "job", "-o", job_id]) or ""
-    fields = dict(part.split("=", 1) for part in text.split() if "=" in part)
-    if "JobState" not in fields:
-        return {}
-    return {"state": fields["JobState"], "reason": fields.get("Reason"), "restarts": int(fields.get("Restarts", 0)),
-            "nodes": fields.get("NodeList")}
-
-
-def slurm_attempts(job_id: str) -> list[dict]:
-    """Each attempt of a job from accounting (a requeue starts a new one): [{"state", "nodes", "start", "end"}]."""
-    rows = slurm_output(["sacct", "-n", "-X", "-D", "-P", "-j", job_id, "-o", "State,NodeList,Start,End"]) or ""
-    attempts = []
-    for line in rows.splitlines():
-        state, nodes, start, end = (line.split("|") + ["", "", "", ""])[:4]
-        if state:
-            attempts.append({"state": state.split()[0], "nodes": nodes, "start": start, "end": end})
-    return attempts
-
-
 # How an attempt that did not finish the job ended, in words.
 _ATTEMPT_ENDS = {
     "REQUEUED": "requeued (preemption or time-limit signal: checkpoint, then requeue)",
@@ -88,19 +67,6 @@ def _step_at(metrics: list[dict], end: str) -> int | None:
         return None
     steps = [m["step"] for m in metrics if m.get("time") is not None and m["time"] <= limit]
     return steps[-1] if steps else 0
-
-
-def _local_alive(job_id: str) -> bool:
-    """Is the local job's controller process running (an unreaped zombie is not)?"""
-    try:
-        os.kill(int(job_id), 0)
-    except (ValueError, ProcessLookupError, PermissionError):
-        return False
-    try:
-        stat = Path(f"/proc/{int(job_id)}/stat").read_text()
-        return stat.rsplit(")", 1)[1].split()[0] != "Z"
-    except (OSError, IndexError):
-        return True
 
 
 ACTIVE_STATES = ("PENDING", "RUNNING", "SUBMITTED")
@@ -131,14 +97,10 @@ def run_state(run_dir: Path, query_scheduler: bool = True) -> dict:
     launch = {} if by_hand else last_launch(run_dir) or {}
     job_ids = launch.get("job_ids") or []
     job_id = job_state.get("job_id") if by_hand else job_ids[0] if job_ids else None
-    scheduler, slurm, attempts = None, {}, []
+    view = SchedulerView()
     if query_scheduler and job_ids:
-        if launch.get("kind") == "slurm":
-            slurm = slurm_job(str(job_id))
-            attempts = slurm_attempts(str(job_id))
-            scheduler = slurm.get("state") or (attempts[-1]["state"] if attempts else None)
-        else:
-            scheduler = "RUNNING" if _local_alive(str(job_id)) else "ENDED"
+        view = launcher_for(launch.get("kind")).scheduler_view(str(job_id))
+    scheduler, attempts = view.state, view.attempts
     state = job_state.get("state") or ("SUBMITTED" if job_id is not None else "NOT SUBMITTED")
     if state == "RUNNING" and launch.get("launch_index") != job_state.get("launch"):
         state = "SUBMITTED"  # the state file is from an earlier launch
@@ -198,8 +160,8 @@ def run_state(run_dir: Path, query_scheduler: bool = True) -> dict:
         "iters": cfg_iters,
         "loss": metrics[-1].get("loss") if metrics else None,
         # The job counts the requeues it asked for; SLURM also counts those it did itself (node failure).
-        "requeues": max(int(job_state.get("requeues", 0)), int(slurm.get("restarts", 0)), len(history)),
-        "pending": explain_pending(slurm.get("reason")) if scheduler == "PENDING" else None,
+        "requeues": max(int(job_state.get("requeues", 0)), view.restarts, len(history)),
+        "pending": explain_pending(view.reason) if scheduler == "PENDING" else None,
         "history": history,
         "checkpoint": checkpoint,
         "error": job_state.get("error"),

@@ -1,8 +1,9 @@
 """`audiollm train -m OVERRIDES...`: a sweep, one run per point.
 
 Expansion: orchestrator/plan/sweep.py (Hydra's grammar, as `audiollm plan -m`). Every point is
-validated before anything is submitted; on SLURM the points are one job array per
-distinct launcher section, locally they run one after another.
+validated before anything is submitted; through a queueing launcher (SLURM) the points are
+one job array per distinct launcher section, on this machine (local) they run one after
+another.
 """
 
 from __future__ import annotations
@@ -14,7 +15,8 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from launchers.checks import DemoCorpusError, NEVER_STARTS, cluster_problems, ensure_demo_corpus
-from launchers.follow import follow_hint, stream_local, wait_slurm
+from launchers.follow import follow_hint
+from launchers.kinds import launcher_for
 from launchers.runs import (
     EXIT_INVALID,
     EXIT_OK,
@@ -71,8 +73,7 @@ def prepare_sweep(overrides: Sequence[str]) -> tuple[Path | None, list[tuple[lis
 
 
 def submit_sweep(sweep_dir: Path, points: list[tuple[list[str], PreparedRun]]) -> list:
-    """One SLURM job array per distinct launcher section (usually one); local: sequential."""
-    from launchers.executors import make_executor
+    """A queueing launcher's sweep: one job array per distinct launcher section (usually one)."""
 
     rd.write_json(sweep_dir / "sweep.json", {
         "points": [{"dir": run.run_dir.name, "swept": swept, "overrides": run.overrides} for swept, run in points],
@@ -87,8 +88,10 @@ def submit_sweep(sweep_dir: Path, points: list[tuple[list[str], PreparedRun]]) -
     for runs in groups.values():
         launcher = runs[0].launcher
         indices = [launch_index(run.run_dir) for run in runs]
-        executor = make_executor(launcher, sweep_dir / "submitit", f"audiollm-{sweep_dir.name}")
-        group_jobs = executor.map_array(rank_job(launcher), [str(r.run_dir) for r in runs], indices)
+        kind = launcher_for(launcher["kind"])
+        executor = kind.executor(launcher, sweep_dir / "submitit", f"audiollm-{sweep_dir.name}")
+        with kind.submitting():
+            group_jobs = executor.map_array(rank_job(launcher), [str(r.run_dir) for r in runs], indices)
         for run, index, job in zip(runs, indices, group_jobs):
             rd.record_launch(run.run_dir, {
                 "kind": launcher["kind"], "job_ids": [str(job.job_id)], "launch_index": index,
@@ -127,12 +130,14 @@ def train_sweep(overrides: Sequence[str]) -> int:
     except (RunActive, DemoCorpusError) as exc:
         print_errors([str(exc)], header="sweep not submitted")
         return EXIT_INVALID
-    if launcher["kind"] == "slurm":
+    kind = launcher_for(launcher["kind"])
+    if kind.queues:
         jobs = submit_sweep(sweep_dir, points)
-        print(f"sweep {sweep_dir}: {len(points)} points\nsubmitted SLURM job array "
-              f"{jobs[0].job_id.split('_')[0]}\n{follow_hint(sweep_dir, sweep=True)}")
-        return wait_slurm(jobs, [run.run_dir for _, run in points]) if launcher.get("wait") else EXIT_OK
-    # local: one point after another (they share this machine's cores)
+        arrays = ", ".join(dict.fromkeys(str(job.job_id).split("_")[0] for job in jobs))
+        print(f"sweep {sweep_dir}: {len(points)} points\nsubmitted job array {arrays}\n"
+              f"{follow_hint(sweep_dir, sweep=True)}")
+        return kind.wait(jobs, [run.run_dir for _, run in points]) if kind.waits(launcher) else EXIT_OK
+    # On this machine: one point after another (they share its cores)
     rd.write_json(sweep_dir / "sweep.json", {
         "points": [{"dir": run.run_dir.name, "swept": swept, "overrides": run.overrides} for swept, run in points],
         "command": [Path(sys.argv[0]).name, *sys.argv[1:]],
@@ -141,7 +146,7 @@ def train_sweep(overrides: Sequence[str]) -> int:
     for swept, run in points:
         print(f"=== point {run.run_dir.name}: {' '.join(swept)}", flush=True)
         job = submit_run(run)
-        point_code = stream_local(job, run_dir=run.run_dir)
+        point_code = kind.wait([job], [run.run_dir])
         code = max(code, point_code)
         if point_code >= 128:  # stopped by Ctrl-C / SIGTERM / SIGHUP: the later points are not started
             break

@@ -1,8 +1,8 @@
 """`audiollm train [-m] OVERRIDES...`: compose -> validate (every point of a sweep, before
 anything is submitted) -> plan -> run directory written -> submit. launcher=local blocks
 and streams rank 0's output; launcher=slurm returns once the job is queued (unless
-launcher.wait=true). launcher.dry_run=true prints and submits nothing. -m: a sweep
-(launchers/sweep.py).
+launcher.wait=true): the launcher kind's `queues` (launchers/kinds/). launcher.dry_run=true
+prints and submits nothing. -m: a sweep (launchers/sweep.py).
 """
 
 from __future__ import annotations
@@ -10,7 +10,8 @@ from __future__ import annotations
 from typing import Sequence
 
 from launchers.checks import DemoCorpusError, dry_run_or_refusal, ensure_demo_corpus
-from launchers.follow import follow_hint, stream_local, wait_slurm
+from launchers.follow import follow_hint
+from launchers.kinds import launcher_for
 from launchers.runs import EXIT_INVALID, EXIT_OK, dry_run_text, prepare, print_errors, run_command
 from launchers.submit import RunActive, submit_run
 from launchers.sweep import train_sweep
@@ -42,16 +43,12 @@ def train(overrides: Sequence[str], multirun: bool = False) -> int:
     verb = "resuming" if run.resumes else "starting"
     if run.continuation:
         print(run.continuation)
-    if launcher["kind"] == "slurm":
-        print(f"{verb} run {run.run_dir}\nsubmitted SLURM job {job.job_id} "
-              f"({launcher['nodes']} node(s) x {launcher['gpus_per_node']} tasks)\n{follow_hint(run.run_dir)}")
-        return wait_slurm([job], [run.run_dir]) if launcher.get("wait") else EXIT_OK
-    print(f"{verb} run {run.run_dir} ({launcher['nodes'] * launcher['gpus_per_node']} local processes, "
-          f"job {job.job_id})", flush=True)
-    if launcher.get("wait") is False:
+    kind = launcher_for(launcher["kind"])
+    print(f"{verb} run {run.run_dir}\n{kind.submitted(job, launcher)}", flush=True)
+    if not kind.waits(launcher):
         print(follow_hint(run.run_dir))
         return EXIT_OK
-    return stream_local(job, run_dir=run.run_dir)
+    return kind.wait([job], [run.run_dir])
 
 
 def train_main(argv: Sequence[str]) -> int:

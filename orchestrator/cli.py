@@ -95,10 +95,10 @@ def _plan(args: argparse.Namespace) -> int:
             raise  # a defect of the planner, not of the configuration
         print(f"{ConfigInvalid(findings)}\n(no plan can be computed until they are fixed)", file=sys.stderr)
         return 2
-    from launchers.slurm_fit import check_request
+    from launchers.kinds import launcher_for
 
-    check = check_request(plan.config["launcher"])
-    problems = check.problems  # None: not a SLURM launch, no SLURM here, or no answer in time (check.skipped)
+    check = launcher_for(plan.config["launcher"]["kind"]).cluster_check(plan.config["launcher"])
+    problems = check.problems  # None: a launcher without a queue, no SLURM here, or no answer in time (check.skipped)
     continuation, layout_problems = _continuation(cfg, plan)
     errors = [*plan.errors, *layout_problems]
     if args.json:

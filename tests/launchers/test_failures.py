@@ -14,8 +14,9 @@ import time
 
 import pytest
 
-from launchers import failures
-from launchers.failures import TaskEnds, explain, sacct_end, srun_report
+from launchers import failures, slurm_records
+from launchers.failures import TaskEnds, explain
+from launchers.slurm_records import sacct_end, srun_report
 
 
 @pytest.fixture
@@ -108,7 +109,6 @@ def test_srun_and_sacct_name_a_killed_task_on_slurm(run_dir):
     ends = srun_report(SRUN_KILLED, 2)
     assert ends.codes == {1: -9, 0: 1} and ends.hosts == {1: "localhost", 0: "localhost"}
     assert sacct_end(SACCT_KILLED, "37") == {"state": "FAILED", "nodes": "localhost", "step_signal": 9}
-    assert failures.srun_exit_codes(SRUN_KILLED, 2) == [1, -9]
     _record(run_dir, 0, LOST, job_id="37")
     ends.scheduler, ends.step_signal = "FAILED", 9
     assert explain(run_dir, "37", ends).startswith("rank 1 on node1 was killed by signal 9 (SIGKILL")
@@ -192,7 +192,7 @@ def test_only_this_attempts_part_of_a_requeued_jobs_log_is_read(run_dir):
     folder.mkdir()
     first = "srun: error: Node failure on node2\nsrun: error: node1: task 0: Killed\n"
     second = "srun: error: node1: task 1: Killed\n"  # before any task of the attempt ran Python
-    (folder / "7_0_log.err").write_text("".join(f"{failures.ATTEMPT_START}: job 7, restart {n}\n{text}"
+    (folder / "7_0_log.err").write_text("".join(f"{slurm_records.ATTEMPT_START}: job 7, restart {n}\n{text}"
                                                 for n, text in enumerate([first, second])))
     ends = failures.task_ends(run_dir, "slurm", "7", folder, query_scheduler=False)
     assert ends.lost_nodes == [] and ends.codes == {1: -9}
@@ -204,9 +204,9 @@ def test_the_log_followed_while_the_job_runs_gives_this_attempts_task_ends_as_th
     rank 0's stderr: each read takes only what the log gained, a line still being written
     is taken once whole, and the attempts before this one are not read."""
     log = tmp_path / "7_0_log.err"
-    log.write_text(f"{failures.ATTEMPT_START}: job 7, restart 0\nsrun: error: node1: task 1: Killed\n"
-                   f"{failures.ATTEMPT_START}: job 7, restart 1\nWARNING rank 0 says something\n")
-    tail = failures.SrunLogTail(log)
+    log.write_text(f"{slurm_records.ATTEMPT_START}: job 7, restart 0\nsrun: error: node1: task 1: Killed\n"
+                   f"{slurm_records.ATTEMPT_START}: job 7, restart 1\nWARNING rank 0 says something\n")
+    tail = slurm_records.SrunLogTail(log)
     assert tail.ends(4).codes == {}  # task 1's end belongs to the first attempt
     with open(log, "a") as handle:
         handle.write("srun: error: node2: task 3: Exited with exit")  # srun is writing it

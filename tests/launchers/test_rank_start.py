@@ -9,7 +9,7 @@ import signal
 
 import pytest
 
-from launchers.executors import local_executor
+from launchers.kinds.local import LAUNCHER as LOCAL
 from launchers.rank_start import HELD
 from orchestrator.runtime import job_control
 
@@ -26,7 +26,7 @@ def signalled_before_the_handlers() -> str | None:
 
 def test_a_signal_before_the_jobs_handlers_is_held_for_them(tmp_path):
     launcher = {"nodes": 1, "gpus_per_node": 1, "timeout_min": 5, "accelerator": "cpu"}
-    job = local_executor(launcher, tmp_path / "submitit", "held").submit(signalled_before_the_handlers)
+    job = LOCAL.executor(launcher, tmp_path / "submitit", "held").submit(signalled_before_the_handlers)
     assert job.result() == "SIGUSR2", job.stderr()
 
 

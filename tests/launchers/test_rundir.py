@@ -83,7 +83,7 @@ def test_status_and_cancel_reject_unknown_paths(tmp_path, capsys):
 
 def test_submit_side_does_not_import_torch():
     code = (
-        "import sys, launchers.train, launchers.prepare, launchers.status, launchers.executors, launchers.summary, "
+        "import sys, launchers.train, launchers.prepare, launchers.status, launchers.kinds.local, launchers.kinds.slurm, launchers.summary, "
         "launchers.sweep, launchers.job, launchers.slurm_fit, orchestrator.plan.rundir, orchestrator.runtime.job_control, "
         "orchestrator.runtime.slurm_env\n"
         "from launchers.runs import prepare\n"

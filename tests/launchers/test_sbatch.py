@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
-from launchers.executors import render_sbatch, slurm_parameters
+from launchers.kinds.slurm import render_sbatch, slurm_parameters
 from orchestrator.plan.compose import compose
 from tests.golden import check_golden
 

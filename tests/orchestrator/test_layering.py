@@ -38,7 +38,7 @@ def _module_of(path: Path) -> str:
 
 
 def _project_modules() -> dict:
-    files = sorted((REPO / "orchestrator").rglob("*.py")) + sorted((REPO / "launchers").glob("*.py"))
+    files = sorted((REPO / "orchestrator").rglob("*.py")) + sorted((REPO / "launchers").rglob("*.py"))
     return {_module_of(p): p for p in files}
 
 

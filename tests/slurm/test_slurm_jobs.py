@@ -152,7 +152,7 @@ def test_peers_that_exit_for_a_requeue_while_rank_0_ends_its_own_way_are_no_fail
     rank 0 stays longer than the grace past its loop's last collective, as a logger's end
     can. Rank 0's watchdog, which follows srun's report, takes that exit for no failure:
     the job requeues once and completes."""
-    from launchers.failures import srun_log
+    from launchers.slurm_records import srun_log
     from launchers.watchdog import BEAT_S, PEERS_GRACE_S
     from tests.launchers.helpers import tiny_overrides
     from tests.slurm.runs import SLURM

@@ -13,6 +13,7 @@ from orchestrator.plan.schema import (
     ModelConfig,
     OptimConfig,
 )
+from orchestrator.plan.launcher_kinds import KINDS
 from orchestrator.plan.local_paths import index_columns, inside, local_dataset_dirs, missing_inputs
 from orchestrator.plan.model_params import audio_tokens_per_clip
 from orchestrator.plan import tasks
@@ -172,14 +173,15 @@ def _prompt_of_another_family(data: DataConfig, model: ModelConfig) -> Iterator[
 
 def check_local_inputs(data: DataConfig, launcher: LauncherConfig) -> Iterator[Finding]:
     """The tokenizer and the local datasets exist where the job reads them
-    (orchestrator/plan/local_paths.py): refused for a job on this machine, said for a SLURM
-    job, whose nodes may see what this machine does not."""
+    (orchestrator/plan/local_paths.py): refused for a job on this machine, said for a job
+    on a cluster (SLURM), whose nodes may see what this machine does not."""
     datasets = [(f"data.{split}[{entry.name}].path", str(entry.path))
                 for split in ("train", "validation") for entry in (getattr(data, split) or [])]
     for _, problem in missing_inputs(data.tokenizer, datasets, data.demo_corpus):
-        if launcher.kind == "local":
-            yield error("local_paths", f"{problem}; launcher=local runs the job on this machine, where it would "
-                                       f"stop at start: point it at what exists here (or write it first)")
+        kind = KINDS.get(launcher.kind)
+        if kind is not None and kind.one_machine:
+            yield error("local_paths", f"{problem}; launcher={launcher.kind} runs the job on this machine, where it "
+                                       f"would stop at start: point it at what exists here (or write it first)")
         else:
             yield warning("cluster_paths", f"{problem} (seen from this machine): the job reads it on the compute "
                                            f"nodes at start, which must see it (launcher={launcher.kind})")

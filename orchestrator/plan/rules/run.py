@@ -16,6 +16,7 @@ from orchestrator.plan.schema import (
     RunConfig,
     TrainConfig,
 )
+from orchestrator.plan.launcher_kinds import KINDS
 from orchestrator.plan.wandb_settings import WANDB_MODES
 from orchestrator.plan.rules.topology import world_size
 from orchestrator.plan.rules.findings import Finding, error, one_of, positive, warning
@@ -114,13 +115,15 @@ def check_eval_generation(train: TrainConfig, data: DataConfig, parallel: Parall
 
 
 def check_launcher(launcher: LauncherConfig) -> Iterator[Finding]:
-    yield from one_of("launcher", "launcher.kind", launcher.kind, ("local", "slurm"))
+    yield from one_of("launcher", "launcher.kind", launcher.kind, tuple(KINDS))
     yield from one_of("launcher", "launcher.accelerator", launcher.accelerator, ("gpu", "cpu"))
-    if launcher.kind == "local" and launcher.nodes != 1:
+    kind = KINDS.get(launcher.kind)
+    if kind is not None and kind.one_machine and launcher.nodes != 1:
+        several = sorted(name for name, other in KINDS.items() if not other.one_machine)
         yield error(
             "launcher",
-            f"launcher.kind=local runs on this machine only, but launcher.nodes={launcher.nodes}; "
-            f"use launcher=slurm for several nodes",
+            f"launcher.kind={launcher.kind} runs on this machine only, but launcher.nodes={launcher.nodes}; "
+            f"use launcher={' or launcher='.join(several)} for several nodes",
         )
     if launcher.max_requeues < 0:
         yield error("launcher", f"launcher.max_requeues={launcher.max_requeues} must be >= 0")
