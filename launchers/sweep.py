@@ -134,7 +134,7 @@ def train_sweep(overrides: Sequence[str]) -> int:
     if kind.queues:
         jobs = submit_sweep(sweep_dir, points)
         arrays = ", ".join(dict.fromkeys(str(job.job_id).split("_")[0] for job in jobs))
-        print(f"sweep {sweep_dir}: {len(points)} points\nsubmitted job array {arrays}\n"
+        print(f"sweep {sweep_dir}: {len(points)} points\nsubmitted job(s) {arrays}\n"
               f"{follow_hint(sweep_dir, sweep=True)}")
         return kind.wait(jobs, [run.run_dir for _, run in points]) if kind.waits(launcher) else EXIT_OK
     # On this machine: one point after another (they share its cores)
