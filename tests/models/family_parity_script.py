@@ -28,6 +28,7 @@ import torch
 
 from orchestrator.plan.parallel_dims import ParallelDims
 from orchestrator.runtime.distributed import init_distributed, shutdown
+from tests.models.parity_batch import parity_batch
 from tests.models.tiny_models import HF_DECODERS
 
 # 64 positions: Llama 3's scaling moves the frequencies whose wavelength passes 2048
@@ -87,7 +88,6 @@ def altered(weights: dict, how) -> dict:
 
 def main() -> None:
     from megatron.core import parallel_state as ps
-    from megatron.core.packed_seq_params import PackedSeqParams
 
     from tests.models.hf_reference import hf_reference
     from orchestrator.models.decoder_config import decoder_transformer_config
@@ -121,24 +121,9 @@ def main() -> None:
         missing, unexpected = model.load_state_dict(shard, strict=False)
         missing = [k for k in missing if not k.endswith("_extra_state")]
         assert not missing and not unexpected, (missing, unexpected)
-        if packed:
-            toks, docs = r["packed_tokens"], r["docs"]
-            cu = torch.tensor([0, DOCS[0], sum(DOCS)], dtype=torch.int32)
-            psp = PackedSeqParams(qkv_format="thd", cu_seqlens_q=cu, cu_seqlens_kv=cu,
-                                  max_seqlen_q=max(DOCS), max_seqlen_kv=max(DOCS))
-            positions = torch.cat([torch.arange(n) for n in DOCS])[None]
-            labels = torch.cat([torch.cat([d[:, 1:], d[:, :1]], dim=1) for d in docs], dim=1)
-            loss_mask = torch.ones_like(labels, dtype=torch.float)
-            loss_mask[0, DOCS[0] - 1] = 0.0
-            loss_mask[0, -1] = 0.0
-            ref_logits, ref_loss = r["packed_ref"]
-        else:
-            toks, psp = r["tokens"], None
-            positions = torch.arange(SEQ)[None].expand(BATCH, -1)
-            labels = torch.cat([toks[:, 1:], toks[:, :1]], dim=1)
-            loss_mask = torch.ones_like(labels, dtype=torch.float)
-            loss_mask[:, -1] = 0.0
-            ref_logits, ref_loss = r["ref"]
+        toks, psp, positions, labels, loss_mask = parity_batch(r["tokens"], r["packed_tokens"], r["docs"], DOCS,
+                                                                packed)
+        ref_logits, ref_loss = r["packed_ref" if packed else "ref"]
         logits, token_loss = run(model, toks, positions, labels, psp, case.get("slots", "load_balanced"))
         if logits is not None and ps.get_tensor_model_parallel_rank() == 0 and ps.get_data_parallel_rank() == 0 \
                 and ps.get_context_parallel_rank() == 0:

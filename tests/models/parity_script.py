@@ -17,6 +17,7 @@ import torch.nn.functional as F
 
 from orchestrator.plan.parallel_dims import ParallelDims
 from orchestrator.runtime.distributed import init_distributed, shutdown
+from tests.models.parity_batch import parity_batch
 from tests.models.tiny_models import hf_gemma2
 
 SEQ, BATCH, DOCS = 24, 2, (11, 13)  # longer than the window (8)
@@ -38,7 +39,6 @@ def cases():
 
 def main() -> None:
     from megatron.core import parallel_state as ps
-    from megatron.core.packed_seq_params import PackedSeqParams
 
     from tests.models.hf_reference import hf_reference
     from tests.models.sharding import shard_megatron
@@ -82,24 +82,8 @@ def main() -> None:
         missing = [k for k in missing if not k.endswith("_extra_state")]
         assert not missing and not unexpected, (missing, unexpected)
 
-        if packed:
-            toks = packed_tokens
-            cu = torch.tensor([0, DOCS[0], sum(DOCS)], dtype=torch.int32)
-            psp = PackedSeqParams(qkv_format="thd", cu_seqlens_q=cu, cu_seqlens_kv=cu,
-                                  max_seqlen_q=max(DOCS), max_seqlen_kv=max(DOCS))
-            positions = torch.cat([torch.arange(n) for n in DOCS])[None]
-            labels = torch.cat([torch.cat([d[:, 1:], d[:, :1]], dim=1) for d in docs], dim=1)
-            loss_mask = torch.ones_like(labels, dtype=torch.float)
-            loss_mask[0, DOCS[0] - 1] = 0.0
-            loss_mask[0, -1] = 0.0
-            ref_logits, ref_loss = r["packed_ref"]
-        else:
-            toks, psp = tokens, None
-            positions = torch.arange(SEQ)[None].expand(BATCH, -1)
-            labels = torch.cat([tokens[:, 1:], tokens[:, :1]], dim=1)
-            loss_mask = torch.ones_like(labels, dtype=torch.float)
-            loss_mask[:, -1] = 0.0
-            ref_logits, ref_loss = r["ref"]
+        toks, psp, positions, labels, loss_mask = parity_batch(tokens, packed_tokens, docs, DOCS, packed)
+        ref_logits, ref_loss = r["packed_ref" if packed else "ref"]
 
         logits = pipeline_forward(model, lambda m: m(toks, positions, None, packed_seq_params=psp),
                                   toks.shape[1], toks.shape[0])
