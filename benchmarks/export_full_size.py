@@ -61,18 +61,20 @@ def make_adapter(root: Path, model) -> Path:
     import torch
     from safetensors.torch import save_file
 
-    from orchestrator.models.speech import AudioAdapter
+    from orchestrator.models.adapters import AudioAdapter
+    from orchestrator.plan.adapter_kinds import dropout, frame_stack
 
     out = root / "adapter"
     if not out.is_dir():
         torch.manual_seed(0)
         ctc_vocab = model.decoder.vocab_size if model.adapter.ctc_weight > 0 else 0
         adapter = AudioAdapter(model.encoder.num_layers, model.encoder.d_model, model.decoder.hidden_size,
-                               model.adapter.frame_stack, ctc_vocab_size=ctc_vocab).to(torch.bfloat16)
+                               frame_stack(model.adapter), ctc_vocab_size=ctc_vocab).to(torch.bfloat16)
         out.mkdir()
         save_file({k: v.contiguous() for k, v in adapter.state_dict().items()}, str(out / "model.safetensors"))
-        (out / "adapter_config.json").write_text(json.dumps({k: model.adapter[k] for k in
-                                                             ("frame_stack", "dropout", "ctc_weight")}))
+        (out / "adapter_config.json").write_text(json.dumps({"frame_stack": frame_stack(model.adapter),
+                                                             "dropout": dropout(model.adapter),
+                                                             "ctc_weight": model.adapter.ctc_weight}))
     return out
 
 

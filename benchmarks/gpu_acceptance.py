@@ -405,12 +405,13 @@ def packed_microbatch(obj, audio_token_id: int, seed: int, text_tokens: int = 60
     """One packed row of data.seq_length tokens: samples of [4 prompt tokens, one clip of
     data.max_audio_seconds (its adapter tokens), text]; the last sample's text fills the row."""
     import torch
+    from orchestrator.plan.adapter_kinds import frames_per_token
     from orchestrator.plan.model_params import audio_token_count
 
     seq, enc = obj.data.seq_length, obj.model.encoder
     window = 2 * enc.max_source_positions
     mel = min(int(obj.data.max_audio_seconds * 100), window)
-    n_audio = audio_token_count(mel, obj.model.adapter.frame_stack)
+    n_audio = audio_token_count(mel, frames_per_token(obj.model.adapter))
     sample = 4 + n_audio + text_tokens
     n_samples = max(1, seq // sample)
     gen = torch.Generator().manual_seed(seed)
@@ -599,7 +600,7 @@ def unpacked(batch: dict) -> dict:
 
 def check_hf_peft(table: Table, dry_run: bool, ours: dict):
     """The throughput row's model and tokens in plain HF: Gemma2ForCausalLM, HF's Whisper
-    encoder and the same adapter maths (orchestrator.models.speech.AudioAdapter), LoRA r16
+    encoder and the same adapter maths (orchestrator.models.adapters.AudioAdapter), LoRA r16
     on the same linears through the `peft` package, bf16, torch's fused AdamW; HF's flex
     attention (softcap kept) where it runs, else its eager attention; the samples unpacked
     into padded batches. The ratio of our tokens/s (`ours`: the throughput rows, the
@@ -618,7 +619,9 @@ def check_hf_peft(table: Table, dry_run: bool, ours: dict):
     from transformers import Gemma2ForCausalLM
 
     from orchestrator.convert.decoder_mapping import decoder_hf_config, hf_decoder_config
-    from orchestrator.models.speech import AudioAdapter, build_whisper_encoder, run_encoder
+    from orchestrator.models.adapters import AudioAdapter
+    from orchestrator.plan.adapter_kinds import frame_stack
+    from orchestrator.models.speech import build_whisper_encoder, run_encoder
     from orchestrator.plan.kernels import encoder_precision
     from orchestrator.plan.step_flops import StepFlops
     from orchestrator.plan.megatron_args import padded_vocab_size
@@ -638,7 +641,7 @@ def check_hf_peft(table: Table, dry_run: bool, ours: dict):
             encoder = build_whisper_encoder(obj.model.encoder, encoder_precision("auto", on_gpu)).to(device)
             encoder.requires_grad_(False)
             adapter = AudioAdapter(obj.model.encoder.num_layers, obj.model.encoder.d_model, obj.model.decoder.hidden_size,
-                                   obj.model.adapter.frame_stack, 0.0).to(dtype=dtype, device=device)
+                                   frame_stack(obj.model.adapter), 0.0).to(dtype=dtype, device=device)
             trained = [p for p in [*model.parameters(), *adapter.parameters()] if p.requires_grad]
             optimizer = torch.optim.AdamW(trained, lr=1e-4, fused=on_gpu)
             n_micro = plan.num_microbatches
@@ -711,6 +714,7 @@ def check_generation(table: Table, dry_run: bool, dtype_name: str = ""):
     from orchestrator.models.audiollm import build_audiollm
     from orchestrator.models.decoder_config import build_transformer_config
     from orchestrator.models.generate import greedy_generate
+    from orchestrator.plan.adapter_kinds import frames_per_token
     from orchestrator.plan.model_params import audio_token_count
     from orchestrator.plan.resolve import resolve, to_object
 
@@ -748,7 +752,7 @@ def check_generation(table: Table, dry_run: bool, dtype_name: str = ""):
         prompts = []
         for i, n in enumerate(mel_lengths):
             text = torch.randint(10, obj.model.decoder.vocab_size, (3 + 2 * i,), generator=gen).tolist()
-            prompts.append([2, *text[:2], *[audio_token_id] * audio_token_count(n, obj.model.adapter.frame_stack),
+            prompts.append([2, *text[:2], *[audio_token_id] * audio_token_count(n, frames_per_token(obj.model.adapter)),
                             *text[2:]])
         features = torch.randn(GENERATION_ROWS, enc.num_mel_bins, window, generator=gen)
         common = dict(stop_ids=[-5], max_new_tokens=GENERATION_TOKENS, pad_id=0)  # no stop id: every token decoded

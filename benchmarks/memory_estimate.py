@@ -40,6 +40,7 @@ def main() -> None:
     from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
     from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
 
+    from orchestrator.plan.adapter_kinds import frames_per_token
     from orchestrator.plan.model_params import audio_token_count
     from orchestrator.models.audiollm import build_audiollm
     from orchestrator.runtime.distributed import init_distributed
@@ -59,7 +60,7 @@ def main() -> None:
     enc = obj.model.encoder
     window = 2 * enc.max_source_positions
     mel_frames = min(int(obj.data.max_audio_seconds * 100), window)
-    n_audio = audio_token_count(mel_frames, obj.model.adapter.frame_stack)
+    n_audio = audio_token_count(mel_frames, frames_per_token(obj.model.adapter))
     generator = torch.Generator().manual_seed(0)
     tokens = torch.randint(10, obj.model.decoder.vocab_size, (mbs, seq), generator=generator)
     tokens[:, 4:4 + n_audio] = audio_token_id

@@ -29,6 +29,7 @@ import shutil
 from pathlib import Path
 from typing import Optional
 
+from orchestrator.plan.adapter_kinds import frame_stack
 from orchestrator.convert.hf_io import ShardWriter
 from orchestrator.hf_model import REMOTE_CODE_FILES
 
@@ -51,7 +52,7 @@ def model_config(export, audio_token_id: Optional[int]) -> dict:
         "architectures": ["AudioLLMForCausalLM"], "model_type": MODEL_TYPE, "auto_map": AUTO_MAP,
         "custom_pipelines": CUSTOM_PIPELINES,
         "text_config": export.hf_config, "audio_config": export.whisper_config,
-        "audio_token_id": audio_token_id, "frame_stack": int(model["adapter"]["frame_stack"]),
+        "audio_token_id": audio_token_id, "frame_stack": frame_stack(model["adapter"]),
         "ctc_vocab_size": decoder_vocab if ctc else 0,
         "encoder_mask_padding": bool(model["encoder"].get("mask_padding", False)),
         # What hf-to-megatron writes back as the converted checkpoint's adapter_config.json.
@@ -87,7 +88,7 @@ def write_processor(out: Path, export) -> Optional[int]:
     features = WhisperFeatureExtractor(feature_size=int(model["encoder"]["num_mel_bins"]),
                                        chunk_length=int(seconds) if seconds.is_integer() else seconds)
     processor = AudioLLMProcessor(features, tokenizer, prompt_template=data["prompt_template"],
-                                  audio_token=data["audio_token"], frame_stack=int(model["adapter"]["frame_stack"]),
+                                  audio_token=data["audio_token"], frame_stack=frame_stack(model["adapter"]),
                                   add_bos=bool(data.get("add_bos", True)))
     processor.save_pretrained(str(out))
     for name in ("processor_config.json", "preprocessor_config.json", "tokenizer_config.json"):

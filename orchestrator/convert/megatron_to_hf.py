@@ -39,6 +39,7 @@ from typing import Dict, Iterator, List, Optional, Tuple
 
 import torch
 
+from orchestrator.plan.adapter_kinds import ADAPTER_KINDS, dropout, frame_stack, kind_name
 from orchestrator.plan.checkpoint_dirs import (ADAPTER_SUBDIR, CONVERTED_META, ENCODER_SUBDIR, checkpoint_at_step,
                                                resolve_model_checkpoint)
 from orchestrator.convert.decoder_mapping import DecoderShape, decoder_hf_config, hf_decoder_config, megatron_tensor_to_hf
@@ -105,7 +106,13 @@ class Export:
             self.tokenizer = (config.get("data") or {}).get("tokenizer")
             self.hf_config = decoder_hf_config(model["decoder"], self.tokenizer)
             self.whisper_config = whisper_hf_config(model["encoder"])
-            self.adapter_config = {k: model["adapter"][k] for k in ("frame_stack", "dropout", "ctc_weight")}
+            kind = kind_name(model["adapter"])
+            if kind != "layer_mix":  # (hf_model/ holds the project's own adapter only)
+                raise ValueError(f"{ckpt}: its run's model.adapter.kind={kind} exports as "
+                                 f"{ADAPTER_KINDS[kind].released_class}, which this version does not write yet; "
+                                 f"only model.adapter.kind=layer_mix exports")
+            self.adapter_config = {"frame_stack": frame_stack(model["adapter"]), "dropout": dropout(model["adapter"]),
+                                   "ctc_weight": model["adapter"].get("ctc_weight", 0.0)}
         else:
             raise FileNotFoundError(f"{ckpt}: neither {CONVERTED_META} (a converted checkpoint) nor {plan_path} "
                                     f"(a training checkpoint's run) is there, so the model's config is unknown")

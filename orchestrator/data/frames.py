@@ -3,8 +3,8 @@ submit side may import it to check configs).
 
 16-kHz audio -> mel frames (hop 160: 100 per second) -> encoder frames (Whisper's
 conv front end: conv k3 s1 p1, then conv k3 s2 p1, so ceil(mel / 2)) -> adapter
-tokens (`frame_stack` encoder frames concatenated per token; a partial stack is
-dropped: // frame_stack).
+tokens (`frames_per_token` encoder frames stacked or pooled into one, as the adapter's
+kind does: orchestrator/plan/adapter_kinds.py; a partial group is dropped).
 """
 
 from __future__ import annotations
@@ -29,18 +29,21 @@ def encoder_frames(mel_frames: int) -> int:
     return math.ceil(mel_frames / 2)
 
 
-def audio_placeholder_count(num_samples: int, max_source_positions: int, frame_stack: int,
-                            mode: str = "clip") -> int:
-    """Audio tokens the adapter makes for a clip of `num_samples` 16-kHz samples.
-
-    mode "clip": the clip's own mel frames (capped at the window); mode "window": the
-    whole window (2 * max_source_positions), as Whisper always encodes 30 s.
-    """
-    window = window_frames_for(max_source_positions)
+def read_frames(valid_mel_frames: int, window_frames: int, mode: str = "clip") -> int:
+    """The mel frames of a clip that the model reads and counts tokens from (its "audio
+    lengths"): mode "clip", the clip's own `valid_mel_frames` (capped at the window); mode
+    "window", the whole window, as Whisper always encodes 30 s (and Voxtral's processor
+    pads every clip to 30-s windows)."""
     if mode == "window":
-        mel = window
-    elif mode == "clip":
-        mel = min(valid_frames(num_samples), window)
-    else:
-        raise ValueError(f"data.audio_tokens={mode!r}; use 'clip' or 'window'")
-    return encoder_frames(mel) // frame_stack
+        return window_frames
+    if mode == "clip":
+        return min(valid_mel_frames, window_frames)
+    raise ValueError(f"data.audio_tokens={mode!r}; use 'clip' or 'window'")
+
+
+def audio_placeholder_count(num_samples: int, max_source_positions: int, frames_per_token: int,
+                            mode: str = "clip") -> int:
+    """Audio tokens the adapter makes for a clip of `num_samples` 16-kHz samples (`mode`:
+    data.audio_tokens, read_frames)."""
+    mel = read_frames(valid_frames(num_samples), window_frames_for(max_source_positions), mode)
+    return encoder_frames(mel) // frames_per_token

@@ -36,9 +36,11 @@ import numpy as np
 import torch
 
 from orchestrator.plan import tasks
+from orchestrator.plan.adapter_kinds import frames_per_token
 from orchestrator.data import mel, prompts, remote, sources
 from orchestrator.data.audio import AudioError, load_audio
 from orchestrator.data.packing import Example, Packer, collate
+from orchestrator.data.frames import read_frames
 from orchestrator.data.prompts import audio_placeholder_count
 
 log = logging.getLogger(__name__)
@@ -58,7 +60,7 @@ class SampleProcessor:
         self.cfg = _plain(data_cfg)  # attribute reads on a DictConfig are slow in this per-sample path
         self.max_source_positions = int(encoder_cfg.max_source_positions)
         self.num_mel_bins = int(encoder_cfg.num_mel_bins)
-        self.frame_stack = int(adapter_cfg.frame_stack)
+        self.frames_per_token = frames_per_token(adapter_cfg)
         self.window_frames = mel.window_frames_for(self.max_source_positions)
         problems = [p for d in datasets for p in tasks.entry_problems(d.entry or {"name": d.name}, data_cfg, split)]
         if problems:
@@ -102,14 +104,15 @@ class SampleProcessor:
                              f"set data.long_audio=chunk to split it, or raise data.max_audio_seconds")
         # Consecutive chunks of max_audio_seconds; their placeholder runs follow each other in the prompt.
         chunks = [audio[i:i + self.max_samples] for i in range(0, audio.shape[0], self.max_samples)]
-        # A last chunk too short for one audio token (under frame_stack encoder frames: 0.1 s
-        # at frame_stack 5) has nothing the model could read: it is left out.
+        # A last chunk too short for one audio token (under frames_per_token encoder frames:
+        # 0.1 s at layer_mix's frame_stack 5) has nothing the model could read: it is left out.
         if len(chunks) > 1 and self._placeholders(chunks[-1:]) == [0]:
             chunks.pop()
         return chunks
 
     def _placeholders(self, clips: Sequence[np.ndarray]) -> List[int]:
-        return [audio_placeholder_count(c.shape[0], self.max_source_positions, self.frame_stack, self.cfg.audio_tokens)
+        return [audio_placeholder_count(c.shape[0], self.max_source_positions, self.frames_per_token,
+                                        self.cfg.audio_tokens)
                 for c in clips]
 
     def _fits(self, tokenized) -> bool:
@@ -187,7 +190,7 @@ class SampleProcessor:
         if self.on_device:
             clips = [c for ex in examples for c in ex.clips]
             return {"audio_waveforms": mel.waveforms(clips, self.window_frames),
-                    "audio_lengths": mel.frame_counts(clips, self.window_frames),
+                    "audio_lengths": self._read_lengths(mel.frame_counts(clips, self.window_frames)),
                     "audio_mel_bins": self.num_mel_bins, "audio_window_frames": self.window_frames}
         todo = [ex for ex in examples if ex.features is None]
         clips = [c for ex in todo for c in ex.clips]
@@ -202,7 +205,13 @@ class SampleProcessor:
             return {"audio_features": torch.zeros(0, self.num_mel_bins, self.window_frames),
                     "audio_lengths": torch.zeros(0, dtype=torch.long)}
         return {"audio_features": torch.cat([ex.features for ex in examples]),
-                "audio_lengths": torch.cat([ex.feature_lengths for ex in examples])}
+                "audio_lengths": self._read_lengths(torch.cat([ex.feature_lengths for ex in examples]))}
+
+    def _read_lengths(self, valid: torch.Tensor) -> torch.Tensor:
+        """The clips' mel frames that the model reads and counts its audio tokens from, as
+        their placeholders were counted (data.audio_tokens: frames.read_frames)."""
+        return torch.tensor([read_frames(int(n), self.window_frames, self.cfg.audio_tokens) for n in valid.tolist()],
+                            dtype=torch.long)
 
     def for_transport(self, example: Example) -> Example:
         """An Example as a worker process sends it back: its log-mel (the clips left

@@ -23,7 +23,7 @@ Micro-batch (all torch tensors unless said):
                                      [C, longest clip's samples] (zero-padded), audio_mel_bins and
                                      audio_window_frames (ints): mel.batch_features makes the
                                      features on the encoder's device
-  audio_lengths       int64 [C]      valid mel frames of each clip
+  audio_lengths       int64 [C]      mel frames the model reads of each clip (frames.read_frames)
   audio_num_tokens    int64 [C]      placeholders of each clip (adapter output kept per clip)
   audio_clip_rows     int64 [C]      the row each clip's placeholders are in
   audio_clip_ctc      bool [C]       whether each clip's sample is its transcript (joint CTC target)

@@ -58,6 +58,7 @@ class RunTranscriber:
         from orchestrator.data.prompts import PromptBuilder
         from orchestrator.data.tokenizer_build import load_tokenizer
         from orchestrator.scoring.asr import default_stop_ids
+        from orchestrator.plan.adapter_kinds import frames_per_token
         from orchestrator.plan.model_params import audio_token_count
         from orchestrator.train import checkpoint as ckpt
         from orchestrator.train.audiollm_provider import AudioLLMProvider, audiollm_config
@@ -86,25 +87,28 @@ class RunTranscriber:
         self.max_new_tokens = int(max_new_tokens or cfg.train.eval_generation_max_new_tokens)
         self.mel_bins = int(cfg.model.encoder.num_mel_bins)
         self.window_frames = 2 * int(cfg.model.encoder.max_source_positions)
-        self.frame_stack = int(cfg.model.adapter.frame_stack)
+        per_token = frames_per_token(cfg.model.adapter)
+        self.audio_tokens = str(cfg.data.audio_tokens)
         self.window_samples = self.window_frames * 160
-        self.min_samples = 160 * (2 * self.frame_stack - 2) + 1  # the mel frames of one audio token
-        self._tokens = lambda frames: audio_token_count(int(frames), self.frame_stack)
+        self.min_samples = 160 * (2 * per_token - 2) + 1  # the mel frames of one audio token
+        self._tokens = lambda frames: audio_token_count(int(frames), per_token)
         template = prompt_template(self.tokenizer, prompt, cfg.data.prompt_template)
         self.builder = PromptBuilder(self.tokenizer, template, cfg.data.response_suffix, cfg.data.add_bos,
                                      audio_token=cfg.data.audio_token)
 
     def answer(self, clips: Sequence[np.ndarray]) -> List[str]:
         from orchestrator.data import mel
+        from orchestrator.data.frames import read_frames
         from orchestrator.models.generate import greedy_generate
 
-        features, lengths = mel.features(list(clips), self.mel_bins, self.window_frames)
+        features, valid = mel.features(list(clips), self.mel_bins, self.window_frames)
+        lengths = [read_frames(int(n), self.window_frames, self.audio_tokens) for n in valid.tolist()]
         prompts = []
-        for n in lengths.tolist():
+        for n in lengths:
             sample = self.builder.build("-", [self._tokens(n)])
             prompts.append(sample.tokens.tolist()[:sample.answer_start])
         pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.tokenizer.eos_token_id
-        ids = greedy_generate(self.model, prompts, features.to(self.device), lengths.tolist(), self.stop_ids,
+        ids = greedy_generate(self.model, prompts, features.to(self.device), lengths, self.stop_ids,
                               max_new_tokens=self.max_new_tokens, pad_id=pad, ctc_weight=self.ctc_weight,
                               ctc_rows=[True] * len(prompts))  # (greedy_generate runs without autograd)
         return [self.tokenizer.decode(x, skip_special_tokens=True) for x in ids]

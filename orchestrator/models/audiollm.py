@@ -1,4 +1,5 @@
-"""The AudioLLM: Whisper encoder -> adapter -> audio fused into Gemma2's token embeddings.
+"""The AudioLLM: Whisper encoder -> adapter (of model.adapter.kind) -> audio fused into the
+decoder's token embeddings.
 
 Parameter names follow the project's contract: `encoder.*` (HF WhisperEncoder),
 `adapter.*`, `language_model.*` (megatron GPTModel). The encoder and adapter exist on
@@ -22,12 +23,13 @@ from megatron.core.transformer.module import MegatronModule
 from orchestrator.models.fusion import fuse_audio, fuse_audio_frames
 from orchestrator.models.decoder_config import DecoderTransformerConfig
 from orchestrator.models.decoder_model import DecoderModel
-from orchestrator.models.speech import AudioAdapter, build_whisper_encoder, ctc_losses, run_encoder
+from orchestrator.models.adapters import build_adapter, ctc_losses
+from orchestrator.models.speech import build_whisper_encoder, run_encoder
 
 
 class AudioLLM(MegatronModule):
     def __init__(self, language_model: DecoderModel, encoder: Optional[torch.nn.Module],
-                 adapter: Optional[AudioAdapter], audio_token_id: int, encoder_pad_value: float = 0.0,
+                 adapter: Optional[torch.nn.Module], audio_token_id: int, encoder_pad_value: float = 0.0,
                  spec_augment: Optional[torch.nn.Module] = None, encoder_mask_padding: bool = False):
         super().__init__(config=language_model.config)
         self.language_model = language_model
@@ -79,7 +81,7 @@ class AudioLLM(MegatronModule):
         if self.spec_augment is not None and self.training:
             audio_features = self.spec_augment(audio_features, lengths, generators=generators)
         states = run_encoder(self.encoder, audio_features, self.encoder_pad_value,
-                             lengths if self.encoder_mask_padding else None)
+                             lengths if self.encoder_mask_padding else None, self.adapter.layer_mix, self.adapter.pool)
         return self.adapter(states, lengths, generators=generators)
 
     def embed(self, input_ids: torch.Tensor, audio_features: Optional[torch.Tensor] = None,
@@ -109,7 +111,7 @@ class AudioLLM(MegatronModule):
     def adapter_tokens(self, mel_frames: int) -> int:
         from orchestrator.plan.model_params import audio_token_count
 
-        return audio_token_count(mel_frames, self.adapter.frame_stack)
+        return audio_token_count(mel_frames, self.adapter.frames_per_token)
 
     def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor, attention_mask=None, labels=None,
                 audio_features: Optional[torch.Tensor] = None, audio_lengths: Optional[Sequence[int]] = None,
@@ -187,8 +189,7 @@ def build_audiollm(model_cfg, config: DecoderTransformerConfig, pre_process: boo
                              f"model.encoder.precision=auto (or freeze the encoder)")
         encoder = build_whisper_encoder(model_cfg.encoder, precision, random_init=random_init, device=device)
         ctc_vocab = dec.vocab_size if float(getattr(model_cfg.adapter, "ctc_weight", 0.0)) > 0 else 0
-        adapter = AudioAdapter(model_cfg.encoder.num_layers, model_cfg.encoder.d_model, dec.hidden_size,
-                               model_cfg.adapter.frame_stack, model_cfg.adapter.dropout, ctc_vocab).to(params_dtype)
+        adapter = build_adapter(model_cfg, dec.hidden_size, ctc_vocab).to(params_dtype)
         if model_cfg.adapter.freeze:
             adapter.requires_grad_(False)
         adapter.to(device)

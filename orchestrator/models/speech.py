@@ -1,4 +1,5 @@
-"""Speech side of the AudioLLM: HF Whisper encoder and the frame-stacking adapter.
+"""Speech side of the AudioLLM: the HF Whisper encoder, run layer by layer (the adapters
+that read its states: orchestrator/models/adapters.py).
 
 Encoder window, two modes (`model.encoder.mask_padding`):
 
@@ -38,7 +39,7 @@ from typing import List, Optional, Sequence
 import torch
 from torch import nn
 
-from orchestrator.plan.model_params import audio_token_count, encoder_frame_count  # noqa: F401  (re-exported)
+from orchestrator.plan.model_params import encoder_frame_count
 
 
 def whisper_encoder_config(encoder, attention: str = "eager"):
@@ -97,11 +98,13 @@ _EDGE_FRAMES = 4
 
 
 def run_encoder(encoder: nn.Module, features: torch.Tensor, pad_value: float = 0.0,
-                mel_lengths: Optional[Sequence[int]] = None) -> List[torch.Tensor]:
+                mel_lengths: Optional[Sequence[int]] = None, every_layer: bool = True,
+                pool: int = 1) -> List[torch.Tensor]:
     """features [b, mel, frames <= window] -> the N layer outputs of HF's hidden_states
-    (entries 1..N), each [b, frames/2, d], in the encoder's dtype (fp32). Without
-    `mel_lengths`: HF's forward over the whole window. With them: the masked forward
-    over the longest clip (see the module docstring)."""
+    (entries 1..N), each [b, frames/2, d], in the encoder's dtype (fp32); only the last
+    without `every_layer`, its frames averaged `pool` at a time before the final
+    LayerNorm (encoder_states). Without `mel_lengths`: HF's forward over the whole
+    window. With them: the masked forward over the longest clip (see the module docstring)."""
     window = 2 * encoder.config.max_source_positions
     frames = features.shape[-1]
     if frames > window:
@@ -129,15 +132,18 @@ def run_encoder(encoder: nn.Module, features: torch.Tensor, pad_value: float = 0
                    if features.device.type in ("cpu", "cuda") else contextlib.nullcontext())
     with no_autocast, torch.set_grad_enabled(
             torch.is_grad_enabled() and not frozen):
-        return encoder_states(encoder, features, mel_lengths)
+        return encoder_states(encoder, features, mel_lengths, every_layer, pool)
 
 
-def encoder_states(encoder: nn.Module, features: torch.Tensor,
-                   mel_lengths: Optional[Sequence[int]] = None) -> List[torch.Tensor]:
+def encoder_states(encoder: nn.Module, features: torch.Tensor, mel_lengths: Optional[Sequence[int]] = None,
+                   every_layer: bool = True, pool: int = 1) -> List[torch.Tensor]:
     """HF WhisperEncoder's forward (no layerdrop: the config has none; no head mask) on a
     window of any even length; with `mel_lengths`, a key mask keeps each clip's attention
     inside its own frames. Returns what HF's hidden_states[1:] holds: the outputs of
-    layers 1..N-1, then layer N's output after the final LayerNorm."""
+    layers 1..N-1, then layer N's output after the final LayerNorm; without `every_layer`
+    that last one alone (no earlier output is kept). `pool` > 1 (Qwen2-Audio's encoder):
+    layer N's frames averaged `pool` at a time (AvgPool1d, a partial group dropped) before
+    the final LayerNorm."""
     act = nn.functional.gelu
     hidden = act(encoder.conv2(act(encoder.conv1(features)))).permute(0, 2, 1)
     frames = hidden.shape[1]
@@ -153,123 +159,8 @@ def encoder_states(encoder: nn.Module, features: torch.Tensor,
     for layer in encoder.layers:
         out = layer(hidden, mask, layer_head_mask=None)
         hidden = out[0] if isinstance(out, tuple) else out
-        states.append(hidden)
-    states[-1] = encoder.layer_norm(hidden)
-    return states
-
-
-class _LayerMix(torch.autograd.Function):
-    """sum_i w_i * float(state_i), keeping the states as they are for the backward: autograd
-    would keep an fp32 copy of each (the weights' gradient reads them), twice the size of a
-    bf16 encoder's outputs; at whisper-large-v3's 32 layers and 6 clips of 30 s that is
-    1.5 GB per micro-batch (seen by the full-size probe, orchestrator/probe/, on the first
-    pipeline stage of gemma2_whisper_tp4pp2). The same sum in the same order, in fp32."""
-
-    @staticmethod
-    def forward(ctx, weights: torch.Tensor, *states: torch.Tensor) -> torch.Tensor:
-        mixed = torch.zeros(states[0].shape, dtype=torch.float32, device=states[0].device)
-        for w, state in zip(weights, states):
-            mixed += w * state.float()
-        ctx.save_for_backward(weights, *states)
-        return mixed
-
-    @staticmethod
-    def backward(ctx, grad: torch.Tensor):
-        weights, *states = ctx.saved_tensors
-        grad_weights = None
-        if ctx.needs_input_grad[0]:
-            grad_weights = torch.stack([(grad * state.float()).sum() for state in states])
-        grad_states = [(grad * w).to(state.dtype) if ctx.needs_input_grad[i + 1] else None
-                       for i, (w, state) in enumerate(zip(weights, states))]
-        return (grad_weights, *grad_states)
-
-
-class AudioAdapter(nn.Module):
-    """Softmax-weighted sum of the encoder layer outputs -> LayerNorm -> stack
-    `frame_stack` consecutive frames -> Linear(kd, kd) -> SiLU -> Dropout -> Linear(kd, hidden)."""
-
-    def __init__(self, num_states: int, d_model: int, hidden_size: int, frame_stack: int = 5, dropout: float = 0.0,
-                 ctc_vocab_size: int = 0):
-        super().__init__()
-        self.frame_stack = frame_stack
-        stacked = frame_stack * d_model
-        self.layer_weights = nn.Parameter(torch.zeros(num_states))
-        self.norm = nn.LayerNorm(d_model)
-        self.linear_1 = nn.Linear(stacked, stacked)
-        self.act = nn.SiLU()
-        self.dropout = nn.Dropout(dropout)
-        self.linear_2 = nn.Linear(stacked, hidden_size)
-        # Optional auxiliary CTC head: the vocabulary plus a blank (the last index).
-        self.ctc_head = nn.Linear(hidden_size, ctc_vocab_size + 1) if ctc_vocab_size else None
-
-    def mix(self, states: Sequence[torch.Tensor]) -> torch.Tensor:
-        # Summed in fp32 whatever the encoder's and the adapter's precision, then in the
-        # adapter's dtype (bf16 on GPUs, with the decoder) from the norm on.
-        weights = torch.softmax(self.layer_weights.float(), dim=0)
-        return self.norm(_LayerMix.apply(weights, *states).to(self.norm.weight.dtype))
-
-    def forward(self, states: Sequence[torch.Tensor], mel_lengths: Sequence[int],
-                generators: Optional[Sequence[torch.Generator]] = None) -> torch.Tensor:
-        """Encoder states [b, frames, d] and each sample's true mel length -> audio tokens
-        of all samples, flattened in sample order: [sum of tokens, hidden]. With
-        `generators` (one per sample) each sample's dropout mask is drawn from its own."""
-        mixed = self.mix(states)
-        if mixed.shape[0] != len(mel_lengths):
-            raise ValueError(f"{mixed.shape[0]} audio samples but {len(mel_lengths)} audio lengths")
-        stacks = []
-        for i, mel_len in enumerate(mel_lengths):
-            tokens = audio_token_count(int(mel_len), self.frame_stack)
-            frames = tokens * self.frame_stack
-            if frames > mixed.shape[1]:
-                raise ValueError(f"audio sample {i}: length {int(mel_len)} mel frames exceeds the encoder window")
-            stacks.append(mixed[i, :frames].reshape(tokens, -1))
-        stacked = torch.cat(stacks, dim=0)
-        hidden = self.act(self.linear_1(stacked))
-        p = self.dropout.p
-        if generators is None or not self.training or p == 0:
-            return self.linear_2(self.dropout(hidden))
-        keep = to_device(torch.cat([torch.empty(len(piece), hidden.shape[1]).bernoulli_(1 - p, generator=g)
-                                    for piece, g in zip(stacks, generators)]), hidden.device).to(hidden.dtype)
-        return self.linear_2(hidden * keep / (1 - p))
-
-
-# A clip's CTC target that says: this clip continues the sample of the clip before it (a
-# long recording cut into windows, data.long_audio=chunk), whose transcript is aligned
-# over the windows' audio tokens one after another.
-JOINS_PREVIOUS = "joins the previous clip"
-
-
-def ctc_losses(adapter: AudioAdapter, audio_tokens: torch.Tensor, tokens_per_clip: Sequence[int],
-               targets: Sequence) -> torch.Tensor:
-    """CTC loss of each sample with a target [samples with targets]: the adapter's CTC head
-    over its clips' audio tokens (`audio_tokens` [sum of tokens, hidden], clips in order;
-    a sample's clips are its first and the JOINS_PREVIOUS ones after it, concatenated)
-    against its transcript's token ids; a clip whose target is None (its sample is not
-    its transcript) is left out. A transcript longer than its audio tokens cannot be
-    aligned and gives 0 (zero_infinity) rather than an infinite loss."""
-    if adapter.ctc_head is None:
-        raise ValueError("the adapter has no CTC head (model.adapter.ctc_weight is 0)")
-    if len(targets) != len(tokens_per_clip):
-        raise ValueError(f"{len(targets)} CTC targets for {len(tokens_per_clip)} audio clips")
-    samples: list = []  # [target, audio tokens] per sample, its clips' tokens summed
-    for i, (target, tokens) in enumerate(zip(targets, tokens_per_clip)):
-        if isinstance(target, str) and target == JOINS_PREVIOUS:
-            if not samples or samples[-1][0] is None:
-                raise ValueError(f"CTC target of clip {i} joins the previous clip, which has no target")
-            samples[-1][1] += int(tokens)
-        else:
-            samples.append([target, int(tokens)])
-    tokens_per_clip = [tokens for _, tokens in samples]
-    targets = [target for target, _ in samples]
-    if any(t is None for t in targets):
-        keep = [i for i, t in enumerate(targets) if t is not None]
-        pieces = audio_tokens.split(list(tokens_per_clip))
-        audio_tokens = torch.cat([pieces[i] for i in keep])
-        tokens_per_clip, targets = [tokens_per_clip[i] for i in keep], [targets[i] for i in keep]
-    blank = adapter.ctc_head.out_features - 1
-    log_probs = torch.log_softmax(adapter.ctc_head(audio_tokens).float(), dim=-1)
-    padded = nn.utils.rnn.pad_sequence(list(log_probs.split(list(tokens_per_clip))))  # [T, clips, vocab + 1]
-    flat = torch.tensor([t for target in targets for t in target], dtype=torch.long, device=audio_tokens.device)
-    return nn.functional.ctc_loss(
-        padded, flat, torch.tensor(list(tokens_per_clip), dtype=torch.long),
-        torch.tensor([len(t) for t in targets], dtype=torch.long), blank=blank, reduction="none", zero_infinity=True)
+        if every_layer:
+            states.append(hidden)
+    if pool > 1:
+        hidden = nn.functional.avg_pool1d(hidden.transpose(1, 2), pool, pool).transpose(1, 2)
+    return [*states[:-1], encoder.layer_norm(hidden)]

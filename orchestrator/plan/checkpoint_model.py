@@ -15,6 +15,7 @@ import json
 from pathlib import Path
 from typing import Optional
 
+from orchestrator.plan.adapter_kinds import kind_name, setting
 from orchestrator.plan.decoder_families import family_for_hf
 
 # model.decoder key -> the HF decoder config's key
@@ -65,9 +66,18 @@ def checkpoint_model(step_dir: Path) -> tuple[str, dict]:
     return "a checkpoint", {}
 
 
-# What must agree for the weights to load (the shapes); model.adapter's frame_stack shapes
-# its first linear.
-COMPARED = {"decoder": ("family", *HF_DECODER_KEYS), "encoder": tuple(WHISPER_KEYS), "adapter": ("frame_stack",)}
+# What must agree for the weights to load (the shapes); model.adapter's kind and
+# frame_stack shape its linears.
+COMPARED = {"decoder": ("family", *HF_DECODER_KEYS), "encoder": tuple(WHISPER_KEYS), "adapter": ("kind", "frame_stack")}
+
+
+def _values(part: str, section) -> dict:
+    """The COMPARED values of a model section (the config's, or a checkpoint's dict): the
+    adapter's as its kind reads them (orchestrator/plan/adapter_kinds.py)."""
+    if part == "adapter":
+        return {"kind": kind_name(section), "frame_stack": setting(section, "frame_stack")}
+    get = section.get if isinstance(section, dict) else lambda key: getattr(section, key)
+    return {key: get(key) for key in COMPARED[part]}
 
 
 def mismatches(model, step_dir: Path) -> list[str]:
@@ -78,10 +88,12 @@ def mismatches(model, step_dir: Path) -> list[str]:
     except ValueError as exc:  # a HF model_type no decoder family has
         return [f"its decoder: {exc}"]
     lines = []
-    for part, keys in COMPARED.items():
-        held = sections.get(part) or {}
-        for key in keys:
-            theirs, ours = held.get(key), getattr(getattr(model, part), key)
+    for part in COMPARED:
+        if not sections.get(part):
+            continue
+        held, own = _values(part, sections[part]), _values(part, getattr(model, part))
+        for key in COMPARED[part]:
+            theirs, ours = held.get(key), own.get(key)
             if theirs is not None and theirs != ours:
                 lines.append(f"model.{part}.{key}={ours} but {what} has {theirs}")
     return lines

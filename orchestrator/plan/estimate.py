@@ -41,6 +41,7 @@ from orchestrator.plan.kernels import (LOSS_CHUNK_ELEMENTS, LOSS_CHUNK_FP32_COPI
                                        loss_compiles, planned_compile)
 from orchestrator.plan import schedule
 from orchestrator.plan.megatron_args import padded_vocab_size
+from orchestrator.plan.adapter_kinds import adapter_kind, frames_per_token
 from orchestrator.plan.model_params import ParamSpec, audio_tokens_per_clip, encoder_frame_count, parameter_inventory
 from orchestrator.plan.schema import AudioLLMConfig, ModelConfig, ParallelConfig
 from orchestrator.plan.step_flops import StepFlops, causal_pairs
@@ -245,27 +246,35 @@ def encoder_activation_bytes(model: ModelConfig, clips: int, frames: int, dtype_
 
 def adapter_activation_bytes(model: ModelConfig, clips: int, frames: int, encoder_bytes: int,
                              encoder_trains: bool, adapter_bytes: int) -> tuple[float, float]:
-    """(kept for the backward, transient) bytes of the adapter (models.speech.AudioAdapter)
-    for `clips` clips of `frames` encoder frames. Its learned mix of the encoder's layer
-    outputs keeps every one of them, as the encoder made them, for the mix weights'
+    """(kept for the backward, transient) bytes of the adapter (orchestrator/models/adapters.py)
+    for `clips` clips of `frames` encoder frames. layer_mix: its learned mix of the encoder's
+    layer outputs keeps every one of them, as the encoder made them, for the mix weights'
     gradient (kept anyway when the encoder trains), and while it sums or reads one it holds
-    an fp32 copy and a product. Then five tensors of the clips' size in the adapter's dtype
+    an fp32 copy and a product; then five tensors of the clips' size in the adapter's dtype
     (`adapter_bytes`; as the full-size probe counts them): the mix, the frames stacked for
     the first linear, its output, the activation's output and what the second linear
-    reads. With the auxiliary CTC loss (model.adapter.ctc_weight), its head's fp32
-    log-probabilities over the vocabulary and their padded copy. Nothing is kept for a
-    frozen adapter."""
+    reads. voxtral: the stacked frames, the first linear's output and the activation's;
+    qwen2_audio: the pooled frames and their norm. With the auxiliary CTC loss
+    (model.adapter.ctc_weight), its head's fp32 log-probabilities over the vocabulary and
+    their padded copy. Nothing is kept for a frozen adapter."""
     if model.adapter.freeze:
         return 0.0, 0.0
-    states = model.encoder.num_layers
+    kind = adapter_kind(model.adapter)
     elements = clips * frames * model.encoder.d_model
-    mix = 0 if encoder_trains else states * elements * encoder_bytes
-    transient = 2 * elements * 4
+    tokens = clips * (frames // frames_per_token(model.adapter))
+    transient = 0.0
+    if kind.layer_mix:
+        mix = 0 if encoder_trains else model.encoder.num_layers * elements * encoder_bytes
+        kept = mix + 5 * elements * adapter_bytes
+        transient = 2 * elements * 4
+    elif kind.pool > 1:
+        kept = 2 * tokens * model.encoder.d_model * adapter_bytes
+    else:
+        kept = (elements + 2 * tokens * model.decoder.hidden_size) * adapter_bytes
     ctc = 0.0
     if float(model.adapter.ctc_weight) > 0:  # the CTC head's log-probabilities, and their padded copy
-        tokens = clips * (frames // model.adapter.frame_stack)
         ctc = 2 * tokens * (model.decoder.vocab_size + 1) * 4
-    return mix + 5 * elements * adapter_bytes + ctc, transient
+    return kept + ctc, transient
 
 
 def loss_peak_bytes(logits: float, dtype_bytes: int, compiled: bool = False, softcap: bool = True) -> float:

@@ -14,12 +14,12 @@ import math
 from dataclasses import asdict, dataclass, is_dataclass
 from typing import Optional
 
+from orchestrator.plan.adapter_kinds import adapter_kind, frames_per_token, linear_shapes
 from orchestrator.plan.decoder_families import family_of
 from orchestrator.plan.megatron_args import padded_vocab_size
 from orchestrator.plan.schema import LoraConfig, ModelConfig
 
 ENCODER_LORA_TARGETS = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.out_proj", "fc1", "fc2")
-ADAPTER_LORA_TARGETS = ("linear_1", "linear_2")
 
 
 @dataclass(frozen=True)
@@ -108,21 +108,25 @@ def encoder_params(model: ModelConfig, lora: LoraConfig) -> list[ParamSpec]:
 
 
 def adapter_params(model: ModelConfig, lora: LoraConfig) -> list[ParamSpec]:
-    d, k, hidden = model.encoder.d_model, model.adapter.frame_stack, model.decoder.hidden_size
+    """The adapter of `model.adapter.kind` (orchestrator/plan/adapter_kinds.py)."""
+    d, hidden = model.encoder.d_model, model.decoder.hidden_size
     adapted = lora.rank > 0 and lora.adapter
     trainable = not model.adapter.freeze
     c = "adapter"
-    # One mixing weight per encoder layer output: entries 1..N of HF's hidden_states
-    # (the embedding entry 0 is left out; see orchestrator/models/speech.py).
-    specs = [ParamSpec("adapter.layer_weights", (model.encoder.num_layers,), c, None, trainable)]
-    specs += _norm("adapter.norm", d, c, trainable)
-    specs += _linear("adapter.linear_1", k * d, k * d, c, trainable and not adapted)
-    specs += _linear("adapter.linear_2", hidden, k * d, c, trainable and not adapted)
+    specs = []
+    if adapter_kind(model.adapter).layer_mix:
+        # One mixing weight per encoder layer output: entries 1..N of HF's hidden_states
+        # (the embedding entry 0 is left out; see orchestrator/models/speech.py).
+        specs += [ParamSpec("adapter.layer_weights", (model.encoder.num_layers,), c, None, trainable)]
+        specs += _norm("adapter.norm", d, c, trainable)
+    linears = linear_shapes(model.adapter, d, hidden)
+    for name, out_dim, in_dim, bias in linears:
+        specs += _linear(f"adapter.{name}", out_dim, in_dim, c, trainable and not adapted, bias=bias)
     if model.adapter.ctc_weight > 0:  # the auxiliary CTC head: vocabulary + blank (never LoRA-adapted)
         specs += _linear("adapter.ctc_head", model.decoder.vocab_size + 1, hidden, c, not model.adapter.freeze)
     if adapted:
-        specs += _lora("adapter.linear_1", k * d, k * d, lora.rank, c, None)
-        specs += _lora("adapter.linear_2", hidden, k * d, lora.rank, c, None)
+        for name, out_dim, in_dim, _ in linears:
+            specs += _lora(f"adapter.{name}", out_dim, in_dim, lora.rank, c, None)
     return specs
 
 
@@ -188,18 +192,20 @@ def encoder_frame_count(mel_frames: int) -> int:
     return (mel_frames - 1) // 2 + 1 if mel_frames > 0 else 0
 
 
-def audio_token_count(mel_frames: int, frame_stack: int) -> int:
+def audio_token_count(mel_frames: int, frames_per_token: int) -> int:
     """Audio tokens (placeholders in input_ids) of a clip of `mel_frames` mel frames:
-    whole groups of `frame_stack` encoder frames; a trailing partial group is dropped.
-    30 s (3000 frames) -> 1500 encoder frames -> 300 tokens with frame_stack 5."""
-    return encoder_frame_count(mel_frames) // frame_stack
+    whole groups of `frames_per_token` encoder frames (adapter_kinds.frames_per_token); a
+    trailing partial group is dropped. 30 s (3000 frames) -> 1500 encoder frames -> 300
+    tokens with layer_mix's frame_stack 5, 375 with voxtral's 4, 750 with qwen2_audio's
+    pool of 2."""
+    return encoder_frame_count(mel_frames) // frames_per_token
 
 
 def audio_tokens_per_clip(seconds: float, model: ModelConfig) -> int:
     """Decoder tokens the adapter makes for a clip of `seconds` (100 mel frames per second,
     capped at the encoder window)."""
     mel_frames = min(math.ceil(seconds * 100), 2 * model.encoder.max_source_positions)
-    return audio_token_count(mel_frames, model.adapter.frame_stack)
+    return audio_token_count(mel_frames, frames_per_token(model.adapter))
 
 
 # Inventories by their inputs: validation and the estimates of one plan ask for the same one.

@@ -16,6 +16,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
+from orchestrator.plan.adapter_kinds import KIND_KEYS, setting
 from orchestrator.plan import estimate as est
 from orchestrator.plan.layout_estimate import estimate_layout
 from orchestrator.plan.local_paths import absolute_data_paths
@@ -72,7 +73,8 @@ def model_extensions(cfg: AudioLLMConfig, argv: list[str]) -> dict[str, Any]:
         # What the job decides on the machine it runs on (orchestrator/runtime/machine.py).
         "decided_at_start": dict(DECIDED_AT_START) if on_gpu else {},
         "encoder": asdict(cfg.model.encoder),
-        "adapter": asdict(cfg.model.adapter),
+        # Its keys as the adapter's kind reads them: a null key its kind's default.
+        "adapter": {**asdict(cfg.model.adapter), **{key: setting(cfg.model.adapter, key) for key in KIND_KEYS}},
     }
 
 

@@ -26,7 +26,7 @@ RoPE, the embedding lookup, the loss and the optimizer are left out, well under 
   needs only those), otherwise the whole window (max_source_positions; the 30-s Whisper
   window is what the pretrained encoder computes on every clip). conv1 counts per mel
   frame (2T), conv2 and the layers per position.
-- Adapter: linear_1 and linear_2 per audio token (adapter output token); the CTC head
+- Adapter: its linears per audio token (adapter output token; the kind's, adapter_kinds.linear_shapes); the CTC head
   (model.adapter.ctc_weight > 0, training only) a linear to vocabulary + blank per
   audio token.
 - Backward, per matmul in forward order: the weight gradient (as many FLOPs as the
@@ -55,6 +55,7 @@ import math
 import re
 from typing import Iterable, Optional
 
+from orchestrator.plan.adapter_kinds import adapter_kind, linear_shapes
 from orchestrator.plan.model_params import encoder_frame_count, model_name
 
 # The quantities a micro-batch is counted in; FLOPs = sum of items x coefficients.
@@ -187,11 +188,13 @@ class StepFlops:
             scan.linear("enc_position", f"{layer}.fc2", f, d)
         scan.marker("encoder.layer_norm.weight", "encoder.layer_norm.bias")
 
-        # Adapter: layer mix and norm, then two linears per audio token; the CTC head branches off.
-        k, h = ada.frame_stack, dec.hidden_size
-        scan.marker("adapter.layer_weights", "adapter.norm.weight", "adapter.norm.bias")
-        scan.linear("audio_token", "adapter.linear_1", k * d, k * d)
-        scan.linear("audio_token", "adapter.linear_2", k * d, h)
+        # Adapter (orchestrator/plan/adapter_kinds.py): the layer mix and its norm where the
+        # kind has them, then its linears per audio token; the CTC head branches off.
+        h = dec.hidden_size
+        if adapter_kind(ada).layer_mix:
+            scan.marker("adapter.layer_weights", "adapter.norm.weight", "adapter.norm.bias")
+        for name, out_dim, in_dim, _ in linear_shapes(ada, d, h):
+            scan.linear("audio_token", f"adapter.{name}", in_dim, out_dim)
         if float(getattr(ada, "ctc_weight", 0.0) or 0.0) > 0:
             scan.linear("audio_token", "adapter.ctc_head", h, dec.vocab_size + 1, lora=False, upstream=scan.upstream)
 

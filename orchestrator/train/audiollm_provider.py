@@ -25,7 +25,7 @@ from typing import Dict, List, Optional
 import torch
 
 from orchestrator.models.fusion import check_audio_placeholders, check_routed_frames
-from orchestrator.models.speech import JOINS_PREVIOUS
+from orchestrator.models.adapters import JOINS_PREVIOUS
 from orchestrator.train import megatron_config as mcfg
 
 def audiollm_config(plan):

@@ -241,11 +241,12 @@ def lora_target_names(model: torch.nn.Module, targets: Iterable[str], extra_patt
     return names
 
 
-# HF WhisperEncoder's attention and MLP linears; the adapter's two linears.
+# HF WhisperEncoder's attention and MLP linears; the adapter's linears, of every kind
+# (orchestrator/plan/adapter_kinds.py linear_shapes).
 ENCODER_PATTERNS = ("encoder.layers.*.self_attn.q_proj", "encoder.layers.*.self_attn.k_proj",
                     "encoder.layers.*.self_attn.v_proj", "encoder.layers.*.self_attn.out_proj",
                     "encoder.layers.*.fc1", "encoder.layers.*.fc2")
-ADAPTER_PATTERNS = ("adapter.linear_1", "adapter.linear_2")
+ADAPTER_PATTERNS = ("adapter.linear", "adapter.linear_1", "adapter.linear_2")
 
 
 def apply_lora(model: torch.nn.Module, lora_cfg: dict, seed: int, b_std: float = 0.0,

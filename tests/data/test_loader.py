@@ -455,7 +455,7 @@ def test_the_ctc_loss_of_a_chunked_recording_runs_over_all_its_windows(tmp_path,
     import torch
 
     from orchestrator.data.audio import encode_flac
-    from orchestrator.models.speech import JOINS_PREVIOUS, AudioAdapter, ctc_losses
+    from orchestrator.models.adapters import JOINS_PREVIOUS, AudioAdapter, ctc_losses
     from orchestrator.train.audiollm_provider import ctc_clip_groups, ctc_samples
 
     path = write_mds(tmp_path / "long", [{"audio": encode_flac(np.full(16000 * 12, 0.1, np.float32), 16000),

@@ -42,7 +42,7 @@ def _conv_out(length):
 def test_placeholder_count_follows_the_encoder_convolutions(samples):
     mel_frames = min(math.ceil(samples / 160), 500)
     expected = _conv_out(mel_frames) // 5
-    assert audio_placeholder_count(samples, max_source_positions=250, frame_stack=5) == expected
+    assert audio_placeholder_count(samples, max_source_positions=250, frames_per_token=5) == expected
     # Window mode: every clip counts the full window: 500 frames -> 250 -> 50 tokens.
     assert audio_placeholder_count(samples, 250, 5, mode="window") == 50
     assert audio_placeholder_count(480000, 1500, 5, mode="window") == 300  # whisper-large-v3: 300 per 30 s

@@ -1,11 +1,11 @@
-"""The adapter's layer mix (orchestrator/models/speech.py _LayerMix) computes what the plain
+"""The adapter's layer mix (orchestrator/models/adapters.py _LayerMix) computes what the plain
 sum computes, in the same order: the same bits forward and backward, for fp32 and bf16
 encoder states, frozen or trained; it keeps the states themselves, not fp32 copies."""
 
 import pytest
 import torch
 
-from orchestrator.models.speech import _LayerMix
+from orchestrator.models.adapters import _LayerMix
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

@@ -80,7 +80,7 @@ def test_a_bf16_encoder_with_sdpa_stays_close_to_fp32_and_feeds_the_fp32_adapter
     the tiny encoder chains 2 + 7 x layers rounded ops, independent errors add in
     quadrature: sqrt(2 + 7 x layers) x 2^-9 x 3 (three sigma) bounds the relative norm
     error of every layer's states. The adapter mixes the bf16 states in fp32."""
-    from orchestrator.models.speech import AudioAdapter
+    from orchestrator.models.adapters import AudioAdapter
 
     reference = _encoder()
     cfg = reference.config

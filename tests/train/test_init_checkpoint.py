@@ -37,7 +37,7 @@ STEP1_TOLERANCE = 1e-4  # fp32, both sides; the issue's bound
 def _hf_models(seed: int = 0):
     from transformers import Gemma2Config, Gemma2ForCausalLM, WhisperConfig, WhisperModel
 
-    from orchestrator.models.speech import AudioAdapter
+    from orchestrator.models.adapters import AudioAdapter
     from tests.models.tiny_models import randomize
 
     gemma = randomize(Gemma2ForCausalLM(Gemma2Config(**GEMMA2, attn_implementation="eager")), seed).eval()

@@ -6,6 +6,7 @@ from __future__ import annotations
 import re
 from typing import Iterator
 
+from orchestrator.plan.adapter_kinds import ADAPTER_KINDS, frames_per_token
 from orchestrator.plan.decoder_families import PROMPTS, prompt_settings
 from orchestrator.plan.schema import (
     DataConfig,
@@ -57,7 +58,13 @@ def check_data(data: DataConfig, model: ModelConfig, purpose: str) -> Iterator[F
             f"(model.encoder.max_source_positions {model.encoder.max_source_positions} x 2 / 100 frames per s); "
             f"lower data.max_audio_seconds or use data.long_audio=chunk with max_audio_seconds <= {window_seconds:g}",
         )
-    if model.adapter.frame_stack >= 1:
+    kind = ADAPTER_KINDS.get(model.adapter.kind)
+    if kind is not None and kind.audio_tokens and data.audio_tokens != kind.audio_tokens:
+        yield error("audio_tokens", f"model.adapter.kind={model.adapter.kind} counts "
+                                    f"{'every clip as whole encoder windows' if kind.audio_tokens == 'window' else 'a clip by its own frames'} "
+                                    f"(as {kind.released_class}'s processor does), but data.audio_tokens="
+                                    f"{data.audio_tokens}: set data.audio_tokens={kind.audio_tokens}")
+    if kind is not None and frames_per_token(model.adapter) >= 1:
         # "window" counts every clip as a full encoder window, whatever its length.
         seconds = window_seconds if data.audio_tokens == "window" else min(data.max_audio_seconds, window_seconds)
         audio_tokens = audio_tokens_per_clip(seconds, model)

@@ -7,6 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Iterator
 
+from orchestrator.plan.adapter_kinds import ADAPTER_KINDS, KIND_KEYS, dropout, frame_stack, frames_per_token
 from orchestrator.plan.decoder_families import FAMILIES
 from orchestrator.plan.checkpoint_dirs import frozen_source_problem, resolve_model_checkpoint
 from orchestrator.plan.kernels import ATTENTION_CHOICES, COMPILE_CHOICES, ENCODER_PRECISIONS, compile_blockers
@@ -75,7 +76,7 @@ def check_decoder(model: ModelConfig) -> Iterator[Finding]:
 
 
 def check_encoder(model: ModelConfig) -> Iterator[Finding]:
-    enc, adapter = model.encoder, model.adapter
+    enc = model.encoder
     yield from positive(
         "encoder",
         **{
@@ -84,7 +85,6 @@ def check_encoder(model: ModelConfig) -> Iterator[Finding]:
             "model.encoder.num_heads": enc.num_heads,
             "model.encoder.ffn_dim": enc.ffn_dim,
             "model.encoder.max_source_positions": enc.max_source_positions,
-            "model.adapter.frame_stack": adapter.frame_stack,
         },
     )
     if enc.num_heads >= 1 and enc.d_model % enc.num_heads:
@@ -93,14 +93,40 @@ def check_encoder(model: ModelConfig) -> Iterator[Finding]:
             f"model.encoder.d_model ({enc.d_model}) is not divisible by model.encoder.num_heads ({enc.num_heads})",
         )
     yield from one_of("encoder", "model.encoder.num_mel_bins", enc.num_mel_bins, (80, 128))
-    if adapter.frame_stack >= 1 and enc.max_source_positions % adapter.frame_stack:
+
+
+def check_adapter(model: ModelConfig) -> Iterator[Finding]:
+    """The adapter's kind, the keys it reads (and none of another kind's), and what its
+    released class can hold (orchestrator/plan/adapter_kinds.py)."""
+    adapter, enc = model.adapter, model.encoder
+    yield from one_of("adapter", "model.adapter.kind", adapter.kind, tuple(ADAPTER_KINDS))
+    if adapter.kind not in ADAPTER_KINDS:
+        return
+    kind = ADAPTER_KINDS[adapter.kind]
+    for key in KIND_KEYS:
+        value = getattr(adapter, key)
+        if key not in kind.reads and value is not None:
+            readers = ", ".join(name for name, other in ADAPTER_KINDS.items() if key in other.reads)
+            yield error("adapter", f"model.adapter.{key}={value} is not read by model.adapter.kind={adapter.kind} "
+                                   f"(only by {readers}): remove it (model.adapter.{key}=null)")
+    if "frame_stack" in kind.reads:
+        stack = frame_stack(adapter)
+        yield from positive("adapter", **{"model.adapter.frame_stack": stack})
+        if adapter.kind == "voxtral" and stack >= 1 and stack * enc.d_model != enc.ffn_dim:
+            yield error("adapter", f"model.adapter.kind=voxtral stacks model.adapter.frame_stack ({stack}) x "
+                                   f"model.encoder.d_model ({enc.d_model}) = {stack * enc.d_model} features into "
+                                   f"one token, which VoxtralForConditionalGeneration reads as the encoder's "
+                                   f"intermediate_size (model.encoder.ffn_dim={enc.ffn_dim}): they must be equal")
+    per_token = frames_per_token(adapter)
+    if per_token >= 1 and enc.max_source_positions >= 1 and enc.max_source_positions % per_token:
+        grouped = (f"model.adapter.frame_stack ({frame_stack(adapter)})" if "frame_stack" in kind.reads else
+                   f"the {per_token} frames model.adapter.kind={adapter.kind} pools into one token")
         yield error(
             "adapter",
-            f"model.encoder.max_source_positions ({enc.max_source_positions}) is not divisible by "
-            f"model.adapter.frame_stack ({adapter.frame_stack}): the adapter would drop the last frames of a "
-            f"full window",
+            f"model.encoder.max_source_positions ({enc.max_source_positions}) is not divisible by {grouped}: "
+            f"the adapter would drop the last frames of a full window",
         )
-    if not 0.0 <= adapter.dropout < 1.0:
+    if "dropout" in kind.reads and not 0.0 <= dropout(adapter) < 1.0:
         yield error("adapter", f"model.adapter.dropout={adapter.dropout} must be in [0, 1)")
     if adapter.ctc_weight < 0:
         yield error("adapter", f"model.adapter.ctc_weight={adapter.ctc_weight} must be >= 0 (0: no CTC head)")

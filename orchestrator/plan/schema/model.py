@@ -79,11 +79,19 @@ class EncoderConfig:
 
 @dataclass
 class AdapterConfig:
-    """Weighted sum of encoder layer outputs -> LayerNorm -> concat `frame_stack`
-    frames -> Linear(k*d, k*d) -> SiLU -> Dropout -> Linear(k*d, decoder hidden)."""
+    """Encoder states -> audio tokens in the decoder's width. `kind` chooses what it computes
+    (orchestrator/plan/adapter_kinds.py): layer_mix, the project's own (a learned mix of
+    every encoder layer's output -> LayerNorm -> concat `frame_stack` frames ->
+    Linear(k*d, k*d) -> SiLU -> Dropout -> Linear(k*d, decoder hidden)); voxtral (the last
+    output, `frame_stack` frames stacked -> Linear -> GELU -> Linear, no biases); qwen2_audio
+    (the last layer's output averaged over pairs of frames -> the encoder's final LayerNorm
+    -> Linear with bias). A key the kind does not read must stay null."""
 
-    frame_stack: int = 5  # 1500 encoder frames -> 300 tokens per 30 s
-    dropout: float = 0.1
+    kind: str = "layer_mix"  # layer_mix | voxtral | qwen2_audio
+    # Encoder frames concatenated into one audio token. null: the kind's own (layer_mix 5:
+    # 1500 encoder frames -> 300 tokens per 30 s; voxtral 4). layer_mix and voxtral only.
+    frame_stack: Optional[int] = None
+    dropout: Optional[float] = None  # after the activation; null: 0.1. layer_mix only.
     freeze: bool = False
     # Auxiliary CTC loss on the adapter output (a linear head `adapter.ctc_head` over the
     # vocabulary + a blank), added to the training loss with this weight; 0: no head.
