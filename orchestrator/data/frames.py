@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import math
 
+from orchestrator.plan.model_params import read_frames
+
 SAMPLE_RATE = 16000
 HOP_LENGTH = 160
 
@@ -27,18 +29,6 @@ def valid_frames(num_samples: int) -> int:
 
 def encoder_frames(mel_frames: int) -> int:
     return math.ceil(mel_frames / 2)
-
-
-def read_frames(valid_mel_frames: int, window_frames: int, mode: str = "clip") -> int:
-    """The mel frames of a clip that the model reads and counts tokens from (its "audio
-    lengths"): mode "clip", the clip's own `valid_mel_frames` (capped at the window); mode
-    "window", the whole window, as Whisper always encodes 30 s (and Voxtral's processor
-    pads every clip to 30-s windows)."""
-    if mode == "window":
-        return window_frames
-    if mode == "clip":
-        return min(valid_mel_frames, window_frames)
-    raise ValueError(f"data.audio_tokens={mode!r}; use 'clip' or 'window'")
 
 
 def audio_placeholder_count(num_samples: int, max_source_positions: int, frames_per_token: int,

@@ -42,7 +42,7 @@ from orchestrator.plan.kernels import (LOSS_CHUNK_ELEMENTS, LOSS_CHUNK_FP32_COPI
 from orchestrator.plan import schedule
 from orchestrator.plan.megatron_args import padded_vocab_size
 from orchestrator.plan.adapter_kinds import adapter_kind, frames_per_token
-from orchestrator.plan.model_params import ParamSpec, audio_tokens_per_clip, encoder_frame_count, parameter_inventory
+from orchestrator.plan.model_params import ParamSpec, audio_tokens_per_clip, clip_read_frames, encoder_frame_count, parameter_inventory
 from orchestrator.plan.schema import AudioLLMConfig, ModelConfig, ParallelConfig
 from orchestrator.plan.step_flops import StepFlops, causal_pairs
 
@@ -307,7 +307,7 @@ def loss_peak_bytes(logits: float, dtype_bytes: int, compiled: bool = False, sof
 
 def clips_in_a_row(cfg: AudioLLMConfig) -> int:
     """Most audio clips a packed row can hold: each clip takes at least its audio tokens."""
-    tokens = audio_tokens_per_clip(min(cfg.data.max_audio_seconds, cfg.model.encoder.max_source_positions / 50), cfg.model)
+    tokens = audio_tokens_per_clip(cfg.data.max_audio_seconds, cfg.model, cfg.data.audio_tokens)
     return max(1, cfg.data.seq_length // max(tokens, 1))
 
 
@@ -439,12 +439,12 @@ def memory_by_stage(cfg: AudioLLMConfig, stages: list[StageParams], dp: int,
 
 
 def _mel_frames(cfg: AudioLLMConfig) -> int:
-    """Mel frames the encoder runs over per clip: the clip's own (model.encoder.mask_padding)
-    or the whole window."""
-    full_window = 2 * cfg.model.encoder.max_source_positions
+    """Mel frames the encoder runs over per clip: the frames it reads of the clip
+    (model.encoder.mask_padding: read_frames, the whole window under
+    data.audio_tokens=window), or the whole window."""
     if not cfg.model.encoder.mask_padding:
-        return full_window
-    return min(math.ceil(cfg.data.max_audio_seconds * 100), full_window)
+        return 2 * cfg.model.encoder.max_source_positions
+    return clip_read_frames(cfg.data.max_audio_seconds, cfg.model, cfg.data.audio_tokens)
 
 
 def planned_step_items(cfg: AudioLLMConfig) -> dict:
@@ -458,10 +458,9 @@ def planned_step_items(cfg: AudioLLMConfig) -> dict:
     clips = clips_in_a_row(cfg) * rows
     mel = _mel_frames(cfg)
     frames = encoder_frame_count(mel)
-    seconds = min(cfg.data.max_audio_seconds, model.encoder.max_source_positions / 50)
     return {"token": rows * seq, "pair_full": rows * causal_pairs(seq), "pair_window": rows * causal_pairs(seq, window),
             "mel_frame": clips * mel, "enc_position": clips * frames, "enc_pair": clips * frames**2,
-            "audio_token": clips * audio_tokens_per_clip(seconds, model)}
+            "audio_token": clips * audio_tokens_per_clip(cfg.data.max_audio_seconds, model, cfg.data.audio_tokens)}
 
 
 def flops_per_step(cfg: AudioLLMConfig, inventory: list[ParamSpec]) -> FlopsEstimate:

@@ -201,11 +201,26 @@ def audio_token_count(mel_frames: int, frames_per_token: int) -> int:
     return encoder_frame_count(mel_frames) // frames_per_token
 
 
-def audio_tokens_per_clip(seconds: float, model: ModelConfig) -> int:
-    """Decoder tokens the adapter makes for a clip of `seconds` (100 mel frames per second,
-    capped at the encoder window)."""
-    mel_frames = min(math.ceil(seconds * 100), 2 * model.encoder.max_source_positions)
-    return audio_token_count(mel_frames, frames_per_token(model.adapter))
+def read_frames(valid_mel_frames: int, window_frames: int, mode: str = "clip") -> int:
+    """The mel frames of a clip that the model reads and counts its tokens from (its "audio
+    lengths"): mode "clip", the clip's own `valid_mel_frames` (capped at the window); mode
+    "window", the whole window, as Whisper always encodes 30 s (and Voxtral's processor
+    pads every clip to whole windows). `mode`: data.audio_tokens."""
+    if mode == "window":
+        return window_frames
+    if mode == "clip":
+        return min(valid_mel_frames, window_frames)
+    raise ValueError(f"data.audio_tokens={mode!r}; use 'clip' or 'window'")
+
+
+def clip_read_frames(seconds: float, model: ModelConfig, mode: str = "clip") -> int:
+    """read_frames of a clip of `seconds` (100 mel frames per second)."""
+    return read_frames(math.ceil(seconds * 100), 2 * model.encoder.max_source_positions, mode)
+
+
+def audio_tokens_per_clip(seconds: float, model: ModelConfig, mode: str = "clip") -> int:
+    """Decoder tokens the adapter makes for a clip of `seconds` (data.audio_tokens `mode`)."""
+    return audio_token_count(clip_read_frames(seconds, model, mode), frames_per_token(model.adapter))
 
 
 # Inventories by their inputs: validation and the estimates of one plan ask for the same one.

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import math
 import os
 import resource
 import sys
@@ -44,11 +43,10 @@ def synthetic_microbatch(cfg) -> dict:
     from orchestrator.data.packing import Example, collate
     from orchestrator.data.prompts import Tokenized
     from orchestrator.plan.estimate import clips_in_a_row
-    from orchestrator.plan.model_params import audio_tokens_per_clip
+    from orchestrator.plan.model_params import audio_tokens_per_clip, clip_read_frames
 
     data, model = cfg.data, cfg.model
-    seconds = min(data.max_audio_seconds, model.encoder.max_source_positions / 50)
-    placeholders = audio_tokens_per_clip(seconds, model)
+    placeholders = audio_tokens_per_clip(data.max_audio_seconds, model, data.audio_tokens)
     clips = clips_in_a_row(cfg)
     ctc = float(model.adapter.ctc_weight) > 0
     rows = []
@@ -65,7 +63,7 @@ def synthetic_microbatch(cfg) -> dict:
             samples.append(Example(position=row * clips + k, dataset_id=0, tokenized=tokenized))
         rows.append(samples)
     window = 2 * model.encoder.max_source_positions
-    mel = min(math.ceil(seconds * 100), window)
+    mel = clip_read_frames(data.max_audio_seconds, model, data.audio_tokens)  # the lengths the loader sends
 
     def features(examples):  # what the loader sends: log-mel, or the waveforms of data.features_on=device
         count = sum(len(ex.tokenized.audio_tokens) for ex in examples)

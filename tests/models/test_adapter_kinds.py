@@ -133,3 +133,28 @@ def test_the_plans_inventory_is_the_built_adapter(kind, ctc, lora):
     assert bool(adapted) == lora
     planned = {spec.name: tuple(spec.shape) for spec in adapter_params(model, lora_cfg)}
     assert planned == {name: tuple(p.shape) for name, p in built.named_parameters()}
+
+
+KIND_OVERRIDES = {"layer_mix": [], "qwen2_audio": ["model.adapter.frame_stack=null", "model.adapter.dropout=null"],
+                  "voxtral": ["model.adapter.frame_stack=null", "model.adapter.dropout=null",
+                              "model.encoder.max_source_positions=252", "data.audio_tokens=window"]}
+
+
+@pytest.mark.parametrize("kind", sorted(ADAPTER_KINDS))
+def test_the_plan_counts_a_clips_tokens_as_the_data_path_does(kind):
+    """A planned step's audio tokens (sequence room, FLOPs, memory, the probe's batch) are
+    the data path's placeholders for a clip of data.max_audio_seconds."""
+    from orchestrator.data.frames import audio_placeholder_count
+    from orchestrator.plan.compose import compose
+    from orchestrator.plan.estimate import clips_in_a_row, planned_step_items
+    from orchestrator.plan.resolve import resolve, to_object
+
+    cfg = to_object(compose(["+recipe=tiny_cpu", f"model.adapter.kind={kind}", *KIND_OVERRIDES[kind],
+                             "data.max_audio_seconds=2"]))
+    resolve(cfg, purpose="plan")  # plans without an error
+    per_clip = audio_placeholder_count(2 * 16000, cfg.model.encoder.max_source_positions,
+                                       frames_per_token(cfg.model.adapter), cfg.data.audio_tokens)
+    expected = {"layer_mix": 200 // 2 // 5, "qwen2_audio": 200 // 2 // 2, "voxtral": 252 // 4}[kind]
+    assert per_clip == expected
+    clips = clips_in_a_row(cfg) * cfg.optim.global_batch_size
+    assert planned_step_items(cfg)["audio_token"] == clips * per_clip

@@ -67,7 +67,7 @@ def check_data(data: DataConfig, model: ModelConfig, purpose: str) -> Iterator[F
     if kind is not None and frames_per_token(model.adapter) >= 1:
         # "window" counts every clip as a full encoder window, whatever its length.
         seconds = window_seconds if data.audio_tokens == "window" else min(data.max_audio_seconds, window_seconds)
-        audio_tokens = audio_tokens_per_clip(seconds, model)
+        audio_tokens = audio_tokens_per_clip(seconds, model, data.audio_tokens)
         if audio_tokens >= data.seq_length:
             yield error(
                 "audio_tokens",
