@@ -103,6 +103,42 @@ class TensorsUnder:
         return _DTYPES.get(stored, stored.lower())
 
 
+class JoinedTensors:
+    """Several views (TensorsUnder) read as one: a released speech LLM's language model, its
+    layers under one prefix and its output layer under another."""
+
+    def __init__(self, *views: TensorsUnder):
+        self.views = views
+        self._names = [name for view in views for name in view.names()]
+
+    def names(self) -> List[str]:
+        return list(self._names)
+
+    def __iter__(self):
+        return iter(self._names)
+
+    def __contains__(self, name: str) -> bool:
+        return any(name in view for view in self.views)
+
+    def __getitem__(self, name: str) -> torch.Tensor:
+        for view in self.views:
+            if name in view:
+                return view[name]
+        raise KeyError(name)
+
+    def dtype_name(self) -> str:
+        return self.views[0].dtype_name()
+
+
+def under_first(source: SafetensorsDir, prefixes, renamed: str = "") -> Optional[TensorsUnder]:
+    """The tensors under the first of `prefixes` that holds any (renamed), or None."""
+    for prefix in prefixes:
+        view = TensorsUnder(source, prefix, renamed)
+        if view.names():
+            return view
+    return None
+
+
 def read_hf_state_dict(hf_dir: Path) -> Dict[str, torch.Tensor]:
     state: Dict[str, torch.Tensor] = {}
     for path in _safetensors_files(Path(hf_dir)):

@@ -1,8 +1,10 @@
 """`audiollm convert hf-to-megatron --hf HF_DIR --out OUT_DIR [--whisper DIR] [--adapter DIR] [--peft DIR] [--verify]`
 
 Writes an AudioLLM model directory (what `megatron-to-hf` writes by default: decoder,
-encoder and adapter in one) or a HF decoder checkpoint of a family (Gemma2, Llama, Qwen2,
-Qwen3, Gemma 3; Gemma 3's multimodal checkpoints give their language model), with the
+encoder and adapter in one), a released speech LLM whole (Voxtral, Qwen2-Audio: its
+language model, audio tower and projector; orchestrator/convert/released_dir.py), or a HF
+decoder checkpoint of a family (Gemma2, Llama, Qwen2, Qwen3, Gemma 3; Gemma 3's
+multimodal checkpoints give their language model), with the
 encoder of a HF Whisper checkpoint, an adapter exported by `megatron-to-hf`, and a PEFT
 LoRA adapter of the decoder, as one megatron
 dist_checkpointing checkpoint that every TP / PP / virtual-PP layout loads
@@ -27,7 +29,9 @@ from orchestrator.plan.checkpoint_dirs import (ADAPTER_SUBDIR, CONVERTED_META, E
                                                file_record, write_manifest)
 from orchestrator.convert.decoder_mapping import DecoderShape, hf_decoder_config, hf_to_megatron_tensors
 from orchestrator.convert.audiollm_dir import MODEL_TYPE
+from orchestrator.convert.released_dir import released_parts
 from orchestrator.plan.decoder_families import family_for_hf
+from orchestrator.plan.released_models import RELEASED_CONFIG, not_supported_message, released
 from orchestrator.convert.hf_io import (MULTIMODAL_DECODERS, SafetensorsDir, TensorsUnder, multimodal_decoder,
                                          read_hf_config)
 
@@ -64,14 +68,21 @@ def convert(hf_dir: Path, out_dir: Path, whisper_dir: Optional[Path] = None, ada
 
     hf_dir, out_dir = Path(hf_dir), Path(out_dir)
     config_dict = read_hf_config(hf_dir)
-    whole = config_dict.get("model_type") == MODEL_TYPE  # one AudioLLM model directory (megatron-to-hf's)
-    if whole and (whisper_dir is not None or adapter_dir is not None):
-        raise ValueError(f"{hf_dir} is an AudioLLM model directory: its encoder and adapter are in it "
-                         f"(drop --whisper / --adapter)")
+    model_type = config_dict.get("model_type")
+    refusal = not_supported_message(model_type, str(hf_dir))
+    if refusal:
+        raise ValueError(refusal)
+    whole = model_type == MODEL_TYPE  # one AudioLLM model directory (megatron-to-hf's)
+    speech_llm = released(model_type)  # a released speech LLM: Voxtral, Qwen2-Audio
+    if (whole or speech_llm) and (whisper_dir is not None or adapter_dir is not None):
+        what = f"a {speech_llm.name} checkpoint" if speech_llm else "an AudioLLM model directory"
+        raise ValueError(f"{hf_dir} is {what}: its encoder and adapter are in it (drop --whisper / --adapter)")
     # e.g. gemma-3-4b: its language model (its tensors read once the config says it is one)
-    files = SafetensorsDir(hf_dir) if config_dict.get("model_type") in MULTIMODAL_DECODERS else None
-    multimodal = multimodal_decoder(config_dict, files) if files is not None else None
-    text_config = config_dict["text_config"] if whole else multimodal[0] if multimodal else config_dict
+    files = SafetensorsDir(hf_dir) if model_type in MULTIMODAL_DECODERS or speech_llm else None
+    multimodal = multimodal_decoder(config_dict, files) if files is not None and not speech_llm else None
+    parts = released_parts(hf_dir, config_dict, speech_llm, files) if speech_llm else None
+    text_config = (config_dict["text_config"] if whole else parts.text_config if parts else
+                   multimodal[0] if multimodal else config_dict)
     if multimodal:  # what an export writes back: the language model on its own (Gemma3ForCausalLM)
         text_config = {**text_config, "architectures": [family_for_hf(text_config["model_type"]).hf_architecture]}
     shape = DecoderShape.from_hf_config(hf_decoder_config(text_config))
@@ -81,7 +92,8 @@ def convert(hf_dir: Path, out_dir: Path, whisper_dir: Optional[Path] = None, ada
     if adapter_dir is None and (hf_dir / ADAPTER_SUBDIR).is_dir():
         adapter_dir = hf_dir / ADAPTER_SUBDIR
     files = files or SafetensorsDir(hf_dir)
-    source = TensorsUnder(files, "language_model.") if whole else multimodal[1] if multimodal else files
+    source = (TensorsUnder(files, "language_model.") if whole else parts.decoder if parts else
+              multimodal[1] if multimodal else files)
     lora, lora_meta = {}, None
     if peft_dir is not None:
         lora, rank, alpha = peft_to_megatron_lora(*read_peft_adapter(Path(peft_dir)), shape)
@@ -97,20 +109,30 @@ def convert(hf_dir: Path, out_dir: Path, whisper_dir: Optional[Path] = None, ada
                 under = TensorsUnder(files, part + ".")
                 for name in under:
                     yield f"{part}.{name}", under[name]
+        if parts is not None:
+            for part, view in (("encoder", parts.encoder), ("adapter", parts.adapter)):
+                for name in view:
+                    yield f"{part}.{name}", view[name]
         if whisper_dir is not None:
             yield from whisper_encoder_tensors(Path(whisper_dir))
         if adapter_dir is not None:
             yield from adapter_tensors(Path(adapter_dir))
 
     count = write_model_tensors(out_dir, tensors(), shape.num_layers)
-    parts = ["decoder"] + (["encoder"] if whisper_dir or whole else []) + (["adapter"] if adapter_dir or whole else []) + \
-        (["lora"] if lora else [])
-    meta = {"format": "audiollm-dist/1", "source": str(hf_dir.resolve()), "parts": parts,
+    held = ["decoder"] + (["encoder"] if whisper_dir or whole or parts else []) + \
+        (["adapter"] if adapter_dir or whole or parts else []) + (["lora"] if lora else [])
+    meta = {"format": "audiollm-dist/1", "source": str(hf_dir.resolve()), "parts": held,
             "vocab_size": shape.vocab_size, "num_layers": shape.num_layers, "tensors": count,
             "dtype": source.dtype_name()}
     if lora_meta is not None:
         meta["lora"] = lora_meta
-    (out_dir / "hf_config.json").write_text(json.dumps(text_config, indent=2) if whole or multimodal else
+    if parts is not None:
+        meta["released"] = {"model_type": model_type, "class": speech_llm.hf_class}
+        # The released model's own config.json, for the export that gives the run back as its class.
+        (out_dir / RELEASED_CONFIG).write_text(json.dumps(config_dict, indent=2))
+        (out_dir / "whisper_config.json").write_text(json.dumps(parts.whisper_config, indent=2))
+        (out_dir / "adapter_config.json").write_text(json.dumps(parts.adapter_config, indent=2))
+    (out_dir / "hf_config.json").write_text(json.dumps(text_config, indent=2) if whole or multimodal or parts else
                                             (hf_dir / "config.json").read_text())
     if whole:
         (out_dir / "whisper_config.json").write_text(json.dumps(config_dict["audio_config"], indent=2))

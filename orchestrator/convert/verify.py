@@ -1,5 +1,7 @@
-"""Numerical check of a conversion: HF Gemma2 (alone, or the decoder of an AudioLLM
-model directory) vs the converted megatron checkpoint on
+"""Numerical check of a conversion: a HF decoder of a family (alone, the decoder of an
+AudioLLM model directory, or the language model of a multimodal model or of a released
+speech LLM, Voxtral and Qwen2-Audio, run as its own class on text) vs the converted
+megatron checkpoint on
 the same random tokens, run on tp*pp local processes (torchrun; gloo on CPU) that load
 the checkpoint the way a training job does (orchestrator.train.init_weights), at the
 layout asked for.
@@ -55,11 +57,13 @@ def hf_decoder_section(hf_dir: Path):
     from orchestrator.convert.audiollm_dir import MODEL_TYPE
     from orchestrator.convert.decoder_mapping import decoder_config_from_hf, hf_decoder_config
     from orchestrator.convert.hf_io import MULTIMODAL_DECODERS, read_hf_config
+    from orchestrator.plan.released_models import released
 
     config_dict = read_hf_config(hf_dir)
     whole = config_dict.get("model_type") == MODEL_TYPE  # an AudioLLM model directory: its decoder is compared
-    # a multimodal model (Gemma 3 from 4b up): its language model is compared
-    text_key = "text_config" if whole else MULTIMODAL_DECODERS.get(config_dict.get("model_type"), (None,))[0]
+    # a multimodal model (Gemma 3 from 4b up) or a released speech LLM: its language model is compared
+    text_key = ("text_config" if whole or released(config_dict.get("model_type")) else
+                MULTIMODAL_DECODERS.get(config_dict.get("model_type"), (None,))[0])
     return decoder_config_from_hf(hf_decoder_config(config_dict[text_key] if text_key else config_dict))
 
 
@@ -72,6 +76,7 @@ def _worker(args) -> None:
     from orchestrator.models.decoder_config import decoder_transformer_config
     from orchestrator.models.decoder_model import DecoderModel
     from orchestrator.plan.parallel_dims import ParallelDims
+    from orchestrator.plan.released_models import released
     from orchestrator.runtime.distributed import init_distributed, shutdown
     from orchestrator.train.init_weights import load_init_checkpoint
 
@@ -79,7 +84,8 @@ def _worker(args) -> None:
     dtype = getattr(torch, args.dtype)
     # Exact fp32 matmuls: an fp32 comparison with HF must not run on TF32.
     device = init_distributed(ParallelDims(tp=tp, pp=pp), seed=0, allow_tf32=False)
-    whole = read_hf_config(args.hf).get("model_type") == MODEL_TYPE
+    model_type = read_hf_config(args.hf).get("model_type")
+    whole, speech_llm = model_type == MODEL_TYPE, released(model_type)
     dec = hf_decoder_section(args.hf)
     config = decoder_transformer_config(dec, ParallelDims(tp=tp, pp=pp), dtype)
     model = DecoderModel(config, dec.vocab_size, dec.max_position_embeddings, pre_process=ps.is_pipeline_first_stage(),
@@ -95,9 +101,12 @@ def _worker(args) -> None:
     token_loss = pipeline_forward(model, lambda m: m(tokens, positions, None, labels=labels), seq, BATCH,
                                   gather_vocab=False)
     if logits is not None and ps.get_tensor_model_parallel_rank() == 0:
+        import transformers
         from transformers import AutoModelForCausalLM
 
-        if whole:
+        if speech_llm:  # the released class, on text alone: its language model and output layer
+            hf = getattr(transformers, speech_llm.hf_class).from_pretrained(args.hf, torch_dtype=dtype)
+        elif whole:
             hf = AutoModelForCausalLM.from_pretrained(args.hf, torch_dtype=dtype, trust_remote_code=True).language_model
         else:  # the decoder's own class (Gemma2ForCausalLM, ..., or the multimodal one); eager: Gemma2's softcap
             hf = AutoModelForCausalLM.from_pretrained(args.hf, torch_dtype=dtype, attn_implementation="eager")

@@ -3,8 +3,9 @@ that a model.init_checkpoint of another model is refused before the queue (the j
 die loading it).
 
 A converted checkpoint (`audiollm convert hf-to-megatron`) keeps its decoder's HF config
-(hf_config.json; a multimodal model's text config) and, where it has an encoder, Whisper's
-(whisper_config.json). A training checkpoint (RUN/checkpoints/step_N) belongs to a run
+(hf_config.json; a multimodal model's text config) and, where it has an encoder and an
+adapter, Whisper's (whisper_config.json) and the adapter's (adapter_config.json: its kind,
+frame_stack). A training checkpoint (RUN/checkpoints/step_N) belongs to a run
 whose plan.json holds the composed model section. Each is compared key by key with the
 config's `model` section. Torch-free (the submit side).
 """
@@ -56,6 +57,9 @@ def checkpoint_model(step_dir: Path) -> tuple[str, dict]:
         whisper = _read(step_dir / "whisper_config.json")
         if whisper is not None:
             sections["encoder"] = {ours: whisper.get(theirs) for ours, theirs in WHISPER_KEYS.items()}
+        adapter = _read(step_dir / "adapter_config.json")  # an adapter's (kind; layer_mix where it names none)
+        if adapter is not None:
+            sections["adapter"] = adapter
         return f"a converted {hf.get('model_type')} checkpoint", sections
     run_dir = step_dir.parent.parent if step_dir.parent.name == "checkpoints" else None
     plan = _read(run_dir / "plan.json") if run_dir is not None else None

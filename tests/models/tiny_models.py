@@ -148,3 +148,25 @@ def random_adapter_weights(wcfg: WhisperConfig, hidden_size: int, gen: torch.Gen
 def tiny_model_config(hf_cfg: Gemma2Config, wcfg: WhisperConfig) -> ModelConfig:
     return ModelConfig(name="tiny_test", decoder=decoder_config(hf_cfg), encoder=encoder_config(wcfg),
                        adapter=AdapterConfig(frame_stack=5, dropout=0.0))
+
+
+# The released speech LLMs in small: a Whisper-shaped encoder of 2 layers (Voxtral's config
+# names it in its own words), the projector of each, and the decoder family each uses
+# (Voxtral a Llama, Qwen2-Audio a Qwen2), every weight random and the norms around one.
+RELEASED_AUDIO = dict(num_mel_bins=80, max_source_positions=60)
+
+
+def hf_voxtral(seed: int = 0):
+    from transformers import VoxtralConfig, VoxtralForConditionalGeneration
+
+    audio = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128, **RELEASED_AUDIO)
+    config = VoxtralConfig(audio_config=audio, text_config={**LLAMA, "model_type": "llama"}, audio_token_id=249)
+    return _with_plain_norms(VoxtralForConditionalGeneration(config), seed)
+
+
+def hf_qwen2_audio(seed: int = 0):
+    from transformers import Qwen2AudioConfig, Qwen2AudioForConditionalGeneration
+
+    audio = dict(d_model=32, encoder_layers=2, encoder_attention_heads=4, encoder_ffn_dim=64, **RELEASED_AUDIO)
+    config = Qwen2AudioConfig(audio_config=audio, text_config={**QWEN2, "model_type": "qwen2"}, audio_token_index=249)
+    return _with_plain_norms(Qwen2AudioForConditionalGeneration(config), seed)
