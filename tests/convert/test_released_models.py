@@ -49,7 +49,7 @@ def test_a_released_speech_llm_converts_whole_and_its_language_model_verifies(ca
 
     cfg = to_object(compose(["+recipe=tiny_cpu", f"model.init_checkpoint={out}"]))
     said = [f.message for f in check_init_checkpoint(cfg.model, cfg.lora)]
-    assert any(f"model.adapter.kind=layer_mix but a converted" in line and f"has {kind}" in line
+    assert any("model.adapter.kind=layer_mix but a converted" in line and f"has {kind}" in line
                for line in said), said
 
 
