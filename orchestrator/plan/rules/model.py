@@ -126,6 +126,11 @@ def check_adapter(model: ModelConfig) -> Iterator[Finding]:
             f"model.encoder.max_source_positions ({enc.max_source_positions}) is not divisible by {grouped}: "
             f"the adapter would drop the last frames of a full window",
         )
+    if kind.mask_padding is not None and enc.mask_padding != kind.mask_padding:
+        yield error("adapter", f"model.adapter.kind={adapter.kind} computes as {kind.released_class} does, whose "
+                               f"encoder {'masks' if kind.mask_padding else 'does not mask'} a clip's padded frames, but "
+                               f"model.encoder.mask_padding={str(enc.mask_padding).lower()}: set "
+                               f"model.encoder.mask_padding={str(kind.mask_padding).lower()}")
     if "dropout" in kind.reads and not 0.0 <= dropout(adapter) < 1.0:
         yield error("adapter", f"model.adapter.dropout={adapter.dropout} must be in [0, 1)")
     if adapter.ctc_weight < 0:
