@@ -106,16 +106,16 @@ class Export:
             self.tokenizer = (config.get("data") or {}).get("tokenizer")
             self.hf_config = decoder_hf_config(model["decoder"], self.tokenizer)
             self.whisper_config = whisper_hf_config(model["encoder"])
-            kind = kind_name(model["adapter"])
-            if kind != "layer_mix":  # (hf_model/ holds the project's own adapter only)
-                raise ValueError(f"{ckpt}: its run's model.adapter.kind={kind} exports as "
-                                 f"{ADAPTER_KINDS[kind].released_class}, which this version does not write yet; "
-                                 f"only model.adapter.kind=layer_mix exports")
-            self.adapter_config = {"frame_stack": frame_stack(model["adapter"]), "dropout": dropout(model["adapter"]),
-                                   "ctc_weight": model["adapter"].get("ctc_weight", 0.0)}
+            self.adapter_config = {"kind": kind_name(model["adapter"]), "frame_stack": frame_stack(model["adapter"]),
+                                   "dropout": dropout(model["adapter"]), "ctc_weight": model["adapter"].get("ctc_weight", 0.0)}
         else:
             raise FileNotFoundError(f"{ckpt}: neither {CONVERTED_META} (a converted checkpoint) nor {plan_path} "
                                     f"(a training checkpoint's run) is there, so the model's config is unknown")
+        kind = kind_name(self.adapter_config or {})
+        if kind != "layer_mix":  # (hf_model/ holds the project's own adapter only)
+            raise ValueError(f"{ckpt}: its adapter is of kind {kind} (model.adapter.kind), which exports as "
+                             f"{ADAPTER_KINDS[kind].released_class}; this version does not write it yet: only "
+                             f"model.adapter.kind=layer_mix exports")
         with process_group():
             self.stored = stored_model_tensors(ckpt)
         if self.run_config is not None:  # a config made here: the dtype is what the run stored

@@ -42,6 +42,14 @@ def test_a_released_speech_llm_converts_whole_and_its_language_model_verifies(ca
     whisper = json.loads((out / "whisper_config.json").read_text())
     assert (whisper["d_model"], whisper["encoder_layers"], whisper["num_mel_bins"]) == (32, 2, 80)
 
+    # Giving it back as the released class is not written yet: refused in one line, nothing written
+    from orchestrator.convert import megatron_to_hf
+
+    assert megatron_to_hf.main(["--megatron", str(out), "--out", str(tmp_path / "back")]) == 2
+    err = capsys.readouterr().err
+    assert f"its adapter is of kind {kind}" in err and type(hf).__name__ in err and "Traceback" not in err, err
+    assert not (tmp_path / "back").exists()
+
     # A run of the project's own adapter kind cannot start from it: plan names the kind
     from orchestrator.plan.compose import compose
     from orchestrator.plan.resolve import to_object
