@@ -60,13 +60,19 @@ def plan_at_layout(plan, tp: int, pp: int, cp: int, world_size: int):
         num_microbatches = dims.microbatches(plan.global_batch_size, plan.micro_batch_size)
     except ValueError as exc:
         raise PlanError(f"cannot evaluate at this layout: {exc}") from None
-    decoder = (plan.config.get("model") or {}).get("decoder") or {}  # (a test's stand-in model has none)
-    sizes = (("model.decoder.num_query_groups", decoder.get("num_query_groups"), "tp", tp),
-             ("model.decoder.num_layers", decoder.get("num_layers"), "pp", pp))
-    bad = [f"{what} ({n}) is not a multiple of {name} ({size})" for what, n, name, size in sizes
-           if n is not None and n % size]
-    if bad:
-        raise PlanError("cannot evaluate at this layout: " + "; ".join(bad))
+    decoder = (plan.config.get("model") or {}).get("decoder")  # (a test's stand-in model has none)
+    if decoder:  # the rules a training run at this layout meets (orchestrator/plan/rules/topology.py)
+        import dataclasses
+
+        from orchestrator.plan.rules.topology import check_heads, check_layers
+        from orchestrator.plan.schema import DecoderConfig, ModelConfig, ParallelConfig
+
+        known = {f.name for f in dataclasses.fields(DecoderConfig)}
+        model = ModelConfig(decoder=DecoderConfig(**{k: v for k, v in decoder.items() if k in known}))
+        parallel = ParallelConfig(tp=tp, pp=pp, cp=cp)
+        bad = [f.message for f in (*check_heads(parallel, model), *check_layers(parallel, model))]
+        if bad:
+            raise PlanError("cannot evaluate at this layout: " + "; ".join(bad))
     return plan.at_layout(dims, num_microbatches)
 
 

@@ -25,3 +25,21 @@ def test_a_plan_at_another_layout_derives_its_sizes_anew():
     assert one.transformer_fields == plan.transformer_fields
     assert one.megatron_args["lr"] == plan.megatron_args["lr"] and plan.dims.tp == 2
     assert plan.config["parallel"]["tp"] == 2 and plan.padded_vocab_size == 32256
+
+
+def test_a_layout_no_training_run_could_have_is_refused_by_the_plans_rules():
+    """`audiollm eval --tp/--pp` meets the rules a training run at that layout meets
+    (orchestrator/plan/rules/topology.py), naming every value."""
+    import pytest
+
+    from orchestrator.eval.evaluate import PlanError, plan_at_layout
+
+    plan = resolve(compose(["+recipe=llama3_whisper_tp2"]), keep_errors=True)  # 32 heads, 8 KV groups, 32 layers
+    with pytest.raises(PlanError) as refused:
+        plan_at_layout(plan, tp=3, pp=5, cp=1, world_size=15)
+    said = str(refused.value)
+    assert said.startswith("cannot evaluate at this layout: ")
+    assert "model.decoder.num_attention_heads (32) is not divisible by parallel.tp (3)" in said
+    assert "model.decoder.num_query_groups (8 KV heads) is not divisible by parallel.tp (3)" in said
+    assert "model.decoder.num_layers (32) is not divisible by parallel.pp (5)" in said
+    assert plan_at_layout(plan, tp=4, pp=2, cp=1, world_size=8).dims.tp == 4
