@@ -53,6 +53,8 @@ from typing import Dict, List, Optional
 
 import numpy as np
 
+from orchestrator.plan.model_params import SAMPLE_RATE
+
 TRAIN_ACCENTS = {"us": ["en-us", "en-us-nyc"], "gb": ["en-gb", "en-gb-x-rp", "en-gb-x-gbclan", "en-gb-x-gbcwmd"]}
 TRAIN_VARIANTS = ["m1", "m2", "m3", "m4", "m7", "f1", "f2", "f4"]
 HELDOUT_ACCENTS = ["en-gb-scotland", "en-029"]
@@ -64,7 +66,6 @@ TASKS = ("digits", "sentences")
 # held-out set.
 CORPUS_FORMAT = 3
 CORPUS_FORMAT_CHANGE = "its held-out utterances no longer depend on the number of training utterances"
-SAMPLE_RATE = 16000
 MAX_SECONDS = 5.0
 
 DIGIT_WORDS = ["zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine"]

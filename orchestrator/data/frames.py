@@ -13,7 +13,6 @@ import math
 
 from orchestrator.plan.model_params import read_frames
 
-SAMPLE_RATE = 16000
 HOP_LENGTH = 160
 
 

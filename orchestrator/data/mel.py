@@ -26,7 +26,8 @@ from typing import Optional, Sequence, Tuple
 import numpy as np
 import torch
 
-from orchestrator.data.frames import HOP_LENGTH, SAMPLE_RATE, valid_frames, window_frames_for  # noqa: F401
+from orchestrator.data.frames import HOP_LENGTH, valid_frames, window_frames_for  # noqa: F401
+from orchestrator.plan.model_params import SAMPLE_RATE
 
 N_FFT = 400
 

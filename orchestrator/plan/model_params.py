@@ -187,6 +187,10 @@ def model_name(name: str) -> str:
     return name
 
 
+# Whisper's features: 16-kHz audio, a mel frame every 160 samples (100 per second).
+SAMPLE_RATE = 16000
+
+
 def encoder_frame_count(mel_frames: int) -> int:
     """Encoder output frames of `mel_frames` input frames (Whisper conv2: stride 2, pad 1)."""
     return (mel_frames - 1) // 2 + 1 if mel_frames > 0 else 0

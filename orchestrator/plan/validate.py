@@ -19,7 +19,8 @@ from orchestrator.plan.rules.data import (check_data, check_dataset_columns, che
 from orchestrator.plan.rules.findings import ERROR, ConfigInvalid, Finding
 from orchestrator.plan.rules.lora import check_lora, check_lr_group_fields, check_lr_groups_against_params, named_params
 from orchestrator.plan.rules.model import (check_adapter, check_backend, check_compile, check_decoder, check_encoder,
-                                           check_init_checkpoint, check_trained_encoder_precision)
+                                           check_init_checkpoint, check_spec_augment,
+                                           check_trained_encoder_precision)
 from orchestrator.plan.rules.run import (check_ctc, check_eval_generation, check_launcher, check_logger, check_optim,
                                          check_own_experiment, check_profile, check_train)
 from orchestrator.plan.rules.topology import (check_batch, check_canonical_nodes, check_context_parallel,
@@ -48,6 +49,7 @@ def validate(cfg: AudioLLMConfig, purpose: str = "plan") -> list[Finding]:
         lambda: check_decoder(m),
         lambda: check_encoder(m),
         lambda: check_adapter(m),
+        lambda: check_spec_augment(m),
         lambda: check_backend(m, l),
         lambda: check_compile(m, p),
         lambda: check_trained_encoder_precision(m, cfg.lora, l),

@@ -16,7 +16,7 @@ from orchestrator.plan.schema import (
 )
 from orchestrator.plan.launcher_kinds import KINDS
 from orchestrator.plan.local_paths import index_columns, inside, local_dataset_dirs, missing_inputs
-from orchestrator.plan.model_params import audio_tokens_per_clip
+from orchestrator.plan.model_params import SAMPLE_RATE, audio_tokens_per_clip
 from orchestrator.plan import tasks
 from orchestrator.plan.rules.findings import Finding, error, one_of, warning
 
@@ -37,6 +37,16 @@ def check_data(data: DataConfig, model: ModelConfig, purpose: str) -> Iterator[F
     if data.num_workers < 0:
         yield error("data_workers", f"data.num_workers={data.num_workers} must be >= 0 "
                                     f"(0 decodes in the training process)")
+    if data.sample_rate != SAMPLE_RATE:
+        yield error("data", f"data.sample_rate={data.sample_rate}: the Whisper encoder's log-mel features are "
+                            f"computed at {SAMPLE_RATE} Hz (audio at another rate is resampled to it: "
+                            f"data.wrong_sample_rate); set data.sample_rate={SAMPLE_RATE}")
+    for key, least in (("packing_buffer", 1), ("seed", 0)):
+        if getattr(data, key) < least:
+            yield error("data", f"data.{key}={getattr(data, key)} must be >= {least}")
+    if data.validation_max_samples is not None and data.validation_max_samples < 1:
+        yield error("data", f"data.validation_max_samples={data.validation_max_samples} must be at least 1, or null "
+                            f"for every sample of each validation dataset")
     if data.cache_limit is not None and not _CACHE_LIMIT.match(str(data.cache_limit)):
         yield error("data", f"data.cache_limit={data.cache_limit!r} is not a size: use bytes or a number with "
                             f"kb, mb, gb or tb (e.g. 200gb), or null for no limit")
@@ -58,6 +68,8 @@ def check_data(data: DataConfig, model: ModelConfig, purpose: str) -> Iterator[F
             f"(model.encoder.max_source_positions {model.encoder.max_source_positions} x 2 / 100 frames per s); "
             f"lower data.max_audio_seconds or use data.long_audio=chunk with max_audio_seconds <= {window_seconds:g}",
         )
+    if data.audio_tokens not in ("clip", "window"):
+        return  # said above; nothing can be counted
     kind = ADAPTER_KINDS.get(model.adapter.kind)
     if kind is not None and kind.audio_tokens and data.audio_tokens != kind.audio_tokens:
         yield error("audio_tokens", f"model.adapter.kind={model.adapter.kind} counts "

@@ -41,6 +41,9 @@ def check_decoder(model: ModelConfig) -> Iterator[Finding]:
             "model.decoder.vocab_size": dec.vocab_size,
         },
     )
+    for key in ("rope_theta", "norm_eps", "init_method_std"):
+        if getattr(dec, key) <= 0:
+            yield error("decoder", f"model.decoder.{key}={getattr(dec, key)} must be positive")
     if dec.family not in FAMILIES:
         yield error("decoder", f"model.decoder.family={dec.family!r} is not one of {sorted(FAMILIES)}")
         return
@@ -93,6 +96,22 @@ def check_encoder(model: ModelConfig) -> Iterator[Finding]:
             f"model.encoder.d_model ({enc.d_model}) is not divisible by model.encoder.num_heads ({enc.num_heads})",
         )
     yield from one_of("encoder", "model.encoder.num_mel_bins", enc.num_mel_bins, (80, 128))
+    if enc.init_std <= 0:
+        yield error("encoder", f"model.encoder.init_std={enc.init_std} must be positive")
+
+
+def check_spec_augment(model: ModelConfig) -> Iterator[Finding]:
+    """Masks of a non-negative count, each at least one bin or frame wide, a time share in (0, 1]."""
+    aug = model.spec_augment
+    for count, width in (("freq_masks", "freq_width"), ("time_masks", "time_width")):
+        if getattr(aug, count) < 0:
+            yield error("spec_augment", f"model.spec_augment.{count}={getattr(aug, count)} must be >= 0 (0: none)")
+        if getattr(aug, width) < 1:
+            yield error("spec_augment", f"model.spec_augment.{width}={getattr(aug, width)} must be at least 1 (the "
+                                        f"widest mask; no masks of this kind: model.spec_augment.{count}=0)")
+    if not 0.0 < aug.time_ratio <= 1.0:
+        yield error("spec_augment", f"model.spec_augment.time_ratio={aug.time_ratio} must be in (0, 1] (the largest "
+                                    f"share of a clip's frames one time mask covers)")
 
 
 def check_adapter(model: ModelConfig) -> Iterator[Finding]:

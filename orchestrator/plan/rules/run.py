@@ -4,6 +4,7 @@ the launcher and the logger."""
 
 from __future__ import annotations
 
+import re
 from typing import Iterator
 
 from orchestrator.plan.schema import (
@@ -16,10 +17,14 @@ from orchestrator.plan.schema import (
     RunConfig,
     TrainConfig,
 )
+from orchestrator.plan.estimate import DEVICES
 from orchestrator.plan.launcher_kinds import KINDS
 from orchestrator.plan.wandb_settings import WANDB_MODES
 from orchestrator.plan.rules.topology import world_size
 from orchestrator.plan.rules.findings import Finding, error, one_of, positive, warning
+
+# An sbatch option's name (launcher.additional_sbatch keys): mail-type, gres-flags, ...
+_SBATCH_OPTION = re.compile(r"[a-z][a-z0-9-]*", re.IGNORECASE)
 
 
 def check_own_experiment(recipe: str | None, run: RunConfig) -> Iterator[Finding]:
@@ -54,6 +59,14 @@ def check_optim(optim: OptimConfig, train: TrainConfig) -> Iterator[Finding]:
         )
     if optim.clip_grad < 0:
         yield error("optim", f"optim.clip_grad={optim.clip_grad} must be >= 0 (0 disables clipping)")
+    if optim.weight_decay < 0:
+        yield error("optim", f"optim.weight_decay={optim.weight_decay} must be >= 0 (0: none)")
+    for key in ("adam_beta1", "adam_beta2"):
+        if not 0.0 <= getattr(optim, key) < 1.0:
+            yield error("optim", f"optim.{key}={getattr(optim, key)} must be in [0, 1) (Adam's decay of its "
+                                 f"moment estimates)")
+    if optim.adam_eps <= 0:
+        yield error("optim", f"optim.adam_eps={optim.adam_eps} must be positive (it keeps Adam's step finite)")
 
 
 def check_train(train: TrainConfig, run: RunConfig) -> Iterator[Finding]:
@@ -67,6 +80,14 @@ def check_train(train: TrainConfig, run: RunConfig) -> Iterator[Finding]:
     if train.eval_generation and train.eval_generation_max_new_tokens < 1:
         yield error("train", f"train.eval_generation_max_new_tokens={train.eval_generation_max_new_tokens} must be >= 1")
     yield from one_of("run", "run.resume", run.resume, ("auto", "never"))
+    for key in ("experiment", "name"):  # OUTPUT_ROOT/EXPERIMENT/NAME: one directory name each
+        value = getattr(run, key)
+        if value is not None and ("/" in str(value) or str(value) in ("", ".", "..")):
+            yield error("run", f"run.{key}={value!r} must be one directory name (no '/', not '.' or '..'): the run "
+                               f"directory is run.output_root/run.experiment/run.name; put the parent directory in "
+                               f"run.output_root")
+    if train.seed < 0:
+        yield error("train", f"train.seed={train.seed} must be >= 0 (numpy's generators take no negative seed)")
 
 
 def check_profile(train: TrainConfig, launcher: LauncherConfig) -> Iterator[Finding]:
@@ -132,6 +153,18 @@ def check_launcher(launcher: LauncherConfig) -> Iterator[Finding]:
     for key in ("cpus_per_task", "timeout_min", "signal_delay_s", "array_parallelism"):
         if getattr(launcher, key) < 1:
             yield error("launcher", f"launcher.{key}={getattr(launcher, key)} must be at least 1")
+    yield from one_of("launcher", "launcher.gpu_type", launcher.gpu_type, tuple(g for g in DEVICES if g != "cpu"))
+    for key in ("intra_node_gb_s", "inter_node_gb_s"):
+        value = getattr(launcher, key)
+        if value is not None and value <= 0:
+            yield error("launcher", f"launcher.{key}={value} must be positive, or null for the GPU type's own figure")
+    if launcher.mem_gb is not None and launcher.mem_gb < 0:
+        yield error("launcher", f"launcher.mem_gb={launcher.mem_gb} must be >= 0 (0: all of a node's memory, "
+                                f"as sbatch --mem=0 means; null: the cluster's default)")
+    for key in launcher.additional_sbatch:
+        if not _SBATCH_OPTION.fullmatch(str(key)):
+            yield error("launcher", f"launcher.additional_sbatch has the key {str(key)!r}, which is no sbatch option "
+                                    f"(#SBATCH --KEY=VALUE: letters, digits and dashes, e.g. mail-type)")
 
 
 def check_logger(logger: LoggerConfig) -> Iterator[Finding]:
