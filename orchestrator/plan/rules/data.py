@@ -103,6 +103,10 @@ def check_data(data: DataConfig, model: ModelConfig, purpose: str) -> Iterator[F
     for entry in data.train:
         if entry.weight <= 0:
             yield error("dataset_weight", f"data.train[{entry.name}].weight={entry.weight} must be positive")
+    for entry in data.validation:
+        if entry.weight != 1.0:
+            yield warning("dataset_weight", f"data.validation[{entry.name}].weight={entry.weight} has no effect: each "
+                                            f"validation dataset is scored on its own (weights mix training datasets)")
 
 
 # What a chat format's turn markers look like: <start_of_turn>, <|im_start|>, </s>.
