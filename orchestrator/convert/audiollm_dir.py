@@ -133,6 +133,14 @@ def write_model_dir(out_dir: Path, export) -> dict:
     return {"processor": audio_token_id is not None, "bytes": total}
 
 
+# The oldest transformers release the remote code (orchestrator/hf_model/) supports, and
+# the releases the exports are tested with: the oldest, the lent GPU machine's
+# (constraints-gpu-machine.txt) and the newest on the registry when last checked
+# (tests/convert/test_hf_model.py runs the exports in each and holds this list to them).
+REMOTE_CODE_SINCE = "4.46"
+TESTED_TRANSFORMERS = ("4.46.3", "5.17.0", "5.25.0")
+
+
 def model_card(export, config: dict) -> str:
     """The card a user completes: what the run was, what it scored; license and intended
     use are theirs to state."""
@@ -140,9 +148,11 @@ def model_card(export, config: dict) -> str:
 
     run = export.run_config
     ckpt = export.checkpoint
-    # The remote code's own floor (README.md: 4.46) or the decoder's, the later.
-    since = max(("4.46", DECODER_SINCE.get(config["text_config"].get("model_type"), "4.46")),
-                key=lambda v: tuple(map(int, v.split("."))))
+    # The remote code's own floor or the decoder's, the later.
+    decoder_since = DECODER_SINCE.get(config["text_config"].get("model_type"), REMOTE_CODE_SINCE)
+    newer = tuple(map(int, decoder_since.split("."))) > tuple(map(int, REMOTE_CODE_SINCE.split(".")))
+    since, why = ((decoder_since, "the first release with this decoder") if newer else
+                  (REMOTE_CODE_SINCE, "the oldest release its code supports"))
     scores = ckpt.parent.parent / "eval" / f"{ckpt.name}.json"
     lines = ["---", "library_name: transformers", "pipeline_tag: automatic-speech-recognition",
              "license: # your model's license (the decoder's and the encoder's terms apply)", "---", "",
@@ -150,7 +160,8 @@ def model_card(export, config: dict) -> str:
              "An AudioLLM trained with audiollm: a Whisper encoder, an adapter and a "
              f"{config['text_config'].get('model_type', 'decoder')} decoder.", "",
              "## Use", "",
-             f"With torch and transformers>={since} (the first release with this decoder), no other package:",
+             f"With torch and transformers>={since} ({why}), no other package; tested with transformers "
+             f"{', '.join(TESTED_TRANSFORMERS)}:",
              "", "```python",
              "from transformers import AutoModelForCausalLM, AutoProcessor",
              "model = AutoModelForCausalLM.from_pretrained(DIR, trust_remote_code=True)",
@@ -160,7 +171,7 @@ def model_card(export, config: dict) -> str:
              "print(processor.batch_decode(ids[:, inputs['input_ids'].shape[1]:], skip_special_tokens=True))",
              "```", "", "## Training", "",
              f"- recipe: {run.get('recipe') or 'none'}",
-             f"- checkpoint: {ckpt.name} of {ckpt.parent.parent}",
+             f"- checkpoint: {ckpt.name} of the run {ckpt.parent.parent.name}",
              f"- training data: {', '.join(str(d.get('name')) for d in run.get('data', {}).get('train') or [])}",
              f"- validation data: {', '.join(str(d.get('name')) for d in run.get('data', {}).get('validation') or [])}",
              f"- prompt: {run.get('data', {}).get('prompt_template')!r}", "", "## Evaluation", ""]

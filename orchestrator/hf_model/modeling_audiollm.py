@@ -182,16 +182,19 @@ class AudioLLMForCausalLM(AudioLLMPreTrainedModel, GenerationMixin):
                 if scale is not None:
                     audio = audio * scale.to(audio.dtype)
                 inputs_embeds = inputs_embeds.masked_scatter(placeholders[..., None], audio)
+        # The KV cache goes on under the name this release gives it: past_key_values, or
+        # (transformers 5.24 on) `cache`, which arrives in kwargs.
+        if past_key_values is not None:
+            kwargs["past_key_values"] = past_key_values
         return self.language_model(attention_mask=attention_mask, position_ids=position_ids,
-                                   past_key_values=past_key_values, inputs_embeds=inputs_embeds, labels=labels,
-                                   use_cache=use_cache, **kwargs)
+                                   inputs_embeds=inputs_embeds, labels=labels, use_cache=use_cache, **kwargs)
 
-    def prepare_inputs_for_generation(self, input_ids, past_key_values=None, input_features=None,
-                                      feature_lengths=None, **kwargs):
-        inputs = super().prepare_inputs_for_generation(input_ids, past_key_values=past_key_values, **kwargs)
-        # The audio goes in with the prompt only: later steps feed the new token alone.
-        cached = past_key_values is not None and past_key_values.get_seq_length() > 0
-        if not cached:
+    def prepare_inputs_for_generation(self, input_ids, *args, input_features=None, feature_lengths=None, **kwargs):
+        inputs = super().prepare_inputs_for_generation(input_ids, *args, **kwargs)
+        # The audio goes in with the prompt only: later steps feed the new token alone. The
+        # KV cache is `past_key_values` before transformers 5.24 and `cache` from it on.
+        cache = kwargs.get("cache", kwargs.get("past_key_values"))
+        if cache is None or cache.get_seq_length() == 0:
             inputs["input_features"], inputs["feature_lengths"] = input_features, feature_lengths
         return inputs
 

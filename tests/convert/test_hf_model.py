@@ -55,8 +55,8 @@ PEFT_FOR_4X = "peft==0.13.2"  # the --lora peft export's adapter (tests/train/te
 LOGIT_BOUND = 1e-4
 
 
-def _pin(name: str) -> str:
-    line = next(line for line in (REPO / "constraints.txt").read_text().splitlines() if line.startswith(name + "=="))
+def _pin(name: str, constraints: Path = REPO / "constraints.txt") -> str:
+    line = next(line for line in constraints.read_text().splitlines() if line.startswith(name + "=="))
     return line.strip()
 
 
@@ -72,6 +72,19 @@ def env_5x() -> Path:
     from tests.rehearsal.lent_machine import make_machine
 
     return make_machine()[0]
+
+
+# The newest release on the registry when this was written: 5.24 renamed the KV cache's
+# argument of generation (past_key_values -> cache), which the remote code follows.
+NEWEST = "transformers==5.25.0"
+
+
+def env_newest() -> Path:
+    from tests.venvs import cached_venv
+
+    interpreter = getattr(sys, "_base_executable", sys.executable)
+    version = f"{sys.version_info[0]}.{sys.version_info[1]}"
+    return cached_venv("hf-newest", interpreter, version, [_pin("torch"), NEWEST, _pin("numpy")])
 
 
 def write_held_out_clips(dataset: Path, out: Path) -> Path:
@@ -127,8 +140,19 @@ def exported(tmp_path_factory):
     return {"root": root, "runs": runs, "clips": clips, "count": len(np.load(clips).files)}
 
 
+def test_the_model_card_names_the_releases_tested_here():
+    """The card's "tested with" is this file's environments: the oldest 4.x, the lent
+    GPU machine's 5.x and the newest."""
+    from orchestrator.convert.audiollm_dir import REMOTE_CODE_SINCE, TESTED_TRANSFORMERS
+
+    gpu_machine = _pin("transformers", REPO / "constraints-gpu-machine.txt")
+    assert TESTED_TRANSFORMERS == tuple(pin.split("==")[1] for pin in (OLDEST_4X, gpu_machine, NEWEST))
+    assert OLDEST_4X.split("==")[1].startswith(REMOTE_CODE_SINCE + ".")
+
+
 @pytest.mark.multiprocess
-@pytest.mark.parametrize("make_env,major", [(env_4x, "4"), (env_5x, "5")], ids=["transformers4", "transformers5"])
+@pytest.mark.parametrize("make_env,major", [(env_4x, "4"), (env_5x, "5"), (env_newest, "5")],
+                         ids=["transformers4", "transformers5", "transformers_newest"])
 def test_exports_answer_the_held_out_clips_as_audiollm_eval_without_the_project(exported, make_env, major, tmp_path):
     runs = {name: run for name, run in exported["runs"].items() if major != "4" or name not in NEWER_THAN_4X}
     answers = answers_without_the_project(make_env(), exported["clips"], [r["export"] for r in runs.values()],
@@ -261,6 +285,13 @@ def test_a_release_without_the_decoders_model_names_the_one_it_needs(exported, l
             f"install transformers>={NEWER_THAN_4X[layout]}") in proc.stderr, proc.stderr[-3000:]
     assert f"transformers>={NEWER_THAN_4X[layout]} (the first release with this decoder)" in (
         export / "README.md").read_text()
+
+
+def test_the_model_card_states_the_releases_and_holds_no_local_path(exported):
+    card = (exported["runs"]["tp2_sp"]["export"] / "README.md").read_text()
+    assert "transformers>=4.46 (the oldest release its code supports)" in card
+    assert "tested with transformers 4.46.3, 5.17.0, 5.25.0" in card
+    assert str(exported["root"]) not in card and "/tmp/" not in card, card
 
 
 def test_the_remote_code_needs_only_torch_numpy_and_transformers():
