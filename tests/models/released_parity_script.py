@@ -8,7 +8,9 @@ and loads the converted checkpoint as a run's model.init_checkpoint does, at TP 
 parallel 2), TP 2 with sequence parallelism and PP 2. On a batch of two clips of
 different lengths, padded to the encoder window, each in a row of text with its
 placeholders, its logits and loss are compared with the released class's forward on the
-same ids, features (and Qwen2-Audio's feature mask). Prints `RESULT {json}` per case."""
+same ids, features (and Qwen2-Audio's feature mask); and at TP 1 and TP 2 the greedy
+answers to the rows' prompts equal the released class's `generate`, with the KV cache and
+(TP 1) without. Prints `RESULT {json}` per case."""
 
 from __future__ import annotations
 
@@ -24,6 +26,7 @@ AUDIO_TOKEN = 249  # the tiny models' audio placeholder id (their vocabulary is 
 SEQ = 48
 MEL_LENGTHS = (120, 77)  # the first clip fills the window (2 x 60 positions), the second is padded
 CASES = [("tp1", 1, 1, False), ("tp2_sp", 2, 1, True), ("pp2", 1, 2, False)]
+PROMPT, NEW_TOKENS = 40, 8  # each prompt holds its clip's placeholders (at most 2 + 30)
 
 
 def model_section(hf_config: dict, kind: str):
@@ -48,6 +51,7 @@ def main(kind: str, hf_dir: str, ckpt: str) -> None:
     from megatron.core import parallel_state as ps
 
     from orchestrator.convert.megatron_forward import pipeline_forward
+    from orchestrator.models.generate import greedy_generate
     from orchestrator.models.audiollm import build_audiollm
     from orchestrator.models.decoder_config import decoder_transformer_config
     from orchestrator.plan.adapter_kinds import frames_per_token
@@ -98,6 +102,18 @@ def main(kind: str, hf_dir: str, ckpt: str) -> None:
                 "max_abs_logit_diff": (logits[..., :vocab] - ref.logits).abs().max().item(),
                 "logit_scale": ref.logits.abs().max().item(), "loss_diff": abs(loss.item() - ref.loss.item()),
             }), flush=True)
+        if pp == 1:  # greedy decoding of the prompts (their audio and text), with and without the KV cache
+            prompts = tokens[:, :PROMPT].tolist()
+            for use_cache in ((True, False) if tp == 1 else (True,)):
+                ours = greedy_generate(model, prompts, features, read, stop_ids=[-5], max_new_tokens=NEW_TOKENS,
+                                       use_cache=use_cache)
+                with torch.no_grad():
+                    theirs = hf.generate(input_ids=tokens[:, :PROMPT], input_features=features, do_sample=False,
+                                         max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS, use_cache=use_cache,
+                                         pad_token_id=0, **extra)[:, PROMPT:].tolist()
+                if ps.get_tensor_model_parallel_rank() == 0 and ps.get_data_parallel_rank() == 0:
+                    print("RESULT " + json.dumps({"case": f"{name}_generate{'' if use_cache else '_no_cache'}",
+                                                  "ours": ours, "theirs": theirs}), flush=True)
     shutdown()
 
 
