@@ -39,7 +39,8 @@ from typing import Dict, Iterator, List, Optional, Tuple
 
 import torch
 
-from orchestrator.plan.adapter_kinds import ADAPTER_KINDS, dropout, frame_stack, kind_name
+from orchestrator.plan.adapter_kinds import dropout, frame_stack, kind_name
+from orchestrator.plan.released_models import released_class
 from orchestrator.plan.checkpoint_dirs import (ADAPTER_SUBDIR, CONVERTED_META, ENCODER_SUBDIR, checkpoint_at_step,
                                                resolve_model_checkpoint)
 from orchestrator.convert.decoder_mapping import DecoderShape, decoder_hf_config, hf_decoder_config, megatron_tensor_to_hf
@@ -114,7 +115,7 @@ class Export:
         kind = kind_name(self.adapter_config or {})
         if kind != "layer_mix":  # (hf_model/ holds the project's own adapter only)
             raise ValueError(f"{ckpt}: its adapter is of kind {kind} (model.adapter.kind), which exports as "
-                             f"{ADAPTER_KINDS[kind].released_class}; this version does not write it yet: only "
+                             f"{released_class(kind)}; this version does not write it yet: only "
                              f"model.adapter.kind=layer_mix exports")
         with process_group():
             self.stored = stored_model_tensors(ckpt)

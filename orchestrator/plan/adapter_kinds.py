@@ -36,15 +36,12 @@ class AdapterKind:
     # model.encoder.mask_padding the released model computes with (None: either): Qwen2-Audio
     # masks each clip's padded frames out of its encoder's attention, as mask_padding does.
     mask_padding: bool | None = None
-    released_class: str = ""  # the transformers class it comes from ("": the project's own)
 
 
 ADAPTER_KINDS: dict[str, AdapterKind] = {
     "layer_mix": AdapterKind(reads={"frame_stack": 5, "dropout": 0.1}, layer_mix=True),
-    "voxtral": AdapterKind(reads={"frame_stack": 4}, audio_tokens="window",
-                           released_class="VoxtralForConditionalGeneration"),
-    "qwen2_audio": AdapterKind(pool=2, audio_tokens="clip", mask_padding=True,
-                               released_class="Qwen2AudioForConditionalGeneration"),
+    "voxtral": AdapterKind(reads={"frame_stack": 4}, audio_tokens="window"),
+    "qwen2_audio": AdapterKind(pool=2, audio_tokens="clip", mask_padding=True),
 }
 # The keys some kind reads (and the others refuse).
 KIND_KEYS = tuple(sorted({key for kind in ADAPTER_KINDS.values() for key in kind.reads}))

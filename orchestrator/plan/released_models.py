@@ -88,3 +88,8 @@ def adapter_section(model: ReleasedSpeechLLM, audio_config: dict) -> dict:
         encoder = encoder_section(model, audio_config)
         return {"kind": "voxtral", "frame_stack": int(encoder["ffn_dim"]) // int(encoder["d_model"])}
     return {"kind": model.adapter_kind}
+
+
+def released_class(adapter_kind: str) -> str:
+    """The transformers class whose adapter `adapter_kind` is (orchestrator/plan/adapter_kinds.py)."""
+    return next(m.hf_class for m in RELEASED.values() if m.adapter_kind == adapter_kind)

@@ -8,6 +8,7 @@ from typing import Iterator
 
 from orchestrator.plan.adapter_kinds import ADAPTER_KINDS, frames_per_token
 from orchestrator.plan.decoder_families import PROMPTS, prompt_settings
+from orchestrator.plan.released_models import released_class
 from orchestrator.plan.schema import (
     DataConfig,
     LauncherConfig,
@@ -74,7 +75,7 @@ def check_data(data: DataConfig, model: ModelConfig, purpose: str) -> Iterator[F
     if kind is not None and kind.audio_tokens and data.audio_tokens != kind.audio_tokens:
         yield error("audio_tokens", f"model.adapter.kind={model.adapter.kind} counts "
                                     f"{'every clip as whole encoder windows' if kind.audio_tokens == 'window' else 'a clip by its own frames'} "
-                                    f"(as {kind.released_class}'s processor does), but data.audio_tokens="
+                                    f"(as {released_class(model.adapter.kind)}'s processor does), but data.audio_tokens="
                                     f"{data.audio_tokens}: set data.audio_tokens={kind.audio_tokens}")
     if kind is not None and frames_per_token(model.adapter) >= 1:
         # "window" counts every clip as a full encoder window, whatever its length.

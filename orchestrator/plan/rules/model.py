@@ -9,6 +9,7 @@ from typing import Iterator
 
 from orchestrator.plan.adapter_kinds import ADAPTER_KINDS, KIND_KEYS, dropout, frame_stack, frames_per_token
 from orchestrator.plan.decoder_families import FAMILIES
+from orchestrator.plan.released_models import released_class
 from orchestrator.plan.checkpoint_dirs import frozen_source_problem, resolve_model_checkpoint
 from orchestrator.plan.kernels import ATTENTION_CHOICES, COMPILE_CHOICES, ENCODER_PRECISIONS, compile_blockers
 from orchestrator.plan.schema import (
@@ -146,7 +147,7 @@ def check_adapter(model: ModelConfig) -> Iterator[Finding]:
             f"the adapter would drop the last frames of a full window",
         )
     if kind.mask_padding is not None and enc.mask_padding != kind.mask_padding:
-        yield error("adapter", f"model.adapter.kind={adapter.kind} computes as {kind.released_class} does, whose "
+        yield error("adapter", f"model.adapter.kind={adapter.kind} computes as {released_class(adapter.kind)} does, whose "
                                f"encoder {'masks' if kind.mask_padding else 'does not mask'} a clip's padded frames, but "
                                f"model.encoder.mask_padding={str(enc.mask_padding).lower()}: set "
                                f"model.encoder.mask_padding={str(kind.mask_padding).lower()}")
