@@ -9,8 +9,11 @@ chunk boundaries, and audio clips whose placeholders straddle a chunk boundary (
 CP ranks). Compared with CP=1, per token: the logits (the output layer's, gathered over
 TP and CP) and the per-token training loss (LM + the auxiliary CTC share).
 
+With an adapter kind as argument (voxtral, qwen2_audio), the same at CP 2 and CP 2 with
+TP 2 + SP for the AudioLLM with that released model's adapter.
+
 Prints one `RESULT <json>` line per case from one rank holding the outputs.
-Run: torchrun --nproc_per_node=4 tests/models/cp_parity_script.py"""
+Run: torchrun --nproc_per_node=4 tests/models/cp_parity_script.py [KIND]"""
 
 from __future__ import annotations
 
@@ -33,18 +36,24 @@ DOCS = ((13, 19), (29,))
 # clip 1's (15-18) lie on rank 1 while most of its sample's answer (22-30) is on rank 0,
 # which then needs the clip for the CTC loss only; clip 2's (20-27) straddle ranks again.
 CLIPS = ((0, 5, 60), (0, 15, 40), (1, 20, 80))
+# With a released model's adapter kind (argv: voxtral | qwen2_audio), the same placeholder
+# runs: Voxtral's 4 frames a token from the same clips (7, 5 and 10 tokens), Qwen2-Audio's
+# pool of 2 from clips half as long.
+KIND_CLIPS = {"voxtral": CLIPS, "qwen2_audio": ((0, 5, 30), (0, 15, 20), (1, 20, 40))}
 
 
-def cases():
+def cases(kind=None):
     good = [dict(name="cp2", cp=2), dict(name="cp2_tp2_sp", cp=2, tp=2, sp=True),
             dict(name="cp2_pp2", cp=2, pp=2), dict(name="cp2_flex", cp=2, attention="flex")]
+    if kind is not None:  # the adapter kind's own part: which clips' tokens each CP rank makes
+        return good[:2]
     # The mistake a port makes when it assumes contiguous halves: queries placed at
     # the wrong global slots (causal/window masks and rotary disagree).
     bad = [dict(name="bad_cp2_contiguous_slots", cp=2, attention="contiguous")]
     return good + bad
 
 
-def make_batch(frames_of) -> dict:
+def make_batch(frames_of, clips=CLIPS) -> dict:
     """A loader micro-batch (orchestrator.data.packing's format) with DOCS and CLIPS."""
     gen = torch.Generator().manual_seed(3)
     tokens = torch.randint(10, VOCAB, (ROWS, SEQ), generator=gen)
@@ -60,19 +69,19 @@ def make_batch(frames_of) -> dict:
             start += n
         positions[row, start:] = torch.arange(SEQ - start)  # tail padding: its own document
     num_tokens = []
-    for row, first, mel in CLIPS:
+    for row, first, mel in clips:
         n = frames_of(mel)
         tokens[row, first:first + n] = AUDIO_ID
         loss_mask[row, first:first + n] = 0.0
         num_tokens.append(n)
     labels = torch.cat([tokens[:, 1:], tokens[:, :1]], dim=1)
-    features = torch.randn(len(CLIPS), 16, 100, generator=gen)
+    features = torch.randn(len(clips), 16, 100, generator=gen)
     return {"tokens": tokens, "labels": labels, "loss_mask": loss_mask, "position_ids": positions,
             "dataset_index": dataset_index, "packed": True, "audio_token_id": AUDIO_ID,
-            "audio_features": features, "audio_lengths": torch.tensor([mel for _, _, mel in CLIPS]),
-            "audio_num_tokens": torch.tensor(num_tokens), "audio_clip_rows": torch.tensor([r for r, _, _ in CLIPS]),
-            "audio_clip_ctc": torch.tensor([True, True, True]),
-            "audio_clip_keys": torch.tensor([[k, 0] for k in range(len(CLIPS))])}
+            "audio_features": features, "audio_lengths": torch.tensor([mel for _, _, mel in clips]),
+            "audio_num_tokens": torch.tensor(num_tokens), "audio_clip_rows": torch.tensor([r for r, _, _ in clips]),
+            "audio_clip_ctc": torch.tensor([True] * len(clips)),
+            "audio_clip_keys": torch.tensor([[k, 0] for k in range(len(clips))])}
 
 
 def provider_for(model_cfg, parallel, ctc: bool):
@@ -84,7 +93,7 @@ def provider_for(model_cfg, parallel, ctc: bool):
     return AudioLLMProvider(model_cfg, parallel, audio_token_id=AUDIO_ID, special_ids={0, 1}, ctc_weight=0.3 * ctc)
 
 
-def main() -> None:
+def main(kind=None) -> None:
     from megatron.core import parallel_state as ps
     from megatron.core import tensor_parallel
 
@@ -105,6 +114,9 @@ def main() -> None:
     hf_cfg = hf_gemma2_config()
     model_cfg = tiny_model_config(hf_cfg, whisper_config())
     model_cfg.adapter.ctc_weight = 0.3
+    if kind is not None:  # a released model's adapter (orchestrator/plan/adapter_kinds.py)
+        model_cfg.adapter.kind, model_cfg.adapter.frame_stack, model_cfg.adapter.dropout = kind, None, None
+        model_cfg.encoder.mask_padding = kind == "qwen2_audio"  # as the released model computes
     shape = DecoderShape.from_hf_config(hf_cfg)
 
     def build(tp=1, pp=1, cp=1, sp=False, attention_name=None):
@@ -135,7 +147,7 @@ def main() -> None:
     full = {k: v.clone() for k, v in model.state_dict().items() if not k.endswith("_extra_state")}
     decoder_full = {k[len("language_model."):]: v[:VOCAB] if "word_embeddings" in k else v
                     for k, v in full.items() if k.startswith("language_model.")}
-    batch = make_batch(model.adapter_tokens)
+    batch = make_batch(model.adapter_tokens, KIND_CLIPS.get(kind, CLIPS))
     # CP=1 references (every rank computes them) at the TP size of the CP cases: CP adds no
     # reduction of its own, TP splits the row-parallel sums.
     reference = {}
@@ -145,7 +157,7 @@ def main() -> None:
         reference[(tp, ctc)] = run(model, provider_for(model_cfg, parallel, ctc), batch, pipeline_forward,
                                    tensor_parallel)
 
-    for case in cases():
+    for case in cases(kind):
         tp, pp, cp = case.get("tp", 1), case.get("pp", 1), case.get("cp", 1)
         model, parallel = build(tp, pp, cp, case.get("sp", False), case.get("attention"))
         if case.get("attention") == "flex":
@@ -164,13 +176,14 @@ def main() -> None:
                 and ps.get_data_parallel_rank() == 0:
             trained = batch["loss_mask"] > 0
             print("RESULT " + json.dumps({
-                "case": case["name"], "tp": tp, "pp": pp, "cp": cp, "ctc": ctc,
+                "case": case["name"] + (f"_{kind}" if kind else ""), "tp": tp, "pp": pp, "cp": cp, "ctc": ctc,
                 "max_abs_logit_diff": (logits - ref_logits).abs().max().item(),
                 "max_abs_logit_diff_vs_tp1": (logits - reference[(1, ctc)][1]).abs().max().item(),
                 "max_abs_logit": ref_logits.abs().max().item(),
                 "max_abs_loss_diff": (loss - ref_loss)[trained].abs().max().item(),
                 "max_abs_loss": ref_loss[trained].abs().max().item(),
                 "rank_frames": share["audio_frames"].tolist(), "rank_clips": share["audio_clips"].tolist(),
+                "adapter": type(model.adapter).__name__ if model.pre_process else None,
             }), flush=True)
     shutdown()
 
@@ -214,4 +227,6 @@ def cp_gather(local: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
 
 
 if __name__ == "__main__":
-    main()
+    import sys
+
+    main(sys.argv[1] if len(sys.argv) > 1 else None)

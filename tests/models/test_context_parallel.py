@@ -1,7 +1,8 @@
 """Context parallelism of the AudioLLM: CP=2 (alone, with TP=2 + sequence parallel, with
 PP=2, on the flex_attention path) gives the logits and per-token losses of CP=1 at the
 same TP size, on a micro-batch with a sequence four windows long, packed documents and
-audio straddling the CP ranks (tests/models/cp_parity_script.py, one 4-process launch).
+audio straddling the CP ranks (tests/models/cp_parity_script.py, one 4-process launch);
+and at CP 2 (alone and with TP 2 + SP) with each released model's adapter kind.
 
 Bound: 1e-5 (fp32). CP changes no sum the model computes: keys and values are gathered
 whole and put back in global order, so every dot product, softmax and norm runs over the
@@ -52,3 +53,20 @@ def test_rank_zero_gets_the_audio_frames_of_its_chunks(cp_results):
 def test_queries_at_contiguous_slots_break_parity(cp_results):
     """The port that assumes each rank holds one contiguous half is caught."""
     assert cp_results["bad_cp2_contiguous_slots"]["max_abs_logit_diff"] > 1e-1
+
+
+@pytest.mark.multiprocess
+@pytest.mark.parametrize("kind", ["voxtral", "qwen2_audio"])
+def test_context_parallel_equals_cp1_with_a_released_models_adapter(kind):
+    """Each CP rank makes the audio tokens of the clips its chunks hold, by the kind's own
+    arithmetic (Voxtral's stack of 4, Qwen2-Audio's pool of 2 after a masked encoder); at
+    CP 2, alone and with TP 2 + SP, the logits and losses of CP 1 (the released classes'
+    own logits at CP 1: tests/models/test_released_parity.py)."""
+    output = torchrun(SCRIPT, 4, kind, timeout=600)
+    found = {r["case"]: r for r in map(json.loads, re.findall(r"^RESULT (.*)$", output, re.M))}
+    assert sorted(found) == sorted([f"cp2_{kind}", f"cp2_tp2_sp_{kind}"]), output[-3000:]
+    for case, r in found.items():
+        assert r["max_abs_logit_diff"] <= 1e-5 and r["max_abs_loss_diff"] <= 1e-5, (case, r)
+        assert r["max_abs_logit"] > 1.0 and r["max_abs_loss"] > 1.0, (case, r)
+        assert r["adapter"] == {"voxtral": "StackProjector", "qwen2_audio": "PoolProjector"}[kind], (case, r)
+        assert len(r["rank_clips"]) >= 1, (case, r)
