@@ -15,6 +15,11 @@ from orchestrator.plan.released_models import (PART_PREFIXES, WHISPER_NAMES, Rel
                                                encoder_section)
 
 
+# The language model's tensors as its family's HF decoder names them; the encoder's and the
+# adapter's without a prefix (encoder.* and adapter.* in the checkpoint).
+RENAMED = {"decoder": "model.", "lm_head": "lm_head."}
+
+
 @dataclass
 class ReleasedParts:
     model: ReleasedSpeechLLM
@@ -29,8 +34,7 @@ class ReleasedParts:
 def released_parts(hf_dir: Path, config_dict: dict, model: ReleasedSpeechLLM, files: SafetensorsDir) -> ReleasedParts:
     text_config = dict(config_dict["text_config"])
     text_config["architectures"] = [family_for_hf(str(text_config.get("model_type"))).hf_architecture]
-    views = {part: under_first(files, prefixes, "lm_head." if part == "lm_head" else "model." if part == "decoder" else "")
-             for part, prefixes in PART_PREFIXES.items()}
+    views = {part: under_first(files, prefixes, RENAMED.get(part, "")) for part, prefixes in PART_PREFIXES.items()}
     missing = [part for part in ("decoder", "encoder", "adapter") if views[part] is None]
     if missing:
         raise ValueError(f"{hf_dir} is a {model.name} checkpoint ({model.hf_class}) but holds no tensors of its "

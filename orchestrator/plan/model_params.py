@@ -205,6 +205,10 @@ def audio_token_count(mel_frames: int, frames_per_token: int) -> int:
     return encoder_frame_count(mel_frames) // frames_per_token
 
 
+# data.audio_tokens: how a clip's audio tokens are counted (read_frames).
+AUDIO_TOKEN_MODES = ("clip", "window")
+
+
 def read_frames(valid_mel_frames: int, window_frames: int, mode: str = "clip") -> int:
     """The mel frames of a clip that the model reads and counts its tokens from (its "audio
     lengths"): mode "clip", the clip's own `valid_mel_frames` (capped at the window); mode
@@ -214,7 +218,7 @@ def read_frames(valid_mel_frames: int, window_frames: int, mode: str = "clip") -
         return window_frames
     if mode == "clip":
         return min(valid_mel_frames, window_frames)
-    raise ValueError(f"data.audio_tokens={mode!r}; use 'clip' or 'window'")
+    raise ValueError(f"data.audio_tokens={mode!r}; use one of {', '.join(AUDIO_TOKEN_MODES)}")
 
 
 def clip_read_frames(seconds: float, model: ModelConfig, mode: str = "clip") -> int:

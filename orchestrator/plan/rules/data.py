@@ -17,7 +17,7 @@ from orchestrator.plan.schema import (
 )
 from orchestrator.plan.launcher_kinds import KINDS
 from orchestrator.plan.local_paths import index_columns, inside, local_dataset_dirs, missing_inputs
-from orchestrator.plan.model_params import SAMPLE_RATE, audio_tokens_per_clip
+from orchestrator.plan.model_params import AUDIO_TOKEN_MODES, SAMPLE_RATE, audio_tokens_per_clip
 from orchestrator.plan import tasks
 from orchestrator.plan.rules.findings import Finding, error, one_of, warning
 
@@ -29,7 +29,7 @@ _CACHE_LIMIT = re.compile(r"^\s*\d+(\.\d+)?\s*(b|kb|mb|gb|tb|pb)?\s*$", re.IGNOR
 def check_data(data: DataConfig, model: ModelConfig, purpose: str) -> Iterator[Finding]:
     yield from one_of("data", "data.on_bad_sample", data.on_bad_sample, ("error", "skip"))
     yield from one_of("data", "data.long_audio", data.long_audio, ("refuse", "chunk"))
-    yield from one_of("data", "data.audio_tokens", data.audio_tokens, ("clip", "window"))
+    yield from one_of("data", "data.audio_tokens", data.audio_tokens, AUDIO_TOKEN_MODES)
     yield from one_of("data", "data.wrong_sample_rate", data.wrong_sample_rate, ("resample", "refuse"))
     yield from one_of("data", "data.features_on", data.features_on, ("cpu", "device"))
     if not 0.0 <= data.max_bad_fraction <= 1.0:
@@ -69,7 +69,7 @@ def check_data(data: DataConfig, model: ModelConfig, purpose: str) -> Iterator[F
             f"(model.encoder.max_source_positions {model.encoder.max_source_positions} x 2 / 100 frames per s); "
             f"lower data.max_audio_seconds or use data.long_audio=chunk with max_audio_seconds <= {window_seconds:g}",
         )
-    if data.audio_tokens not in ("clip", "window"):
+    if data.audio_tokens not in AUDIO_TOKEN_MODES:
         return  # said above; nothing can be counted
     kind = ADAPTER_KINDS.get(model.adapter.kind)
     if kind is not None and kind.audio_tokens and data.audio_tokens != kind.audio_tokens:
