@@ -30,6 +30,7 @@ from orchestrator.plan.checkpoint_dirs import (ADAPTER_SUBDIR, CONVERTED_META, E
 from orchestrator.convert.decoder_mapping import DecoderShape, hf_decoder_config, hf_to_megatron_tensors
 from orchestrator.convert.audiollm_dir import MODEL_TYPE
 from orchestrator.convert.released_dir import released_parts
+from orchestrator.convert.released_export import keep_processor_files
 from orchestrator.plan.decoder_families import family_for_hf
 from orchestrator.plan.released_models import RELEASED_CONFIG, not_supported_message, released
 from orchestrator.convert.hf_io import (MULTIMODAL_DECODERS, SafetensorsDir, TensorsUnder, multimodal_decoder,
@@ -130,6 +131,7 @@ def convert(hf_dir: Path, out_dir: Path, whisper_dir: Optional[Path] = None, ada
         meta["released"] = {"model_type": model_type, "class": speech_llm.hf_class}
         # The released model's own config.json, for the export that gives the run back as its class.
         (out_dir / RELEASED_CONFIG).write_text(json.dumps(config_dict, indent=2))
+        meta["released"]["processor_files"] = keep_processor_files(hf_dir, out_dir)
         (out_dir / "whisper_config.json").write_text(json.dumps(parts.whisper_config, indent=2))
         (out_dir / "adapter_config.json").write_text(json.dumps(parts.adapter_config, indent=2))
     (out_dir / "hf_config.json").write_text(json.dumps(text_config, indent=2) if whole or multimodal or parts else

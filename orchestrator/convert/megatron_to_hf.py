@@ -1,4 +1,4 @@
-"""`audiollm convert megatron-to-hf --megatron CKPT --out HF_DIR [--layout model|parts] [--lora merge|peft]`
+"""`audiollm convert megatron-to-hf --megatron CKPT --out HF_DIR [--layout model|parts|released] [--lora merge|peft]`
 
 Exports model weights to HF: CKPT is a converted checkpoint (hf-to-megatron), a
 training checkpoint (RUN/checkpoints/step_N) or a run directory (its latest step),
@@ -22,6 +22,12 @@ default for a converted checkpoint (which holds no run: no tokenizer, no prompt)
 
 `hf-to-megatron --hf HF_DIR` reads the encoder and adapter back from there.
 
+`--layout released`, the default for a model that started from a released Voxtral or
+Qwen2-Audio (a converted checkpoint of one, or a run whose model.init_checkpoint leads back
+to one): that class's directory, which plain transformers loads without remote code
+(orchestrator/convert/released_export.py). A model of such an adapter kind goes back this
+way only.
+
 Either layout streams (`Export`): the checkpoint is read a decoder layer's rows (or an
 encoder layer, the embedding, the adapter) at a time and written into 2-GiB shards as
 they fill, so the peak memory is one shard and the largest tensor twice, not the model
@@ -41,6 +47,7 @@ import torch
 
 from orchestrator.plan.adapter_kinds import dropout, frame_stack, kind_name
 from orchestrator.plan.released_models import released_class
+from orchestrator.convert.released_export import released_origin
 from orchestrator.plan.checkpoint_dirs import (ADAPTER_SUBDIR, CONVERTED_META, ENCODER_SUBDIR, checkpoint_at_step,
                                                resolve_model_checkpoint)
 from orchestrator.convert.decoder_mapping import DecoderShape, decoder_hf_config, hf_decoder_config, megatron_tensor_to_hf
@@ -70,7 +77,7 @@ def merge_lora_tensors(state: Dict[str, torch.Tensor], scaling: Optional[float])
 
 PEFT_SUBDIR = "peft_lora"
 LORA_MODES = ("merge", "peft")
-LAYOUTS = ("model", "parts")
+LAYOUTS = ("model", "parts", "released")
 
 
 class Export:
@@ -112,24 +119,43 @@ class Export:
         else:
             raise FileNotFoundError(f"{ckpt}: neither {CONVERTED_META} (a converted checkpoint) nor {plan_path} "
                                     f"(a training checkpoint's run) is there, so the model's config is unknown")
-        kind = kind_name(self.adapter_config or {})
-        if kind != "layer_mix":  # (hf_model/ holds the project's own adapter only)
-            raise ValueError(f"{ckpt}: its adapter is of kind {kind} (model.adapter.kind), which exports as "
-                             f"{released_class(kind)}; this version does not write it yet: only "
-                             f"model.adapter.kind=layer_mix exports")
+        self.adapter_kind = kind_name(self.adapter_config or {})
+        # The converted checkpoint of the released model (Voxtral, Qwen2-Audio) it started from, if any.
+        self.released_origin = released_origin(ckpt)
         with process_group():
             self.stored = stored_model_tensors(ckpt)
         if self.run_config is not None:  # a config made here: the dtype is what the run stored
-            embedding = self.stored[DECODER + "embedding.word_embeddings.weight"]
-            self.hf_config["torch_dtype"] = str(embedding.dtype).replace("torch.", "")
+            self.hf_config["torch_dtype"] = self.stored_dtype()
         self.lora = lora
         rank = int(lora.get("rank") or 0)
         self.scaling = float(lora["alpha"]) / rank if rank > 0 else None
         self.shape = DecoderShape.from_hf_config(hf_decoder_config(self.hf_config))
         self.lora_mode, self.lora_merged = lora_mode, 0
+        self.layout = self.default_layout()  # what convert() writes; peft_adapter() names modules by it
         self._peft_factors: Dict[str, torch.Tensor] = {}
         if lora_mode == "peft" and self.scaling is None:
             raise ValueError(f"{ckpt}: no LoRA rank and alpha are recorded for it: nothing to write as PEFT")
+
+    def stored_dtype(self) -> str:
+        """The dtype the checkpoint stores its weights in (its embedding's), as HF names it."""
+        return str(self.stored[DECODER + "embedding.word_embeddings.weight"].dtype).replace("torch.", "")
+
+    def default_layout(self) -> str:
+        """released for a model that started from a released speech LLM, model for a
+        training checkpoint, parts for a converted one."""
+        if self.released_origin is not None:
+            return "released"
+        return "parts" if self.run_config is None else "model"
+
+    def check_layout(self, layout: str) -> None:
+        """Refuses a layout that cannot hold this checkpoint's adapter kind, naming the one that does."""
+        if layout != "released" and self.adapter_kind != "layer_mix":  # (hf_model/ holds the project's own adapter only)
+            how = ("--layout released (the default here)" if self.released_origin is not None else
+                   f"a run that started from a released {released_class(self.adapter_kind)} (model.init_checkpoint "
+                   f"= its converted checkpoint), exported with --layout released")
+            raise ValueError(f"{self.checkpoint}: its adapter is of kind {self.adapter_kind} (model.adapter.kind), "
+                             f"which --layout {layout} cannot hold; it goes back as {released_class(self.adapter_kind)}: "
+                             f"{how}")
 
     def has(self, part: str) -> bool:
         """Whether the checkpoint holds tensors of `part` (language_model, encoder, adapter)."""
@@ -173,11 +199,12 @@ class Export:
         (lora_mode "peft"); None otherwise."""
         if self.lora_mode != "peft":
             return None
-        from orchestrator.convert.peft_lora import megatron_lora_to_peft
+        from orchestrator.convert.peft_lora import DECODER_LAYERS, RELEASED_DECODER_LAYERS, megatron_lora_to_peft
 
         return megatron_lora_to_peft({n[len(DECODER):]: t for n, t in self._peft_factors.items()}, self.shape,
                                      int(self.lora["rank"]), float(self.lora["alpha"]),
-                                     float(self.lora.get("dropout") or 0.0))
+                                     float(self.lora.get("dropout") or 0.0),
+                                     RELEASED_DECODER_LAYERS if self.layout == "released" else DECODER_LAYERS)
 
 
 def _json_or_none(path: Path) -> Optional[dict]:
@@ -185,15 +212,20 @@ def _json_or_none(path: Path) -> Optional[dict]:
 
 
 def convert(ckpt_dir: Path, out_dir: Path, lora_mode: str = "merge", layout: Optional[str] = None) -> dict:
-    """`layout` None: `model` for a training checkpoint, `parts` for a converted one."""
+    """`layout` None: Export.default_layout()."""
     from orchestrator.convert.peft_lora import write_peft_adapter
 
     if layout not in (None, *LAYOUTS):
         raise ValueError(f"layout {layout!r} is not one of {LAYOUTS}")
     out = Path(out_dir)
     export = Export(ckpt_dir, lora_mode)
-    layout = layout or ("parts" if export.run_config is None else "model")
-    if layout == "model":
+    layout = export.layout = layout or export.default_layout()
+    export.check_layout(layout)
+    if layout == "released":
+        from orchestrator.convert.released_export import write_released_dir
+
+        summary = write_released_dir(out, export)
+    elif layout == "model":
         from orchestrator.convert.audiollm_dir import write_model_dir
 
         summary = write_model_dir(out, export)
@@ -258,7 +290,8 @@ def main(argv: Optional[List[str]] = None) -> int:
                         help="model: one HF model directory (AutoModelForCausalLM and AutoProcessor with "
                              "trust_remote_code=True; the default for a training checkpoint); parts: the decoder as "
                              "a Gemma2ForCausalLM directory with whisper_encoder/ and audio_adapter/ beside it (the "
-                             "default for a converted checkpoint)")
+                             "default for a converted checkpoint); released: the released class a model converted "
+                             "from Voxtral or Qwen2-Audio came from, with its processor (the default for one)")
     args = parser.parse_args(argv)
     try:
         source = checkpoint_at_step(args.megatron, args.step) if args.step is not None else args.megatron
@@ -266,6 +299,15 @@ def main(argv: Optional[List[str]] = None) -> int:
     except (ValueError, FileNotFoundError) as exc:  # what to fix, named: no traceback
         print(str(exc), file=sys.stderr)
         return 2
+    if result["layout"] == "released":
+        extra = [f"{PEFT_SUBDIR}/ ({result['peft_modules']} LoRA modules)"] if result["peft_modules"] else []
+        cls = result["class"]
+        print(f"wrote {args.out} from {result['checkpoint']}: {cls}, as released ({result['origin']})"
+              f"{' with its processor files' if result['processor_files'] else ' (the release kept no processor files)'}"
+              f"{', ' + ', '.join(extra) if extra else ''}"
+              f"{'; LoRA merged into %d linears' % result['lora_merged'] if result['lora_merged'] else ''}; load it "
+              f"with {cls}.from_pretrained({str(args.out)!r}) and AutoProcessor.from_pretrained({str(args.out)!r})")
+        return 0
     if result["layout"] == "model":
         extra = [f"{PEFT_SUBDIR}/ ({result['peft_modules']} LoRA modules)"] if result["peft_modules"] else []
         print(f"wrote {args.out} from {result['checkpoint']}: one AudioLLM model directory"

@@ -3,8 +3,11 @@ family's: the same module names in all).
 
     adapter_config.json        peft_type LORA, r, lora_alpha, target_modules (HF names)
     adapter_model.safetensors  base_model.model.model.layers.<i>.<module>.lora_{A,B}.weight
+                               (a released speech LLM's class: base_model.model.language_model.
+                               model.layers..., its target_modules a pattern of the decoder's alone)
 
-`PeftModel.from_pretrained(Gemma2ForCausalLM, DIR)` (or the family's class) loads it (the format serving stacks
+`PeftModel.from_pretrained(Gemma2ForCausalLM, DIR)` (or the family's class, or
+VoxtralForConditionalGeneration / Qwen2AudioForConditionalGeneration) loads it (the format serving stacks
 that take PEFT adapters read; only PEFT itself is tested here). The project's LoRA sits on megatron's fused linears
 (orchestrator/train/lora.py), one rank and alpha for all, and PEFT's on HF's separate
 ones, so (per layer; the row layouts are those of orchestrator/convert/decoder_mapping):
@@ -42,7 +45,10 @@ from orchestrator.convert.decoder_mapping import DecoderShape
 
 PEFT_CONFIG = "adapter_config.json"
 PEFT_WEIGHTS = "adapter_model.safetensors"
-_PREFIX = "base_model.model.model.layers."
+# PEFT names a module by its path in the model it wraps: the decoder's layers are model.layers
+# in a causal LM, language_model.model.layers in a released speech LLM's class (transformers 4).
+DECODER_LAYERS = "model.layers."
+RELEASED_DECODER_LAYERS = "language_model.model.layers."
 _MEGATRON = re.compile(r"^decoder\.layers\.(\d+)\.(self_attention\.linear_qkv|self_attention\.linear_proj|"
                        r"mlp\.linear_fc1|mlp\.linear_fc2)\.lora_([ab])\.weight$")
 # megatron linear -> its HF parts, in the order of their rows in the fused weight
@@ -82,9 +88,10 @@ def _part_out_sizes(linear: str, shape: DecoderShape) -> List[int]:
 
 
 def megatron_lora_to_peft(state: Dict[str, torch.Tensor], shape: DecoderShape, rank: int, alpha: float,
-                          dropout: float = 0.0) -> Tuple[Dict[str, torch.Tensor], dict]:
+                          dropout: float = 0.0, layers: str = DECODER_LAYERS) -> Tuple[Dict[str, torch.Tensor], dict]:
     """(PEFT tensors, adapter_config) of the decoder's LoRA factors in `state` (full TP=1
-    tensors, names without `language_model.`). Raises if there are none."""
+    tensors, names without `language_model.`), for a model whose decoder layers are at
+    `layers` (DECODER_LAYERS or RELEASED_DECODER_LAYERS). Raises if there are none."""
     factors: Dict[Tuple[int, str], Dict[str, torch.Tensor]] = {}
     for name, tensor in state.items():
         match = _MEGATRON.match(name)
@@ -98,10 +105,14 @@ def megatron_lora_to_peft(state: Dict[str, torch.Tensor], shape: DecoderShape, r
         for part, b_rows in zip(PARTS[linear], _row_blocks(linear, ab["b"], shape)):
             module = part.rsplit(".", 1)[-1]
             targets.add(module)
-            out[f"{_PREFIX}{layer}.{part}.lora_A.weight"] = ab["a"].clone()  # safetensors refuses shared storage
-            out[f"{_PREFIX}{layer}.{part}.lora_B.weight"] = b_rows.contiguous()
+            out[f"base_model.model.{layers}{layer}.{part}.lora_A.weight"] = ab["a"].clone()  # no shared storage
+            out[f"base_model.model.{layers}{layer}.{part}.lora_B.weight"] = b_rows.contiguous()
+    # Beside an audio tower (Whisper's attention has q_proj, k_proj, v_proj too) the targets are
+    # the decoder's modules alone: a pattern PEFT matches against each module's whole path.
+    targets = sorted(targets) if layers == DECODER_LAYERS else \
+        rf"{re.escape(layers)}\d+\.(self_attn|mlp)\.({'|'.join(sorted(targets))})"
     config = {"peft_type": "LORA", "task_type": "CAUSAL_LM", "r": int(rank), "lora_alpha": float(alpha),
-              "lora_dropout": float(dropout), "target_modules": sorted(targets), "bias": "none",
+              "lora_dropout": float(dropout), "target_modules": targets, "bias": "none",
               "fan_in_fan_out": False, "use_rslora": False, "use_dora": False, "inference_mode": True,
               "base_model_name_or_path": None, "modules_to_save": None}
     return out, config
@@ -153,8 +164,8 @@ def peft_to_megatron_lora(tensors: Dict[str, torch.Tensor], config: dict, shape:
     rank, alpha = _check_peft_config(config)
     part_of = {part: (linear, i) for linear, parts in PARTS.items() for i, part in enumerate(parts)}
     found: Dict[Tuple[int, str], Dict[int, Dict[str, torch.Tensor]]] = {}
-    pattern = re.compile(r"^base_model\.model\.model\.layers\.(\d+)\.(self_attn\.\w+|mlp\.\w+)\.lora_([AB])"
-                         r"(?:\.default)?\.weight$")
+    pattern = re.compile(r"^base_model\.model\.(?:language_model\.)?model\.layers\.(\d+)\.(self_attn\.\w+|mlp\.\w+)"
+                         r"\.lora_([AB])(?:\.default)?\.weight$")
     unknown = []
     for name, tensor in tensors.items():
         match = pattern.match(name)

@@ -2,7 +2,8 @@
 model verifies against the released class's text logits at TP 2 (real megatron
 processes loading the checkpoint as a job does), its audio tower and projector land as
 the encoder and the adapter bit for bit, and the checkpoint says what it is, so that a
-run of another adapter kind starting from it is refused at plan time. A speech LLM of a
+run of another adapter kind starting from it is refused at plan time; given back
+(`megatron-to-hf`), it is the released directory again, bit for bit. A speech LLM of a
 kind audiollm does not take is refused in one line, naming what it takes."""
 
 from __future__ import annotations
@@ -12,7 +13,9 @@ import json
 import pytest
 import torch
 
-from orchestrator.convert import hf_to_megatron
+from safetensors.torch import load_file
+
+from orchestrator.convert import hf_to_megatron, megatron_to_hf
 from orchestrator.train.dist_format import read_model_tensors
 from tests.models.tiny_models import hf_qwen2_audio, hf_voxtral
 
@@ -30,7 +33,8 @@ def test_a_released_speech_llm_converts_whole_and_its_language_model_verifies(ca
     assert code == 0 and result["max_abs_logit_diff"] <= 1e-4 and result["loss_diff"] <= 1e-5, result
     meta = json.loads((out / "audiollm_checkpoint.json").read_text())
     assert meta["parts"] == ["decoder", "encoder", "adapter"]
-    assert meta["released"] == {"model_type": kind, "class": type(hf).__name__}
+    assert meta["released"] == {"model_type": kind, "class": type(hf).__name__, "processor_files":
+                                ["generation_config.json"]}
     stored = read_model_tensors(out)
     for part, module in (("encoder", hf.audio_tower), ("adapter", hf.multi_modal_projector)):
         theirs = module.state_dict()
@@ -42,13 +46,21 @@ def test_a_released_speech_llm_converts_whole_and_its_language_model_verifies(ca
     whisper = json.loads((out / "whisper_config.json").read_text())
     assert (whisper["d_model"], whisper["encoder_layers"], whisper["num_mel_bins"]) == (32, 2, 80)
 
-    # Giving it back as the released class is not written yet: refused in one line, nothing written
-    from orchestrator.convert import megatron_to_hf
-
-    assert megatron_to_hf.main(["--megatron", str(out), "--out", str(tmp_path / "back")]) == 2
+    # Given back (the default for it): the released class's directory, bit for bit
+    back = tmp_path / "back"
+    assert megatron_to_hf.main(["--megatron", str(out), "--out", str(back)]) == 0
+    assert f"{type(hf).__name__}, as released" in capsys.readouterr().out
+    assert sorted(p.name for p in back.iterdir()) == sorted(p.name for p in src.iterdir())
+    for name in ("config.json", "generation_config.json"):
+        assert (back / name).read_text() == (src / name).read_text(), name
+    theirs, ours = load_file(src / "model.safetensors"), load_file(back / "model.safetensors")
+    assert sorted(ours) == sorted(theirs)
+    assert all(ours[n].dtype == theirs[n].dtype and torch.equal(ours[n], theirs[n]) for n in theirs)
+    # ... which a layout of the project's own refuses, naming the one that holds it
+    assert megatron_to_hf.main(["--megatron", str(out), "--out", str(tmp_path / "own"), "--layout", "model"]) == 2
     err = capsys.readouterr().err
-    assert f"its adapter is of kind {kind}" in err and type(hf).__name__ in err and "Traceback" not in err, err
-    assert not (tmp_path / "back").exists()
+    assert f"its adapter is of kind {kind}" in err and "--layout released" in err and "Traceback" not in err, err
+    assert not (tmp_path / "own").exists()
 
     # A run of the project's own adapter kind cannot start from it: plan names the kind
     from orchestrator.plan.compose import compose

@@ -156,17 +156,21 @@ def tiny_model_config(hf_cfg: Gemma2Config, wcfg: WhisperConfig) -> ModelConfig:
 RELEASED_AUDIO = dict(num_mel_bins=80, max_source_positions=60)
 
 
-def hf_voxtral(seed: int = 0):
+def hf_voxtral(seed: int = 0, vocab_size: int = 250, audio_token_id: int = 249, **audio_overrides):
     from transformers import VoxtralConfig, VoxtralForConditionalGeneration
 
-    audio = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128, **RELEASED_AUDIO)
-    config = VoxtralConfig(audio_config=audio, text_config={**LLAMA, "model_type": "llama"}, audio_token_id=249)
+    audio = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128,
+                 **{**RELEASED_AUDIO, **audio_overrides})
+    config = VoxtralConfig(audio_config=audio, text_config={**LLAMA, "model_type": "llama", "vocab_size": vocab_size},
+                           audio_token_id=audio_token_id)
     return _with_plain_norms(VoxtralForConditionalGeneration(config), seed)
 
 
-def hf_qwen2_audio(seed: int = 0):
+def hf_qwen2_audio(seed: int = 0, vocab_size: int = 250, audio_token_id: int = 249, **audio_overrides):
     from transformers import Qwen2AudioConfig, Qwen2AudioForConditionalGeneration
 
-    audio = dict(d_model=32, encoder_layers=2, encoder_attention_heads=4, encoder_ffn_dim=64, **RELEASED_AUDIO)
-    config = Qwen2AudioConfig(audio_config=audio, text_config={**QWEN2, "model_type": "qwen2"}, audio_token_index=249)
+    audio = dict(d_model=32, encoder_layers=2, encoder_attention_heads=4, encoder_ffn_dim=64,
+                 **{**RELEASED_AUDIO, **audio_overrides})
+    config = Qwen2AudioConfig(audio_config=audio, text_config={**QWEN2, "model_type": "qwen2", "vocab_size": vocab_size},
+                              audio_token_index=audio_token_id)
     return _with_plain_norms(Qwen2AudioForConditionalGeneration(config), seed)
