@@ -305,8 +305,10 @@ def main(argv: Optional[List[str]] = None) -> int:
         print(f"wrote {args.out} from {result['checkpoint']}: {cls}, as released ({result['origin']})"
               f"{' with its processor files' if result['processor_files'] else ' (the release kept no processor files)'}"
               f"{', ' + ', '.join(extra) if extra else ''}"
-              f"{'; LoRA merged into %d linears' % result['lora_merged'] if result['lora_merged'] else ''}; load it "
-              f"with {cls}.from_pretrained({str(args.out)!r}) and AutoProcessor.from_pretrained({str(args.out)!r})")
+              f"{'; LoRA merged into %d linears' % result['lora_merged'] if result['lora_merged'] else ''}"
+              f"{'; left out: the CTC head (model.adapter.ctc_weight), which the class has no place for' if result['left_out'] else ''}"
+              f"; load it with {cls}.from_pretrained({str(args.out)!r}) and "
+              f"AutoProcessor.from_pretrained({str(args.out)!r})")
         return 0
     if result["layout"] == "model":
         extra = [f"{PEFT_SUBDIR}/ ({result['peft_modules']} LoRA modules)"] if result["peft_modules"] else []

@@ -9,8 +9,9 @@ loads with `VoxtralForConditionalGeneration` / `Qwen2AudioForConditionalGenerati
     model.safetensors        the hub's names: language_model.model.* and
                              language_model.lm_head.weight (the decoder's HF names under
                              language_model.), audio_tower.* (the encoder), multi_modal_projector.*
-                             (the adapter); shards of 2 GiB with an index above that,
-                             written as the checkpoint is read
+                             (the adapter; a CTC head, which the class has no place for,
+                             left out); shards of 2 GiB with an index above that, written
+                             as the checkpoint is read
     processor and tokenizer  the released directory's own files (preprocessor_config.json,
     files, generation_config tokenizer files, tekken.json, chat template), as hf-to-megatron
                              kept them (PROCESSOR_SUBDIR)
@@ -42,6 +43,10 @@ NOT_PROCESSOR_FILES = ("config.json", "model.safetensors.index.json", "pytorch_m
 # The checkpoint's part (orchestrator/convert/megatron_to_hf.Export.tensors names) -> where
 # the released class keeps it.
 RELEASED_NAMES = {"language_model.": "language_model.", "encoder.": "audio_tower.", "adapter.": "multi_modal_projector."}
+
+# A run with model.adapter.ctc_weight > 0 trained a CTC head on the adapter's output; the
+# released class has no place for it and decodes with its decoder alone.
+CTC_HEAD = "adapter.ctc_head."
 
 _MOST_RUNS_BACK = 32  # a chain of runs each started from the last; longer is a loop
 
@@ -108,8 +113,11 @@ def write_released_dir(out_dir: Path, export) -> dict:
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     config = released_config(origin, export.stored_dtype())
-    writer = ShardWriter(out)
+    writer, left_out = ShardWriter(out), []
     for name, tensor in export.tensors():
+        if name.startswith(CTC_HEAD):
+            left_out.append(name)
+            continue
         part = next(p for p in RELEASED_NAMES if name.startswith(p))
         writer.add(RELEASED_NAMES[part] + name[len(part):], tensor)
     total = writer.close()
@@ -119,4 +127,4 @@ def write_released_dir(out_dir: Path, export) -> dict:
     for name in copied:
         shutil.copy2(processor / name, out / name)
     return {"class": config.get("architectures", ["?"])[0], "origin": str(origin), "processor_files": copied,
-            "bytes": total}
+            "bytes": total, "left_out": left_out}
