@@ -90,6 +90,11 @@ def adapter_section(model: ReleasedSpeechLLM, audio_config: dict) -> dict:
     return {"kind": model.adapter_kind}
 
 
+def released_of_kind(adapter_kind: Optional[str]) -> Optional[ReleasedSpeechLLM]:
+    """The released model whose adapter `adapter_kind` is; None for the project's own kind."""
+    return next((m for m in RELEASED.values() if m.adapter_kind == adapter_kind), None)
+
+
 def released_class(adapter_kind: str) -> str:
     """The transformers class whose adapter `adapter_kind` is (orchestrator/plan/adapter_kinds.py)."""
-    return next(m.hf_class for m in RELEASED.values() if m.adapter_kind == adapter_kind)
+    return released_of_kind(adapter_kind).hf_class

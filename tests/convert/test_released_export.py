@@ -17,24 +17,12 @@ import pytest
 import torch
 
 from orchestrator.convert import hf_to_megatron, megatron_to_hf
-from tests.models.released_parity_script import model_section
+from tests.models.released_parity_script import model_overrides
 from tests.models.tiny_models import hf_qwen2_audio
 from tests.train.audiollm_runs import shared_corpus, train_overrides
 from tests.train.test_context_parallel_cli import _cli, _rows
 
 ITERS = 3
-
-
-def model_overrides(hf_config: dict, kind: str) -> list:
-    """`model.*` overrides of the model section a released model's config describes."""
-    from omegaconf import OmegaConf
-
-    section = OmegaConf.to_container(model_section(hf_config, kind))
-    out = []
-    for part in ("decoder", "encoder", "adapter"):
-        for key, value in section[part].items():
-            out.append(f"model.{part}.{key}={'null' if value is None else json.dumps(value)}")
-    return out
 
 
 @pytest.mark.multiprocess

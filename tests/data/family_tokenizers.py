@@ -24,6 +24,10 @@ LAYOUTS = {
                        "<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")),
 }
 LAYOUTS["qwen3"] = LAYOUTS["qwen2"]
+# Qwen2-Audio-Instruct's: Qwen's, its audio markers and placeholder after them (<|AUDIO|> at
+# 151646 in the release), end of turn as EOS.
+LAYOUTS["qwen2_audio"] = dict(LAYOUTS["qwen2"], specials=LAYOUTS["qwen2"]["specials"][:3] + [
+    "<|AUDIO|>", "<|audio_bos|>", "<|audio_eos|>"], eos="<|im_end|>")
 
 
 def build_family_tokenizer(family: str, texts: Iterable[str], out_dir: str | Path, vocab_size: int = 300) -> Path:

@@ -46,6 +46,15 @@ def model_section(hf_config: dict, kind: str):
     return OmegaConf.structured(section)
 
 
+def model_overrides(hf_config: dict, kind: str) -> list:
+    """model_section as `model.*` command-line overrides (a run of the released model)."""
+    from omegaconf import OmegaConf
+
+    section = OmegaConf.to_container(model_section(hf_config, kind))
+    return [f"model.{part}.{key}={'null' if value is None else json.dumps(value)}"
+            for part in ("decoder", "encoder", "adapter") for key, value in section[part].items()]
+
+
 def main(kind: str, hf_dir: str, ckpt: str) -> None:
     import transformers
     from megatron.core import parallel_state as ps

@@ -9,7 +9,7 @@ from typing import Iterator
 
 from orchestrator.plan.adapter_kinds import ADAPTER_KINDS, KIND_KEYS, dropout, frame_stack, frames_per_token
 from orchestrator.plan.decoder_families import FAMILIES
-from orchestrator.plan.released_models import released_class
+from orchestrator.plan.released_models import released_class, released_of_kind
 from orchestrator.plan.checkpoint_dirs import frozen_source_problem, resolve_model_checkpoint
 from orchestrator.plan.kernels import ATTENTION_CHOICES, COMPILE_CHOICES, ENCODER_PRECISIONS, compile_blockers
 from orchestrator.plan.schema import (
@@ -164,6 +164,11 @@ def check_init_checkpoint(model: ModelConfig, lora: LoraConfig) -> Iterator[Find
         path, problem = resolve_model_checkpoint(model.init_checkpoint)
         problem = problem or frozen_source_problem(Path(path))
         if problem:
+            released = released_of_kind(model.adapter.kind)
+            if released is not None and path is None:  # the release is converted whole, not from parts
+                problem = problem.replace("--hf HF_DECODER_DIR --whisper WHISPER_DIR",
+                                          f"--hf {released.name.upper().replace('-', '_')}_DIR (the released "
+                                          f"{released.hf_class} directory, whole)")
             yield error("init_checkpoint", f"model.init_checkpoint={model.init_checkpoint}: {problem}")
             return
         other = checkpoint_model.mismatches(model, Path(path))
