@@ -227,7 +227,12 @@ class DecoderModel(GPTModel):
         return torch.cat(pieces, dim=1)
 
     def _token_loss(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        return self.compute_language_model_loss(labels, self.cap_logits(logits).transpose(0, 1).contiguous())
+        # megatron's cross entropy works in place on the logits it is given: they must be a
+        # tensor of their own. Without a softcap or vocabulary padding, and at micro-batch
+        # size 1, the transpose of [1, s, v] is contiguous already and `.contiguous()` would
+        # hand over a view of the model's logits, whose in-place change autograd refuses.
+        return self.compute_language_model_loss(
+            labels, self.cap_logits(logits).transpose(0, 1).clone(memory_format=torch.contiguous_format))
 
     def cap_logits(self, logits: torch.Tensor) -> torch.Tensor:
         cap = self.config.final_logit_softcapping

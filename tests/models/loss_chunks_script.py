@@ -12,7 +12,7 @@ def main():
     init_distributed(ParallelDims(), seed=0)
     from orchestrator.models.decoder_config import decoder_transformer_config
     from orchestrator.models.decoder_model import DecoderModel
-    from tests.models.tiny_models import decoder_config, hf_gemma2
+    from tests.models.tiny_models import decoder_config, hf_gemma2, hf_llama
 
     dec = decoder_config(hf_gemma2(seed=0).config)
     model = DecoderModel(decoder_transformer_config(dec), dec.vocab_size, dec.max_position_embeddings,
@@ -56,6 +56,25 @@ def main():
     for (s, b, v), stride in layouts:
         assert stride[0] == stride[1] * b and stride[2] == 1, ((s, b, v), stride)
     print(f"RESULT output layer gradient one matrix in {len(layouts)} of 4 backwards: {layouts}")
+
+    # A decoder without a softcap, its vocabulary a multiple of 128 (nothing padded), at
+    # micro-batch size 1: the logits megatron's cross entropy changes in place are a tensor of
+    # their own, chunked or not (at full vocabulary size a Llama, Qwen or Voxtral run is
+    # chunked; autograd refused the view the loss was handed).
+    dec = decoder_config(hf_llama(seed=0, vocab_size=256).config)
+    model = DecoderModel(decoder_transformer_config(dec), dec.vocab_size, dec.max_position_embeddings,
+                        rope_theta=dec.rope_theta, tie_embeddings=dec.tie_embeddings)
+    assert model.vocab_size == model.real_vocab_size == 256
+    for chunk_tokens in (64, 5):
+        model.zero_grad(set_to_none=True)
+        model.loss_chunk_elements = chunk_tokens * model.vocab_size
+        loss = model(tokens[:1] % 256, positions[:1], None, labels=labels[:1] % 256)
+        loss.sum().backward()
+        if chunk_tokens == 64:
+            whole, whole_grads = loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}
+    worst = max((p.grad - whole_grads[n]).abs().max().item() for n, p in model.named_parameters())
+    assert torch.equal(loss.detach(), whole) and worst == 0.0, worst
+    print("RESULT no softcap, micro-batch 1: chunked loss and gradients equal the whole")
     shutdown()
 
 
