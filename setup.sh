@@ -4,6 +4,7 @@
 #   bash setup.sh --test   the same, plus what the test suite needs (a local SLURM
 #                          cluster's packages, pytest)
 #   bash setup.sh --hf     the same as the first, plus HF datasets (`audiollm data import hf`)
+#   bash setup.sh --voxtral  the same as the first, plus mistral-common (Voxtral's Tekken tokenizer)
 #   bash setup.sh --from-wheels DIR [SITE]
 #                          on a GPU machine without internet: the project and its job
 #                          side from the wheels `audiollm wheels [--kit] DIR` wrote on a
@@ -34,6 +35,8 @@ want_test=0
 [ "${1:-}" = "--test" ] && want_test=1
 want_hf=0
 [ "${1:-}" = "--hf" ] && want_hf=1
+want_voxtral=0
+[ "${1:-}" = "--voxtral" ] && want_voxtral=1
 
 sudo_if_needed() { if [ "$(id -u)" -eq 0 ]; then "$@"; else sudo "$@"; fi; }
 
@@ -60,6 +63,7 @@ command -v "$python_bin" >/dev/null || python_bin=python3
 extras=""
 [ "$want_test" = 1 ] && extras="[test]"
 [ "$want_hf" = 1 ] && extras="[hf]"
+[ "$want_voxtral" = 1 ] && extras="[voxtral]"
 echo "setup: installing the project into .venv"
 # uv installs torch and its ~3 GB of CUDA libraries in about 30 s where pip takes about
 # 100 s (2-core machine, cold caches). uv reads no pip configuration: where pip needs its

@@ -60,14 +60,21 @@ def build_tokenizer(texts: Iterable[str], out_dir: str | Path, vocab_size: int =
 
 
 def load_tokenizer(path: str | Path, audio_token: Optional[str] = None):
-    """The HF tokenizer at a local directory (never downloads); with `audio_token`, it
-    must know that placeholder as one token (data.audio_token)."""
+    """The HF tokenizer at a local directory (never downloads), or its Tekken tokenizer
+    (orchestrator/data/tekken.py); with `audio_token`, it must know that placeholder as one
+    token (data.audio_token)."""
     from transformers import AutoTokenizer
+
+    from orchestrator.data.tekken import TekkenTokenizer
+    from orchestrator.plan.tokenizer_file import is_tekken
 
     if not Path(path).is_dir():
         raise FileNotFoundError(f"tokenizer directory {path} does not exist; set data.tokenizer to a local HF "
                                 f"tokenizer directory (`audiollm data demo OUT_DIR` writes OUT_DIR/tokenizer)")
-    tok = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
+    if is_tekken(path):  # Mistral's and Voxtral's (tekken.json): through mistral-common
+        tok = TekkenTokenizer(path)
+    else:
+        tok = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
     if audio_token is not None and tok.convert_tokens_to_ids(audio_token) in (None, tok.unk_token_id):
         raise ValueError(f"data.audio_token={audio_token!r} is not a token of the tokenizer at {path}; choose one "
                          f"it has (for Gemma2 '<unused0>')")

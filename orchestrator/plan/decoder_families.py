@@ -106,10 +106,15 @@ PROMPTS["qwen3"] = PROMPTS["qwen2"]
 PROMPTS["gemma3"] = PROMPTS["gemma2"]
 
 
+def data_overrides(settings: dict) -> list[str]:
+    """data keys as command-line overrides (data.KEY=VALUE)."""
+    return [f"data.{key}={str(value).lower() if isinstance(value, bool) else repr(value)}"
+            for key, value in settings.items()]
+
+
 def prompt_overrides(family: str) -> list[str]:
     """The family's prompt keys as command-line overrides (data.KEY=VALUE)."""
-    return [f"data.{key}={str(value).lower() if isinstance(value, bool) else repr(value)}"
-            for key, value in PROMPTS[family].items()]
+    return data_overrides(PROMPTS[family])
 
 
 def prompt_settings(family: str) -> str:

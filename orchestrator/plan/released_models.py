@@ -18,6 +18,9 @@ class ReleasedSpeechLLM:
     # Voxtral's: hidden_size, num_hidden_layers, ...)
     encoder_keys: dict
     audio_token_key: str  # where config.json keeps the audio placeholder's id
+    # The data keys of its prompt as its processor makes it (the recipes' and the rules' own;
+    # tests/data/test_released_prompts.py holds them to the processor)
+    prompt: dict
 
 
 WHISPER_NAMES = {"d_model": "d_model", "num_layers": "encoder_layers", "num_heads": "encoder_attention_heads",
@@ -27,11 +30,23 @@ VOXTRAL_ENCODER_NAMES = {"d_model": "hidden_size", "num_layers": "num_hidden_lay
                          "num_heads": "num_attention_heads", "ffn_dim": "intermediate_size",
                          "num_mel_bins": "num_mel_bins", "max_source_positions": "max_source_positions"}
 
+# Voxtral's transcription request (mistral-common's, which its processor's
+# apply_transcription_request encodes): BOS, [INST][BEGIN_AUDIO], the clip's [AUDIO] tokens,
+# [/INST], the language, [TRANSCRIBE]; the transcript, then EOS.
+VOXTRAL_PROMPT = dict(prompt_template="[INST][BEGIN_AUDIO]<SpeechHere>[/INST]lang:en[TRANSCRIBE]",
+                      response_suffix="", audio_token="[AUDIO]", add_bos=True)
+# Qwen2-Audio-Instruct's chat format as its processor's chat template renders a user turn of
+# one clip and an instruction (with its default system turn); no BOS; EOS is the end of turn.
+QWEN2_AUDIO_PROMPT = dict(prompt_template="<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n"
+                                          "<|im_start|>user\nAudio 1: <|audio_bos|><SpeechHere><|audio_eos|>\n"
+                                          "Transcribe the speech.<|im_end|>\n<|im_start|>assistant\n",
+                          response_suffix="<|im_end|>", audio_token="<|AUDIO|>", add_bos=False, add_eos=False)
+
 RELEASED: dict[str, ReleasedSpeechLLM] = {
     "voxtral": ReleasedSpeechLLM("Voxtral", "VoxtralForConditionalGeneration", "voxtral", VOXTRAL_ENCODER_NAMES,
-                                 "audio_token_id"),
+                                 "audio_token_id", VOXTRAL_PROMPT),
     "qwen2_audio": ReleasedSpeechLLM("Qwen2-Audio", "Qwen2AudioForConditionalGeneration", "qwen2_audio",
-                                     WHISPER_NAMES, "audio_token_index"),
+                                     WHISPER_NAMES, "audio_token_index", QWEN2_AUDIO_PROMPT),
 }
 
 # A converted checkpoint of a released model keeps its config.json under this name.

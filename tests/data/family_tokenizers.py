@@ -49,3 +49,41 @@ def build_family_tokenizer(family: str, texts: Iterable[str], out_dir: str | Pat
     out.mkdir(parents=True, exist_ok=True)
     fast.save_pretrained(str(out))
     return out
+
+
+# Voxtral's Tekken tokenizer, made from the Tekken file mistral-common's wheel ships (the
+# released 131072-token vocabulary, but of a version before audio): its version raised to v7,
+# Voxtral's audio control tokens named at their ranks ([AUDIO] 24, [BEGIN_AUDIO] 25,
+# [TRANSCRIBE] 34: the ids transformers' Voxtral processor and the release use; the first
+# twenty are every Tekken file's), and the audio settings of Voxtral's processor (16 kHz,
+# 12.5 audio tokens a second, 30-s chunks, 128 mel bins).
+VOXTRAL_CONTROLS = {24: "[AUDIO]", 25: "[BEGIN_AUDIO]", 34: "[TRANSCRIBE]"}
+_VOXTRAL: list = []
+
+
+def voxtral_tokenizer_dir() -> Path:
+    """A directory holding that tekken.json, written once per test process."""
+    import atexit
+    import json
+    import shutil
+    import tempfile
+
+    import mistral_common
+    from mistral_common.tokens.tokenizers.tekken import Tekkenizer
+
+    if not _VOXTRAL:
+        data = json.loads((Path(mistral_common.__file__).parent / "data" / "tekken_240911.json").read_text())
+        data.pop("image", None)
+        data["config"]["version"] = "v7"
+        first = [dict(t, token_str=str(t["token_str"].value if hasattr(t["token_str"], "value") else t["token_str"]))
+                 for t in Tekkenizer.DEPRECATED_SPECIAL_TOKENS]
+        data["special_tokens"] = first + [
+            {"rank": rank, "token_str": VOXTRAL_CONTROLS.get(rank, f"<SPECIAL_{rank}>"), "is_control": True}
+            for rank in range(len(first), data["config"]["default_num_special_tokens"])]
+        data["audio"] = {"sampling_rate": 16000, "frame_rate": 12.5, "chunk_length_s": 30.0,
+                         "audio_encoding_config": {"num_mel_bins": 128, "hop_length": 160, "window_size": 400}}
+        root = Path(tempfile.mkdtemp(prefix="audiollm-tests-tekken-"))
+        atexit.register(shutil.rmtree, root, True)
+        (root / "tekken.json").write_text(json.dumps(data))
+        _VOXTRAL.append(root)
+    return _VOXTRAL[0]

@@ -3,12 +3,14 @@ model's vocabulary and chat format, the inputs this machine can see, packing."""
 
 from __future__ import annotations
 
+import importlib.util
 import re
 from typing import Iterator
 
 from orchestrator.plan.adapter_kinds import ADAPTER_KINDS, frames_per_token
-from orchestrator.plan.decoder_families import PROMPTS, prompt_settings
-from orchestrator.plan.released_models import released_class
+from orchestrator.plan.decoder_families import PROMPTS, data_overrides, prompt_settings
+from orchestrator.plan.released_models import released_class, released_of_kind
+from orchestrator.plan.tokenizer_file import TEKKEN_INSTALL, is_tekken
 from orchestrator.plan.schema import (
     DataConfig,
     LauncherConfig,
@@ -110,8 +112,10 @@ def check_data(data: DataConfig, model: ModelConfig, purpose: str) -> Iterator[F
                                             f"validation dataset is scored on its own (weights mix training datasets)")
 
 
-# What a chat format's turn markers look like: <start_of_turn>, <|im_start|>, </s>.
+# What a chat format's turn markers look like: <start_of_turn>, <|im_start|>, </s>; and a
+# Tekken tokenizer's control tokens: [INST], [/INST], [BEGIN_AUDIO].
 _TURN_MARKER = re.compile(r"</?\|?[A-Za-z_][A-Za-z0-9_]*\|?>")
+_CONTROL_MARKER = re.compile(r"\[/?[A-Z][A-Z_]*\]")
 
 
 def check_tokenizer(data: DataConfig, model: ModelConfig, purpose: str = "plan") -> Iterator[Finding]:
@@ -124,11 +128,15 @@ def check_tokenizer(data: DataConfig, model: ModelConfig, purpose: str = "plan")
 
     if not data.tokenizer:
         finding = error if purpose == "train" else warning
+        release = released_of_kind(model.adapter.kind)
+        whose = (f"the released {release.hf_class} directory, or the released_processor/ directory of its conversion "
+                 f"(model.init_checkpoint)" if release else
+                 f"its HF decoder's directory, the one `audiollm convert hf-to-megatron --hf` read, or the directory "
+                 f"`audiollm convert megatron-to-hf` wrote")
         yield finding("tokenizer", f"data.tokenizer is unset, and every job tokenizes its prompts and answers with "
                                    f"it: set data.tokenizer to the model's own tokenizer, a local HF directory with "
-                                   f"tokenizer.json (for model {model.name}: its HF decoder's directory, the "
-                                   f"one `audiollm convert hf-to-megatron --hf` read, or the directory `audiollm convert megatron-to-hf` "
-                                   f"wrote)")
+                                   f"tokenizer.json or a Tekken tokenizer's tekken.json (for model {model.name}: "
+                                   f"{whose})")
         return
     try:
         vocab = read_vocabulary(data.tokenizer)
@@ -140,10 +148,11 @@ def check_tokenizer(data: DataConfig, model: ModelConfig, purpose: str = "plan")
         yield error("tokenizer", f"data.tokenizer={data.tokenizer}: {exc}")
         return
     family = model.decoder.family if model.decoder.family in PROMPTS else "gemma2"
-    own = PROMPTS[family]
+    release = released_of_kind(model.adapter.kind)  # a released model's prompt is its processor's
+    whose, own = (release.name, release.prompt) if release else (family, PROMPTS[family])
     if data.audio_token not in vocab:
         yield error("audio_token", f"data.audio_token={data.audio_token!r} is not one token of data.tokenizer="
-                                   f"{data.tokenizer}; choose a token the tokenizer already has (for {family} "
+                                   f"{data.tokenizer}; choose a token the tokenizer already has (for {whose} "
                                    f"{own['audio_token']!r}): a new token would need an embedding row the "
                                    f"checkpoint lacks")
     for key, setting in (("bos_token", "add_bos"), ("eos_token", "add_eos")):
@@ -156,12 +165,21 @@ def check_tokenizer(data: DataConfig, model: ModelConfig, purpose: str = "plan")
     templates = [("data.prompt_template", data.prompt_template), ("data.response_suffix", data.response_suffix)]
     templates += [(f"data.{split}[{entry.name}].prompt_template", entry.prompt_template)
                   for split in ("train", "validation") for entry in getattr(data, split) if entry.prompt_template]
+    tekken = is_tekken(data.tokenizer)
+    if tekken and importlib.util.find_spec("mistral_common") is None:
+        yield error("tokenizer_package", f"data.tokenizer={data.tokenizer} is a Tekken tokenizer (tekken.json), which "
+                                         f"the job reads with the mistral-common package, not installed here: "
+                                         f"{TEKKEN_INSTALL}")
+    # Tekken's control tokens are written [INST], [AUDIO]: one not in its vocabulary would be plain text.
+    markers = [_TURN_MARKER, _CONTROL_MARKER] if tekken else [_TURN_MARKER]
     strangers = [f"{where} holds {', '.join(found)}" for where, text in templates
-                 if (found := sorted({m for m in _TURN_MARKER.findall(text) if m != "<SpeechHere>" and m not in vocab}))]
+                 if (found := sorted({m for marker in markers for m in marker.findall(text)
+                                      if m != "<SpeechHere>" and m not in vocab}))]
     if strangers:
         yield error("prompt_tokens", f"{'; '.join(strangers)}: markers data.tokenizer={data.tokenizer} does not "
-                                     f"have as one token, so the prompt is another chat format's. The {family} "
-                                     f"decoder's: {prompt_settings(family)}")
+                                     f"have as one token, so the prompt is another chat format's. "
+                                     f"{release.name if release else f'The {family} decoder'}'s: "
+                                     f"{' '.join(data_overrides(own))}")
     size = max(vocab.values()) + 1
     if size > model.decoder.vocab_size:
         yield error("tokenizer_vocab", f"data.tokenizer={data.tokenizer} has {size} token ids but "
