@@ -21,7 +21,7 @@ from orchestrator.plan.rundir import write_text_atomic
 # Which key names the best checkpoint when none is asked for: the pooled generation
 # metric the run measures (WER first), else the validation loss.
 DEFAULT_BEST_BY = ("wer/all", "exact/all", "bleu/all", "val_loss")
-HIGHER_IS_BETTER = ("exact", "bleu")
+HIGHER_IS_BETTER = ("exact", "bleu", "rtfx")  # rtfx: audio seconds decoded per second
 
 
 def scored(run_dir: Path) -> list[dict]:
