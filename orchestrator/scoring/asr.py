@@ -142,7 +142,7 @@ def evaluate_generation(model, validation: Mapping[str, Iterable[Mapping[str, An
     (answer_batch).
 
     A dataset's entry: {"metric": name, <name>: score, <its statistics>, "seconds",
-    "normaliser", "scorer"}, e.g. {"metric": "exact", "exact": 0.93, "correct": 186,
+    "normaliser", "normaliser_from", "scorer"}, e.g. {"metric": "exact", "exact": 0.93, "correct": 186,
     "utterances": 200, ...}; with `examples` > 0 also the first few (reference,
     hypothesis) pairs; with `hypotheses`, every pair as {"reference", "hypothesis",
     "reference_normalised", "hypothesis_normalised"} ("hypotheses"; the normalised ones
@@ -152,7 +152,7 @@ def evaluate_generation(model, validation: Mapping[str, Iterable[Mapping[str, An
     "batch_samples" (the most samples answered together). A pooled entry: {"metric",
     <name>: score, <summed statistics>, "datasets": [names]}."""
     from orchestrator.plan.tasks import DEFAULT_NORMALISER, NORMALISED_METRICS
-    from orchestrator.scoring.normalisers import normaliser as normalising, scorer
+    from orchestrator.scoring.normalisers import describe, normaliser as normalising, scorer
 
     chosen = {name: metrics.check_metric(getattr(loader, "metric", "wer")) for name, loader in validation.items()}
     clash = sorted(set(chosen) & set(POOLED.values()))
@@ -185,6 +185,7 @@ def evaluate_generation(model, validation: Mapping[str, Iterable[Mapping[str, An
         stats = metrics.statistics(metric, refs, hyps, normaliser or DEFAULT_NORMALISER)
         entry: Dict[str, Any] = {"metric": metric, metric: metrics.score(metric, stats), **stats,
                                  "seconds": time.perf_counter() - started, "normaliser": normaliser,
+                                 "normaliser_from": describe(normaliser) if normaliser else None,
                                  "scorer": scorer(metric)}
         if timing:
             entry.update(audio_seconds=audio, decode_seconds=decoding, batch_samples=widest)

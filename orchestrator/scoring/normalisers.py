@@ -64,10 +64,10 @@ def describe(name: str) -> str:
     """Where a normaliser comes from, for the eval JSON and the model card."""
     check_normaliser(name)
     if name == "audiollm":
-        return "audiollm: the project's own (orchestrator/scoring/text.py)"
+        return "the project's own, orchestrator/scoring/text.py"
     cls = "EnglishTextNormalizer" if name == "whisper_english" else "BasicTextNormalizer"
     table = ", with Whisper's english.json (openai-whisper 20250625)" if name == "whisper_english" else ""
-    return f"{name}: transformers {_version('transformers')} {cls}{table}"
+    return f"transformers {_version('transformers')} {cls}{table}"
 
 
 def scorer(metric: str) -> str:

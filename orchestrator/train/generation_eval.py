@@ -103,7 +103,7 @@ class GenerationEvaluation:
             model.train(was_training)
         self.last_examples = {n: report[n]["examples"] for n in self.loaders if "examples" in report[n]}
         group = ps.get_data_parallel_group(with_context_parallel=True)
-        self.last_scoring = {n: {k: report[n][k] for k in ("metric", "normaliser", "scorer")} for n in self.loaders}
+        self.last_scoring = {n: {k: report[n][k] for k in ("metric", "normaliser", "normaliser_from", "scorer")} for n in self.loaders}
         if self.keep_hypotheses:
             gathered = [None] * dist.get_world_size(group)
             dist.all_gather_object(gathered, {n: report[n]["hypotheses"] for n in self.loaders}, group=group)
@@ -132,6 +132,8 @@ class GenerationEvaluation:
         dist.all_reduce(audio, group=group)
         dist.all_reduce(decode, op=dist.ReduceOp.MAX, group=group)
         dist.all_reduce(widest, op=dist.ReduceOp.MAX, group=group)
+        from orchestrator.runtime.machine import device_name
+
         out = {}
         where = device_name(device)
         for k, n in enumerate(names):
@@ -142,23 +144,6 @@ class GenerationEvaluation:
                                         batch_samples=int(widest[k]), device=where)
         out["rtfx/all"] = float(audio.sum()) / max(float(decode[-1]), 1e-9)
         return out
-
-
-def device_name(device) -> str:
-    """The device the figures were measured on, as a reader compares them: the GPU's
-    model, or the CPU's with the threads torch uses."""
-    import platform
-
-    device = torch.device(device)
-    if device.type == "cuda":
-        return f"cuda: {torch.cuda.get_device_name(device)}"
-    model = platform.processor() or platform.machine()
-    try:  # Linux names the model here; platform.processor() says only x86_64
-        with open("/proc/cpuinfo") as info:
-            model = next((line.split(":", 1)[1].strip() for line in info if line.startswith("model name")), model)
-    except OSError:
-        pass
-    return f"cpu: {model}, {torch.get_num_threads()} threads"
 
 
 class _SharedBatches:
