@@ -188,9 +188,9 @@ def set_normalisers(entries: list, chosen: Dict[Optional[str], str]) -> None:
     for entry in entries:
         name, metric = str(entry.get("name")), entry_metric(entry)
         if name in chosen:
-            bad = normaliser_problems(chosen[name], metric, f"--normaliser {name}")
-            if bad:
-                raise PlanError(bad[0])
+            if normaliser_problems(chosen[name], metric, name):
+                raise PlanError(f"--normaliser {name}={chosen[name]}: {name} is scored by {metric}, which reads the "
+                                f"raw strings; a normaliser applies to {' and '.join(NORMALISED_METRICS)} only")
             entry["normaliser"] = chosen[name]
         elif None in chosen and metric in NORMALISED_METRICS:
             entry["normaliser"] = chosen[None]

@@ -90,3 +90,40 @@ def test_each_figure_names_its_normaliser_and_scorer():
     assert scorer("wer").startswith(f"jiwer {metadata.version('jiwer')} ")
     with pytest.raises(ValueError, match="unknown normaliser 'whisper'; use one of audiollm, whisper_english"):
         normaliser("whisper")
+
+
+def test_a_dataset_names_its_normaliser_and_a_wrong_one_is_refused_naming_it():
+    from types import SimpleNamespace
+
+    from orchestrator.plan.tasks import dataset_format, entry_problems
+
+    data = SimpleNamespace(prompt_template="Transcribe: <SpeechHere>", audio_field="audio", text_field="text")
+    assert dataset_format({"name": "a"}, data).normaliser == "audiollm"  # unset: the project's own
+    assert dataset_format({"name": "a", "normaliser": "whisper_english"}, data).normaliser == "whisper_english"
+    assert dataset_format({"name": "c", "task": "caption"}, data).normaliser is None  # BLEU: raw strings
+    assert entry_problems({"name": "a", "normaliser": "whisper_basic", "metric": "exact"}, data, "validation") == []
+    assert entry_problems({"name": "a", "normaliser": "whisper"}, data, "validation") == [
+        "data.validation[a].normaliser='whisper'; use one of audiollm, whisper_english, whisper_basic"]
+    (bleu,) = entry_problems({"name": "c", "task": "caption", "normaliser": "whisper_basic"}, data, "validation")
+    assert "with metric 'bleu': bleu scores the raw strings" in bleu and "remove it" in bleu
+    (train,) = entry_problems({"name": "t", "normaliser": "whisper_basic"}, data, "train")
+    assert "scores validation datasets only" in train
+
+
+def test_eval_normaliser_flag_sets_every_scored_dataset_or_one_and_refuses_what_it_cannot():
+    from orchestrator.eval.arguments import eval_parser, normaliser_choice
+    from orchestrator.eval.evaluate import set_normalisers
+    from orchestrator.plan.resolved import PlanError
+
+    args = eval_parser().parse_args(["RUN", "--normaliser", "whisper_english", "--normaliser", "own=whisper_basic"])
+    chosen, wrong = normaliser_choice(args.normaliser)
+    assert wrong is None and chosen == {None: "whisper_english", "own": "whisper_basic"}
+    entries = [{"name": "speech"}, {"name": "own", "metric": "exact"}, {"name": "caps", "task": "caption"}]
+    set_normalisers(entries, chosen)
+    assert [e.get("normaliser") for e in entries] == ["whisper_english", "whisper_basic", None]
+    assert "unknown normaliser 'whisper'" in normaliser_choice(["speech=whisper"])[1]
+    with pytest.raises(PlanError, match="--normaliser nope=whisper_basic: the run has no validation dataset 'nope'; "
+                                        "it has: speech, own, caps"):
+        set_normalisers(entries, {"nope": "whisper_basic"})
+    with pytest.raises(PlanError, match="--normaliser caps=whisper_basic: caps is scored by bleu, which reads the raw strings"):
+        set_normalisers(entries, {"caps": "whisper_basic"})
