@@ -141,6 +141,21 @@ REMOTE_CODE_SINCE = "4.46"
 TESTED_TRANSFORMERS = ("4.46.3", "5.17.0", "5.25.0")
 
 
+def scoring_lines(scoring: dict) -> list:
+    """How each dataset's figure was made (the eval JSON's `scoring`): its normaliser and
+    scorer, and its decoding speed with the batch and device it was measured at."""
+    lines = ["", "How each figure was made (`audiollm eval`):", ""] if scoring else []
+    for name, s in scoring.items():
+        how = f"- {name}: {s['metric']}"
+        how += f", normaliser {s['normaliser']} ({s.get('normaliser_from')})" if s.get("normaliser") else ""
+        how += f"; scorer {s['scorer']}"
+        if "rtfx" in s:
+            how += (f"; RTFx {s['rtfx']:.1f} (audio seconds over decode seconds, after a warm-up batch) at batches "
+                    f"of up to {s['batch_samples']} samples on {s['device']}")
+        lines.append(how)
+    return lines
+
+
 def model_card(export, config: dict) -> str:
     """The card a user completes: what the run was, what it scored; license and intended
     use are theirs to state."""
@@ -180,6 +195,7 @@ def model_card(export, config: dict) -> str:
         lines += ["| metric | value |", "|---|---|"]
         lines += [f"| {k} | {v:.4g} |" for k, v in figures.items() if isinstance(v, (int, float))
                   and not isinstance(v, bool)]
+        lines += scoring_lines(figures.get("scoring") or {})
     else:
         lines.append(f"Not evaluated yet: `audiollm eval {ckpt.parent.parent} --checkpoint {ckpt}` scores it.")
     lines += ["", "## Intended use and limits", "", "(to be written by the model's owner)", ""]

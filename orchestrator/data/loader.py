@@ -833,6 +833,7 @@ class ValidationSet:
         self.bad = BadSamples(data_cfg.on_bad_sample, data_cfg.max_bad_fraction)
         self.name = suite.datasets[k].name
         self.metric = processor.formats[k].metric  # how generation on this dataset is scored
+        self.normaliser = processor.formats[k].normaliser  # and how its text is normalised first (wer, exact)
 
     def __iter__(self) -> Iterator[Dict[str, Any]]:
         ids = self.suite.sample_ids(self.k)
@@ -912,7 +913,8 @@ def build_validation_loaders(data_cfg, encoder_cfg, adapter_cfg, micro_batch_siz
     Every batch also carries `transcripts` (the reference answer of each sample, in
     token order; a conversation's last scored assistant turn) and `answer_starts` (where
     in each sample that answer starts: its generation prompt is the tokens before);
-    each set has the `metric` its dataset is scored by (orchestrator.plan.tasks).
+    each set has the `metric` its dataset is scored by and the `normaliser` of its text
+    (orchestrator.plan.tasks).
     """
     datasets = sources.resolve_entries(data_cfg.validation)
     processor = SampleProcessor(data_cfg, encoder_cfg, adapter_cfg, _tokenizer(data_cfg, tokenizer_path), datasets,

@@ -8,7 +8,9 @@ not what it computes."""
 from __future__ import annotations
 
 import argparse
-from typing import Sequence
+from typing import Dict, Optional, Sequence
+
+from orchestrator.plan.tasks import DEFAULT_NORMALISER, NORMALISERS
 
 
 def eval_parser() -> argparse.ArgumentParser:
@@ -29,6 +31,10 @@ def eval_parser() -> argparse.ArgumentParser:
                              "train.eval_generation_ctc_weight; 0: the decoder alone)")
     parser.add_argument("--examples", type=int, default=0,
                         help="also write the first N (reference, answer) pairs of each validation dataset into the JSON")
+    parser.add_argument("--normaliser", action="append", default=[], metavar="[DATASET=]NAME",
+                        help=f"score WER and exact match under this normaliser ({', '.join(NORMALISERS)}): every "
+                             f"such validation dataset, or DATASET= one of them (repeatable); default: each "
+                             f"dataset's data.validation[].normaliser, else {DEFAULT_NORMALISER}, the project's own")
     parser.add_argument("--all", action="store_true",
                         help="score every kept checkpoint not scored yet (one model, loaded with each in turn), then "
                              "write RUN/eval/steps.tsv, RUN/eval_curve.png and RUN/eval/best.json")
@@ -58,3 +64,16 @@ def layout_of(args: argparse.Namespace) -> tuple[tuple[int, int, int] | None, in
         return layout, 1, (f"--tp, --pp, --cp and --gpus must be >= 1 "
                            f"(got {args.tp}, {args.pp}, {args.cp}, {args.gpus})")
     return layout, args.gpus or layout[0] * layout[1] * layout[2], None
+
+
+def normaliser_choice(values: Sequence[str]) -> tuple[Dict[Optional[str], str], Optional[str]]:
+    """--normaliser's values as {dataset (None: every dataset): name}, and what is wrong
+    with them (None when nothing)."""
+    chosen: Dict[Optional[str], str] = {}
+    for value in values:
+        dataset, _, name = value.rpartition("=")
+        if name not in NORMALISERS:
+            return chosen, (f"--normaliser {value}: unknown normaliser {name!r}; use one of {', '.join(NORMALISERS)}, "
+                            f"alone or as DATASET=NAME")
+        chosen[dataset or None] = name
+    return chosen, None

@@ -2,7 +2,8 @@
 the best checkpoint by a chosen metric (`audiollm eval RUN --all`).
 
 Reads RUN/eval/step_N.json (one per checkpoint `audiollm eval` scored) and writes
-  RUN/eval/steps.tsv        one row per step: validation loss and each generation metric
+  RUN/eval/steps.tsv        one row per step: validation loss, each generation metric and
+                            the decoding speed (rtfx/<dataset>, beside rtfx_batch/<dataset>)
   RUN/eval_curve.png        the same over steps, beside loss_curve.png (with matplotlib)
   RUN/eval/best.json        {"by", "step", "checkpoint", "value", "lower_is_better"}
 `audiollm convert megatron-to-hf --megatron RUN --step best` exports the best one.
@@ -21,7 +22,7 @@ from orchestrator.plan.rundir import write_text_atomic
 # Which key names the best checkpoint when none is asked for: the pooled generation
 # metric the run measures (WER first), else the validation loss.
 DEFAULT_BEST_BY = ("wer/all", "exact/all", "bleu/all", "val_loss")
-HIGHER_IS_BETTER = ("exact", "bleu")
+HIGHER_IS_BETTER = ("exact", "bleu", "rtfx")  # rtfx: audio seconds decoded per second
 
 
 def scored(run_dir: Path) -> list[dict]:

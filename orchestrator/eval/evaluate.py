@@ -23,6 +23,20 @@ dataset, whatever the run's train.eval_generation. Writes <run_dir>/eval/<checkp
 train.eval_generation_ctc_weight otherwise; 0: the decoder alone).
 --examples N also writes the first N (reference, answer) pairs of each validation
 dataset into the JSON (those rank 0 decoded: its data- and context-parallel share).
+--normaliser [DATASET=]NAME scores WER and exact match under another normaliser
+(orchestrator/scoring/normalisers.py) than the datasets' data.validation[].normaliser.
+
+Besides the scores, each evaluation writes, per checkpoint:
+  RUN/eval/<checkpoint>.json    the figures; `scoring`: each dataset's metric, normaliser
+                                and scorer, and its RTFx (audio seconds over decode seconds,
+                                after a warm-up batch) with the device and the most samples
+                                decoded together; `rtfx/<dataset>` and `rtfx/all` among
+                                the figures (the table over steps and W&B show them)
+  RUN/eval/hypotheses/<checkpoint>.jsonl
+                                every answer: {"dataset", "metric", "normaliser",
+                                "reference", "hypothesis", "reference_normalised",
+                                "hypothesis_normalised"}, from every rank, so that another
+                                convention can rescore it without decoding again
 """
 
 from __future__ import annotations
@@ -31,7 +45,7 @@ import json
 import os
 import sys
 from pathlib import Path
-from typing import Callable, Optional, Sequence, Tuple
+from typing import Callable, Dict, Optional, Sequence, Tuple
 
 from orchestrator.plan.rundir import write_text_atomic
 from orchestrator.plan.checkpoint_dirs import checkpoint_problem, frozen_source_problem, step_dirs
@@ -82,16 +96,18 @@ def single_process_env() -> None:
 
 def evaluate_run(run_dir: str | Path, checkpoint: Optional[str | Path] = None,
                  components_factory: Optional[Callable] = None, layout: Optional[Tuple[int, int, int]] = None,
-                 ctc_weight: Optional[float] = None, examples: int = 0) -> dict:
+                 ctc_weight: Optional[float] = None, examples: int = 0,
+                 normalisers: Optional[Dict[Optional[str], str]] = None) -> dict:
     """`components_factory`: as orchestrator.train.entry.make_trainer's (the AudioLLM's by
     default). `layout` (tp, pp, cp): evaluate at it, on this process group's ranks (the
     rest data parallel); None: one process, or the run's own layout under torchrun.
     `ctc_weight`: train.eval_generation_ctc_weight for this evaluation (None: the run's).
-    `examples`: (reference, answer) pairs per dataset to write into the JSON."""
+    `examples`: (reference, answer) pairs per dataset to write into the JSON.
+    `normalisers`: {dataset, or None for every one: normaliser name} (--normaliser)."""
     from orchestrator.train import checkpoint as ckpt
 
     run_dir = Path(run_dir)
-    plan = evaluation_plan(run_dir, ctc_weight)  # its errors before anything is looked for
+    plan = evaluation_plan(run_dir, ctc_weight, normalisers)  # its errors before anything is looked for
     path = Path(checkpoint) if checkpoint else ckpt.latest_checkpoint(run_dir)
     if path is None or not path.is_dir():
         raise FileNotFoundError(f"{run_dir}: no checkpoint to evaluate ({path or 'checkpoints/latest is missing'}); "
@@ -118,13 +134,14 @@ def check_frozen_source(path: Path) -> None:
 
 def evaluate_every_checkpoint(run_dir: str | Path, components_factory: Optional[Callable] = None,
                               layout: Optional[Tuple[int, int, int]] = None, ctc_weight: Optional[float] = None,
-                              examples: int = 0) -> tuple[dict, list]:
+                              examples: int = 0,
+                              normalisers: Optional[Dict[Optional[str], str]] = None) -> tuple[dict, list]:
     """Score each kept checkpoint that RUN/eval/ has no result for yet, oldest first, with
     the model built once: an evaluation stopped half-way (a preempted job) goes on where
     it stopped. Returns ({checkpoint name: results} of those scored now, [damaged ones
     left out, with why])."""
     run_dir = Path(run_dir)
-    plan = evaluation_plan(run_dir, ctc_weight)
+    plan = evaluation_plan(run_dir, ctc_weight, normalisers)
     kept = list(reversed(step_dirs(run_dir)))
     damaged = [f"{p.name}: {checkpoint_problem(p)}" for p in kept if checkpoint_problem(p)]
     todo = [p for p in kept if checkpoint_problem(p) is None and not (run_dir / "eval" / f"{p.name}.json").is_file()]
@@ -135,9 +152,11 @@ def evaluate_every_checkpoint(run_dir: str | Path, components_factory: Optional[
     return (_score(run_dir, plan, todo, components_factory, layout, examples) if todo else {}), damaged
 
 
-def evaluation_plan(run_dir: Path, ctc_weight: Optional[float]):
+def evaluation_plan(run_dir: Path, ctc_weight: Optional[float],
+                    normalisers: Optional[Dict[Optional[str], str]] = None):
     """The run's plan as an evaluation runs it: generation on, the decoding weight asked
-    for (refused, naming both weights, where the model has no CTC head)."""
+    for (refused, naming both weights, where the model has no CTC head), the normalisers
+    asked for (`normalisers`: set_normalisers)."""
     from orchestrator.plan.resolved import Plan
 
     plan = Plan.load(run_dir)
@@ -151,7 +170,30 @@ def evaluation_plan(run_dir: Path, ctc_weight: Optional[float]):
         plan.config["train"]["eval_generation_ctc_weight"] = ctc_weight
     if plan.section("data").get("validation"):
         plan.config["train"]["eval_generation"] = True  # what this command is for, whatever the run's setting
+    set_normalisers(plan.config["data"].get("validation") or [], normalisers or {})
     return plan
+
+
+def set_normalisers(entries: list, chosen: Dict[Optional[str], str]) -> None:
+    """--normaliser into the plan's data.validation entries: `chosen[None]` into every
+    entry scored by WER or exact match (BLEU reads raw strings), `chosen[name]` into that
+    one (refused, naming the value and why, on a BLEU dataset or a name the run has not)."""
+    from orchestrator.plan.tasks import NORMALISED_METRICS, entry_metric, normaliser_problems
+
+    names = [str(e.get("name")) for e in entries]
+    unknown = sorted(d for d in chosen if d is not None and d not in names)
+    if unknown:
+        raise PlanError(f"--normaliser {unknown[0]}={chosen[unknown[0]]}: the run has no validation dataset "
+                        f"{unknown[0]!r}; it has: {', '.join(names) or 'none'}")
+    for entry in entries:
+        name, metric = str(entry.get("name")), entry_metric(entry)
+        if name in chosen:
+            if normaliser_problems(chosen[name], metric, name):
+                raise PlanError(f"--normaliser {name}={chosen[name]}: {name} is scored by {metric}, which reads the "
+                                f"raw strings; a normaliser applies to {' and '.join(NORMALISED_METRICS)} only")
+            entry["normaliser"] = chosen[name]
+        elif None in chosen and metric in NORMALISED_METRICS:
+            entry["normaliser"] = chosen[None]
 
 
 def _score(run_dir: Path, plan, paths: list, components_factory, layout, examples) -> dict:
@@ -179,9 +221,9 @@ def _score(run_dir: Path, plan, paths: list, components_factory, layout, example
     scores = {}
     try:
         trainer = make_trainer(run_dir, components_factory, plan=plan, training=False)
-        generation = trainer.components.generation_eval if examples else None
-        if generation is not None:
-            generation.examples = examples
+        generation = trainer.components.generation_eval
+        if generation is not None:  # what this command adds to training's evaluation
+            generation.examples, generation.timing, generation.keep_hypotheses = examples, True, True
         for done, path in enumerate(paths):
             # A job asked to stop (preemption, a time limit, a cancel) stops between two
             # checkpoints, after the first of its attempt (so that every attempt gets
@@ -195,13 +237,42 @@ def _score(run_dir: Path, plan, paths: list, components_factory, layout, example
             if rank == 0:
                 out = run_dir / "eval" / f"{path.name}.json"
                 out.parent.mkdir(exist_ok=True)
-                shown = {"examples": generation.last_examples} if generation is not None else {}
+                shown = {}
+                if generation is not None:
+                    shown = {"scoring": generation.last_scoring}
+                    if examples:
+                        shown["examples"] = generation.last_examples
+                    write_hypotheses(run_dir / "eval" / "hypotheses" / f"{path.name}.jsonl", generation)
                 write_text_atomic(out, json.dumps({"checkpoint": path.name, "eval_generation_ctc_weight": joint,
                                                    **results, **shown}, indent=1) + "\n")
                 print(f"{path.name}: " + " | ".join(f"{k} {v:.4f}" for k, v in results.items()), flush=True)
+                if generation is not None and generation.last_scoring:
+                    print(speed_line(generation.last_scoring), flush=True)
     finally:
         shutdown()
     return scores
+
+
+def write_hypotheses(path: Path, generation) -> None:
+    """Every answer of the last evaluation, one JSON object a line, dataset by dataset."""
+    lines = []
+    for name, pairs in generation.last_hypotheses.items():
+        scoring = generation.last_scoring[name]
+        for pair in pairs:
+            lines.append(json.dumps({"dataset": name, "metric": scoring["metric"], "normaliser": scoring["normaliser"],
+                                     **pair}, ensure_ascii=False))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_text_atomic(path, "".join(line + "\n" for line in lines))
+
+
+def speed_line(scoring: dict) -> str:
+    """Each dataset's RTFx with what it was measured on, and how each was scored."""
+    parts = [f"{name} {s['rtfx']:.1f}x ({s['audio_seconds']:.1f} s of audio in {s['decode_seconds']:.2f} s, batches "
+             f"of up to {s['batch_samples']})" for name, s in scoring.items() if "rtfx" in s]
+    device = next((s["device"] for s in scoring.values() if "device" in s), "?")
+    scored = ", ".join(f"{name} {s['metric']}" + (f" under {s['normaliser']}" if s["normaliser"] else "")
+                       for name, s in scoring.items())
+    return f"RTFx after a warm-up batch on {device}: {'; '.join(parts)}\nscored: {scored}"
 
 
 def _launch(argv: Sequence[str], processes: int) -> int:
@@ -216,7 +287,7 @@ def _launch(argv: Sequence[str], processes: int) -> int:
 def main(argv: Optional[Sequence[str]] = None, raise_errors: bool = False) -> int:
     """`audiollm eval` here: 0, or 2 with the reason on stderr (`raise_errors`: raised
     instead, for a job, whose failure record then names it)."""
-    from orchestrator.eval.arguments import eval_parser, layout_of
+    from orchestrator.eval.arguments import eval_parser, layout_of, normaliser_choice
 
     def refuse(message: str) -> int:
         if raise_errors:
@@ -230,17 +301,18 @@ def main(argv: Optional[Sequence[str]] = None, raise_errors: bool = False) -> in
     if args.all and args.checkpoint:
         return refuse("--all scores every kept checkpoint; --checkpoint names one: pass one of them")
     layout, processes, problem = layout_of(args)
-    if problem:
-        return refuse(problem)
+    normalisers, wrong = normaliser_choice(args.normaliser)
+    if problem or wrong:
+        return refuse(problem or wrong)
     if processes > 1 and "WORLD_SIZE" not in os.environ:
         return _launch(argv, processes)
     try:
         if not args.all:
             evaluate_run(args.run_dir, args.checkpoint, layout=layout, ctc_weight=args.ctc_weight,
-                         examples=args.examples)
+                         examples=args.examples, normalisers=normalisers)
             return 0
         _, damaged = evaluate_every_checkpoint(args.run_dir, layout=layout, ctc_weight=args.ctc_weight,
-                                               examples=args.examples)
+                                               examples=args.examples, normalisers=normalisers)
     except (FileNotFoundError, DamagedCheckpoint, PlanError) as exc:
         if raise_errors:
             raise
@@ -263,13 +335,19 @@ def _summarize(run_dir: Path, rows: list, chosen: Optional[dict], damaged: list)
     from orchestrator.eval.checkpoint_table import table_text
 
     print(table_text(rows), end="")
+    scoring = json.loads((run_dir / "eval" / f"{rows[-1]['checkpoint']}.json").read_text()).get("scoring") \
+        if rows else None
+    if scoring:  # the newest checkpoint's: what the rtfx columns were measured on, and the normalisers
+        print(speed_line(scoring))
     for line in damaged:
         print(f"left out, damaged: {line}")
     from orchestrator.train.metrics import log_evaluations_to_wandb
     from orchestrator.plan.resolved import Plan
 
     plan = Plan.load(run_dir)
-    said = log_evaluations_to_wandb(run_dir, plan.section("logger"), plan.section("run"), rows)
+    devices = {s["device"] for s in (scoring or {}).values() if "device" in s}
+    said = log_evaluations_to_wandb(run_dir, plan.section("logger"), plan.section("run"), rows,
+                                    {"eval/rtfx_device": devices.pop()} if len(devices) == 1 else None)
     if said:
         print(said)
     if chosen:

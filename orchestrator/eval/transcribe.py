@@ -14,8 +14,15 @@ left out. An unreadable file is named on stderr and skipped; the others are answ
 and the exit status is then 1.
 
 Output (stdout): `--format text`, the answer alone for one file, `FILE<TAB>ANSWER` per
-line for several; `--format jsonl`, one {"file", "text", "seconds"} per line. A progress
-bar over the files goes to stderr when it is a terminal."""
+line for several; `--format jsonl`, one {"file", "text", "seconds"} per line, then one
+line of the decoding speed (below). A progress bar over the files goes to stderr when it
+is a terminal.
+
+Speed: RTFx, the audio seconds answered over the seconds spent answering them, timed
+after a warm-up (the first batch is answered once more before it is timed, and that
+answer thrown away: the first call pays for allocations and kernel choices), with the
+batch size and the device: jsonl's last line {"rtfx", "audio_seconds", "decode_seconds",
+"batch", "device", "warmup": true} (it has no "file"); on stderr with --format text."""
 
 from __future__ import annotations
 
@@ -23,6 +30,7 @@ import argparse
 import json
 import re
 import sys
+import time
 from pathlib import Path
 from typing import List, Optional, Sequence
 
@@ -59,18 +67,43 @@ def pieces(samples, window: int, shortest: int) -> list:
     return [p for p in cut if len(p) >= shortest]
 
 
-def transcribe_files(transcriber, files: Sequence[str], batch: int, emit, warn, progress: bool = False) -> int:
+class Speed:
+    """Audio seconds answered and the seconds answering them took, after a warm-up."""
+
+    def __init__(self):
+        self.audio_seconds = self.decode_seconds = 0.0
+        self.warm = False
+
+    def answer(self, transcriber, clips: list) -> List[str]:
+        if not self.warm:  # the warm-up: the first batch once, untimed and thrown away
+            transcriber.answer(clips)
+            self.warm = True
+        began = time.perf_counter()
+        answers = transcriber.answer(clips)
+        self.decode_seconds += time.perf_counter() - began
+        self.audio_seconds += sum(len(c) for c in clips) / 16000
+        return answers
+
+    @property
+    def rtfx(self) -> float:
+        return self.audio_seconds / self.decode_seconds if self.decode_seconds else 0.0
+
+
+def transcribe_files(transcriber, files: Sequence[str], batch: int, emit, warn, progress: bool = False,
+                     speed: Optional[Speed] = None) -> int:
     """Answer each file (in order: `emit(_File)` as soon as it and those before it are
-    done); `warn(message)` for each unreadable one. Returns how many were skipped."""
+    done); `warn(message)` for each unreadable one; the decoding speed into `speed`.
+    Returns how many were skipped."""
     from tqdm import tqdm
 
     from orchestrator.data.audio import AudioError
 
     queue, pending, skipped = [], [], 0
+    speed = speed or Speed()
 
     def run(count: int) -> None:
         work, queue[:] = queue[:count], queue[count:]
-        for (entry, index, _), answer in zip(work, transcriber.answer([clip for _, _, clip in work])):
+        for (entry, index, _), answer in zip(work, speed.answer(transcriber, [clip for _, _, clip in work])):
             entry.answers[index] = answer
         while pending and pending[0].done:
             emit(pending.pop(0))
@@ -110,7 +143,8 @@ def _parser() -> argparse.ArgumentParser:
                         "template); default: the run's data.prompt_template")
     parser.add_argument("--batch", type=int, default=8, help="audio windows answered together (default 8)")
     parser.add_argument("--format", choices=FORMATS, default="text", help="text (default) or jsonl: one "
-                        '{"file", "text", "seconds"} per line')
+                        '{"file", "text", "seconds"} per line, then {"rtfx", "audio_seconds", "decode_seconds", '
+                        '"batch", "device", "warmup"}')
     parser.add_argument("--max-new-tokens", type=int, default=None,
                         help="answer length bound (default: the run's train.eval_generation_max_new_tokens)")
     parser.add_argument("--ctc-weight", type=float, default=None,
@@ -185,12 +219,24 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             line = f"{entry.name}\t{entry.text}" if several else entry.text
         print(line, flush=True)
 
+    speed = Speed()
     try:
         skipped = transcribe_files(transcriber, args.audio, args.batch, emit,
                                    lambda message: print(message, file=sys.stderr, flush=True),
-                                   progress=several and sys.stderr.isatty())
+                                   progress=several and sys.stderr.isatty(), speed=speed)
     finally:
         transcriber.close()
+    if speed.warm:
+        from orchestrator.runtime.machine import device_name
+
+        said = {"rtfx": round(speed.rtfx, 3), "audio_seconds": round(speed.audio_seconds, 3),
+                "decode_seconds": round(speed.decode_seconds, 4), "batch": args.batch,
+                "device": device_name(transcriber.device), "warmup": True}
+        if args.format == "jsonl":
+            print(json.dumps(said), flush=True)
+        else:
+            print(f"RTFx {said['rtfx']:.1f} ({said['audio_seconds']:.1f} s of audio in {said['decode_seconds']:.2f} s, "
+                  f"batch {args.batch}, {said['device']}, after a warm-up batch)", file=sys.stderr, flush=True)
     if skipped:
         print(f"{skipped} of {len(args.audio)} files skipped (named above)", file=sys.stderr)
     return 1 if skipped else 0

@@ -28,6 +28,14 @@ from typing import Any, List, Optional, Tuple
 SPEECH_MARKER = "<SpeechHere>"
 INSTRUCTION_SLOT = "{instruction}"
 METRICS = ("wer", "exact", "bleu")
+# How references and hypotheses are normalised before WER and exact match (BLEU scores the
+# raw strings): the names a validation dataset's `normaliser` and `audiollm eval
+# --normaliser` take. What each does: orchestrator/scoring/normalisers.py (the job side:
+# the Whisper ones import transformers). "audiollm" is the default: the demo corpus
+# spells numbers as words, and its figures were measured with it.
+NORMALISERS = ("audiollm", "whisper_english", "whisper_basic")
+DEFAULT_NORMALISER = "audiollm"
+NORMALISED_METRICS = ("wer", "exact")
 ROLES = ("system", "user", "assistant")
 
 
@@ -61,6 +69,7 @@ class DatasetFormat:
     turns_field: Optional[str]
     metric: str
     ctc: bool
+    normaliser: Optional[str] = None  # NORMALISERS; None where the metric (bleu) normalises nothing
 
     def required_columns(self) -> List[Tuple[str, str]]:
         """(column, the config key that names it) every sample must have."""
@@ -91,7 +100,7 @@ def dataset_format(entry: Any, data_cfg: Any, name: Optional[str] = None) -> Dat
         template = data_cfg.prompt_template
     elif template is None:
         instruction = preset.instruction
-    metric = _get(entry, "metric") or (preset.metric if preset else "wer")
+    metric = entry_metric(entry)
     ctc = _get(entry, "ctc")
     if ctc is None:  # the answer is the clip's transcript: the default template, or a transcription preset
         ctc = not conversation and (preset.transcription if preset else _get(entry, "prompt_template") is None)
@@ -100,7 +109,14 @@ def dataset_format(entry: Any, data_cfg: Any, name: Optional[str] = None) -> Dat
         instruction=None if conversation else instruction, instruction_field=_get(entry, "instruction_field"),
         audio_field=_get(entry, "audio_field") or data_cfg.audio_field,
         text_field=_get(entry, "text_field") or data_cfg.text_field, turns_field=_get(entry, "turns_field"),
-        metric=metric, ctc=bool(ctc))
+        metric=metric, ctc=bool(ctc),
+        normaliser=(_get(entry, "normaliser") or DEFAULT_NORMALISER) if metric in NORMALISED_METRICS else None)
+
+
+def entry_metric(entry: Any) -> str:
+    """The metric a (valid) entry is scored by: its own, its task preset's, else wer."""
+    task = _get(entry, "task")
+    return _get(entry, "metric") or (PRESETS[task].metric if task in PRESETS else "wer")
 
 
 def entry_problems(entry: Any, data_cfg: Any, split: str) -> List[str]:
@@ -145,7 +161,23 @@ def entry_problems(entry: Any, data_cfg: Any, split: str) -> List[str]:
                        f"data.validation entry")
         elif metric not in METRICS:
             out.append(f"{where}.metric={metric!r}; use one of {', '.join(METRICS)}")
+    out += normaliser_problems(_get(entry, "normaliser"), entry_metric(entry), where, split)
     return out
+
+
+def normaliser_problems(normaliser: Optional[str], metric: str, where: str, split: str = "validation") -> List[str]:
+    """What is wrong with a dataset's `normaliser` (None: unset, the default's)."""
+    if normaliser is None:
+        return []
+    if split == "train":
+        return [f"{where}.normaliser={normaliser!r}: a normaliser scores validation datasets only; move it to the "
+                f"data.validation entry"]
+    if normaliser not in NORMALISERS:
+        return [f"{where}.normaliser={normaliser!r}; use one of {', '.join(NORMALISERS)}"]
+    if metric not in NORMALISED_METRICS:
+        return [f"{where}.normaliser={normaliser!r} with metric {metric!r}: {metric} scores the raw strings; a "
+                f"normaliser applies to {' and '.join(NORMALISED_METRICS)} only: remove it"]
+    return []
 
 
 def conversation_problems(turns: Any, columns: Any) -> List[str]:

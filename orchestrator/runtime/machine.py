@@ -100,3 +100,23 @@ def decide(model: dict, machine: Machine, dims, recompute_granularity: Optional[
     )
     return Decisions(cuda=machine.cuda, attention=attention, gradient_accumulation_fusion=fusion, compile=compiled,
                      lines=lines)
+
+
+def device_name(device) -> str:
+    """The device the figures were measured on, as a reader compares them: the GPU's
+    model, or the CPU's with the threads torch uses."""
+    import platform
+
+    import torch
+
+    device = torch.device(device)
+    if device.type == "cuda":
+        return f"cuda: {torch.cuda.get_device_name(device)}"
+    model = platform.processor() or platform.machine()
+    try:  # Linux names the model here; platform.processor() says only x86_64
+        with open("/proc/cpuinfo") as info:
+            model = next((line.split(":", 1)[1].strip() for line in info if line.startswith("model name")), model)
+    except OSError:
+        pass
+    return f"cpu: {model}, {torch.get_num_threads()} threads"
+

@@ -18,8 +18,10 @@ score the sums (metrics.score) for the run's figures. Decoding needs the whole m
 on one process (tp = pp = 1); call it on the unwrapped model (DDP's `.module`), which
 greedy_generate puts in eval mode (SpecAugment and dropout off) and restores afterwards.
 
-Modules: text (transcript normalisation, documented there), wer (jiwer word error
-rate over normalised text), metrics (wer, exact, bleu as summable statistics and their
+Modules: text (the project's transcript normalisation, documented there), normalisers
+(the normaliser a dataset names: the project's, or Whisper's English or basic one from
+transformers; the scorer's name each figure carries), wer (jiwer word error rate over
+normalised text), metrics (wer, exact, bleu as summable statistics and their
 scores), asr (prompts out of a validation batch, greedy answers, the per-dataset
 report). Importing this package is light; `asr` imports torch, the BLEU metric imports
 sacrebleu when it runs.

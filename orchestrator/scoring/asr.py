@@ -119,40 +119,84 @@ def default_stop_ids(tokenizer, response_suffix: str = "<end_of_turn>") -> List[
     return ids
 
 
+def answered_audio_seconds(batch: Mapping[str, Any], share: Tuple[int, int] = (0, 1)) -> float:
+    """Seconds of audio in the samples of the batch that `share` answers: the mel frames
+    the model reads of their clips (audio_lengths, 100 per second). Under
+    data.audio_tokens=window those are whole windows, as the model encodes them."""
+    lengths = batch["audio_lengths"].tolist()
+    samples = prompts_from_batch(batch)[share[0]::share[1]]
+    return sum(lengths[c] for s in samples for c in s["clips"]) / 100.0
+
+
 def evaluate_generation(model, validation: Mapping[str, Iterable[Mapping[str, Any]]], tokenizer,
                         stop_ids: Optional[Sequence[int]] = None, max_new_tokens: int = 48,
                         max_batches: Optional[int] = None, examples: int = 0,
-                        share: Tuple[int, int] = (0, 1), ctc_weight: float = 0.0) -> Dict[str, Dict[str, Any]]:
-    """Each validation dataset scored by its loader's `metric` ("wer" without one), plus
-    one pooled entry per metric in use over the datasets that use it (keys: POOLED).
+                        share: Tuple[int, int] = (0, 1), ctc_weight: float = 0.0,
+                        hypotheses: bool = False, timing: bool = False) -> Dict[str, Dict[str, Any]]:
+    """Each validation dataset scored by its loader's `metric` ("wer" without one) under
+    its loader's `normaliser` (wer and exact; the project's own without one), plus one
+    pooled entry per metric in use over the datasets that use it (keys: POOLED).
     `share` (index, count): this caller answers and scores every count-th sample of each
     batch from the index-th on (context-parallel ranks split a batch's samples so).
     `ctc_weight` > 0: joint CTC/attention decoding where the answer is the transcript
     (answer_batch).
 
-    A dataset's entry: {"metric": name, <name>: score, <its statistics>, "seconds"},
-    e.g. {"metric": "exact", "exact": 0.93, "correct": 186, "utterances": 200, ...}; with
-    `examples` > 0 also the first few (reference, hypothesis) pairs. A pooled entry:
-    {"metric", <name>: score, <summed statistics>, "datasets": [names]}."""
+    A dataset's entry: {"metric": name, <name>: score, <its statistics>, "seconds",
+    "normaliser", "normaliser_from", "scorer"}, e.g. {"metric": "exact", "exact": 0.93, "correct": 186,
+    "utterances": 200, ...}; with `examples` > 0 also the first few (reference,
+    hypothesis) pairs; with `hypotheses`, every pair as {"reference", "hypothesis",
+    "reference_normalised", "hypothesis_normalised"} ("hypotheses"; the normalised ones
+    None for BLEU, which scores raw strings); with `timing`, "audio_seconds" and
+    "decode_seconds" (decoding alone, after one warm-up batch of the first dataset that is
+    decoded and thrown away: the first call pays for allocations and kernel choices) and
+    "batch_samples" (the most samples answered together). A pooled entry: {"metric",
+    <name>: score, <summed statistics>, "datasets": [names]}."""
+    from orchestrator.plan.tasks import DEFAULT_NORMALISER, NORMALISED_METRICS
+    from orchestrator.scoring.normalisers import describe, normaliser as normalising, scorer
+
     chosen = {name: metrics.check_metric(getattr(loader, "metric", "wer")) for name, loader in validation.items()}
     clash = sorted(set(chosen) & set(POOLED.values()))
     if clash:
         raise ValueError(f"validation datasets named {clash}: these names are the pooled entries of the report")
     stop_ids = list(stop_ids) if stop_ids is not None else default_stop_ids(tokenizer)
+    if timing:
+        for loader in itertools.islice(validation.values(), 1):
+            for batch in itertools.islice(loader, 1):
+                answer_batch(model, batch, tokenizer, stop_ids, max_new_tokens, share, ctc_weight)
     report: Dict[str, Dict[str, Any]] = {}
     for name, loader in validation.items():
+        metric = chosen[name]
+        normaliser = (getattr(loader, "normaliser", None) or DEFAULT_NORMALISER) if metric in NORMALISED_METRICS \
+            else None
         started = time.perf_counter()
         refs: List[str] = []
         hyps: List[str] = []
+        audio = decoding = 0.0
+        widest = 0
         for batch in itertools.islice(loader, max_batches):  # not one batch more: peers read in step
-            hyps += answer_batch(model, batch, tokenizer, stop_ids, max_new_tokens, share, ctc_weight)
+            began = time.perf_counter()
+            answers = answer_batch(model, batch, tokenizer, stop_ids, max_new_tokens, share, ctc_weight)
+            decoding += time.perf_counter() - began
+            if timing:
+                audio += answered_audio_seconds(batch, share)
+                widest = max(widest, len(answers))
+            hyps += answers
             refs += list(batch["transcripts"])[share[0]::share[1]]
-        metric = chosen[name]
-        stats = metrics.statistics(metric, refs, hyps)
+        stats = metrics.statistics(metric, refs, hyps, normaliser or DEFAULT_NORMALISER)
         entry: Dict[str, Any] = {"metric": metric, metric: metrics.score(metric, stats), **stats,
-                                 "seconds": time.perf_counter() - started}
+                                 "seconds": time.perf_counter() - started, "normaliser": normaliser,
+                                 "normaliser_from": describe(normaliser) if normaliser else None,
+                                 "scorer": scorer(metric)}
+        if timing:
+            entry.update(audio_seconds=audio, decode_seconds=decoding, batch_samples=widest)
         if examples:
             entry["examples"] = list(zip(refs[:examples], hyps[:examples]))
+        if hypotheses:
+            normalise = normalising(normaliser) if normaliser else None
+            entry["hypotheses"] = [{"reference": r, "hypothesis": h,
+                                    "reference_normalised": normalise(r) if normalise else None,
+                                    "hypothesis_normalised": normalise(h) if normalise else None}
+                                   for r, h in zip(refs, hyps)]
         report[name] = entry
     for metric, key in POOLED.items():
         names = [n for n in validation if chosen[n] == metric]

@@ -7,10 +7,11 @@ corpus, not a mean of per-rank or per-dataset scores. Every metric counts
 `utterances`.
 
   wer    word error rate (orchestrator.scoring.wer): errors / reference words, both sides
-         normalised (orchestrator.scoring.text). A fraction; lower is better.
-  exact  exact match after normalize_transcript on both sides ("Three-One." matches
-         "three one"; "31" does not match "thirty one"): correct / utterances. A
-         fraction.
+         normalised by the dataset's normaliser (orchestrator.scoring.normalisers; the
+         project's own, orchestrator.scoring.text, by default). A fraction; lower is better.
+  exact  exact match after the same normaliser on both sides (the project's: "Three-One."
+         matches "three one"; "31" does not match "thirty one"; Whisper's English one
+         makes both "31"): correct / utterances. A fraction.
   bleu   sacrebleu's corpus BLEU with its defaults (13a tokenisation, case-sensitive,
          exp smoothing, 4-grams) on the raw strings: the figure the sacrebleu command
          line prints for the same outputs, so comparable with published numbers; case
@@ -32,9 +33,8 @@ from __future__ import annotations
 
 from typing import Dict, Iterable, Mapping, Sequence, Tuple
 
-from orchestrator.scoring.text import normalize_transcript
 from orchestrator.scoring.wer import word_errors
-from orchestrator.plan.tasks import METRICS  # the metrics a dataset may name (validated at planning)
+from orchestrator.plan.tasks import DEFAULT_NORMALISER, METRICS  # what a dataset may name (validated at planning)
 
 _NGRAMS = 4
 _STATISTICS = {
@@ -56,15 +56,17 @@ def statistic_names(metric: str) -> Tuple[str, ...]:
     return _STATISTICS[check_metric(metric)]
 
 
-def statistics(metric: str, references: Sequence[str], hypotheses: Sequence[str]) -> Dict[str, int]:
-    """Summable statistics of the pairs, keyed as statistic_names(metric)."""
+def statistics(metric: str, references: Sequence[str], hypotheses: Sequence[str],
+               normaliser: str = DEFAULT_NORMALISER) -> Dict[str, int]:
+    """Summable statistics of the pairs, keyed as statistic_names(metric); `normaliser`
+    (orchestrator.scoring.normalisers) for wer and exact, BLEU reads the raw strings."""
     check_metric(metric)
     if len(references) != len(hypotheses):
         raise ValueError(f"{len(references)} references but {len(hypotheses)} hypotheses")
     if metric == "wer":
-        counts = word_errors(references, hypotheses)
+        counts = word_errors(references, hypotheses, normaliser)
     elif metric == "exact":
-        counts = _exact(references, hypotheses)
+        counts = _exact(references, hypotheses, normaliser)
     else:
         counts = _bleu(references, hypotheses)
     return {k: counts[k] for k in _STATISTICS[metric]}
@@ -95,12 +97,16 @@ def score(metric: str, stats: Mapping[str, float]) -> float:
                                     effective_order=bleu.effective_order, max_ngram_order=bleu.max_ngram_order).score)
 
 
-def _exact(references: Sequence[str], hypotheses: Sequence[str]) -> Dict[str, int]:
-    refs = [normalize_transcript(r) for r in references]
+def _exact(references: Sequence[str], hypotheses: Sequence[str], normaliser: str) -> Dict[str, int]:
+    from orchestrator.scoring.normalisers import normaliser as normalising
+
+    normalise = normalising(normaliser)
+    refs = [normalise(r) for r in references]
     empty = [i for i, r in enumerate(refs) if not r]
     if empty:
-        raise ValueError(f"references {empty[:10]} are empty after normalisation; an exact match needs a reference")
-    correct = sum(r == normalize_transcript(h) for r, h in zip(refs, hypotheses))
+        raise ValueError(f"references {empty[:10]} are empty after normalisation ({normaliser}); an exact match "
+                         f"needs a reference")
+    correct = sum(r == normalise(h) for r, h in zip(refs, hypotheses))
     return {"correct": correct, "utterances": len(refs)}
 
 

@@ -304,12 +304,14 @@ class MetricsWriter:
             self.wandb = None
 
 
-def log_evaluations_to_wandb(run_dir: Path, logger_cfg: dict, run_cfg: dict, rows: list) -> Optional[str]:
+def log_evaluations_to_wandb(run_dir: Path, logger_cfg: dict, run_cfg: dict, rows: list,
+                             summary: Optional[dict] = None) -> Optional[str]:
     """Every scored checkpoint (orchestrator/eval/checkpoint_table.py rows) into the
     training run's own W&B run, resumed by its id, as `eval/...` series on their own step
     axis `eval/step` (W&B drops rows logged at a step below the run's last): the dashboard
     shows the training loss and the checkpoints' scores over the same steps. Rows logged
-    by an earlier `--all` are logged again and coincide. Returns what happened, or None
+    by an earlier `--all` are logged again and coincide. `summary`: text figures for the
+    run's summary (the device the RTFx columns were measured on). Returns what happened, or None
     when the run does not log to W&B."""
     backend = (logger_cfg.get("backend") or "none").lower()
     if backend != "wandb" or not rows:
@@ -324,6 +326,8 @@ def log_evaluations_to_wandb(run_dir: Path, logger_cfg: dict, run_cfg: dict, row
     run.define_metric("eval/*", step_metric="eval/step")
     for row in rows:
         run.log({"eval/step": row["step"], **{f"eval/{k}": v for k, v in row.items() if k not in ("step", "checkpoint")}})
+    for key, value in (summary or {}).items():
+        run.summary[key] = value
     run.finish()
     return f"W&B: {len(rows)} checkpoints' scores logged to run {run.id} ({settings.mode})"
 

@@ -292,6 +292,10 @@ def test_the_model_card_states_the_releases_and_holds_no_local_path(exported):
     assert "transformers>=4.46 (the oldest release its code supports)" in card
     assert "tested with transformers 4.46.3, 5.17.0, 5.25.0" in card
     assert str(exported["root"]) not in card and "/tmp/" not in card, card
+    # how each figure was made: the normaliser, the scorer, the speed with its batch and device
+    assert f"- {VAL_SET}: wer, normaliser audiollm (the project's own, orchestrator/scoring/text.py); scorer jiwer " \
+        in card, card
+    assert "after a warm-up batch) at batches of up to " in card and " samples on cpu: " in card, card
 
 
 def test_the_remote_code_needs_only_torch_numpy_and_transformers():
@@ -356,8 +360,13 @@ def test_transcribe_answers_files_as_eval_from_the_run_and_from_its_export(expor
         assert any(line.startswith(f"{tmp_path / 'broken.flac'}: skipped: cannot decode") for line in errors)
         assert any(line.startswith(f"{tmp_path / 'too_short.wav'}: skipped: 0.025 s of audio is too short")
                    for line in errors)
-        rows = [json.loads(line) for line in proc.stdout.splitlines()]
+        *rows, speed = [json.loads(line) for line in proc.stdout.splitlines()]
         assert [Path(r["file"]).name for r in rows] == [f.name for f in files] + extra[:-2]  # in order
+        # the last line: the decoding speed, timed after a warm-up batch, over every answered window
+        assert speed.keys() == {"rtfx", "audio_seconds", "decode_seconds", "batch", "device", "warmup"}, speed
+        assert speed["warmup"] and speed["batch"] == 4 and speed["device"].startswith("cpu: ")
+        assert speed["rtfx"] == pytest.approx(speed["audio_seconds"] / speed["decode_seconds"], rel=1e-2)
+        assert speed["audio_seconds"] == pytest.approx(sum(r["seconds"] for r in rows), abs=0.01)
         answers[source] = {Path(r["file"]).name: r for r in rows}
     by_run, by_export = answers[run["run"]], answers[run["export"]]
     assert by_run == by_export
@@ -366,6 +375,10 @@ def test_transcribe_answers_files_as_eval_from_the_run_and_from_its_export(expor
     references = [held_out[i]["text"] for i in range(len(held_out))]
     report = json.loads((run["run"] / "eval" / f"step_{ITERS:06d}.json").read_text())
     assert metrics.score("wer", metrics.statistics("wer", references, said)) == report[f"wer/{VAL_SET}"]
+    # eval kept every answer beside its reference: the same answers
+    kept = [json.loads(line) for line in
+            (run["run"] / "eval" / "hypotheses" / f"step_{ITERS:06d}.jsonl").read_text().splitlines()]
+    assert [k["hypothesis"].strip() for k in kept] == said and [k["reference"] for k in kept] == references
     assert by_run["long.wav"]["text"] == " ".join(t for t in (by_run["first_window.wav"]["text"],
                                                               by_run["rest.wav"]["text"]) if t)
     assert by_run["long.wav"]["seconds"] == round(len(long) / 16000, 3)

@@ -13,6 +13,7 @@ from orchestrator.scoring import metrics
 from orchestrator.scoring.wer import wer, word_errors
 from orchestrator.train.generation_eval import metric_values
 from tests.distributed_run import torchrun
+from tests.eval.dp_sum_script import ANSWERS
 
 REFS = ["the cat sat on the mat", "a quick brown fox jumps over the lazy dog", "hello there",
         "It rained all day in Paris.", "we will meet at noon tomorrow", "one two three four five"]
@@ -114,3 +115,13 @@ def test_the_training_hook_sums_statistics_over_data_parallel_ranks():
     assert out["reduced"]["bleu/captions"] == pytest.approx(out["sacrebleu"])
     assert (out["reduced"]["wer/utterances"], out["reduced"]["exact/utterances"]) == (4, 4)
     assert 0 < out["reduced"]["exact/numbers"] < 1 and 0 < out["reduced"]["wer/speech"] < 1
+    assert not any(k.startswith("rtfx") for k in out["reduced"])  # training's evaluations are not timed
+    # `audiollm eval`'s: the audio of both ranks over the slower one's decoding (they decode
+    # at the same time), and every rank's answers gathered
+    timed = out["timed"]
+    assert {k: v for k, v in timed.items() if not k.startswith("rtfx")} == out["reduced"]
+    assert timed["rtfx/speech"] == timed["rtfx/all"] == 20.0 / 2.0
+    assert (timed["rtfx_batch/speech"], timed["rtfx_batch/captions"]) == (2, 2)
+    assert out["scoring"]["speech"]["device"].startswith("cpu: ") and out["scoring"]["numbers"]["rtfx"] == 10.0
+    for name, (_, refs, hyps) in ANSWERS.items():
+        assert sorted((k["reference"], k["hypothesis"]) for k in out["hypotheses"][name]) == sorted(zip(refs, hyps))

@@ -97,6 +97,7 @@ TABLE: dict[str, Entry] = {
     "data.train[].text_field": Entry("transcript"),  # no such column
     "data.train[].turns_field": Entry("turns"),  # a transcription dataset reads no turns
     "data.train[].metric": Entry("wer"),  # a metric of a training dataset
+    "data.train[].normaliser": Entry("whisper_english"),  # a normaliser of a training dataset
     "data.train[].ctc": Entry("maybe"),
     "data.validation": Entry("[{name:x,path:'/nonexistent/dataset'}]"),
     "data.tokenizer": Entry("/nonexistent/tokenizer"),
@@ -234,6 +235,7 @@ TABLE: dict[str, Entry] = {
 for _key in [k for k in TABLE if k.startswith("data.train[].")]:
     TABLE[_key.replace("data.train[]", "data.validation[]")] = TABLE[_key]
 TABLE["data.validation[].metric"] = Entry("rouge")
+TABLE["data.validation[].normaliser"] = Entry("whisper")  # not one of audiollm, whisper_english, whisper_basic
 TABLE["data.validation[].weight"] = Entry("-1", "each validation dataset is scored on its own: plan warns that "
                                                 "its weight has no effect")
 

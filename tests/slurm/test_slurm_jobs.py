@@ -319,7 +319,7 @@ def test_every_checkpoint_is_scored_by_one_slurm_eval_job_that_survives_preempti
     assert not any(f"{name}:" in proc.stdout for name in scored_before)  # scored by the cancelled job already
     for name in kept:
         job, here = (json.loads((d / "eval" / f"{name}.json").read_text()) for d in (run_dir, copy))
-        assert {k: v for k, v in here.items() if not k.startswith("val_loss")} == \
-            {k: v for k, v in job.items() if not k.startswith("val_loss")}, name
+        assert {k: v for k, v in here.items() if not k.startswith(("val_loss", "rtfx", "scoring"))} == \
+            {k: v for k, v in job.items() if not k.startswith(("val_loss", "rtfx", "scoring"))}, name  # (speeds vary)
         for key in (k for k in job if k.startswith("val_loss")):
             assert here[key] == pytest.approx(job[key], rel=1e-5), (name, key)

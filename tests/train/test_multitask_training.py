@@ -40,7 +40,7 @@ def test_mixture_of_asr_own_template_and_conversations_trains_and_scores_each_ta
              f"{{name:own,path:'{corpus / 'train' / 'own'}',{own}}},"
              f"{{name:conv,path:'{corpus / 'train' / 'conv'}',turns_field:turns}}]")
     validation = (f"[{{name:{VAL_SET},path:'{corpus / 'val' / VAL_SET}'}},"
-                  f"{{name:own_val,path:'{corpus / 'val' / 'own_val'}',{own},metric:exact}},"
+                  f"{{name:own_val,path:'{corpus / 'val' / 'own_val'}',{own},metric:exact,normaliser:whisper_english}},"
                   f"{{name:conv_val,path:'{corpus / 'val' / 'conv_val'}',turns_field:turns,metric:bleu}}]")
     overrides = [o for o in train_overrides(corpus) if not o.startswith(("data.train=", "data.validation="))]
     overrides += [f"data.train={train}", f"data.validation={validation}", f"train.iters={ITERS}",
@@ -73,3 +73,32 @@ def test_mixture_of_asr_own_template_and_conversations_trains_and_scores_each_ta
     assert {f"wer/{VAL_SET}", "exact/own_val", "bleu/conv_val", "wer/all", "exact/all", "bleu/all"} <= set(evaluated)
     assert "wer/own_val" not in evaluated and "wer/conv_val" not in evaluated
     assert evaluated["exact/utterances"] == 4 and evaluated["bleu/utterances"] == 4
+    # Each figure names its normaliser and scorer; the decoding speed beside them.
+    from orchestrator.scoring.normalisers import normaliser, scorer
+
+    scoring = evaluated["scoring"]
+    assert {n: (s["metric"], s["normaliser"], s["scorer"]) for n, s in scoring.items()} == {
+        VAL_SET: ("wer", "audiollm", scorer("wer")), "own_val": ("exact", "whisper_english", scorer("exact")),
+        "conv_val": ("bleu", None, scorer("bleu"))}
+    for name in (VAL_SET, "own_val", "conv_val"):
+        assert scoring[name]["rtfx"] == evaluated[f"rtfx/{name}"] > 0 and scoring[name]["audio_seconds"] > 0
+        assert scoring[name]["device"].startswith("cpu: ") and scoring[name]["batch_samples"] >= 1
+        assert evaluated[f"rtfx_batch/{name}"] == scoring[name]["batch_samples"]
+    assert evaluated["rtfx/all"] > 0
+    assert "RTFx after a warm-up batch on cpu: " in proc.stdout and "own_val exact under whisper_english" in proc.stdout
+    # Every answer kept, raw and normalised beside the reference: rescoring them gives the figures.
+    kept = [json.loads(line) for line in
+            (run_dir / "eval" / "hypotheses" / f"step_{ITERS:06d}.jsonl").read_text().splitlines()]
+    by_set = {n: [k for k in kept if k["dataset"] == n] for n in (VAL_SET, "own_val", "conv_val")}
+    assert [len(by_set[n]) for n in by_set] == [evaluated["wer/utterances"], 4, 4]
+    english = normaliser("whisper_english")
+    assert all(k["normaliser"] == "whisper_english" and k["hypothesis_normalised"] == english(k["hypothesis"])
+               and k["reference_normalised"] == english(k["reference"]) for k in by_set["own_val"])
+    assert evaluated["exact/own_val"] == sum(k["reference_normalised"] == k["hypothesis_normalised"]
+                                             for k in by_set["own_val"]) / 4
+    assert all(k["hypothesis_normalised"] is None for k in by_set["conv_val"])  # BLEU scores the raw strings
+    from orchestrator.scoring import metrics
+
+    rescored = metrics.statistics("wer", [k["reference"] for k in by_set[VAL_SET]],
+                                  [k["hypothesis"] for k in by_set[VAL_SET]])
+    assert metrics.score("wer", rescored) == evaluated[f"wer/{VAL_SET}"]

@@ -26,6 +26,12 @@ class DatasetEntry:
     # audio: [indices into the sample's audio column]}); see docs/data.md, "Tasks and conversations".
     turns_field: Optional[str] = None
     metric: Optional[str] = None  # validation only: wer | exact | bleu; default: the task's, else wer
+    # Validation only, wer and exact: how both sides are normalised before scoring:
+    # audiollm (the default: the project's own, orchestrator/scoring/text.py; numbers stay
+    # as written) | whisper_english (Whisper's English normaliser, as the Open ASR
+    # Leaderboard scores: numbers to digits, British to American spelling, contractions
+    # expanded) | whisper_basic (Whisper's basic one: case and punctuation only).
+    normaliser: Optional[str] = None
     # Joint CTC on this dataset's clips (model.adapter.ctc_weight > 0): the answer must be
     # the transcript of the one clip. Default: true for transcription, false otherwise.
     ctc: Optional[bool] = None
