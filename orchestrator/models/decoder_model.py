@@ -228,11 +228,14 @@ class DecoderModel(GPTModel):
 
     def _token_loss(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         # megatron's cross entropy works in place on the logits it is given: they must be a
-        # tensor of their own. Without a softcap or vocabulary padding, and at micro-batch
-        # size 1, the transpose of [1, s, v] is contiguous already and `.contiguous()` would
-        # hand over a view of the model's logits, whose in-place change autograd refuses.
-        return self.compute_language_model_loss(
-            labels, self.cap_logits(logits).transpose(0, 1).clone(memory_format=torch.contiguous_format))
+        # tensor of their own. Without a softcap or vocabulary padding cap_logits returns the
+        # model's logits themselves, and at micro-batch size 1 the transpose of [1, s, v] is
+        # contiguous already: `.contiguous()` would hand over a view of them, whose in-place
+        # change autograd refuses. (Capped or padded, they are a new tensor already.)
+        capped = self.cap_logits(logits)
+        flipped = capped.transpose(0, 1)
+        own = flipped.clone(memory_format=torch.contiguous_format) if capped is logits else flipped.contiguous()
+        return self.compute_language_model_loss(labels, own)
 
     def cap_logits(self, logits: torch.Tensor) -> torch.Tensor:
         cap = self.config.final_logit_softcapping

@@ -48,27 +48,30 @@ def batches(vocab: int, pad_id) -> list:
     return rows
 
 
+def lr_at(step: int, optim: dict, steps: int, scale: float = 1.0) -> float:
+    """The recipe's learning rate before optimizer step `step` (0-based), written out:
+    linear warmup from 0 over lr_warmup_iters, then cosine to min_lr at `steps`; an lr
+    group's `scale` multiplies both ends (orchestrator/train/lr_groups.py)."""
+    lr, min_lr, warmup = float(optim["lr"]) * scale, float(optim["min_lr"]) * scale, int(optim["lr_warmup_iters"])
+    if step <= warmup:
+        return lr * step / warmup
+    return min_lr + (lr - min_lr) * 0.5 * (1 + math.cos(math.pi * (step - warmup) / (steps - warmup)))
+
+
 def hf_curve(hf, data: list, optim: dict, steps: int) -> list:
     """A plain training loop of the HF model with the recipe's optimizer values."""
-    lr, min_lr, warmup = float(optim["lr"]), float(optim["min_lr"]), int(optim["lr_warmup_iters"])
-
-    def lr_at(step: int) -> float:  # before optimizer step `step` (0-based)
-        if step <= warmup:
-            return lr * step / warmup
-        return min_lr + (lr - min_lr) * 0.5 * (1 + math.cos(math.pi * (step - warmup) / (steps - warmup)))
-
     named = [(n, p) for n, p in hf.named_parameters() if p.requires_grad]
     decayed = [p for n, p in named if p.dim() > 1 and not n.endswith(".bias")]
     plain = [p for n, p in named if p.dim() <= 1 or n.endswith(".bias")]
     opt = torch.optim.AdamW([{"params": decayed, "weight_decay": float(optim["weight_decay"])},
                              {"params": plain, "weight_decay": 0.0}],
-                            lr=lr, betas=(float(optim["adam_beta1"]), float(optim["adam_beta2"])),
+                            lr=float(optim["lr"]), betas=(float(optim["adam_beta1"]), float(optim["adam_beta2"])),
                             eps=float(optim["adam_eps"]))
     hf.train()
     losses = []
     for step in range(steps):
         for group in opt.param_groups:
-            group["lr"] = lr_at(step)
+            group["lr"] = lr_at(step, optim, steps)
         tokens = data[step % len(data)]
         loss = hf(tokens, labels=tokens).loss
         opt.zero_grad()
