@@ -133,14 +133,16 @@ def transcribe_files(transcriber, files: Sequence[str], batch: int, emit, warn, 
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="audiollm transcribe", description=__doc__.split("\n\n")[1])
-    parser.add_argument("source", type=Path, help="a run directory, a training checkpoint or an exported model "
-                        "directory")
+    parser.add_argument("source", type=Path, help="a run directory, a training checkpoint, an exported model "
+                        "directory, or a Voxtral or Qwen2-Audio directory (a release, or a fine-tune given back as "
+                        "its class)")
     parser.add_argument("audio", nargs="+", help="audio files (wav, flac, ogg, mp3)")
     parser.add_argument("--step", default=None, help="with a run directory: the checkpoint at this step, or `best` "
                         "(RUN/eval/best.json); default: the latest")
     parser.add_argument("--prompt", default=None, help="the prompt: a template with <SpeechHere> where the audio "
                         "goes, or an instruction the audio follows (rendered as a user turn by the tokenizer's chat "
-                        "template); default: the run's data.prompt_template")
+                        "template); default: the run's data.prompt_template (a Qwen2-Audio directory: the "
+                        "instruction of its chat turn, default 'Transcribe the speech.'; Voxtral takes none)")
     parser.add_argument("--batch", type=int, default=8, help="audio windows answered together (default 8)")
     parser.add_argument("--format", choices=FORMATS, default="text", help="text (default) or jsonl: one "
                         '{"file", "text", "seconds"} per line, then {"rtfx", "audio_seconds", "decode_seconds", '
@@ -157,11 +159,12 @@ def _parser() -> argparse.ArgumentParser:
 
 def open_transcriber(args):
     """The transcriber SOURCE asks for; ValueError / FileNotFoundError naming what is wrong."""
-    from orchestrator.eval.transcribers import ExportTranscriber, RunTranscriber, is_exported_model
+    from orchestrator.eval.transcribers import (ExportTranscriber, ReleasedTranscriber, RunTranscriber,
+                                                is_exported_model, released_model_type)
     from orchestrator.plan.checkpoint_dirs import checkpoint_at_step, resolve_model_checkpoint
 
     source = args.source
-    if is_exported_model(source):
+    if is_exported_model(source) or released_model_type(source):
         if args.step is not None:
             raise ValueError(f"--step {args.step}: {source} is an exported model (one set of weights), not a run")
         if args.ctc_weight:
@@ -170,6 +173,8 @@ def open_transcriber(args):
         import torch
 
         device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+        if released_model_type(source):
+            return ReleasedTranscriber(source, device, args.max_new_tokens, args.prompt)
         return ExportTranscriber(source, device, args.max_new_tokens, args.prompt)
     checkpoint = checkpoint_at_step(source, args.step) if args.step is not None else None
     if checkpoint is None:

@@ -9,10 +9,13 @@
   loads it: dist_checkpointing reshards any layout), decoded by the project's own
   greedy_generate with the run's joint CTC/attention weight (the one eval uses);
 - ExportTranscriber: an exported model directory (orchestrator/convert/audiollm_dir.py)
-  through transformers' AutoModelForCausalLM / AutoProcessor and `generate`, greedy.
+  through transformers' AutoModelForCausalLM / AutoProcessor and `generate`, greedy;
+- ReleasedTranscriber: a released Voxtral or Qwen2-Audio directory (the release, or a
+  fine-tune given back as its class) through its own class and processor, greedy.
 
-Both build the prompt as the data side does (PromptBuilder: bos, the template's text
-around <SpeechHere>, one placeholder per audio token)."""
+The first two build the prompt as the data side does (PromptBuilder: bos, the template's
+text around <SpeechHere>, one placeholder per audio token); the released models' processors
+make the prompts the project's recipes train on (tests/data/test_released_prompts.py)."""
 
 from __future__ import annotations
 
@@ -37,6 +40,18 @@ def prompt_template(tokenizer, prompt: Optional[str], default: str) -> str:
     from orchestrator.data.prompts import chat_user_template
 
     return chat_user_template(tokenizer, f"{prompt.rstrip()} {SPEECH_MARKER}")
+
+
+def released_model_type(path: Path) -> Optional[str]:
+    """The model_type of a released speech LLM's directory (Voxtral, Qwen2-Audio: what
+    `convert megatron-to-hf --layout released` writes, or the release itself); None otherwise."""
+    from orchestrator.plan.released_models import released
+
+    config = Path(path) / "config.json"
+    if not config.is_file():
+        return None
+    model_type = json.loads(config.read_text()).get("model_type")
+    return model_type if released(model_type) else None
 
 
 def is_exported_model(path: Path) -> bool:
@@ -140,6 +155,60 @@ class ExportTranscriber:
         extra = {"max_new_tokens": self.max_new_tokens} if self.max_new_tokens else {}
         with torch.no_grad():
             ids = self.model.generate(**inputs, do_sample=False, **extra)
+        return self.processor.batch_decode(ids[:, inputs["input_ids"].shape[1]:], skip_special_tokens=True)
+
+    def close(self) -> None:
+        pass
+
+
+class ReleasedTranscriber:
+    """A released speech LLM's directory through its own class, processor and `generate`,
+    greedy, asked as the project's recipes train it (orchestrator/plan/released_models.py):
+    Voxtral with its transcription request in English (a clip of up to 30 s is one window),
+    Qwen2-Audio-Instruct with its chat template's user turn of the clip and the instruction
+    (--prompt: another instruction)."""
+
+    def __init__(self, model_dir: Path, device: str, max_new_tokens: Optional[int] = None,
+                 prompt: Optional[str] = None):
+        import transformers
+        from transformers import AutoProcessor
+
+        from orchestrator.plan.released_models import released
+
+        self.kind = released_model_type(model_dir)
+        if self.kind == "voxtral" and prompt is not None:
+            raise ValueError(f"--prompt: {model_dir} is a Voxtral model, asked with its transcription request "
+                             f"(no instruction); leave --prompt out")
+        self.model_dir, self.device, self.ctc_weight = str(model_dir), device, 0.0
+        cls = getattr(transformers, released(self.kind).hf_class)
+        self.model = cls.from_pretrained(self.model_dir).to(device).eval()
+        self.processor = AutoProcessor.from_pretrained(self.model_dir)
+        self.max_new_tokens = max_new_tokens or 128
+        features = self.processor.feature_extractor
+        self.window_samples = int(features.n_samples)  # the encoder's window (30 s in the releases)
+        self.min_samples = 160 * 2 + 1
+        self.instruction = prompt or "Transcribe the speech."
+        if self.kind == "qwen2_audio":
+            self.processor.tokenizer.padding_side = "left"  # a batch of prompts generates on from their ends
+
+    def _inputs(self, clips: Sequence[np.ndarray]):
+        if self.kind == "voxtral":
+            return self.processor.apply_transcription_request(language="en", audio=list(clips), model_id=self.model_dir,
+                                                              sampling_rate=16000, format=["wav"] * len(clips))
+        turn = [{"role": "user", "content": [{"type": "audio", "audio_url": "clip"},
+                                             {"type": "text", "text": self.instruction}]}]
+        text = self.processor.apply_chat_template(turn, add_generation_prompt=True, tokenize=False)
+        inputs = self.processor(text=[text] * len(clips), audio=list(clips), sampling_rate=16000, padding=True,
+                                return_tensors="pt")
+        inputs.pop("token_type_ids", None)
+        return inputs
+
+    def answer(self, clips: Sequence[np.ndarray]) -> List[str]:
+        import torch
+
+        inputs = self._inputs(clips).to(self.device)
+        with torch.no_grad():
+            ids = self.model.generate(**inputs, do_sample=False, max_new_tokens=self.max_new_tokens)
         return self.processor.batch_decode(ids[:, inputs["input_ids"].shape[1]:], skip_special_tokens=True)
 
     def close(self) -> None:
