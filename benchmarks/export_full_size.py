@@ -161,16 +161,7 @@ def main() -> None:
     plan = recipe_plan(root, converted)
     run = make_run(root, converted, plan)
     rows = [("converted checkpoint on disk (bf16: decoder, encoder, adapter)", f"{_gib(converted, '*'):.2f} GiB")]
-    _, baseline = _peak_gib([sys.executable, "-c", IMPORTS])
-    rows.append(("the export's imports alone (torch, transformers, megatron)", f"{baseline:.2f} GiB"))
-    from orchestrator.convert.hf_io import SHARD_BYTES
-
-    largest = largest_tensor_gib(converted)
-    # The libraries, the shard being filled, and the largest tensor twice (the checkpoint
-    # reader's buffer and the tensor it fills): the same at any depth.
-    bound = baseline + SHARD_BYTES / 1024**3 + 2 * largest
-    rows.append(("bound: imports + one shard + 2 x the largest tensor",
-                 f"{baseline:.2f} + {SHARD_BYTES / 1024**3:.0f} + 2 x {largest:.2f} = {bound:.2f} GiB"))
+    bound = memory_bound(rows, IMPORTS, converted)
     for layout, source in (("parts", converted), ("model", run)):
         out = root / f"export_{layout}"
         seconds, peak = _peak_gib([sys.executable, "-m", "orchestrator.cli", "convert", "megatron-to-hf",
@@ -181,6 +172,25 @@ def main() -> None:
                  (f"--layout {layout}: peak RSS", f"{peak:.2f} GiB ({'within' if peak <= bound else 'OVER'} the bound)"),
                  (f"--layout {layout}: written", f"{_gib(out):.2f} GiB, {shards} shard(s) at the top"),
                  (f"--layout {layout}: tensors equal to the HF models'", f"{compared}")]
+    print_table(rows)
+
+
+def memory_bound(rows: list, imports: str, converted: Path) -> float:
+    """The streamed export's bound in GiB: the libraries (`imports` run alone), the shard
+    being filled, and the largest tensor twice (the checkpoint reader's buffer and the
+    tensor it fills): the same at any depth. Its terms are added to `rows`."""
+    from orchestrator.convert.hf_io import SHARD_BYTES
+
+    _, baseline = _peak_gib([sys.executable, "-c", imports])
+    rows.append(("the export's imports alone (torch, transformers, megatron)", f"{baseline:.2f} GiB"))
+    largest = largest_tensor_gib(converted)
+    bound = baseline + SHARD_BYTES / 1024**3 + 2 * largest
+    rows.append(("bound: imports + one shard + 2 x the largest tensor",
+                 f"{baseline:.2f} + {SHARD_BYTES / 1024**3:.0f} + 2 x {largest:.2f} = {bound:.2f} GiB"))
+    return bound
+
+
+def print_table(rows: list) -> None:
     width = max(len(r[0]) for r in rows)
     print(f"| {'what':<{width}} | value |\n|{'-' * (width + 2)}|-------|")
     for what, value in rows:

@@ -131,8 +131,8 @@ def check_tokenizer(data: DataConfig, model: ModelConfig, purpose: str = "plan")
         release = released_of_kind(model.adapter.kind)
         whose = (f"the released {release.hf_class} directory, or the released_processor/ directory of its conversion "
                  f"(model.init_checkpoint)" if release else
-                 f"its HF decoder's directory, the one `audiollm convert hf-to-megatron --hf` read, or the directory "
-                 f"`audiollm convert megatron-to-hf` wrote")
+                 "its HF decoder's directory, the one `audiollm convert hf-to-megatron --hf` read, or the directory "
+                 "`audiollm convert megatron-to-hf` wrote")
         yield finding("tokenizer", f"data.tokenizer is unset, and every job tokenizes its prompts and answers with "
                                    f"it: set data.tokenizer to the model's own tokenizer, a local HF directory with "
                                    f"tokenizer.json or a Tekken tokenizer's tekken.json (for model {model.name}: "
