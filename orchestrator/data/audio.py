@@ -21,7 +21,7 @@ import numpy as np
 import soundfile as sf
 import torch
 
-from orchestrator.data.resample import polyphase_kernel
+from orchestrator.hf_model.resample_audiollm import polyphase_kernel
 
 
 class AudioError(ValueError):
@@ -109,7 +109,7 @@ def load_audio(value, sample_rate: Optional[int], target_rate: int, wrong_rate: 
 
 @lru_cache(maxsize=16)
 def _polyphase_kernel(orig: int, new: int, zero_crossings: int, rolloff: float) -> Tuple[torch.Tensor, int]:
-    """Kernel [new, 1, taps] of the filter designed in orchestrator.data.resample (one
+    """Kernel [new, 1, taps] of the filter designed in orchestrator.hf_model.resample_audiollm (one
     design for this conv1d and for the numpy resampler of `audiollm data import`)."""
     kernel, half_width = polyphase_kernel(orig, new, zero_crossings, rolloff)
     return torch.from_numpy(kernel.astype(np.float32)).unsqueeze(1), half_width

@@ -8,9 +8,11 @@ or a model directory `audiollm convert megatron-to-hf` wrote
 Audio: wav, flac, ogg and mp3 (what the installed libsndfile decodes; 16-bit FLAC through
 dr_flac), any sample rate and channel count, made 16-kHz mono (channels averaged, the
 project's band-limited resampler). A recording longer than the encoder's window (30 s for
-Whisper, 5 s for the tiny model) is cut into consecutive windows, each answered alone,
-and the answers are joined by a space; a last piece too short for one audio token is
-left out. An unreadable file is named on stderr and skipped; the others are answered,
+Whisper, 5 s for the tiny model) is cut into windows, each answered alone: each ends where
+the audio is quietest in its last fifth, the next starts a tenth of a window before that
+cut, and the words the overlap repeats are said once when the answers are joined
+(orchestrator/hf_model/longform_audiollm.py, which an exported model's pipeline shares; its
+limits are written there). A recording too short for one audio token is skipped. An unreadable file is named on stderr and skipped; the others are answered,
 and the exit status is then 1.
 
 Output (stdout): `--format text`, the answer alone for one file, `FILE<TAB>ANSWER` per
@@ -34,6 +36,8 @@ import time
 from pathlib import Path
 from typing import List, Optional, Sequence
 
+from orchestrator.hf_model.longform_audiollm import merge, windows
+
 FORMATS = ("text", "jsonl")
 # libsndfile names the in-memory file it was given: nothing a user can act on.
 _BUFFER = re.compile(r"Error opening <_io\.BytesIO object at 0x[0-9a-f]+>: ")
@@ -50,7 +54,7 @@ class _File:
 
     @property
     def text(self) -> str:
-        return " ".join(a.strip() for a in self.answers if a and a.strip())
+        return merge([a.strip() for a in self.answers if a and a.strip()])
 
 
 def read_recording(path: str):
@@ -61,14 +65,17 @@ def read_recording(path: str):
 
 
 def pieces(samples, window: int, shortest: int) -> list:
-    """Consecutive windows of at most `window` samples; a last one below `shortest` is
-    left out (a recording shorter than that gives none)."""
-    cut = [samples[i:i + window] for i in range(0, len(samples), window)]
-    return [p for p in cut if len(p) >= shortest]
+    """The recording's windows of at most `window` samples, cut where it is quietest and
+    overlapping (orchestrator/hf_model/longform_audiollm.py); none for a recording shorter
+    than `shortest`."""
+    if len(samples) < shortest:
+        return []
+    return [samples[start:end] for start, end in windows(samples, window)]
 
 
 class Speed:
-    """Audio seconds answered and the seconds answering them took, after a warm-up."""
+    """Audio seconds answered (the recordings', counted once however their windows
+    overlap) and the seconds answering them took, after a warm-up."""
 
     def __init__(self):
         self.audio_seconds = self.decode_seconds = 0.0
@@ -81,7 +88,6 @@ class Speed:
         began = time.perf_counter()
         answers = transcriber.answer(clips)
         self.decode_seconds += time.perf_counter() - began
-        self.audio_seconds += sum(len(c) for c in clips) / 16000
         return answers
 
     @property
@@ -122,6 +128,7 @@ def transcribe_files(transcriber, files: Sequence[str], batch: int, emit, warn, 
             skipped += 1
             continue
         entry = _File(path, len(samples) / 16000, len(cut))
+        speed.audio_seconds += entry.seconds
         pending.append(entry)
         queue += [(entry, i, piece) for i, piece in enumerate(cut)]
         while len(queue) >= batch:

@@ -7,4 +7,4 @@ them to that."""
 
 # The files an export carries, in the order HF's remote-code loader needs them.
 REMOTE_CODE_FILES = ("configuration_audiollm.py", "modeling_audiollm.py", "processing_audiollm.py",
-                     "pipeline_audiollm.py")
+                     "resample_audiollm.py", "longform_audiollm.py", "pipeline_audiollm.py")

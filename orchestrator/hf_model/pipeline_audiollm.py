@@ -12,12 +12,17 @@ it, so with trust_remote_code=True it takes the place of transformers' own ASR p
 model only, and is the one `pipeline(model=DIR)` infers. Output as that pipeline's:
 {"text": answer}. Inputs: a file path or its bytes (read with soundfile where installed,
 else ffmpeg), a 16-kHz mono array, or {"raw" | "array": samples, "sampling_rate": rate}
-(other rates resampled with torchaudio where installed). Self-contained: torch, numpy and
-transformers only."""
+(other rates resampled with the band-limited resampler `audiollm transcribe` uses,
+resample_audiollm.py). A recording longer than the encoder's window is answered as
+`audiollm transcribe` answers it: its windows, cut where it is quietest and overlapping, in
+one batch, the answers joined with the words the overlaps repeat said once
+(longform_audiollm.py). Self-contained: torch, numpy and transformers only."""
 
 import numpy as np
-import torch
 from transformers import AutoProcessor, Pipeline
+
+from .longform_audiollm import merge, windows
+from .resample_audiollm import resample
 
 RATE = 16000
 
@@ -37,13 +42,8 @@ def _read(data: bytes) -> np.ndarray:
 
 
 def _at_rate(samples: np.ndarray, rate: int) -> np.ndarray:
-    if rate == RATE:
-        return np.asarray(samples, dtype=np.float32)
-    try:
-        import torchaudio
-    except ImportError:
-        raise ValueError(f"audio at {rate} Hz: the model reads {RATE} Hz; resample it first (or install torchaudio)")
-    return torchaudio.functional.resample(torch.as_tensor(samples, dtype=torch.float32), rate, RATE).numpy()
+    """At 16 kHz, through the band-limited resampler `audiollm transcribe` uses."""
+    return resample(np.asarray(samples, dtype=np.float32), rate, RATE)
 
 
 class AudioLLMPipeline(Pipeline):
@@ -67,7 +67,9 @@ class AudioLLMPipeline(Pipeline):
             samples = np.asarray(inputs, dtype=np.float32)
         if samples.ndim == 2:  # [time, channels]
             samples = samples.mean(axis=1)
-        return self.audio_processor(audio=[samples], text=prompt)
+        # A recording longer than the encoder's window: its windows, answered together (one row each).
+        clips = [samples[start:end] for start, end in windows(samples, self.audio_processor.window_samples)]
+        return self.audio_processor(audio=clips, text=prompt)
 
     def _forward(self, model_inputs, max_new_tokens=None):
         extra = {"max_new_tokens": max_new_tokens} if max_new_tokens else {}
@@ -75,4 +77,5 @@ class AudioLLMPipeline(Pipeline):
         return {"ids": ids[:, model_inputs["input_ids"].shape[1]:]}
 
     def postprocess(self, model_outputs):
-        return {"text": self.audio_processor.batch_decode(model_outputs["ids"], skip_special_tokens=True)[0].strip()}
+        answers = self.audio_processor.batch_decode(model_outputs["ids"], skip_special_tokens=True)
+        return {"text": merge([a.strip() for a in answers if a.strip()])}

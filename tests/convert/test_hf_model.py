@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 import torch
 
+from orchestrator.hf_model.longform_audiollm import merge, windows
 from orchestrator.plan.decoder_families import prompt_overrides
 from tests.train.audiollm_runs import LLAMA_DECODER, VAL_SET, audiollm_cli, make_corpus, write_audiollm_run_dir
 from tests.data.conftest import WORDS
@@ -88,13 +89,23 @@ def env_newest() -> Path:
 
 
 def write_held_out_clips(dataset: Path, out: Path) -> Path:
-    """An MDS dataset's clips as 16-kHz arrays in one .npz (clip_0, clip_1, ...)."""
+    """An MDS dataset's clips as 16-kHz arrays in one .npz (clip_0, clip_1, ...); and a
+    recording over two of the tiny encoder's 5-s windows (the clips joined with 0.3 s of
+    quiet between them) with the windows the project cuts it into, and the first clip at
+    44.1 kHz (hf_model_script.py)."""
     from streaming import LocalDataset
 
-    from orchestrator.data.audio import load_audio
+    from orchestrator.data.audio import load_audio, resample
+    from orchestrator.hf_model.longform_audiollm import windows
 
     held_out = LocalDataset(local=str(dataset))
-    np.savez(out, **{f"clip_{i}": load_audio(held_out[i]["audio"], None, 16000) for i in range(len(held_out))})
+    clips = [load_audio(held_out[i]["audio"], None, 16000) for i in range(len(held_out))]
+    pause, joined = np.zeros(int(0.3 * 16000), np.float32), []
+    while sum(map(len, joined)) <= 2 * 5 * 16000:  # over two windows: three or more, cut twice
+        joined += [clips[len(joined) // 2 % len(clips)], pause]
+    long = np.concatenate(joined)
+    np.savez(out, **{f"clip_{i}": clip for i, clip in enumerate(clips)}, long=long,
+             long_windows=np.asarray(windows(long, 5 * 16000)), first_at_44k=resample(clips[0], 16000, 44100))
     return out
 
 
@@ -137,7 +148,8 @@ def exported(tmp_path_factory):
                                str(root / "clips.npz"), str(run["logits"])], capture_output=True, text=True,
                               timeout=300, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)})
         assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
-    return {"root": root, "runs": runs, "clips": clips, "count": len(np.load(clips).files)}
+    count = len([name for name in np.load(clips).files if name.startswith("clip_")])
+    return {"root": root, "runs": runs, "clips": clips, "count": count}
 
 
 def test_the_model_card_names_the_releases_tested_here():
@@ -173,6 +185,11 @@ def test_exports_answer_the_held_out_clips_as_audiollm_eval_without_the_project(
         assert np.abs(ours - ours[:1]).max() > 100 * LOGIT_BOUND, name
         # pipeline(model=DIR, trust_remote_code=True): the task inferred, the same answer
         assert got["pipeline"] == {"task": "automatic-speech-recognition", "text": got["texts"][0].strip()}, name
+        # a recording longer than the window: cut as `audiollm transcribe` cuts it, the answers
+        # joined as it joins them; a clip at 44.1 kHz resampled without torchaudio
+        assert len(got["long_windows"]) >= 3 and got["pipeline_long"] == merge(
+            [a.strip() for a in got["long_windows"] if a.strip()]), name
+        assert got["pipeline_44k"] == got["texts"][0].strip(), name
         print(f"{name} on transformers {answers['transformers']}: {got['texts'][:2]}")
 
 
@@ -299,8 +316,9 @@ def test_the_model_card_states_the_releases_and_holds_no_local_path(exported):
 
 
 def test_the_remote_code_needs_only_torch_numpy_and_transformers():
-    # The standard library's, and two optional readers the pipeline tries (ImportError: it says what to install).
-    allowed = {"torch", "numpy", "transformers", "typing", "inspect", "io", "soundfile", "torchaudio"}
+    # The standard library's, and the optional reader the pipeline tries (ImportError: it falls back to ffmpeg).
+    allowed = {"torch", "numpy", "transformers", "typing", "inspect", "io", "soundfile", "__future__", "re", "math",
+               "difflib", "functools"}
     from orchestrator.hf_model import REMOTE_CODE_FILES
 
     for name in REMOTE_CODE_FILES:
@@ -320,7 +338,8 @@ def test_transcribe_answers_files_as_eval_from_the_run_and_from_its_export(expor
     """`audiollm transcribe` on the held-out clips as files: the answers `audiollm eval`
     gave (hence its WER), from the run's checkpoint and from the exported directory; the
     same clip as wav at 44.1 kHz in stereo, ogg and mp3 answered too; a recording longer
-    than the encoder's window answered window by window; an unreadable file and one too
+    than the encoder's window answered window by window (cut where it is quietest, the
+    windows overlapping, the answers joined); an unreadable file and one too
     short for an audio token named and skipped, with exit status 1."""
     import soundfile as sf
     from streaming import LocalDataset
@@ -341,8 +360,10 @@ def test_transcribe_answers_files_as_eval_from_the_run_and_from_its_export(expor
     window = 5 * 16000  # the tiny encoder's
     long = np.concatenate([clip] * (window // len(clip) + 1))  # 2 windows: a whole one and the rest
     assert window < len(long) < 2 * window
-    for name, samples in (("long.wav", long), ("first_window.wav", long[:window]), ("rest.wav", long[window:]),
-                          ("too_short.wav", clip[:400])):
+    cuts = windows(long, window)  # the first ends where it is quietest in its last second, the next overlaps it
+    assert len(cuts) == 2 and cuts[0][1] <= window and cuts[1][0] == cuts[0][1] - window // 10, cuts
+    for name, samples in (("long.wav", long), ("first_window.wav", long[slice(*cuts[0])]),
+                          ("rest.wav", long[slice(*cuts[1])]), ("too_short.wav", clip[:400])):
         sf.write(str(tmp_path / name), samples, 16000, subtype="FLOAT")
     (tmp_path / "broken.flac").write_bytes(b"fLaC not really")
     extra = ["stereo_44k.wav", "clip.ogg", "clip.mp3", "long.wav", "first_window.wav", "rest.wav", "too_short.wav",
@@ -379,7 +400,7 @@ def test_transcribe_answers_files_as_eval_from_the_run_and_from_its_export(expor
     kept = [json.loads(line) for line in
             (run["run"] / "eval" / "hypotheses" / f"step_{ITERS:06d}.jsonl").read_text().splitlines()]
     assert [k["hypothesis"].strip() for k in kept] == said and [k["reference"] for k in kept] == references
-    assert by_run["long.wav"]["text"] == " ".join(t for t in (by_run["first_window.wav"]["text"],
-                                                              by_run["rest.wav"]["text"]) if t)
+    assert by_run["long.wav"]["text"] == merge([t for t in (by_run["first_window.wav"]["text"],
+                                                         by_run["rest.wav"]["text"]) if t])
     assert by_run["long.wav"]["seconds"] == round(len(long) / 16000, 3)
     assert all(by_run[n]["text"] is not None for n in ("stereo_44k.wav", "clip.ogg", "clip.mp3"))

@@ -372,7 +372,7 @@ def test_show_reads_any_mds_dataset(tmp_path, capsys):
 
 def test_numpy_resampler_is_the_training_resampler():
     from orchestrator.data.audio import resample as torch_resample
-    from orchestrator.data.resample import resample
+    from orchestrator.hf_model.resample_audiollm import resample
 
     x = np.random.default_rng(0).standard_normal(30000).astype(np.float32) * 0.3
     for rate in (8000, 22050, 44100, 48000):

@@ -17,7 +17,7 @@ import numpy as np
 import soundfile as sf
 
 from orchestrator.data.importing.records import AudioRef, BadRecord, Record
-from orchestrator.data.resample import resample
+from orchestrator.hf_model.resample_audiollm import resample
 
 # Manifests round durations and segment times (NeMo's to 2-3 decimals): a clip that ends
 # at most this far past the end of its file is read to the end; further is a bad record

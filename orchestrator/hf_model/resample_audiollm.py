@@ -1,9 +1,11 @@
 """Band-limited resampling in numpy: the Kaiser-windowed sinc polyphase filter that
-`audio.resample` runs as a torch conv1d, here as a matrix product.
+`orchestrator.data.audio.resample` runs as a torch conv1d, here as a matrix product.
 
 Kept free of torch so that `audiollm data import` (whose worker processes decode,
 resample and encode every clip of a corpus once) starts its workers in a fraction of a
-second; the filter itself is designed once, here, for both (`polyphase_kernel`).
+second; the filter itself is designed once, here, for both (`polyphase_kernel`). Numpy
+only, so an exported model directory carries it as remote code: its pipeline resamples
+audio of another rate as `audiollm transcribe` does (pipeline_audiollm.py).
 """
 
 from __future__ import annotations
