@@ -80,3 +80,37 @@ def test_a_speech_llm_audiollm_does_not_take_is_refused_naming_what_it_takes(tmp
     assert "is a Granite Speech" in err and "model_type granite_speech" in err, err
     assert "Voxtral (VoxtralForConditionalGeneration), Qwen2-Audio (Qwen2AudioForConditionalGeneration)" in err, err
     assert "Traceback" not in err and not (tmp_path / "out").exists()
+
+
+def test_a_voxtral_given_back_loads_in_the_newest_transformers_with_the_same_logits(tmp_path):
+    """The export writes the hub's tensor names (language_model.*, audio_tower.*,
+    multi_modal_projector.*), which transformers 5 renames as it loads them: in a clean
+    environment of the newest release tested (tests/convert/test_hf_model.py NEWEST) the
+    class gives the logits transformers 4 gives here, exactly."""
+    import os
+    import subprocess
+
+    import numpy as np
+
+    from tests.convert.test_hf_model import HERE, env_newest
+
+    src, out, back = tmp_path / "hf", tmp_path / "mg", tmp_path / "back"
+    hf = hf_voxtral(seed=6).eval()
+    hf.save_pretrained(src, safe_serialization=True)
+    assert hf_to_megatron.main(["--hf", str(src), "--out", str(out)]) == 0
+    assert megatron_to_hf.main(["--megatron", str(out), "--out", str(back)]) == 0
+    gen = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, 249, (2, 40), generator=gen)
+    ids[:, 2:17] = 249  # a 1.2-s window: 15 audio tokens each
+    features = torch.randn(2, 80, 120, generator=gen)
+    np.savez(tmp_path / "io.npz", input_ids=ids.numpy(), input_features=features.numpy())
+    with torch.no_grad():
+        ours = hf(input_ids=ids, input_features=features).logits
+    proc = subprocess.run([str(env_newest()), str(HERE / "released_class_script.py"), "VoxtralForConditionalGeneration",
+                           str(back), str(tmp_path / "io.npz"), str(tmp_path / "out.json")], capture_output=True,
+                          text=True, timeout=300, cwd=tmp_path,
+                          env={k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")})
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
+    got = json.loads((tmp_path / "out.json").read_text())
+    assert got["transformers"].startswith("5.")
+    assert torch.equal(torch.tensor(got["logits"]), ours), (torch.tensor(got["logits"]) - ours).abs().max()
