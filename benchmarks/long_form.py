@@ -2,7 +2,9 @@
 made by joining 4 to 12 held-out clips with short pauses (20 to 60 s: several windows of the
 tiny model's 5 s), answered three ways:
 
-  clip by clip     each clip alone (the reference figure: what the model does at its best)
+  clip by clip     each clip alone (the reference figure: what the model does at its best);
+                   and each clip padded with silence to the whole window (split at random
+                   before and after it)
   long-form        each recording as `audiollm transcribe` answers it: windows cut where it
                    is quietest, overlapping, the answers joined with the overlap's words said
                    once (orchestrator/hf_model/longform_audiollm.py)
@@ -105,6 +107,16 @@ def main() -> None:
     said = dict(zip(used, answer_all(transcriber, [clips[i][0] for i in used])))
     ways["clip by clip"] = ([" ".join(said[i].strip() for i in chosen) for _, _, chosen in made],
                             time.perf_counter() - began)
+    # each of those clips padded with silence to the whole window (the silence split at random)
+    rng = np.random.default_rng(args.seed)
+    padded = []
+    for i in used:
+        before = int(rng.integers(0, window - len(clips[i][0]) + 1)) if len(clips[i][0]) < window else 0
+        padded.append(np.pad(clips[i][0], (before, max(0, window - len(clips[i][0]) - before))))
+    began = time.perf_counter()
+    said_padded = dict(zip(used, answer_all(transcriber, padded)))
+    ways["clip by clip, padded with silence to the window"] = (
+        [" ".join(said_padded[i].strip() for i in chosen) for _, _, chosen in made], time.perf_counter() - began)
     cuts = {
         "long-form (quietest point, overlap, merged)": lambda s: [s[a:b] for a, b in windows(s, window)],
         "back-to-back windows": lambda s: [s[i:i + window] for i in range(0, len(s), window)],

@@ -71,6 +71,10 @@ class SampleProcessor:
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
         self.max_samples = int(round(data_cfg.max_audio_seconds * data_cfg.sample_rate))
         self.on_device = data_cfg.features_on == "device"
+        # data.silence_padding: training clips only; up to the window (read_frames' 100 frames
+        # a second) and data.max_audio_seconds
+        self.silence_padding = float(data_cfg.silence_padding) if split == "train" else 0.0
+        self.padded_samples = min(self.max_samples, self.window_frames * data_cfg.sample_rate // 100)
 
     def _builders(self, tokenizer, data_cfg) -> list:
         """One builder per format; datasets with the same template share theirs."""
@@ -110,6 +114,17 @@ class SampleProcessor:
             chunks.pop()
         return chunks
 
+    def _padded(self, clip: np.ndarray, position: int) -> np.ndarray:
+        """`clip` with silence around it (data.silence_padding's share of them, drawn from
+        data.seed and the sample's place in the order): a random length from the clip's own
+        up to the window, the silence split at random before and after."""
+        rng = np.random.default_rng([int(self.cfg.seed), int(position)])
+        if rng.random() >= self.silence_padding or len(clip) >= self.padded_samples:
+            return clip
+        total = int(rng.integers(len(clip), self.padded_samples + 1))
+        before = int(rng.integers(0, total - len(clip) + 1))
+        return np.concatenate([np.zeros(before, clip.dtype), clip, np.zeros(total - len(clip) - before, clip.dtype)])
+
     def _placeholders(self, clips: Sequence[np.ndarray]) -> List[int]:
         return [audio_placeholder_count(c.shape[0], self.max_source_positions, self.frames_per_token,
                                         self.cfg.audio_tokens)
@@ -132,6 +147,8 @@ class SampleProcessor:
         audio = load_audio(raw[fmt.audio_field], raw.get(self.cfg.sample_rate_field), self.cfg.sample_rate,
                            self.cfg.wrong_sample_rate)
         clips = self.clips(audio)
+        if self.silence_padding > 0 and len(clips) == 1:
+            clips = [self._padded(clips[0], position)]
         text = raw[fmt.text_field]
         if not isinstance(text, str) or not text.strip():
             raise AudioError(f"empty answer in column {fmt.text_field!r} ({fmt.name}'s text_field)")

@@ -121,6 +121,7 @@ TABLE: dict[str, Entry] = {
     "data.text_field": Entry("transcript"),  # no such column in the datasets
     "data.packing": Entry("maybe"),
     "data.packing_buffer": Entry("0"),
+    "data.silence_padding": Entry("1.5"),
     "data.shuffle": Entry("maybe"),
     "data.on_bad_sample": Entry("ignore"),
     "data.max_bad_fraction": Entry("1.5"),

@@ -59,6 +59,12 @@ class DataConfig:
     # metrics as truncated_samples).
     long_conversation: str = "refuse"
     max_audio_seconds: float = 30.0
+    # Share of training clips (single-clip samples) padded with silence to a random length
+    # up to the encoder's window (and data.max_audio_seconds), the silence split at random
+    # before and after the speech: a model trained on short clips alone answers a whole
+    # window, or a clip with a pause in front, badly. Drawn per sample from (data.seed, its
+    # place in the order): a resumed run pads as the first attempt did. 0: none.
+    silence_padding: float = 0.0
     # refuse | chunk: clips longer than max_audio_seconds. chunk cuts one into windows of
     # max_audio_seconds, each encoded on its own; their audio tokens follow one another in
     # the prompt, and the auxiliary CTC loss aligns the transcript over all of them.
