@@ -119,7 +119,9 @@ def main() -> None:
         [" ".join(said_padded[i].strip() for i in chosen) for _, _, chosen in made], time.perf_counter() - began)
     cuts = {
         "long-form (quietest point, overlap, merged)": lambda s: [s[a:b] for a, b in windows(s, window)],
-        "back-to-back windows": lambda s: [s[i:i + window] for i in range(0, len(s), window)],
+        # (a last piece too short for one audio token left out, as transcribe did)
+        "back-to-back windows": lambda s: [s[i:i + window] for i in range(0, len(s), window)
+                                           if len(s[i:i + window]) >= transcriber.min_samples],
     }
     for name, cut in cuts.items():
         began = time.perf_counter()
