@@ -120,8 +120,10 @@ class Export:
             raise FileNotFoundError(f"{ckpt}: neither {CONVERTED_META} (a converted checkpoint) nor {plan_path} "
                                     f"(a training checkpoint's run) is there, so the model's config is unknown")
         self.adapter_kind = kind_name(self.adapter_config or {})
-        # The converted checkpoint of the released model (Voxtral, Qwen2-Audio) it started from, if any.
-        self.released_origin = released_origin(ckpt)
+        # The converted checkpoint of the released model (Voxtral, Qwen2-Audio) it started from:
+        # only a model of a released kind has one (the project's own kind never reads the chain,
+        # which may name checkpoints long deleted).
+        self.released_origin = released_origin(ckpt) if self.adapter_kind != "layer_mix" else None
         with process_group():
             self.stored = stored_model_tensors(ckpt)
         if self.run_config is not None:  # a config made here: the dtype is what the run stored

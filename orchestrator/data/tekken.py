@@ -37,7 +37,7 @@ class TekkenTokenizer:
             raise ImportError(f"{directory} holds a Tekken tokenizer ({TEKKEN_FILE}), which is read with "
                               f"mistral-common: {TEKKEN_INSTALL}") from exc
         self.tekken = Tekkenizer.from_file(str(Path(directory) / TEKKEN_FILE))
-        self._ignore = SpecialTokenPolicy.IGNORE
+        self._policies = {True: SpecialTokenPolicy.IGNORE, False: SpecialTokenPolicy.KEEP}  # by skip_special_tokens
         # Every special token by name but the unnamed fillers (<SPECIAL_123>), longest first so
         # that a name inside another ([AUDIO] in [BEGIN_AUDIO]) is not split out of it.
         self.controls: Dict[str, int] = {}
@@ -78,12 +78,7 @@ class TekkenTokenizer:
         return [self.convert_tokens_to_ids(t) for t in tokens]
 
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = False) -> str:
-        ids = [int(i) for i in ids]
-        if skip_special_tokens:
-            return self.tekken.decode(ids, self._ignore)
-        from mistral_common.tokens.tokenizers.base import SpecialTokenPolicy
-
-        return self.tekken.decode(ids, SpecialTokenPolicy.KEEP)
+        return self.tekken.decode([int(i) for i in ids], self._policies[bool(skip_special_tokens)])
 
     def batch_decode(self, batch: Sequence[Sequence[int]], skip_special_tokens: bool = False) -> List[str]:
         return [self.decode(ids, skip_special_tokens) for ids in batch]
