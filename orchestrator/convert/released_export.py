@@ -68,8 +68,8 @@ def released_origin(checkpoint: Path) -> Optional[Path]:
     from (it holds RELEASED_CONFIG), following runs back through model.init_checkpoint;
     None when they started from none."""
     seen = []
-    ckpt: Optional[Path] = Path(checkpoint)
-    while ckpt is not None and len(seen) < _MOST_RUNS_BACK:
+    ckpt = Path(checkpoint)
+    while len(seen) < _MOST_RUNS_BACK:
         if (ckpt / RELEASED_CONFIG).is_file():
             return ckpt
         seen.append(ckpt)

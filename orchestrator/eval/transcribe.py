@@ -12,7 +12,8 @@ Whisper, 5 s for the tiny model) is cut into windows, each answered alone: each 
 the audio is quietest in its last fifth, the next starts a tenth of a window before that
 cut, and the words the overlap repeats are said once when the answers are joined
 (orchestrator/hf_model/longform_audiollm.py, which an exported model's pipeline shares; its
-limits are written there). A recording too short for one audio token is skipped. An unreadable file is named on stderr and skipped; the others are answered,
+limits are written there). A recording too short for one audio token is skipped. An
+unreadable file is named on stderr and skipped; the others are answered,
 and the exit status is then 1.
 
 Output (stdout): `--format text`, the answer alone for one file, `FILE<TAB>ANSWER` per

@@ -60,11 +60,11 @@ def check_data(data: DataConfig, model: ModelConfig, purpose: str) -> Iterator[F
                             f"(training utterances written into data.demo_corpus={data.demo_corpus})")
     if data.feature_cache_mb < 0:
         yield error("data", f"data.feature_cache_mb={data.feature_cache_mb} must be >= 0 (0 disables the cache)")
-    if data.max_audio_seconds <= 0:
-        yield error("data", f"data.max_audio_seconds={data.max_audio_seconds} must be positive")
     if not 0.0 <= data.silence_padding <= 1.0:
         yield error("silence_padding", f"data.silence_padding={data.silence_padding} is the share of training clips "
                                        f"padded with silence: between 0 (none) and 1 (every one)")
+    if data.max_audio_seconds <= 0:
+        yield error("data", f"data.max_audio_seconds={data.max_audio_seconds} must be positive")
         return
     window_seconds = model.encoder.max_source_positions * 2 / 100
     if data.max_audio_seconds > window_seconds:
